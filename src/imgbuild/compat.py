@@ -1,0 +1,160 @@
+"""The shipped compatibility tables the resolver proves recipes against.
+
+Sources: PyTorch wheel METADATA (Requires-Dist), aws/aws-ofi-nccl release notes, the AWS EFA changelog,
+HabanaAI/Setup_and_Install, Debian and Ubuntu package archives. Entries marked "inferred" were not read in a
+source; the resolver treats them as facts, so correct them here when a source says otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from packaging.version import Version
+
+
+@dataclass(frozen=True)
+class TorchWheel:
+    """What the default Linux x86_64 wheel of a PyTorch release pins."""
+
+    nccl_package: str
+    nccl: str
+    cuda: str
+
+
+TORCH: dict[str, TorchWheel] = {
+    "2.1.2": TorchWheel("nvidia-nccl-cu12", "2.18.1", "12.1"),
+    "2.2.2": TorchWheel("nvidia-nccl-cu12", "2.19.3", "12.1"),
+    "2.3.1": TorchWheel("nvidia-nccl-cu12", "2.20.5", "12.1"),
+    "2.4.1": TorchWheel("nvidia-nccl-cu12", "2.20.5", "12.1"),
+    "2.5.1": TorchWheel("nvidia-nccl-cu12", "2.21.5", "12.4"),
+    "2.6.0": TorchWheel("nvidia-nccl-cu12", "2.21.5", "12.4"),
+    "2.7.1": TorchWheel("nvidia-nccl-cu12", "2.26.2", "12.6"),
+    "2.8.0": TorchWheel("nvidia-nccl-cu12", "2.27.3", "12.8"),
+    "2.9.1": TorchWheel("nvidia-nccl-cu12", "2.27.5", "12.8"),
+    "2.10.0": TorchWheel("nvidia-nccl-cu12", "2.27.5", "12.8"),
+    "2.11.0": TorchWheel("nvidia-nccl-cu13", "2.28.9", "13.0"),
+    "2.12.1": TorchWheel("nvidia-nccl-cu13", "2.29.7", "13.0"),
+    "2.13.0": TorchWheel("nvidia-nccl-cu13", "2.29.7", "13.0"),
+    "2.14.1": TorchWheel("nvidia-nccl-cu13", "2.30.7", "13.0"),
+    "2.15.0": TorchWheel("nvidia-nccl-cu13", "2.30.7", "13.0"),
+}
+
+
+def torch_wheel_has_arch(torch: str, cuda: str, arch: str) -> bool:
+    """Whether the default wheel of `torch` (built for `cuda`) carries kernels for `arch`.
+
+    cu12.1-12.6 wheels include sm_70; cu12.8 wheels dropped it in 2.11; cu13 wheels never had it.
+    """
+    if arch != "sm_70":
+        return True
+    major, minor = (int(x) for x in cuda.split(".")[:2])
+    if major >= 13:
+        return False
+    if (major, minor) >= (12, 8):
+        return Version(torch) < Version("2.11")
+    return True
+
+
+# aws-ofi-nccl release series -> the newest NCCL it was tested with. From 1.10.0 on it keeps backward
+# compatibility down to NCCL 2.17.1.
+PLUGIN_TESTED_NCCL: dict[str, str] = {
+    "1.9": "2.21.5",
+    "1.10": "2.21.5",
+    "1.11": "2.22.3",
+    "1.13": "2.23.4",
+    "1.14": "2.26.2",
+    "1.16": "2.27.5",
+    "1.17": "2.28.7",
+    "1.18": "2.29.2",
+    "1.20": "2.30.4",
+    "1.21": "2.31.2",
+}
+PLUGIN_OLDEST_NCCL = "2.17.1"
+
+
+def plugin_tag(version: str) -> str:
+    """Git tag of an aws-ofi-nccl release: `vX.Y.Z-aws` up to 1.13.2, plain `vX.Y.Z` from 1.14.0."""
+    return f"v{version}-aws" if Version(version) < Version("1.14.0") else f"v{version}"
+
+
+@dataclass(frozen=True)
+class EfaRelease:
+    """An EFA installer release: what it bundles and which OS releases it installs on."""
+
+    plugin: str | None
+    libfabric: str | None
+    os: tuple[str, ...]  # "ubuntu22.04", "debian12", ...
+
+
+_UBUNTU = ("ubuntu22.04", "ubuntu24.04")  # 24.04 support since about 1.32: inferred
+_DEBIAN = ("debian11", "debian12")  # inferred
+EFA: dict[str, EfaRelease] = {
+    "1.51.0": EfaRelease("1.22.0", "2.7.0amzn2.0", (*_UBUNTU, *_DEBIAN)),
+    "1.50.0": EfaRelease("1.21.1", None, (*_UBUNTU, *_DEBIAN)),
+    "1.47.0": EfaRelease(None, None, ("ubuntu20.04", *_UBUNTU, *_DEBIAN)),
+    "1.44.0": EfaRelease(None, None, ("ubuntu20.04", *_UBUNTU, *_DEBIAN)),
+    "1.43.2": EfaRelease("1.16.3", None, ("ubuntu20.04", *_UBUNTU, *_DEBIAN)),
+    "1.29.0": EfaRelease(None, None, ("ubuntu20.04", "ubuntu22.04", *_DEBIAN)),
+}
+EFA_KEY_FINGERPRINT = "4E9091BCBB97A96B26B15E59A05480B1DD2D3CCC"
+EFA_CONTAINER_FLAGS = ("-y", "--skip-kmod", "--skip-limit-conf", "--no-verify")
+
+
+@dataclass(frozen=True)
+class Distro:
+    """Versions a distribution release ships (the packages imgbuild installs from it)."""
+
+    openmpi: str
+    libfabric: str
+    python: str
+    mpi4py: str
+
+
+DISTRO: dict[str, Distro] = {
+    "debian12": Distro(openmpi="4.1.4", libfabric="1.17.0", python="3.11", mpi4py="3.1.4"),
+    "ubuntu22.04": Distro(openmpi="4.1.2", libfabric="1.11.0", python="3.10", mpi4py="3.1.3"),
+    "ubuntu24.04": Distro(openmpi="4.1.6", libfabric="1.17.0", python="3.12", mpi4py="3.1.5"),
+}
+
+
+@dataclass(frozen=True)
+class GaudiRelease:
+    """What a Gaudi software release's PyTorch image carries."""
+
+    pytorch: str
+    openmpi: str
+    efa: str
+    libfabric: str
+    os: tuple[str, ...]
+
+
+GAUDI: dict[str, GaudiRelease] = {
+    v: GaudiRelease("2.2.0", "4.1.6", "1.29.0", "1.20.0", ("ubuntu20.04", "ubuntu22.04"))
+    for v in ("1.15.0", "1.15.1", "1.15.3")
+}
+
+
+@dataclass(frozen=True)
+class Arch:
+    """A GPU architecture and the CUDA major versions that can target it."""
+
+    gpu: str
+    min_cuda: str
+    max_cuda_major: int | None
+
+
+ARCH: dict[str, Arch] = {
+    "sm_70": Arch("V100", "9.0", 12),  # CUDA 13 dropped sm_70 (and everything below sm_75)
+    "sm_75": Arch("T4", "10.0", None),
+    "sm_80": Arch("A100", "11.0", None),
+    "sm_86": Arch("A10G", "11.1", None),
+    "sm_89": Arch("L4/L40S", "11.8", None),
+    "sm_90": Arch("H100", "11.8", None),
+    "sm_100": Arch("B200", "12.8", None),
+}
+
+
+def gencode(arch: str) -> str:
+    """nvcc -gencode for one architecture (SASS for it, no PTX)."""
+    num = arch.removeprefix("sm_")
+    return f"-gencode=arch=compute_{num},code=sm_{num}"

@@ -1,0 +1,93 @@
+"""Every failure imgbuild reports to a user, each class with its own exit code.
+
+`cli.main()` catches `ImgbuildError` once and prints its message; a traceback is shown only with
+IMGBUILD_DEBUG=1. Exit code 1 is left for unexpected errors and 2 for command-line usage (click's own).
+"""
+
+from __future__ import annotations
+
+
+class ImgbuildError(Exception):
+    """Base class: a message meant for the user and an exit code."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message if not self.hint else f"{self.message}\nhint: {self.hint}"
+
+
+class RecipeError(ImgbuildError):
+    """A recipe file is missing, unreadable, or does not match the schema."""
+
+    exit_code = 3
+
+
+class LockError(ImgbuildError):
+    """A lock file is missing, unreadable, or stale against its recipe."""
+
+    exit_code = 4
+
+
+class ResolveError(ImgbuildError):
+    """The components of a recipe cannot be pinned, or their versions do not fit together."""
+
+    exit_code = 5
+
+
+class RenderError(ImgbuildError):
+    """A template failed to render."""
+
+    exit_code = 6
+
+
+class IndexLookupError(ImgbuildError):
+    """The package index could not answer a lookup (network, missing release, malformed wheel)."""
+
+    exit_code = 7
+
+
+class EngineError(ImgbuildError):
+    """The Docker engine cannot be reached or refused a request."""
+
+    exit_code = 8
+
+
+class BuildError(ImgbuildError):
+    """An image build failed."""
+
+    exit_code = 9
+
+
+class BaseImageMissing(BuildError):
+    """The base image is neither present in the engine nor pullable."""
+
+    exit_code = 10
+
+
+class VerifyError(ImgbuildError):
+    """Verification of an image found failures, or could not run."""
+
+    exit_code = 11
+
+
+class PushError(ImgbuildError):
+    """Publishing to a registry failed."""
+
+    exit_code = 12
+
+
+class DoctorError(ImgbuildError):
+    """`imgbuild doctor` found something a recipe needs missing."""
+
+    exit_code = 13
+
+
+class Interrupted(ImgbuildError):
+    """The user pressed Ctrl-C; what was started has been cleaned up."""
+
+    exit_code = 130

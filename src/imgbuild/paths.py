@@ -1,0 +1,32 @@
+"""Where the shipped templates and recipes are: the repository's images/ and recipes/ when running from a
+checkout (editable install), else the copies packaged in the wheel."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+_PKG = Path(__file__).resolve().parent
+_REPO = _PKG.parent.parent
+
+
+def _pick(env: str, repo_dir: str, packaged: str) -> Path:
+    if os.environ.get(env):
+        return Path(os.environ[env])
+    in_repo = _REPO / repo_dir
+    return in_repo if in_repo.is_dir() else _PKG / packaged
+
+
+def recipes_dir() -> Path:
+    """Shipped recipes (override with IMGBUILD_RECIPES_DIR)."""
+    return _pick("IMGBUILD_RECIPES_DIR", "recipes", "_recipes")
+
+
+def images_dir() -> Path:
+    """Jinja2 templates (override with IMGBUILD_IMAGES_DIR)."""
+    return _pick("IMGBUILD_IMAGES_DIR", "images", "_images")
+
+
+def state_dir() -> Path:
+    """Logs and build contexts of this user (IMGBUILD_STATE_DIR, default ~/.cache/imgbuild)."""
+    return Path(os.environ.get("IMGBUILD_STATE_DIR", Path.home() / ".cache" / "imgbuild"))

@@ -59,7 +59,9 @@ def _warn(resolved: Resolved) -> None:
 def _resolved(ref: str) -> tuple[recipe.LoadedRecipe, Resolved, str]:
     loaded = recipe.load(ref)
     if loaded.recipe.abstract:
-        raise RecipeError(f"{recipe.display(loaded.path)}: '{loaded.recipe.name}' is abstract (a parent for other recipes)")
+        raise RecipeError(
+            f"{recipe.display(loaded.path)}: '{loaded.recipe.name}' is abstract (a parent for other recipes)"
+        )
     resolved, how = lock.resolved_for(loaded)
     return loaded, resolved, how
 
@@ -125,7 +127,9 @@ def show(
         return
     _warn(resolved)
     out.print(f"[bold]{resolved.name}[/bold]  {resolved.recipe.description}")
-    out.print(f"file: {recipe.display(loaded.path)}  (pins from {'the lock' if how == 'lock' else 'a fresh resolution'})")
+    out.print(
+        f"file: {recipe.display(loaded.path)}  (pins from {'the lock' if how == 'lock' else 'a fresh resolution'})"
+    )
     out.print(f"base: {resolved.base_ref}")
     out.print(f"tags: {', '.join(plan.image_refs)}")
     table = Table("component", "version", "source", "why", box=None)
@@ -164,7 +168,9 @@ def lock_(
     """Resolve a recipe and write its pins to a lock file beside it."""
     loaded = recipe.load(ref)
     if loaded.recipe.abstract:
-        raise RecipeError(f"{recipe.display(loaded.path)}: '{loaded.recipe.name}' is abstract (a parent for other recipes)")
+        raise RecipeError(
+            f"{recipe.display(loaded.path)}: '{loaded.recipe.name}' is abstract (a parent for other recipes)"
+        )
     resolved = resolve(loaded, lookup_torch=None if offline else index_lookup)
     _warn(resolved)
     path = lock.write(loaded, resolved)

@@ -61,7 +61,9 @@ def context_for(resolved: Resolved) -> Context:
     mpi = pins.get("openmpi")
     mpi_home: str | None = None
     if mpi is not None:
-        mpi_home = mpi.details.get("prefix") or ("/usr/lib/x86_64-linux-gnu/openmpi" if mpi.source == "distro" else None)
+        mpi_home = mpi.details.get("prefix") or (
+            "/usr/lib/x86_64-linux-gnu/openmpi" if mpi.source == "distro" else None
+        )
     lf = pins.get("libfabric")
     lf_prefix = None
     if lf is not None:
@@ -71,8 +73,10 @@ def context_for(resolved: Resolved) -> Context:
     py = pins.get("python")
     venv = py.details.get("venv") if py else None
     plugin = pins.get("aws_ofi_nccl")
-    efa_in_builder = "efa" in pins and pins["efa"].source == "installer" and (
-        "nccl_tests" in pins or (plugin is not None and plugin.source == "release")
+    efa_in_builder = (
+        "efa" in pins
+        and pins["efa"].source == "installer"
+        and ("nccl_tests" in pins or (plugin is not None and plugin.source == "release"))
     )
     return Context(
         resolved=resolved,
@@ -108,7 +112,7 @@ def contribute(name: str, pin: Pin, ctx: Context) -> Contribution:
             c.ld_library_path.append(f"{ctx.libfabric_prefix}/lib")
     elif name == "openmpi":
         if pin.source == "distro":
-            c.runtime_packages |= {"openmpi-bin", "libopenmpi-dev"}
+            c.runtime_packages |= {"openmpi-bin"}
         elif pin.source == "source":
             c.builder_packages |= {"curl", "ca-certificates", "build-essential", "bzip2"}
             c.path.append(f"{ctx.mpi_home}/bin")

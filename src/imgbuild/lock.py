@@ -53,7 +53,8 @@ def read(loaded: LoadedRecipe) -> Resolved | None:
         raise LockError(f"{display(path)}: lock_version: expected {LOCK_VERSION}", hint=f"imgbuild lock {_ref(loaded)}")
     if data.get("recipe_digest") != loaded.digest:
         raise LockError(
-            f"{display(path)} is stale: {display(loaded.path)} (or a recipe it extends) changed since the lock was written",
+            f"{display(path)} is stale: {display(loaded.path)} (or a recipe it extends) changed since the lock "
+            "was written",
             hint=f"imgbuild lock {_ref(loaded)}",
         )
     try:

@@ -25,7 +25,7 @@ from imgbuild.errors import RecipeError
 # --------------------------------------------------------------------------------------------------------------
 # Scalar types
 
-_VERSION_RE = re.compile(r"^\d+(\.\d+){1,3}([a-z0-9.+-]*)?$")
+_VERSION_RE = re.compile(r"^\d+(\.\d+){1,3}((a|b|rc|post|dev)\d+|[+-][A-Za-z0-9.]+)?$")
 _UNPINNED = ("latest", "*", ">", "<", "~", "^", "=", "!", ",", " ")
 
 
@@ -395,7 +395,8 @@ def _read_chain(
             near = difflib.get_close_matches(parent, names, n=1)
             hint = f"did you mean '{near[0]}'?" if near else f"known recipes: {', '.join(names)}"
             raise RecipeError(
-                f"{display(path)}:{lines.get(('extends',), 1)}: extends: no recipe named '{parent}'", hint=hint
+                f"{display(path)}:{lines.get(('extends',), 1)}: extends: no recipe named '{parent}'",
+                hint=hint,
             )
     _read_chain(parent_path, chain, docs)
 
@@ -455,9 +456,7 @@ def _model_of(annotation: Any) -> Any:
     return None
 
 
-def _format_errors(
-    exc: ValidationError, docs: list[tuple[Path, dict[str, Any], dict[tuple[str, ...], int]]]
-) -> str:
+def _format_errors(exc: ValidationError, docs: list[tuple[Path, dict[str, Any], dict[tuple[str, ...], int]]]) -> str:
     lines = []
     for err in exc.errors():
         loc = tuple(str(p) for p in err["loc"] if not str(p).startswith("function-"))

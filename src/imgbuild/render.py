@@ -150,20 +150,24 @@ def _dockerfile(resolved: Resolved, ctx: Context, contribs: dict[str, Contributi
     }
     component_env = {k: v for c in ordered for k, v in c.env.items()}
     recipe_env = dict(sorted({**component_env, **r.env}.items()))
-    return environment().get_template("Dockerfile.j2").render(
-        resolved=resolved,
-        r=r,
-        ctx=ctx,
-        builder=builder,
-        runtime=runtime,
-        builder_packages=sorted(builder_pkgs),
-        runtime_packages=sorted(runtime_pkgs),
-        env_paths=env_paths,
-        env=recipe_env,
-        labels=dict(sorted(labels.items())),
-        ca_dir=CA_DIR,
-        has_sshd="sshd" in pins,
-        has_sagemaker="sagemaker" in pins,
+    return (
+        environment()
+        .get_template("Dockerfile.j2")
+        .render(
+            resolved=resolved,
+            r=r,
+            ctx=ctx,
+            builder=builder,
+            runtime=runtime,
+            builder_packages=sorted(builder_pkgs),
+            runtime_packages=sorted(runtime_pkgs),
+            env_paths=env_paths,
+            env=recipe_env,
+            labels=dict(sorted(labels.items())),
+            ca_dir=CA_DIR,
+            has_sshd="sshd" in pins,
+            has_sagemaker="sagemaker" in pins,
+        )
     )
 
 
@@ -216,8 +220,12 @@ def _files(
         assert r.components.sshd is not None
         sm = r.components.sagemaker
         vars_ = {"sshd": r.components.sshd, "sagemaker": sm, "r": r}
-        files.append(ContextFile("imgbuild/sshd_config", env.get_template("files/sshd_config.j2").render(**vars_).encode()))
-        files.append(ContextFile("imgbuild/ssh_config", env.get_template("files/ssh_config.j2").render(**vars_).encode()))
+        files.append(
+            ContextFile("imgbuild/sshd_config", env.get_template("files/sshd_config.j2").render(**vars_).encode())
+        )
+        files.append(
+            ContextFile("imgbuild/ssh_config", env.get_template("files/ssh_config.j2").render(**vars_).encode())
+        )
     files.append(
         ContextFile(
             "imgbuild/entrypoint.sh",

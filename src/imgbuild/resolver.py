@@ -125,9 +125,7 @@ class _Resolver:
                 f"(docker inspect --format '{{{{index .RepoDigests 0}}}}' {b.image}:{b.tag}) to pin it"
             )
         ref = f"{b.image}@{b.digest}" if b.digest else f"{b.image}:{b.tag}"
-        self.pins["base"] = Pin(
-            version=b.digest or b.tag, source="image", origin="recipe", details={"image": b.image}
-        )
+        self.pins["base"] = Pin(version=b.digest or b.tag, source="image", origin="recipe", details={"image": b.image})
         return ref
 
     def _platform(self) -> None:
@@ -149,9 +147,7 @@ class _Resolver:
                 f"{p.gpu_arch} ({arch.gpu}) needs CUDA <= {arch.max_cuda_major}.x, got {cuda.version} "
                 f"(CUDA 13 dropped sm_70 and everything below sm_75)",
             )
-        self.pins["cuda"] = Pin(
-            version=cuda.version, source="base", origin="recipe", details={"gpu_arch": p.gpu_arch}
-        )
+        self.pins["cuda"] = Pin(version=cuda.version, source="base", origin="recipe", details={"gpu_arch": p.gpu_arch})
 
     # -- PyTorch and NCCL ---------------------------------------------------------------------------------
 
@@ -325,9 +321,7 @@ class _Resolver:
             if lf.version is not None and version is not None and lf.version != version:
                 raise self.fail(f"{key}.version", f"EFA {self.c.efa.version} bundles {version}")  # type: ignore[union-attr]
             pin = pin.model_copy(update={"version": lf.version or version})
-            self.pins["libfabric"] = pin.model_copy(
-                update={"details": {"prefix": lf.prefix or "/opt/amazon/efa"}}
-            )
+            self.pins["libfabric"] = pin.model_copy(update={"details": {"prefix": lf.prefix or "/opt/amazon/efa"}})
         elif lf.source == "distro":
             self.pins["libfabric"] = self._distro_pin(key, "libfabric", lf.version)
         else:
@@ -337,9 +331,7 @@ class _Resolver:
             if gaudi is not None and gaudi.libfabric != lf.version:
                 raise self.fail(f"{key}.version", f"Gaudi's image has libfabric {gaudi.libfabric}")
             details = {"prefix": lf.prefix} if lf.prefix else {}
-            self.pins["libfabric"] = Pin(
-                version=lf.version, source="base", origin="base image", details=details
-            )
+            self.pins["libfabric"] = Pin(version=lf.version, source="base", origin="base image", details=details)
 
     def _distro_pin(self, key: str, what: str, wanted: str | None) -> Pin:
         distro = compat.DISTRO.get(self.os_id)
@@ -375,7 +367,7 @@ class _Resolver:
     def _python(self) -> None:
         py = self.c.python
         if py is None:
-            if self.c.pytorch and self.c.pytorch.source == "pip" or (self.c.nccl and self.c.nccl.source == "wheel"):
+            if (self.c.pytorch and self.c.pytorch.source == "pip") or (self.c.nccl and self.c.nccl.source == "wheel"):
                 raise self.fail("components.python", "pip-installed components need components.python")
             return
         if py.source == "distro":
@@ -457,14 +449,17 @@ class _Resolver:
                 "components.nccl_tests",
                 "nccl-tests build against CUDA, an NCCL built from source and Open MPI",
             )
-        self.pins["nccl_tests"] = Pin(version=t.version, source="release", origin="recipe",
-                                      details={"prefix": t.prefix})
+        self.pins["nccl_tests"] = Pin(
+            version=t.version, source="release", origin="recipe", details={"prefix": t.prefix}
+        )
 
     def _simple(self) -> None:
         s = self.c.sshd
         if s is not None:
             self.pins["sshd"] = Pin(
-                version=None, source="distro", origin=f"{self.os_id} openssh-server",
+                version=None,
+                source="distro",
+                origin=f"{self.os_id} openssh-server",
                 details={"ports": ",".join(str(p) for p in s.ports)},
             )
         sm = self.c.sagemaker
@@ -472,7 +467,9 @@ class _Resolver:
             if s is None:
                 raise self.fail("components.sagemaker", "SageMaker multi-node jobs need components.sshd")
             self.pins["sagemaker"] = Pin(
-                version=None, source="imgbuild", origin="recipe",
+                version=None,
+                source="imgbuild",
+                origin="recipe",
                 details={"launcher": sm.launcher, "ssh_port": str(sm.ssh_port)},
             )
 

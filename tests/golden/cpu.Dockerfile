@@ -81,4 +81,5 @@ LABEL io.imgbuild.component.libfabric="1.17.0" \
       io.imgbuild.recipe="cpu" \
       org.opencontainers.image.base.name="debian:bookworm-slim" \
       org.opencontainers.image.description="CPU image (Debian 12) with Open MPI, libfabric (tcp), mpi4py and the NCCL wheel" \
-      org.opencontainers.image.title="imgbuild/cpu"
+      org.opencontainers.image.title="imgbuild/cpu" \
+      org.opencontainers.image.version="nccl2.21.5-ompi4.1.4"

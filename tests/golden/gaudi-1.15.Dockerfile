@@ -55,4 +55,5 @@ LABEL io.imgbuild.component.efa="1.29.0" \
       io.imgbuild.recipe="gaudi-1.15" \
       org.opencontainers.image.base.name="vault.habana.ai/gaudi-docker/1.15.1/ubuntu22.04/habanalabs/pytorch-installer-2.2.0:latest" \
       org.opencontainers.image.description="AWS DL1 (Gaudi), Intel Gaudi software 1.15.1, PyTorch 2.2.0" \
-      org.opencontainers.image.title="imgbuild/gaudi-1.15"
+      org.opencontainers.image.title="imgbuild/gaudi-1.15" \
+      org.opencontainers.image.version="gaudi1.15.1-pt2.2.0-efa1.29.0-ompi4.1.6"

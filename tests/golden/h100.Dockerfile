@@ -129,4 +129,5 @@ LABEL io.imgbuild.component.aws_ofi_nccl="1.21.1" \
       io.imgbuild.recipe="h100" \
       org.opencontainers.image.base.name="nvidia/cuda:13.0.1-devel-ubuntu24.04" \
       org.opencontainers.image.description="AWS p5 (H100, sm_90), CUDA 13.0, PyTorch 2.13.0, EFA" \
-      org.opencontainers.image.title="imgbuild/h100"
+      org.opencontainers.image.title="imgbuild/h100" \
+      org.opencontainers.image.version="pt2.13.0-cuda13.0.1-nccl2.29.7-ofi1.21.1-efa1.50.0"

@@ -145,4 +145,5 @@ LABEL io.imgbuild.component.aws_ofi_nccl="1.14.2" \
       io.imgbuild.recipe="v100" \
       org.opencontainers.image.base.name="nvidia/cuda:12.6.3-devel-ubuntu22.04" \
       org.opencontainers.image.description="AWS p3dn (V100, sm_70), CUDA 12.6, PyTorch 2.7.1, EFA" \
-      org.opencontainers.image.title="imgbuild/v100"
+      org.opencontainers.image.title="imgbuild/v100" \
+      org.opencontainers.image.version="pt2.7.1-cuda12.6.3-nccl2.26.2-ofi1.14.2-efa1.47.0"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -283,6 +284,9 @@ def doctor(
 
 def main() -> None:
     """Console entry point."""
+    # A process started in the background by a non-interactive shell inherits "ignore SIGINT"; Ctrl-C (or a
+    # CI runner's SIGINT) must still cancel builds cleanly, so take the default handler back.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         app()
     except KeyboardInterrupt:

@@ -1,0 +1,176 @@
+#!/usr/bin/env bash
+# Prepare a fresh Debian/Ubuntu machine (as root) to build and test imgbuild images:
+#   1. a running Docker engine (docker.io from the distribution; dockerd started in the background when
+#      there is no init system to do it),
+#   2. debootstrap, iproute2 and openssh-client (ssh-keygen for the multi-node tests),
+#   3. this repository installed with `pip install -e ".[dev]"`,
+#   4. the base images, bootstrapped offline with debootstrap when the engine does not have them.
+# Idempotent: every step checks first and does nothing when its work is already done. Needs no TTY.
+#
+# Environment:
+#   PYTHON                 interpreter to install into (default: python3)
+#   IMGBUILD_BASE_IMAGES   base images to ensure, space-separated (default: debian:bookworm-slim)
+#   IMGBUILD_SKIP_BASE=1   skip step 4
+#   IMGBUILD_MIRROR        Debian archive mirror for debootstrap (default: the tool's own default)
+#   DOCKERD_LOG            where a dockerd started here logs (default: /var/log/imgbuild-dockerd.log)
+set -Eeuo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PYTHON="${PYTHON:-python3}"
+BASE_IMAGES="${IMGBUILD_BASE_IMAGES:-debian:bookworm-slim}"
+DOCKERD_LOG="${DOCKERD_LOG:-/var/log/imgbuild-dockerd.log}"
+DOCKER_SOCK="/var/run/docker.sock"
+export DEBIAN_FRONTEND=noninteractive
+export PIP_ROOT_USER_ACTION=ignore
+
+T_START=$(date +%s)
+STEP=""
+STEP_T0=0
+APT_UPDATED=0
+
+log() { printf '%s\n' "$*"; }
+die() {
+    printf 'setup.sh: error: %s\n' "$*" >&2
+    exit 1
+}
+step() {
+    STEP="$1"
+    STEP_T0=$(date +%s)
+    log "==> ${STEP}"
+}
+step_done() {
+    log "    ${1:-done} ($(($(date +%s) - STEP_T0))s)"
+    STEP=""
+}
+on_error() {
+    local rc=$? line=$1
+    if [[ -n "${STEP}" ]]; then
+        printf 'setup.sh: step "%s" failed (exit %s, line %s) after %ss\n' \
+            "${STEP}" "${rc}" "${line}" "$(($(date +%s) - STEP_T0))" >&2
+    fi
+    exit "${rc}"
+}
+trap 'on_error ${LINENO}' ERR
+
+have() { command -v "$1" >/dev/null 2>&1 || [[ -x "/usr/sbin/$1" || -x "/sbin/$1" ]]; }
+
+apt_install() {
+    have apt-get || die "apt-get not found: this script supports Debian/Ubuntu only (install $* by hand)"
+    if [[ "${APT_UPDATED}" == 0 ]]; then
+        log "    apt-get update"
+        apt-get -o DPkg::Lock::Timeout=300 update -qq
+        APT_UPDATED=1
+    fi
+    log "    apt-get install $*"
+    local apt_log
+    apt_log=$(mktemp /tmp/imgbuild-setup-apt.XXXXXX)
+    if ! apt-get -o DPkg::Lock::Timeout=300 install -y -q --no-install-recommends "$@" >"${apt_log}" 2>&1; then
+        tail -n 25 "${apt_log}" >&2
+        rm -f "${apt_log}"
+        die "apt-get install $* failed"
+    fi
+    rm -f "${apt_log}"
+}
+
+docker_answers() { timeout 20 docker info >/dev/null 2>&1; }
+
+[[ "${EUID}" -eq 0 ]] || die "run as root (it installs packages and starts dockerd): sudo $0"
+
+cd "${REPO_ROOT}"
+log "imgbuild setup in ${REPO_ROOT}"
+
+# --- 1. Docker engine ----------------------------------------------------------------------------------
+step "docker engine"
+if have docker && docker_answers; then
+    step_done "already running: $(docker version --format 'Docker {{.Server.Version}} (API {{.Server.APIVersion}})')"
+else
+    if ! have dockerd || ! have docker; then
+        apt_install docker.io ca-certificates
+    fi
+    if docker_answers; then
+        log "    an engine answers now (DOCKER_HOST or a mounted socket); not starting dockerd"
+    elif pidof dockerd >/dev/null 2>&1; then
+        log "    dockerd is running (pid $(pidof dockerd)) but not answering yet; waiting for it"
+    else
+        log "    starting dockerd in the background (log: ${DOCKERD_LOG})"
+        mkdir -p "$(dirname "${DOCKERD_LOG}")"
+        # No systemd on CI machines and containers: run it detached so it outlives this script.
+        nohup dockerd >"${DOCKERD_LOG}" 2>&1 </dev/null &
+        dockerd_pid=$!
+        disown || true
+    fi
+    for _ in $(seq 1 60); do
+        if docker_answers; then
+            break
+        fi
+        if [[ -n "${dockerd_pid:-}" ]] && ! kill -0 "${dockerd_pid}" 2>/dev/null; then
+            log "    dockerd exited" >&2
+            break
+        fi
+        sleep 1
+    done
+    if ! docker_answers; then
+        log "    dockerd did not answer on ${DOCKER_SOCK}; last warnings/errors in ${DOCKERD_LOG}:" >&2
+        { grep -v 'level=info' "${DOCKERD_LOG}" | tail -n 20; } >&2 2>/dev/null || true
+        die "Docker engine is not reachable (dockerd needs root with full privileges; see ${DOCKERD_LOG})"
+    fi
+    step_done "started: $(docker version --format 'Docker {{.Server.Version}} (API {{.Server.APIVersion}})')"
+fi
+
+# --- 2. host tools --------------------------------------------------------------------------------------
+step "host tools (debootstrap, iproute2, openssh-client)"
+missing=()
+have debootstrap || missing+=(debootstrap)
+have ip || missing+=(iproute2)
+have ssh-keygen || missing+=(openssh-client)
+if ((${#missing[@]})); then
+    apt_install "${missing[@]}"
+    step_done "installed ${missing[*]}"
+else
+    step_done "already installed"
+fi
+
+# --- 3. the project -------------------------------------------------------------------------------------
+step "python package (pip install -e .[dev])"
+have "${PYTHON}" || apt_install python3
+"${PYTHON}" -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
+    || die "$("${PYTHON}" --version 2>&1) is too old: imgbuild needs Python >= 3.10 (set PYTHON=...)"
+if ! "${PYTHON}" -m pip --version >/dev/null 2>&1; then
+    apt_install python3-pip
+fi
+pip_args=(install --quiet --progress-bar off --disable-pip-version-check -e "${REPO_ROOT}[dev]")
+# Debian 12 / Ubuntu 23.04+ mark the system interpreter as externally managed (PEP 668).
+if "${PYTHON}" -c 'import os, sys, sysconfig
+sys.exit(not os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")))' \
+    && [[ -z "${VIRTUAL_ENV:-}" ]]; then
+    pip_args+=(--break-system-packages)
+fi
+"${PYTHON}" -m pip "${pip_args[@]}"
+"${PYTHON}" -c 'import imgbuild' || die "imgbuild is not importable after pip install"
+step_done "installed into $("${PYTHON}" -c 'import sys; print(sys.prefix)')"
+
+# --- 4. base images -------------------------------------------------------------------------------------
+if [[ "${IMGBUILD_SKIP_BASE:-0}" == 1 ]]; then
+    log "==> base images: skipped (IMGBUILD_SKIP_BASE=1)"
+else
+    # `imgbuild base bootstrap` once the CLI has it; the module entry point takes the same arguments.
+    bootstrap_cmd=(imgbuild base bootstrap)
+    if ! have imgbuild || ! imgbuild base bootstrap --help >/dev/null 2>&1; then
+        bootstrap_cmd=("${PYTHON}" -m imgbuild.bootstrap)
+    fi
+    mirror_args=()
+    [[ -n "${IMGBUILD_MIRROR:-}" ]] && mirror_args=(--mirror "${IMGBUILD_MIRROR}")
+    for image in ${BASE_IMAGES}; do
+        step "base image ${image}"
+        if docker image inspect "${image}" >/dev/null 2>&1; then
+            step_done "present: $(docker image inspect --format '{{.Id}}' "${image}" | cut -c1-19)"
+        else
+            log "    not in the engine; bootstrapping offline: ${bootstrap_cmd[*]} ${image} ${mirror_args[*]}"
+            "${bootstrap_cmd[@]}" "${image}" "${mirror_args[@]}"
+            docker image inspect "${image}" >/dev/null 2>&1 || die "bootstrap finished but ${image} is missing"
+            step_done "bootstrapped"
+        fi
+    done
+fi
+
+log "setup complete in $(($(date +%s) - T_START))s"

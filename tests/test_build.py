@@ -1,0 +1,141 @@
+"""`imgbuild build` on the real engine: the cpu image, caching, failures, base images, Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from imgbuild import build, lock, recipe, render
+from imgbuild.cli import app
+from imgbuild.errors import BaseImageMissing, BuildError
+
+pytestmark = pytest.mark.docker
+runner = CliRunner()
+
+
+def cpu_plan() -> render.BuildPlan:
+    return render.plan(lock.resolved_for(recipe.load("cpu"), lookup_torch=None)[0])
+
+
+def containers_of(client, image_ids: set[str]) -> list[str]:
+    return [c.name for c in client.containers.list(all=True) if c.attrs.get("Image") in image_ids]
+
+
+def test_cpu_builds_with_labels_and_manifest(cpu_image, docker_client) -> None:
+    plan = cpu_plan()
+    assert list(cpu_image.refs[:2]) == plan.image_refs
+    image = docker_client.images.get(plan.image_refs[0])
+    assert image.id == cpu_image.image_id
+    assert set(plan.image_refs) <= set(image.tags)
+    labels = image.labels
+    assert labels["io.imgbuild.lock-digest"] == plan.lock_digest
+    assert labels["org.opencontainers.image.title"] == "imgbuild/cpu"
+    assert labels["io.imgbuild.component.nccl"] == "2.21.5"
+    raw = docker_client.containers.run(
+        plan.image_refs[0], ["/etc/imgbuild/manifest.json"], entrypoint="cat", remove=True
+    )
+    shipped = json.loads(next(f.content for f in plan.files if f.path == "imgbuild/manifest.json"))
+    assert json.loads(raw) == shipped
+    # The build's CA bundle stays in the builder stage.
+    out = docker_client.containers.run(
+        plan.image_refs[0], ["-c", "ls /usr/local/share/ca-certificates/ | wc -l"], entrypoint="bash", remove=True
+    )
+    assert out.strip() == b"0"
+
+
+def test_second_build_runs_no_step(cpu_image) -> None:
+    again = build.build("cpu", ca_bundle=build.ca_bundle_from(None))
+    assert again.image_id == cpu_image.image_id
+    assert again.steps_run == 0, again.log_path.read_text()[-3000:]
+
+
+def user_recipe(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "broken.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_failing_step_is_reported(tmp_path: Path, docker_client) -> None:
+    p = user_recipe(tmp_path, "extends: cpu\nos: {packages: [imgbuild-no-such-package]}\n")
+    before = {c.id for c in docker_client.containers.list(all=True)}
+    result = runner.invoke(app, ["build", str(p)])
+    assert result.exit_code == BuildError.exit_code, result.output
+    assert "failed at Step" in result.stderr and "apt-get update" in result.stderr
+    assert "Unable to locate package imgbuild-no-such-package" in result.stderr  # the log tail
+    assert "full log:" in result.stderr
+    after = {c.id for c in docker_client.containers.list(all=True)}
+    assert after - before == set()
+
+
+def test_unknown_base_image(tmp_path: Path) -> None:
+    p = user_recipe(tmp_path, "extends: cpu\nbase: {image: imgbuild-test.invalid/nothing, tag: '1'}\n")
+    with pytest.raises(BaseImageMissing) as info:
+        build.build(str(p), pull=False)
+    assert "imgbuild-test.invalid/nothing:1" in str(info.value)
+    assert info.value.hint and "imgbuild base bootstrap" in info.value.hint
+    result = runner.invoke(app, ["build", str(p), "--no-pull"])
+    assert result.exit_code == BaseImageMissing.exit_code
+    assert "imgbuild base bootstrap" in result.stderr
+
+
+@pytest.mark.slow
+def test_ctrl_c_leaves_no_container(tmp_path: Path, docker_client, cpu_image) -> None:
+    # A recipe whose OS step is slow enough to interrupt (apt in a fresh layer: --no-cache).
+    p = user_recipe(tmp_path, "extends: cpu\nos: {packages: [ca-certificates, iproute2, procps, less]}\n")
+    before = {c.id for c in docker_client.containers.list(all=True)}
+    logdir = Path.home() / ".cache" / "imgbuild" / "logs"
+    env = {**os.environ, "CI": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "imgbuild.cli", "build", str(p), "--no-cache"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    seen = ""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        seen += line
+        if "apt-get update" in line and "[step" in line:
+            break
+    else:
+        proc.kill()
+        pytest.fail(f"the build never reached its apt step:\n{seen[-2000:]}")
+    time.sleep(2)
+    proc.send_signal(signal.SIGINT)
+    rest, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, seen + rest
+    assert "build cancelled" in rest
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        left = {c.id for c in docker_client.containers.list(all=True)} - before
+        if not left:
+            break
+        time.sleep(0.5)
+    assert left == set()
+    assert logdir.exists()
+
+
+def test_context_holds_only_what_the_dockerfile_copies(tmp_path: Path) -> None:
+    from imgbuild import context
+
+    plan = cpu_plan()
+    bundle = tmp_path / "ca.pem"
+    bundle.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    written = context.write(plan, tmp_path / "ctx", ca_bundle=bundle)
+    rel = sorted(str(p.relative_to(tmp_path / "ctx")) for p in written)
+    on_disk = sorted(str(p.relative_to(tmp_path / "ctx")) for p in (tmp_path / "ctx").rglob("*") if p.is_file())
+    assert rel == on_disk
+    assert on_disk == sorted(["Dockerfile", *(f.path for f in plan.files), "imgbuild/ca/imgbuild-extra.crt"])
+
+
+def test_build_leaves_no_context_folder(cpu_image) -> None:
+    assert list(Path(tempfile.gettempdir()).glob("imgbuild-context-*")) == []

@@ -29,21 +29,6 @@ from imgbuild.errors import ImgbuildError, Interrupted
 
 
 @pytest.fixture
-def docker_client():
-    """A client of a live engine: skipped without one, failed without one under CI."""
-    docker = pytest.importorskip("docker")
-    try:
-        client = docker.from_env(timeout=30)
-        client.ping()
-    except Exception as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI is set but no Docker engine answers: {exc}")
-        pytest.skip(f"no Docker engine: {exc}")
-    yield client
-    client.close()
-
-
-@pytest.fixture
 def private_tmp(tmp_path, monkeypatch):
     """Point tempfile at a private directory so leftovers of this test (and only this test) are visible."""
     d = tmp_path / "tmp"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import os
 from typing import Any
 
 import pytest
@@ -11,21 +10,6 @@ from rich.console import Console
 
 from imgbuild import doctor
 from imgbuild.doctor import Check, failed, render_table, run_checks
-
-
-@pytest.fixture
-def docker_client():
-    """A client of a live engine: skipped without one, failed without one under CI."""
-    docker = pytest.importorskip("docker")
-    try:
-        client = docker.from_env(timeout=30)
-        client.ping()
-    except Exception as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI is set but no Docker engine answers: {exc}")
-        pytest.skip(f"no Docker engine: {exc}")
-    yield client
-    client.close()
 
 
 def _by_name(checks: list[Check]) -> dict[str, Check]:

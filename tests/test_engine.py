@@ -46,18 +46,6 @@ def _in_ci() -> bool:
 # fixtures
 
 
-@pytest.fixture(scope="session")
-def docker_client() -> Iterator[docker.DockerClient]:
-    try:
-        client = connect()
-    except EngineError as exc:
-        if _in_ci():
-            pytest.fail(f"CI is set but no Docker engine answers: {exc}")
-        pytest.skip(f"no Docker engine: {exc}")
-    yield client
-    client.close()
-
-
 def _host_rootfs_tar() -> bytes:
     """A tarball holding /bin/sh, sleep and the shared libraries they need, taken from this host."""
     files: set[str] = set()

@@ -282,6 +282,16 @@ def doctor(
         )
 
 
+def _register_extensions() -> None:
+    """Commands that live in their own modules (each imports its heavy dependencies lazily)."""
+    from imgbuild import cli_verify
+
+    cli_verify.register(app)
+
+
+_register_extensions()
+
+
 def main() -> None:
     """Console entry point."""
     # A process started in the background by a non-interactive shell inherits "ignore SIGINT"; Ctrl-C (or a

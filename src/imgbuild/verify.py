@@ -1,0 +1,661 @@
+"""`imgbuild verify`: prove that an image (or a machine) holds what its recipe's lock says.
+
+RECIPE -> its content-addressed image `imgbuild/<name>:lock-<digest12>`; IMAGE -> the recipe its label
+`io.imgbuild.recipe` names (and that recipe's lock when it is a shipped one). One container of the image is
+started through its entrypoint (so sshd starts), with the recipe's devices and GPUs when the host has them;
+the checks of `checks.py` run in it through pytest-testinfra, while a second, entrypoint-less container scans
+the image's own filesystem for keys. Both containers are removed whatever happens (errors, Ctrl-C).
+
+`--host local|ssh://USER@HOST` runs the host-level checks (versions, fi_info, NCCL, plugin, GPU, torch) on a
+machine instead, against the recipe's lock.
+
+This is an edge module: it talks to the Docker engine (docker-py) and to containers and hosts (testinfra).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import io
+import json
+import os
+import shutil
+import signal
+import sys
+import tarfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import docker
+import docker.errors
+import docker.types
+
+from imgbuild import checks, engine, lock, recipe, render
+from imgbuild.errors import ImgbuildError, Interrupted, LockError, RecipeError, VerifyError
+from imgbuild.report import CheckResult, failures
+from imgbuild.resolver import Resolved
+
+LABEL_RECIPE = "io.imgbuild.recipe"
+LABEL_VERIFY = "io.imgbuild.verify"
+READY_TIMEOUT_S = 60.0
+SCAN_TIMEOUT_S = 600
+EFA_DEVICE_GLOB = "/dev/infiniband/uverbs*"
+
+# Runs in a container whose entrypoint did NOT run (so the host keys it would make are not there): key files
+# by name, and any PEM private key by content, on the image's own filesystem (-xdev: not /proc, /sys, /dev).
+_SCAN_SCRIPT = r"""
+find / -xdev \( -name 'ssh_host_*' -o -name id_rsa -o -name id_dsa -o -name id_ecdsa -o -name id_ed25519 \
+    -o -name id_ecdsa_sk -o -name id_ed25519_sk \) -print 2>/dev/null | sed 's/^/NAME /'
+find / -xdev -type f -size -256k -exec grep -lIE -- '^-----BEGIN ([A-Z0-9]+ )*PRIVATE KEY-----' {} + 2>/dev/null \
+    | sed 's/^/PEM /'
+echo IMGBUILD-SCAN-DONE
+"""
+
+
+# --------------------------------------------------------------------------------------------------------------
+# What to verify
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the user named, resolved: the image, the recipe and its lock (when there is one)."""
+
+    ref: str
+    kind: Literal["recipe", "image"]
+    image: str | None
+    recipe: str | None
+    resolved: Resolved | None
+    expected_manifest: dict[str, Any] | None
+    note: str = ""  # why there is no lock to compare with, or where the expectations come from
+
+
+def expected_manifest(resolved: Resolved) -> dict[str, Any]:
+    """The manifest the lock renders (what /etc/imgbuild/manifest.json must hold)."""
+    plan = render.plan(resolved)
+    text = next(f.content for f in plan.files if f.path == "imgbuild/manifest.json")
+    return json.loads(text)
+
+
+def looks_like_image(ref: str) -> bool:
+    return ":" in ref or "@" in ref
+
+
+def target_for_recipe(ref: str) -> Target:
+    loaded = recipe.load(ref)
+    if loaded.recipe.abstract:
+        raise RecipeError(f"{recipe.display(loaded.path)}: '{loaded.recipe.name}' is abstract (a parent): no image")
+    resolved, how = lock.resolved_for(loaded)
+    plan = render.plan(resolved)
+    note = "" if how == "lock" else f"{loaded.recipe.name} has no lock: compared with a fresh resolution"
+    return Target(ref, "recipe", plan.image_refs[0], resolved.name, resolved, expected_manifest(resolved), note)
+
+
+def target_for_image(ref: str, labels: dict[str, str]) -> Target:
+    """An image: the recipe its label names, and that recipe's lock when the recipe is shipped."""
+    name = labels.get(LABEL_RECIPE)
+    if not name:
+        return Target(ref, "image", ref, None, None, None, f"{ref} has no {LABEL_RECIPE} label: no lock to compare")
+    if name not in recipe.shipped_names():
+        note = f"recipe '{name}' is not a shipped recipe: the image's manifest is the only expectation"
+        return Target(ref, "image", ref, name, None, None, note)
+    loaded = recipe.load(name)
+    try:
+        resolved = lock.read(loaded)
+    except LockError as exc:
+        return Target(ref, "image", ref, name, None, None, f"the lock of '{name}' cannot be used: {exc.message}")
+    if resolved is None:
+        return Target(ref, "image", ref, name, None, None, f"shipped recipe '{name}' has no lock")
+    note = f"compared with the lock of shipped recipe '{name}'"
+    return Target(ref, "image", ref, name, resolved, expected_manifest(resolved), note)
+
+
+def resolve_target(ref: str, client: docker.DockerClient | None) -> Target:
+    """RECIPE (shipped name or YAML path) or IMAGE (has ':' or '@', or the engine knows it)."""
+    if not looks_like_image(ref):
+        try:
+            recipe.find(ref)
+        except ImgbuildError:
+            if client is None or _image_labels(client, ref) is None:
+                raise
+        else:
+            return target_for_recipe(ref)
+    if client is None:
+        raise VerifyError(f"{ref}: verifying an image needs the Docker engine")
+    labels = _image_labels(client, ref)
+    if labels is None:
+        raise VerifyError(f"image {ref} is not in the engine", hint="imgbuild build RECIPE, or docker pull it")
+    return target_for_image(ref, labels)
+
+
+def _image_labels(client: docker.DockerClient, ref: str) -> dict[str, str] | None:
+    try:
+        info = client.api.inspect_image(ref)
+    except docker.errors.NotFound:
+        return None
+    except docker.errors.APIError as exc:
+        if exc.status_code == 400:
+            return None
+        raise VerifyError(f"the engine failed to inspect {ref}: {exc.explanation or exc}") from exc
+    return dict((info.get("Config") or {}).get("Labels") or {})
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The report
+
+
+@dataclass
+class VerifyReport:
+    """The results of one verification, with where they were taken and how long each phase took."""
+
+    target: str
+    image: str | None
+    recipe: str | None
+    where: str  # "container", "local://", "ssh://user@host"
+    note: str
+    results: list[CheckResult]
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> list[CheckResult]:
+        return failures(self.results)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    def counts(self) -> dict[str, int]:
+        return {s: sum(1 for r in self.results if r.status == s) for s in ("pass", "fail", "skip")}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "target": self.target,
+            "image": self.image,
+            "recipe": self.recipe,
+            "where": self.where,
+            "note": self.note,
+            "ok": self.ok,
+            "summary": self.counts(),
+            "timings": self.timings,
+            "results": [r.to_json() for r in self.results],
+        }
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The entry point
+
+
+def verify(
+    ref: str,
+    *,
+    host: str | None = None,
+    devices: Sequence[str] = (),
+    expect_efa: bool = False,
+    nodes: int = 1,
+    workers: int = 8,
+) -> VerifyReport:
+    """Verify RECIPE|IMAGE in one container (or, with `host`, on that machine); then `nodes` >= 2 across nodes."""
+    if nodes < 1:
+        raise VerifyError(f"--nodes must be at least 1, got {nodes}")
+    if host and nodes > 1:
+        raise VerifyError("--nodes runs containers: it cannot be combined with --host")
+    start = time.monotonic()
+    timings: dict[str, float] = {}
+    try:
+        if host:
+            report = _verify_host(ref, host, expect_efa=expect_efa, workers=workers, timings=timings)
+        else:
+            report = _verify_container(ref, devices=devices, expect_efa=expect_efa, nodes=nodes, workers=workers,
+                                       timings=timings)  # fmt: skip
+    except KeyboardInterrupt:
+        raise Interrupted("interrupted: the verification's containers were removed") from None
+    timings["total_s"] = round(time.monotonic() - start, 3)
+    return report
+
+
+def host_spec(host: str) -> str:
+    """--host value -> testinfra host spec: 'local' -> local://, ssh://USER@HOST as is."""
+    if host in ("local", "local://"):
+        return "local://"
+    if host.startswith("ssh://"):
+        return host
+    raise VerifyError(f"--host {host!r}: expected 'local' or ssh://USER@HOST")
+
+
+def _verify_host(ref: str, host: str, *, expect_efa: bool, workers: int, timings: dict[str, float]) -> VerifyReport:
+    import testinfra
+
+    spec = host_spec(host)
+    t = time.monotonic()
+    client = None
+    if looks_like_image(ref):
+        client = engine.connect()
+    try:
+        target = resolve_target(ref, client)
+    finally:
+        if client is not None:
+            client.close()
+    if target.resolved is None or target.expected_manifest is None:
+        raise VerifyError(f"{ref}: --host checks need a recipe with a lock ({target.note})")
+    timings["resolve_s"] = round(time.monotonic() - t, 3)
+    th = testinfra.get_host(spec)
+    probe = checks.CheckContext(host=th, scope="host", components={})
+    # The host's Python: this interpreter on local:// (a DLAMI's torch lives in it), python3 over ssh.
+    python = sys.executable if spec == "local://" else "python3"
+    found_manifest = _host_manifest(probe)
+    gpu_run = probe.run("command -v nvidia-smi >/dev/null 2>&1 || test -e /dev/nvidia0")
+    efa = probe.run(f"ls {EFA_DEVICE_GLOB} 2>/dev/null")
+    ctx = checks.CheckContext(
+        host=th,
+        scope="host",
+        components=target.expected_manifest["components"],
+        manifest=found_manifest,
+        expected_manifest=target.expected_manifest,
+        manifest_note=target.note,
+        python=python,
+        efa_devices=tuple(efa.out.split()),
+        expect_efa=expect_efa,
+        gpu=gpu_run.ok,
+        gpu_reason="no GPU on this host (no nvidia-smi, no /dev/nvidia0)",
+        permit_root_login=_permit_root_login(target.resolved),
+    )
+    t = time.monotonic()
+    selected = checks.selected(ctx.components, "host")
+    results = checks.run_checks(ctx, selected, workers=workers)
+    timings["checks_s"] = round(time.monotonic() - t, 3)
+    return VerifyReport(ref, target.image, target.recipe, spec, target.note, results, timings)
+
+
+def _host_manifest(ctx: checks.CheckContext) -> dict[str, Any] | None:
+    ran = ctx.run(f"cat {checks.MANIFEST_PATH}")
+    if not ran.ok:
+        return None
+    try:
+        data = json.loads(ran.out)
+    except json.JSONDecodeError:
+        return {"unreadable": ran.out[:200]}
+    return data if isinstance(data, dict) else None
+
+
+def _permit_root_login(resolved: Resolved | None) -> str | None:
+    sshd = resolved.recipe.components.sshd if resolved else None
+    return sshd.permit_root_login if sshd else None
+
+
+# --------------------------------------------------------------------------------------------------------------
+# One container
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How the verification container is started, and what that means for the checks."""
+
+    kwargs: dict[str, Any]
+    devices: tuple[str, ...]  # paths inside the container
+    efa_devices: tuple[str, ...]
+    gpu: bool
+    gpu_reason: str
+    notes: tuple[str, ...] = ()
+
+
+def run_options(
+    manifest: dict[str, Any], extra_devices: Sequence[str], runtimes: Sequence[str], *, has_gpu: bool | None = None
+) -> RunOptions:
+    """docker run options from the manifest's runtime profile and --device (network: the engine's default,
+    so a verification never takes the host's ports)."""
+    runtime = manifest.get("runtime") or {}
+    platform = manifest.get("platform") or {}
+    devices: list[str] = []
+    inside: list[str] = []
+    for spec in extra_devices:
+        parts = spec.split(":")
+        devices.append(spec)
+        inside.append(parts[1] if len(parts) > 1 and parts[1] else parts[0])
+    efa: list[str] = []
+    notes: list[str] = []
+    if runtime.get("efa_devices"):
+        efa = sorted(glob.glob(EFA_DEVICE_GLOB))
+        for dev in efa:
+            if dev not in inside:
+                devices.append(f"{dev}:{dev}:rwm")
+                inside.append(dev)
+        if not efa:
+            notes.append("the recipe uses EFA devices; this host has none")
+    else:
+        efa = [d for d in inside if d.startswith("/dev/infiniband/uverbs")]
+    kwargs: dict[str, Any] = {"devices": devices} if devices else {}
+    if has_gpu is None:
+        has_gpu = os.path.exists("/dev/nvidia0")
+    wants_gpu = platform.get("accelerator") == "nvidia" or bool(runtime.get("gpus"))
+    gpu = wants_gpu and has_gpu
+    if gpu:
+        kwargs["device_requests"] = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
+    reason = "no GPU on this host (/dev/nvidia0)" if wants_gpu else "the recipe is not for NVIDIA GPUs"
+    if runtime.get("runtime") == "habana":
+        if "habana" in runtimes:
+            kwargs["runtime"] = "habana"
+        else:
+            notes.append("the engine has no 'habana' runtime: started without it")
+    if runtime.get("env"):
+        kwargs["environment"] = dict(runtime["env"])
+    if runtime.get("cap_add"):
+        kwargs["cap_add"] = list(runtime["cap_add"])
+    if runtime.get("ipc"):
+        kwargs["ipc_mode"] = runtime["ipc"]
+    if runtime.get("shm_size"):
+        kwargs["shm_size"] = runtime["shm_size"]
+    if runtime.get("memlock_unlimited", True):
+        kwargs["ulimits"] = [docker.types.Ulimit(name="memlock", soft=-1, hard=-1)]
+    return RunOptions(kwargs, tuple(inside), tuple(efa), gpu, reason if not gpu else "", tuple(notes))
+
+
+class _Containers:
+    """The containers one verification starts; `remove_all` removes every one, by name if its id never came back."""
+
+    def __init__(self, client: docker.DockerClient) -> None:
+        self.client = client
+        self.run_id = uuid.uuid4().hex[:10]
+        self.names: list[str] = []
+        self._lock = threading.Lock()
+
+    def name(self, role: str) -> str:
+        name = f"imgbuild-verify-{self.run_id}-{role}"
+        with self._lock:
+            self.names.append(name)
+        return name
+
+    def remove_all(self) -> None:
+        with self._lock:
+            names = list(self.names)
+        for name in names:
+            with contextlib.suppress(docker.errors.NotFound):
+                try:
+                    self.client.api.remove_container(name, force=True, v=True)
+                except docker.errors.APIError as exc:
+                    if exc.status_code != 404 and "removal of container" not in str(exc):
+                        raise VerifyError(f"could not remove container {name}: {exc.explanation or exc}") from exc
+
+
+def read_image_file(client: docker.DockerClient, containers: _Containers, image: str, path: str) -> bytes | None:
+    """A file of the image, read from a created (never started) container; None when it is not there."""
+    name = containers.name("read")
+    try:
+        client.api.create_container(image, command=["/bin/true"], entrypoint=[], name=name,
+                                    labels={LABEL_VERIFY: containers.run_id})  # fmt: skip
+        try:
+            stream, _ = client.api.get_archive(name, path)
+        except docker.errors.NotFound:
+            return None
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+            member = tar.next()
+            f = tar.extractfile(member) if member is not None else None
+            return f.read() if f is not None else None
+    finally:
+        with contextlib.suppress(docker.errors.APIError):
+            client.api.remove_container(name, force=True, v=True)
+
+
+class ImageScan(threading.Thread):
+    """Scans the image's own filesystem for keys in a container with the entrypoint overridden (in background)."""
+
+    def __init__(self, client: docker.DockerClient, containers: _Containers, image: str) -> None:
+        super().__init__(name="imgbuild-verify-scan", daemon=True)
+        self.client, self.image, self.container_name = client, image, containers.name("scan")
+        self.run_id = containers.run_id
+        self.outcome = checks.ImageScan(error="the scan did not finish")
+        self.duration_s = 0.0
+
+    def run(self) -> None:
+        start = time.monotonic()
+        api = self.client.api
+        try:
+            api.create_container(self.image, command=["-c", _SCAN_SCRIPT], entrypoint=["/bin/sh"],
+                                 name=self.container_name, labels={LABEL_VERIFY: self.run_id},
+                                 network_disabled=True)  # fmt: skip
+            api.start(self.container_name)
+            api.wait(self.container_name, timeout=SCAN_TIMEOUT_S)
+            out = api.logs(self.container_name, stdout=True, stderr=False).decode("utf-8", "replace")
+            if "IMGBUILD-SCAN-DONE" not in out:
+                self.outcome = checks.ImageScan(error=f"the scan did not complete: {out[-300:]}")
+            else:
+                files = sorted({line.split(" ", 1)[1] for line in out.splitlines() if line[:5] in ("NAME ", "PEM ")})
+                self.outcome = checks.ImageScan(files=tuple(files))
+        except Exception as exc:  # reported as the check's failure, never lost in a thread
+            self.outcome = checks.ImageScan(error=f"{type(exc).__name__}: {exc}")
+        finally:
+            with contextlib.suppress(Exception):
+                api.remove_container(self.container_name, force=True, v=True)
+            self.duration_s = round(time.monotonic() - start, 3)
+
+    def result(self) -> checks.ImageScan:
+        self.join()
+        return self.outcome
+
+
+def _wait_ready(client: docker.DockerClient, cid: str, timeout_s: float = READY_TIMEOUT_S) -> str | None:
+    """Wait until the entrypoint has exec'd the command (PID 1 is `sleep`); None when it runs, else why it exited.
+
+    A container still running after `timeout_s` whose entrypoint never exec'd counts as running: check it anyway.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        info = client.api.inspect_container(cid)
+        state = info.get("State") or {}
+        if not state.get("Running"):
+            logs = client.api.logs(cid, stdout=True, stderr=True, tail=20).decode("utf-8", "replace").strip()
+            return f"the container exited ({state.get('ExitCode')}): {logs[-600:] or 'no output'}"
+        try:
+            procs = client.api.top(cid).get("Processes") or []
+        except docker.errors.APIError:
+            procs = []
+        if procs and procs[0][-1].startswith("sleep"):
+            return None
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.1)
+
+
+def _verify_container(
+    ref: str, *, devices: Sequence[str], expect_efa: bool, nodes: int, workers: int, timings: dict[str, float]
+) -> VerifyReport:
+    import testinfra
+
+    if shutil.which("docker") is None:
+        raise VerifyError("the docker command line is not installed (testinfra runs `docker exec`)",
+                          hint=engine.SETUP_HINT)  # fmt: skip
+    t = time.monotonic()
+    client = engine.connect()
+    containers = _Containers(client)
+    try:
+        target = resolve_target(ref, client)
+        assert target.image is not None
+        if _image_labels(client, target.image) is None:
+            hint = f"imgbuild build {target.ref}" if target.kind == "recipe" else None
+            raise VerifyError(f"image {target.image} is not in the engine", hint=hint)
+        timings["resolve_s"] = round(time.monotonic() - t, 3)
+
+        t = time.monotonic()
+        raw = read_image_file(client, containers, target.image, checks.MANIFEST_PATH)
+        manifest = _parse_manifest(raw)
+        timings["manifest_read_s"] = round(time.monotonic() - t, 3)
+        profile = target.expected_manifest or manifest or {}
+        runtimes = list((client.info().get("Runtimes") or {}).keys())
+        opts = run_options(profile, devices, runtimes)
+
+        scan = ImageScan(client, containers, target.image)
+        scan.start()
+
+        t = time.monotonic()
+        container, opts = _start(client, containers, target.image, opts)
+        not_ready = _wait_ready(client, container.id)
+        timings["container_start_s"] = round(time.monotonic() - t, 3)
+
+        components = (target.expected_manifest or manifest or {}).get("components", {})
+        ctx = checks.CheckContext(
+            host=testinfra.get_host(f"docker://{container.id}"),
+            scope="container",
+            components=components,
+            manifest=manifest,
+            expected_manifest=target.expected_manifest,
+            manifest_note=target.note,
+            python=_image_python(components),
+            devices=opts.devices,
+            efa_devices=opts.efa_devices,
+            expect_efa=expect_efa,
+            gpu=opts.gpu,
+            gpu_reason=opts.gpu_reason,
+            permit_root_login=_permit_root_login(target.resolved),
+            image_scan=scan.result,
+        )
+        t = time.monotonic()
+        selected = checks.selected(components, "container")
+        if not_ready:
+            results = [CheckResult("container-start", "fail", "running", "exited", not_ready, component="image")]
+            static = [c for c in selected if c.name in ("manifest", "no-keys-in-image")]
+            results += checks.run_checks(ctx, static, workers=workers)
+            results += [CheckResult(c.name, "skip", reason="the container did not start", component=c.components[0])
+                        for c in selected if c not in static]  # fmt: skip
+        else:
+            results = checks.run_checks(ctx, selected, workers=workers)
+        timings["checks_s"] = round(time.monotonic() - t, 3)
+        scan.result()
+        timings["image_scan_s"] = scan.duration_s
+    finally:
+        t = time.monotonic()
+        with _sigint_deferred():
+            containers.remove_all()
+            client.close()
+        timings["cleanup_s"] = round(time.monotonic() - t, 3)
+
+    if nodes > 1:
+        t = time.monotonic()
+        results += _multinode(target, manifest, nodes)
+        timings["multinode_s"] = round(time.monotonic() - t, 3)
+    notes = "; ".join(n for n in (target.note, *opts.notes) if n)
+    return VerifyReport(ref, target.image, target.recipe, "container", notes, results, timings)
+
+
+def _start(
+    client: docker.DockerClient, containers: _Containers, image: str, opts: RunOptions
+) -> tuple[Any, RunOptions]:
+    """Start the detached container (`sleep infinity` through the image's entrypoint).
+
+    A host that refuses memlock=unlimited (a rootless or nested engine) gets a second try without it, noted.
+    """
+    for attempt in (1, 2):
+        name = containers.name(f"main{attempt}")
+        try:
+            container = client.containers.run(
+                image, ["sleep", "infinity"], name=name, detach=True, labels={LABEL_VERIFY: containers.run_id},
+                **opts.kwargs,
+            )  # fmt: skip
+            return container, opts
+        except docker.errors.APIError as exc:
+            text = str(exc.explanation or exc)
+            if attempt == 1 and "rlimit" in text and "ulimits" in opts.kwargs:
+                with contextlib.suppress(docker.errors.APIError):
+                    client.api.remove_container(name, force=True, v=True)
+                kwargs = {k: v for k, v in opts.kwargs.items() if k != "ulimits"}
+                note = "this engine refuses memlock=unlimited: the container ran without it"
+                opts = replace(opts, kwargs=kwargs, notes=(*opts.notes, note))
+                continue
+            raise VerifyError(f"cannot start a container of {image}: {text}") from exc
+    raise AssertionError("unreachable")
+
+
+def _parse_manifest(raw: bytes | None) -> dict[str, Any] | None:
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError:
+        return {"unreadable": raw[:200].decode("utf-8", "replace")}
+    return data if isinstance(data, dict) else None
+
+
+def _image_python(components: dict[str, dict[str, Any]]) -> str:
+    venv = components.get("python", {}).get("venv")
+    return f"{venv}/bin/python" if venv else "python3"
+
+
+def _multinode(target: Target, manifest: dict[str, Any] | None, nodes: int) -> list[CheckResult]:
+    """Hand over to the multi-node checks (imgbuild.multinode), imported only when asked for."""
+    try:
+        from imgbuild import multinode
+    except ImportError as exc:
+        if exc.name not in ("imgbuild.multinode", None):
+            raise
+        return [CheckResult("multinode", "fail", f"{nodes} nodes", "", "multi-node verification is not available "
+                            "in this imgbuild (no imgbuild.multinode module)", component="multinode")]  # fmt: skip
+    run: Callable[..., list[CheckResult]] = multinode.run_multinode
+    assert target.image is not None
+    return run(target.image, manifest or target.expected_manifest or {}, target.resolved, nodes)
+
+
+@contextlib.contextmanager
+def _sigint_deferred() -> Iterator[None]:
+    """Hold off a second Ctrl-C while the containers are removed (a second or two)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pressed: list[int] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        pressed.append(signum)
+        if len(pressed) == 1:
+            with contextlib.suppress(Exception):
+                sys.stderr.write("imgbuild: removing the verification's containers, one moment ...\n")
+
+    previous = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Output files
+
+
+def write_json(report: VerifyReport, path: Path) -> None:
+    path.write_text(json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n")
+
+
+def junit_xml(report: VerifyReport) -> str:
+    """JUnit XML: one testcase per check, <failure> / <skipped> with the reason, expected and found."""
+    import xml.etree.ElementTree as ET
+
+    counts = report.counts()
+    total = report.timings.get("total_s", sum(r.duration_s for r in report.results))
+    suites = ET.Element("testsuites", name="imgbuild verify")
+    suite = ET.SubElement(
+        suites, "testsuite", name=f"imgbuild verify {report.target}", tests=str(len(report.results)),
+        failures=str(counts["fail"]), errors="0", skipped=str(counts["skip"]), time=f"{total:.3f}",
+    )  # fmt: skip
+    props = ET.SubElement(suite, "properties")
+    for key, text in (("image", report.image), ("recipe", report.recipe), ("where", report.where)):
+        ET.SubElement(props, "property", name=key, value=str(text or ""))
+    for key, seconds in sorted(report.timings.items()):
+        ET.SubElement(props, "property", name=f"timing.{key}", value=str(seconds))
+    for r in report.results:
+        name = f"{r.name} [{r.node}]" if r.node else r.name
+        case = ET.SubElement(suite, "testcase", classname=f"imgbuild.verify.{r.component or 'image'}", name=name,
+                             time=f"{r.duration_s:.3f}")  # fmt: skip
+        text = f"expected: {r.expected}\nfound: {r.found}\n{r.reason}".strip()
+        if r.status == "fail":
+            ET.SubElement(case, "failure", message=r.reason or "failed", type="VerifyFailure").text = text
+        elif r.status == "skip":
+            ET.SubElement(case, "skipped", message=r.reason or "skipped")
+        else:
+            ET.SubElement(case, "system-out").text = text
+    ET.indent(suites)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
+
+
+def write_junit(report: VerifyReport, path: Path) -> None:
+    path.write_text(junit_xml(report))

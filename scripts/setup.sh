@@ -118,11 +118,12 @@ else
 fi
 
 # --- 2. host tools --------------------------------------------------------------------------------------
-step "host tools (debootstrap, iproute2, openssh-client)"
+step "host tools (debootstrap, iproute2, openssh-client, docker-registry)"
 missing=()
 have debootstrap || missing+=(debootstrap)
 have ip || missing+=(iproute2)
 have ssh-keygen || missing+=(openssh-client)
+have docker-registry || missing+=(docker-registry)  # a real registry for the push tests
 if ((${#missing[@]})); then
     apt_install "${missing[@]}"
     step_done "installed ${missing[*]}"

@@ -47,9 +47,7 @@ __all__ = [
 ]
 
 DEFAULT_SOCKET = "unix:///var/run/docker.sock"
-SETUP_HINT = (
-    "run `scripts/setup.sh` to install and start an engine, or `imgbuild doctor` to see what is missing"
-)
+SETUP_HINT = "run `scripts/setup.sh` to install and start an engine, or `imgbuild doctor` to see what is missing"
 BOOTSTRAP_HINT = "imgbuild base bootstrap {image}  (builds it from a Debian/Ubuntu archive)"
 
 LOG_TAIL_LINES = 30
@@ -582,9 +580,7 @@ def build_image(
             left = _cancel(client, responses, before, engine_start, state)
             log.write(f"# imgbuild: containers left behind: {', '.join(left) or 'none'}\n")
             if left:
-                raise Interrupted(
-                    "build cancelled; could not remove these containers: " + ", ".join(left)
-                ) from None
+                raise Interrupted("build cancelled; could not remove these containers: " + ", ".join(left)) from None
             raise Interrupted("build cancelled; no containers left behind") from None
         except docker.errors.APIError as exc:
             state.flush()

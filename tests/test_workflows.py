@@ -1,0 +1,149 @@
+"""The GitHub workflows: valid against the workflow schema (check-jsonschema's vendored copy, offline), and
+wired the way publishing needs: OIDC to AWS, the ECR login, the job matrix from `imgbuild matrix --json`,
+self-hosted runners for GPU and Gaudi, and only `imgbuild` commands and matrix keys that exist."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import re
+import shutil
+import subprocess
+from typing import Any
+
+import pytest
+import typer
+import yaml
+
+import imgbuild
+from conftest import REPO
+from imgbuild import publish
+
+WORKFLOWS = REPO / ".github" / "workflows"
+FILES = ["ci.yml", "publish.yml"]
+
+
+def load(name: str) -> dict[str, Any]:
+    data = yaml.safe_load((WORKFLOWS / name).read_text())
+    if True in data:  # YAML 1.1 reads the key `on` as a boolean
+        data["on"] = data.pop(True)
+    return data
+
+
+def steps(job: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(job.get("steps", []))
+
+
+def uses(job: dict[str, Any], action: str) -> dict[str, Any]:
+    found = [s for s in steps(job) if str(s.get("uses", "")).startswith(action + "@")]
+    assert found, f"no step uses {action}"
+    return found[0]
+
+
+def run_text(name: str) -> str:
+    data = load(name)
+    return "\n".join(str(s.get("run", "")) for job in data["jobs"].values() for s in steps(job))
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_workflow_schema(name: str) -> None:
+    exe = shutil.which("check-jsonschema")
+    if exe is None:
+        pytest.fail("check-jsonschema is not installed (pip install check-jsonschema, part of the dev extra)")
+    proc = subprocess.run(
+        [exe, "--builtin-schema", "vendor.github-workflows", str(WORKFLOWS / name)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_actionlint_when_available(name: str) -> None:
+    """actionlint also checks expressions and shell; its PyPI wheel downloads the binary, so it is optional."""
+    exe = shutil.which("actionlint")
+    if exe is None:
+        pytest.skip("actionlint is not installed (optional: the schema test covers the structure)")
+    proc = subprocess.run([exe, "-no-color", str(WORKFLOWS / name)], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_ci_jobs() -> None:
+    wf = load("ci.yml")
+    assert set(wf["on"]) == {"pull_request", "push"}
+    assert wf["permissions"] == {"contents": "read"}
+    jobs = wf["jobs"]
+    lint = "\n".join(str(s.get("run", "")) for s in steps(jobs["lint"]))
+    assert "ruff check" in lint and "ruff format --check" in lint and "mypy" in lint
+    assert "check-jsonschema --builtin-schema vendor.github-workflows" in lint
+    unit = "\n".join(str(s.get("run", "")) for s in steps(jobs["unit"]))
+    assert 'pytest -p no:cacheprovider -m "not docker' in unit
+    render = "\n".join(str(s.get("run", "")) for s in steps(jobs["render"]))
+    assert "imgbuild render" in render and "hadolint --config .hadolint.yaml" in render
+    cpu = jobs["cpu"]
+    cpu_run = "\n".join(str(s.get("run", "")) for s in steps(cpu))
+    assert cpu["env"]["CI"] == "true", "Docker-marked tests must fail, not skip, without an engine"
+    assert "bash .ci/run" in cpu_run and "imgbuild build cpu" in cpu_run and "imgbuild verify cpu" in cpu_run
+    assert "docker-registry" in cpu_run, "the publish tests need the registry binary"
+    assert set(cpu["needs"]) == {"lint", "unit", "render"}
+
+
+def test_publish_triggers_and_oidc() -> None:
+    wf = load("publish.yml")
+    assert wf["on"]["push"] == {"branches": ["main"], "tags": ["v*"]}
+    assert wf["permissions"] == {"contents": "read"}, "id-token: write only where AWS is assumed"
+    matrix_job, job = wf["jobs"]["matrix"], wf["jobs"]["publish"]
+    assert "imgbuild matrix --json" in "\n".join(str(s.get("run", "")) for s in steps(matrix_job))
+    assert matrix_job["outputs"]["matrix"] == "${{ steps.matrix.outputs.matrix }}"
+    assert job["needs"] == "matrix"
+    assert job["strategy"]["matrix"] == "${{ fromJSON(needs.matrix.outputs.matrix) }}"
+    assert job["strategy"]["fail-fast"] is False
+    assert job["runs-on"] == "${{ matrix.runs_on }}"
+    assert job["permissions"] == {"contents": "read", "id-token": "write"}
+    creds = uses(job, "aws-actions/configure-aws-credentials")
+    assert creds["uses"].endswith("@v4")
+    assert "AWS_ROLE_ARN" in creds["with"]["role-to-assume"] and "aws-region" in creds["with"]
+    assert not {"aws-access-key-id", "aws-secret-access-key"} & set(creds["with"]), "OIDC only: no stored keys"
+    login = uses(job, "aws-actions/amazon-ecr-login")
+    assert login["uses"].endswith("@v2") and login["id"] == "ecr"
+    order = [s.get("name", s.get("uses", "")) for s in steps(job)]
+    assert order.index("build") < order.index("verify") < order.index("push to ECR")
+    push = next(s for s in steps(job) if s.get("name") == "push to ECR")
+    assert 'imgbuild push "${RECIPE}" --ecr --registry' in push["run"]
+    assert push["env"]["REGISTRY"] == "${{ steps.ecr.outputs.registry }}"
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_shell_is_bash_with_pipefail(name: str) -> None:
+    assert load(name)["defaults"]["run"]["shell"] == "bash"
+
+
+def test_matrix_keys_used_by_publish_exist() -> None:
+    text = (WORKFLOWS / "publish.yml").read_text()
+    used = set(re.findall(r"(?<![.\w])matrix\.(\w+)", text))
+    rows = publish.matrix()["include"]
+    assert used and used <= set(rows[0]), f"publish.yml uses matrix keys the matrix lacks: {used - set(rows[0])}"
+    runners = {tuple(r["runs_on"]) for r in rows}
+    assert runners <= {("ubuntu-latest",), ("self-hosted", "gpu"), ("self-hosted", "gaudi")}
+
+
+def known_commands() -> set[str]:
+    """The commands of `imgbuild`: the main app's, plus those each `imgbuild.cli_*` module registers."""
+    from imgbuild import cli
+
+    names = set(typer.main.get_command(cli.app).commands)  # type: ignore[attr-defined]
+    for mod in pkgutil.iter_modules(imgbuild.__path__):
+        if mod.name.startswith("cli_"):
+            module = importlib.import_module(f"imgbuild.{mod.name}")
+            if hasattr(module, "register"):
+                app = typer.Typer()
+                module.register(app)
+                app.command("_placeholder")(lambda: None)  # a group even with one command
+                names |= set(typer.main.get_command(app).commands) - {"_placeholder"}  # type: ignore[attr-defined]
+    return names
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_workflows_call_existing_commands(name: str) -> None:
+    called = set(re.findall(r"\bimgbuild ([a-z][a-z-]*)", run_text(name)))
+    missing = called - known_commands()
+    assert not missing, f"{name} calls imgbuild commands that do not exist: {sorted(missing)}"

@@ -284,9 +284,10 @@ def doctor(
 
 def _register_extensions() -> None:
     """Commands that live in their own modules (each imports its heavy dependencies lazily)."""
-    from imgbuild import cli_publish, cli_verify
+    from imgbuild import cli_publish, cli_run, cli_verify
 
     cli_verify.register(app)
+    cli_run.register(app)
     cli_publish.register(app)
 
 

@@ -3,7 +3,8 @@
 Each block reads its parameters (from the recipe schema) and its pin (from the resolver) and contributes:
 Debian packages for the builder and runtime stages, a Dockerfile fragment for each stage (Jinja macros
 `builder` and `runtime` in images/components/<name>.j2), PATH / LD_LIBRARY_PATH entries, environment
-variables, `docker run` flags, and a manifest entry. The target (OS, CUDA, GPU) is passed in, never global.
+variables and a manifest entry (`docker run` flags come from the recipe's runtime section: runprofile.py).
+The target (OS, CUDA, GPU) is passed in, never global.
 """
 
 from __future__ import annotations
@@ -51,7 +52,6 @@ class Contribution:
     path: list[str] = field(default_factory=list)
     ld_library_path: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
-    run_flags: list[str] = field(default_factory=list)
     manifest: dict[str, Any] = field(default_factory=dict)
 
 
@@ -91,9 +91,8 @@ def context_for(resolved: Resolved) -> Context:
 
 
 def contribute(name: str, pin: Pin, ctx: Context) -> Contribution:
-    """The packages, paths, environment, run flags and manifest entry of one block."""
+    """The packages, paths, environment and manifest entry of one block."""
     c = Contribution(name=name)
-    r = ctx.resolved.recipe
     c.manifest = {"version": pin.version, "source": pin.source, "origin": pin.origin, **pin.details}
     if name == "efa":
         if pin.source == "installer":
@@ -101,8 +100,6 @@ def contribute(name: str, pin: Pin, ctx: Context) -> Contribution:
         mpi_bin = "/opt/amazon/openmpi5/bin" if pin.details.get("mpi") == "openmpi5" else "/opt/amazon/openmpi/bin"
         c.path += [mpi_bin, "/opt/amazon/efa/bin"] if pin.source == "installer" else []
         c.ld_library_path += ["/opt/amazon/efa/lib"] if pin.source == "installer" else []
-        if r.runtime.efa_devices:
-            c.run_flags.append("--device=/dev/infiniband/uverbs*")
     elif name == "libfabric":
         if pin.source == "distro":
             c.runtime_packages |= {"libfabric1", "libfabric-bin"}

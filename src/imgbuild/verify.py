@@ -15,7 +15,6 @@ This is an edge module: it talks to the Docker engine (docker-py) and to contain
 from __future__ import annotations
 
 import contextlib
-import glob
 import io
 import json
 import os
@@ -39,12 +38,12 @@ from imgbuild import checks, engine, lock, recipe, render
 from imgbuild.errors import ImgbuildError, Interrupted, LockError, RecipeError, VerifyError
 from imgbuild.report import CheckResult, failures
 from imgbuild.resolver import Resolved
+from imgbuild.runprofile import EFA_DEVICE_GLOB, host_efa_devices
 
 LABEL_RECIPE = "io.imgbuild.recipe"
 LABEL_VERIFY = "io.imgbuild.verify"
 READY_TIMEOUT_S = 60.0
 SCAN_TIMEOUT_S = 600
-EFA_DEVICE_GLOB = "/dev/infiniband/uverbs*"
 
 # Runs in a container whose entrypoint did NOT run (so the host keys it would make are not there): key files
 # by name, and any PEM private key by content, on the image's own filesystem (-xdev: not /proc, /sys, /dev).
@@ -318,7 +317,7 @@ def run_options(
     efa: list[str] = []
     notes: list[str] = []
     if runtime.get("efa_devices"):
-        efa = sorted(glob.glob(EFA_DEVICE_GLOB))
+        efa = host_efa_devices()
         for dev in efa:
             if dev not in inside:
                 devices.append(f"{dev}:{dev}:rwm")

@@ -1,0 +1,134 @@
+"""Runtime profiles (`docker run` command lines) and `imgbuild run`."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from imgbuild import cli_run, recipe, render, runprofile
+from imgbuild.errors import EngineError
+from imgbuild.lock import resolved_for
+from imgbuild.resolver import Resolved
+
+HABANA = (
+    "--runtime=habana -e HABANA_VISIBLE_DEVICES=all -e OMPI_MCA_btl_vader_single_copy_mechanism=none "
+    "--cap-add=sys_nice --net=host --ipc=host"
+)
+
+
+def resolved(name: str) -> Resolved:
+    return resolved_for(recipe.load(name), lookup_torch=None)[0]
+
+
+def line(name: str, cmd: tuple[str, ...] = (), devices: tuple[str, ...] = (), interactive: bool = False) -> str:
+    argv = runprofile.docker_run_args(
+        resolved(name), "IMG", list(cmd), host_devices=list(devices), interactive=interactive
+    )
+    return runprofile.command_line(argv)
+
+
+def test_gaudi_profile_exactly() -> None:
+    assert line("gaudi-1.15") == f"docker run --rm {HABANA} --ulimit memlock=-1:-1 IMG"
+
+
+def test_gaudi_with_efa_devices_and_a_terminal() -> None:
+    devices = ("/dev/infiniband/uverbs0", "/dev/infiniband/uverbs1")
+    assert line("gaudi-1.15", ("hl-smi",), devices, interactive=True) == (
+        f"docker run --rm -it {HABANA} --device=/dev/infiniband/uverbs0 --device=/dev/infiniband/uverbs1 "
+        "--ulimit memlock=-1:-1 IMG hl-smi"
+    )
+
+
+def test_cpu_profile() -> None:
+    # No accelerator, no EFA devices even when the host has some; its own /dev/shm size.
+    assert line("cpu", ("bash", "-c", "echo 'a b'"), ("/dev/infiniband/uverbs0",)) == (
+        "docker run --rm --ulimit memlock=-1:-1 --shm-size=1g IMG bash -c 'echo '\"'\"'a b'\"'\"''"
+    )
+    argv = runprofile.docker_run_args(resolved("cpu").recipe, "IMG", ["bash", "-c", "echo 'a b'"], host_devices=[])
+    assert argv[-3:] == ["bash", "-c", "echo 'a b'"]
+
+
+def test_a100_profile() -> None:
+    assert line("a100", ("nvidia-smi",), ("/dev/infiniband/uverbs0",)) == (
+        "docker run --rm --ipc=host --gpus all --device=/dev/infiniband/uverbs0 --ulimit memlock=-1:-1 IMG nvidia-smi"
+    )
+    assert line("a100") == "docker run --rm --ipc=host --gpus all --ulimit memlock=-1:-1 IMG"
+
+
+def test_default_shm_without_host_ipc(recipe_dir: Path) -> None:
+    mine = recipe_dir / "mine.yaml"
+    mine.write_text("extends: a100\nruntime: {ipc: null, memlock_unlimited: false}\n")
+    loaded = recipe.load(mine)
+    argv = runprofile.docker_run_args(loaded, "IMG", [], host_devices=[])
+    assert shlex.join(argv) == "docker run --rm --gpus all --shm-size=1g IMG"
+
+
+def test_host_efa_devices_in_numeric_order(tmp_path: Path) -> None:
+    for n in (10, 2, 0, 1):
+        (tmp_path / f"uverbs{n}").touch()
+    (tmp_path / "rdma_cm").touch()
+    found = runprofile.host_efa_devices(str(tmp_path / "uverbs*"))
+    assert [Path(p).name for p in found] == ["uverbs0", "uverbs1", "uverbs2", "uverbs10"]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The command
+
+
+@pytest.fixture
+def app(monkeypatch: pytest.MonkeyPatch) -> typer.Typer:
+    """A CLI with `run` registered (a callback keeps it a group, as the real CLI is), no host devices."""
+    monkeypatch.setattr(runprofile, "host_efa_devices", lambda pattern=runprofile.EFA_DEVICE_GLOB: [])
+    app = typer.Typer()
+
+    @app.callback()
+    def _root() -> None:
+        """imgbuild."""
+
+    cli_run.register(app)
+    return app
+
+
+runner = CliRunner()
+
+
+def image_of(name: str) -> str:
+    return render.plan(resolved(name)).image_refs[0]
+
+
+def test_run_print_gaudi(app: typer.Typer) -> None:
+    result = runner.invoke(app, ["run", "gaudi-1.15", "--print"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == f"docker run --rm {HABANA} --ulimit memlock=-1:-1 {image_of('gaudi-1.15')}\n"
+
+
+def test_run_print_with_a_command(app: typer.Typer) -> None:
+    result = runner.invoke(app, ["run", "cpu", "--print", "--", "bash", "-c", "fi_info -p tcp | head"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == (
+        f"docker run --rm --ulimit memlock=-1:-1 --shm-size=1g {image_of('cpu')} bash -c 'fi_info -p tcp | head'\n"
+    )
+    result = runner.invoke(app, ["run", "cpu", "--print", "--image", "registry.example/x:1"])
+    assert result.stdout.rstrip().endswith(" registry.example/x:1")
+
+
+def test_run_unknown_recipe(app: typer.Typer) -> None:
+    result = runner.invoke(app, ["run", "a10", "--print"])
+    assert result.exit_code == 3 and "did you mean 'a100'" in result.stderr
+
+
+@pytest.mark.docker
+def test_run_exit_status_and_missing_image(app: typer.Typer, cpu_image: Any, recipe_dir: Path) -> None:
+    # Without the memlock ulimit: an engine that itself runs in a container may not be allowed to raise it.
+    mine = recipe_dir / "mine.yaml"
+    mine.write_text("extends: cpu\nruntime: {memlock_unlimited: false}\n")
+    result = runner.invoke(app, ["run", str(mine), "--image", cpu_image.refs[0], "--", "bash", "-c", "exit 7"])
+    assert result.exit_code == 7, result.output
+    result = runner.invoke(app, ["run", "cpu", "--image", "imgbuild/no-such-image:nothing", "--", "true"])
+    assert result.exit_code == EngineError.exit_code, result.output
+    assert "no image imgbuild/no-such-image:nothing" in result.stderr

@@ -1,0 +1,340 @@
+"""SageMaker bring-your-own-container contract: the rendered `train` and entrypoint, then jobs simulated with real
+containers of the cpu image (one per host, named algo-1..N on a private network, each with its own
+resourceconfig.json, the job's code, model and output folders bind-mounted, and a per-test ssh key pair)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import SHIPPED
+from imgbuild import recipe, render
+from imgbuild.lock import resolved_for
+
+# --------------------------------------------------------------------------------------------------------------
+# Rendering (no engine)
+
+
+def context_files(ref: str | Path) -> dict[str, str]:
+    resolved, _ = resolved_for(recipe.load(ref), lookup_torch=None)
+    return {f.path: f.content.decode() for f in render.plan(resolved).files}
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_scripts_are_valid_bash(name: str, tmp_path: Path) -> None:
+    files = context_files(name)
+    scripts = []
+    for path in ("imgbuild/train", "imgbuild/entrypoint.sh"):
+        script = tmp_path / Path(path).name
+        script.write_text(files[path])
+        scripts.append(str(script))
+        proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, check=False)
+        assert proc.returncode == 0, proc.stderr
+    if shutil.which("shellcheck"):
+        proc = subprocess.run(["shellcheck", *scripts], capture_output=True, text=True, check=False)
+        assert proc.returncode == 0, proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("name", "slots", "ifname_vars", "mca"),
+    [
+        ("cpu", 1, "NCCL_SOCKET_IFNAME", "--mca pml ob1"),
+        ("a100", 8, "NCCL_SOCKET_IFNAME", "--mca pml '^cm,ucx'"),
+        ("gaudi-1.15", 8, "NCCL_SOCKET_IFNAME HCCL_SOCKET_IFNAME", "--mca btl_vader_single_copy_mechanism none"),
+    ],
+)
+def test_train_renders_the_recipe(name: str, slots: int, ifname_vars: str, mca: str) -> None:
+    train = context_files(name)["imgbuild/train"]
+    assert f"readonly DEFAULT_SLOTS={slots}\n" in train
+    assert f"readonly IFNAME_VARS=({ifname_vars})\n" in train
+    assert "readonly SSH_PORTS=(3022 22)\n" in train
+    assert "readonly DEFAULT_LAUNCHER=mpirun\n" in train
+    assert mca in train and "--mca btl_tcp_if_exclude lo,docker0" in train and "--allow-run-as-root" in train
+    assert "{{" not in train and "{%" not in train
+
+
+def test_torchrun_launcher_and_no_sagemaker(recipe_dir: Path) -> None:
+    mine = recipe_dir / "mine.yaml"
+    mine.write_text("extends: cpu\ncomponents:\n  sagemaker: {launcher: torchrun, ssh_port: 2222}\n")
+    files = context_files(mine)
+    assert "readonly DEFAULT_LAUNCHER=torchrun\n" in files["imgbuild/train"]
+    assert "readonly SSH_PORTS=(3022 2222)\n" in files["imgbuild/train"]
+    assert '${IMGBUILD_SSHD_PORTS},}2222"' in files["imgbuild/entrypoint.sh"]
+    plain = recipe_dir / "plain.yaml"
+    plain.write_text("extends: cpu\ncomponents:\n  sagemaker: null\n")
+    files = context_files(plain)
+    assert "imgbuild/train" not in files
+    assert "== train" not in files["imgbuild/entrypoint.sh"]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Jobs on the engine
+
+ALLREDUCE = """\
+import json
+import socket
+
+from mpi4py import MPI
+
+comm = MPI.COMM_WORLD
+total = comm.allreduce(comm.rank + 1, op=MPI.SUM)
+hosts = comm.gather(socket.gethostname(), root=0)
+if comm.rank == 0:
+    with open("/opt/ml/model/result.json", "w") as f:
+        json.dump({"size": comm.size, "sum": total, "hosts": hosts}, f)
+print(f"rank {comm.rank} of {comm.size} on {socket.gethostname()}: sum {total}", flush=True)
+"""
+
+FAILING = """\
+import sys
+
+from mpi4py import MPI
+
+MPI.COMM_WORLD.Barrier()
+sys.exit(3)
+"""
+
+
+@dataclass
+class Host:
+    name: str
+    container_id: str
+    model: Path
+    output: Path
+
+
+@dataclass
+class Job:
+    client: Any
+    network: str
+    hosts: list[Host] = field(default_factory=list)
+
+    def wait(self, host: Host, timeout: float) -> int:
+        return int(self.client.api.wait(host.container_id, timeout=timeout)["StatusCode"])
+
+    def logs(self, host: Host) -> str:
+        return self.client.api.logs(host.container_id).decode(errors="replace")
+
+
+def ssh_key_pair(client: Any, image: str, where: Path) -> Path:
+    """A fresh ed25519 key pair for one job (ssh-keygen here, else the image's)."""
+    where.mkdir()
+    if shutil.which("ssh-keygen"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "imgbuild-test", "-f",
+                        str(where / "id_ed25519")], check=True)  # fmt: skip
+    else:
+        client.containers.run(
+            image, ["-c", "ssh-keygen -q -t ed25519 -N '' -C imgbuild-test -f /k/id_ed25519 && chmod 644 /k/*"],
+            entrypoint="bash", volumes={str(where): {"bind": "/k", "mode": "rw"}}, remove=True,
+        )  # fmt: skip
+    return where
+
+
+@pytest.fixture
+def sm_job(docker_client: Any, cpu_image: Any, tmp_path: Path, request: pytest.FixtureRequest) -> Any:
+    """Starts a simulated SageMaker job; its containers and network are removed whatever happens."""
+    image = cpu_image.refs[0]
+    created: list[str] = []
+    networks: list[str] = []
+
+    def cleanup() -> None:
+        import docker.errors
+
+        for cid in created:
+            with contextlib.suppress(docker.errors.APIError):  # already gone
+                docker_client.api.remove_container(cid, force=True)
+        for net in networks:
+            with contextlib.suppress(docker.errors.APIError):
+                docker_client.api.remove_network(net)
+
+    request.addfinalizer(cleanup)
+
+    def start(
+        count: int,
+        *,
+        absent: tuple[str, ...] = (),
+        script: str = ALLREDUCE,
+        keys: str = "channel",
+        args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ) -> Job:
+        network = f"imgbuild-sm-{uuid.uuid4().hex[:10]}"
+        docker_client.api.create_network(network, driver="bridge", labels={"io.imgbuild.test": "sagemaker"})
+        networks.append(network)
+        job = Job(docker_client, network)
+        names = [f"algo-{i}" for i in range(1, count + 1)]
+        code = tmp_path / "code"
+        code.mkdir()
+        (code / "job.py").write_text(script)
+        key_dir = ssh_key_pair(docker_client, image, tmp_path / "ssh")
+        environment = {"IMGBUILD_PEER_TIMEOUT": "60", **(env or {})}
+        if not args:
+            environment["SAGEMAKER_PROGRAM"] = "job.py"
+        if keys == "env":
+            environment["IMGBUILD_SSH_PRIVATE_KEY"] = (key_dir / "id_ed25519").read_text()
+            environment["IMGBUILD_AUTHORIZED_KEYS"] = (key_dir / "id_ed25519.pub").read_text().strip()
+        for name in (n for n in names if n not in absent):
+            root = tmp_path / name
+            config, model, output = root / "config", root / "model", root / "output"
+            for d in (config, model, output):
+                d.mkdir(parents=True)
+            resource = {"current_host": name, "hosts": names, "network_interface_name": "eth0"}
+            (config / "resourceconfig.json").write_text(json.dumps(resource))
+            binds = {
+                str(config): {"bind": "/opt/ml/input/config", "mode": "ro"},
+                str(code): {"bind": "/opt/ml/code", "mode": "ro"},
+                str(model): {"bind": "/opt/ml/model", "mode": "rw"},
+                str(output): {"bind": "/opt/ml/output", "mode": "rw"},
+            }
+            if keys == "channel":
+                binds[str(key_dir)] = {"bind": "/opt/ml/input/data/ssh", "mode": "ro"}
+            elif keys == "dir":
+                binds[str(key_dir)] = {"bind": "/run/job-keys", "mode": "ro"}
+                environment["IMGBUILD_SSH_DIR"] = "/run/job-keys"
+            container = docker_client.api.create_container(
+                image,
+                command=["train", *args],
+                name=f"{network}-{name}",
+                hostname=name,
+                environment=environment,
+                labels={"io.imgbuild.test": "sagemaker"},
+                host_config=docker_client.api.create_host_config(binds=binds, network_mode=network),
+                networking_config=docker_client.api.create_networking_config(
+                    {network: docker_client.api.create_endpoint_config(aliases=[name])}
+                ),
+            )
+            created.append(container["Id"])
+            job.hosts.append(Host(name, container["Id"], model, output))
+        for host in job.hosts:
+            docker_client.api.start(host.container_id)
+        return job
+
+    return start
+
+
+def finish(job: Job, timeout: float = 180) -> tuple[int, list[int], float]:
+    """The leader's exit status, the workers', and how long the leader took."""
+    started = time.monotonic()
+    leader = job.wait(job.hosts[0], timeout)
+    took = time.monotonic() - started
+    workers = [job.wait(h, 60) for h in job.hosts[1:]]
+    return leader, workers, took
+
+
+def explain(job: Job) -> str:
+    return "\n".join(f"---- {h.name}\n{job.logs(h)}" for h in job.hosts)
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+@pytest.mark.parametrize(("count", "keys"), [(2, "channel"), (3, "env")])
+def test_job_runs_across_hosts(sm_job: Any, count: int, keys: str) -> None:
+    # Three hosts pass the program as arguments after `train`, two through SAGEMAKER_PROGRAM.
+    job = sm_job(count, keys=keys, args=("job.py",) if count == 3 else ())
+    leader, workers, took = finish(job)
+    logs = explain(job)
+    assert leader == 0, logs
+    assert workers == [0] * (count - 1), logs
+    result = json.loads((job.hosts[0].model / "result.json").read_text())
+    assert result == {"size": count, "sum": count * (count + 1) // 2,
+                      "hosts": [f"algo-{i}" for i in range(1, count + 1)]}  # fmt: skip
+    leader_log = job.logs(job.hosts[0])
+    assert "sshd listening on 3022,22" in leader_log  # SageMaker mode adds 22
+    assert not (job.hosts[0].output / "failure").exists()
+    print(f"{count} hosts: leader done in {took:.1f}s")
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_failing_program_fails_the_job(sm_job: Any) -> None:
+    job = sm_job(2, script=FAILING, keys="dir")
+    leader, workers, _ = finish(job)
+    logs = explain(job)
+    assert leader != 0, logs
+    assert workers == [0], logs  # the leader reports the failure; workers only end with it
+    failure = (job.hosts[0].output / "failure").read_text()
+    assert "program 'job.py' exited with status" in failure, failure
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_missing_peer_times_out_clearly(sm_job: Any) -> None:
+    job = sm_job(3, absent=("algo-3",), env={"IMGBUILD_PEER_TIMEOUT": "15"})
+    leader, workers, took = finish(job, timeout=120)
+    logs = explain(job)
+    assert leader != 0, logs
+    assert took < 60, f"took {took:.0f}s\n{logs}"
+    assert "timed out after 15s waiting for sshd on 1 of 2 peer(s): algo-3" in job.logs(job.hosts[0]), logs
+    assert "algo-3" in (job.hosts[0].output / "failure").read_text()
+    assert workers == [0], logs  # told by the leader that the job is over
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_worker_gives_up_when_the_leader_never_comes(sm_job: Any) -> None:
+    job = sm_job(2, absent=("algo-1",), env={"IMGBUILD_LEADER_TIMEOUT": "5"})
+    (worker,) = job.hosts
+    assert job.wait(worker, 60) != 0, explain(job)
+    assert "the leader algo-1 did not reach this host within 5s" in job.logs(worker)
+    assert "algo-1" in (worker.output / "failure").read_text()
+
+
+@pytest.mark.docker
+def test_entrypoint_outside_sagemaker(docker_client: Any, cpu_image: Any) -> None:
+    out = docker_client.containers.run(
+        cpu_image.refs[0], ["bash", "-c", "wc -l </root/.ssh/authorized_keys; cat /etc/ssh/imgbuild.d/ports.conf"],
+        remove=True, stdout=True, stderr=True,
+    ).decode()  # fmt: skip
+    assert "sshd listening on 3022\n" in out  # no 22 unless the command is `train`
+    assert "no authorized key given" in out
+    assert out.splitlines()[-1] == "0"  # nothing authorized: no key ever comes from the image
+
+
+SLEEPY = """\
+import time
+
+from mpi4py import MPI
+
+MPI.COMM_WORLD.Barrier()
+print("started", flush=True)
+time.sleep(600)
+"""
+
+
+def wait_for_log(job: Job, host: Host, text: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in job.logs(host):
+        assert time.monotonic() < deadline, f"no {text!r} within {timeout}s\n{explain(job)}"
+        time.sleep(0.5)
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_stopped_leader_ends_the_job(sm_job: Any) -> None:
+    job = sm_job(2, script=SLEEPY)
+    leader, worker = job.hosts
+    wait_for_log(job, leader, "started")
+    job.client.api.stop(leader.container_id, timeout=30)  # SIGTERM, as SageMaker's StopTrainingJob
+    assert job.wait(leader, 5) == 143, explain(job)
+    assert job.wait(worker, 30) == 0, explain(job)  # told by the leader on its way out
+    assert "stopped by a signal" in (leader.output / "failure").read_text()
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_worker_notices_a_lost_leader(sm_job: Any) -> None:
+    job = sm_job(2, script=SLEEPY)
+    leader, worker = job.hosts
+    wait_for_log(job, leader, "started")
+    job.client.api.kill(leader.container_id)  # SIGKILL: no chance to tell anyone
+    assert job.wait(worker, 90) != 0, explain(job)
+    assert "the leader algo-1 went away" in (worker.output / "failure").read_text()

@@ -57,16 +57,6 @@ def test_workflow_schema(name: str) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize("name", FILES)
-def test_actionlint_when_available(name: str) -> None:
-    """actionlint also checks expressions and shell; its PyPI wheel downloads the binary, so it is optional."""
-    exe = shutil.which("actionlint")
-    if exe is None:
-        pytest.skip("actionlint is not installed (optional: the schema test covers the structure)")
-    proc = subprocess.run([exe, "-no-color", str(WORKFLOWS / name)], capture_output=True, text=True, check=False)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-
-
 def test_ci_jobs() -> None:
     wf = load("ci.yml")
     assert set(wf["on"]) == {"pull_request", "push"}

@@ -17,11 +17,9 @@ import datetime as _dt
 import os
 import re
 import shlex
-import signal
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -36,6 +34,7 @@ from rich.spinner import Spinner
 from rich.text import Text
 
 from imgbuild.errors import BaseImageMissing, BuildError, EngineError, Interrupted
+from imgbuild.interrupts import sigint_deferred
 
 __all__ = [
     "BuildOutcome",
@@ -748,7 +747,7 @@ def _cancel(
     state: _StreamState,
 ) -> list[str]:
     """Close the build's HTTP response (the engine cancels the build) and remove its containers."""
-    with _sigint_deferred():
+    with sigint_deferred("the build's containers"):
         for resp in responses:
             with contextlib.suppress(Exception):
                 conn = getattr(resp.raw, "_connection", None) or getattr(resp.raw, "connection", None)
@@ -756,25 +755,3 @@ def _cancel(
                 if conn is not None:
                     conn.close()
         return _sweep(client, before, engine_start, state, deadline=time.monotonic() + CLEANUP_POLL_S)
-
-
-@contextlib.contextmanager
-def _sigint_deferred() -> Iterator[None]:
-    """Ignore further Ctrl-C while cleaning up (a few seconds), so cleanup cannot itself be cut short."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    pressed: list[int] = []
-
-    def handler(signum: int, frame: Any) -> None:
-        pressed.append(signum)
-        if len(pressed) == 1:
-            with contextlib.suppress(Exception):
-                sys.stderr.write("imgbuild: still removing the build's containers, one moment ...\n")
-
-    previous: Callable[..., Any] | int | None = signal.getsignal(signal.SIGINT)
-    signal.signal(signal.SIGINT, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)

@@ -29,14 +29,10 @@ import re
 import secrets
 import shlex
 import shutil
-import signal
 import subprocess
-import sys
 import tarfile
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +45,7 @@ import requests.exceptions
 
 from imgbuild import engine
 from imgbuild.errors import EngineError, Interrupted, VerifyError
+from imgbuild.interrupts import sigint_deferred
 from imgbuild.report import CheckResult
 from imgbuild.resolver import Resolved
 
@@ -689,7 +686,7 @@ def run_multinode(
         raise Interrupted("multinode check interrupted; its containers, network and keys were removed") from None
     finally:
         t1 = time.monotonic()
-        with _sigint_deferred():
+        with sigint_deferred("the multi-node check's containers"):
             leftovers = run.cleanup()
         run.timings["cleanup_s"] = round(time.monotonic() - t1, 3)
         run.timings["total_s"] = round(time.monotonic() - began, 3)
@@ -827,22 +824,3 @@ def _engine_is_local(client: docker.DockerClient) -> bool:
 def _last_line(text: str) -> str:
     lines = [ln for ln in text.strip().splitlines() if ln.strip()]
     return lines[-1] if lines else text
-
-
-@contextlib.contextmanager
-def _sigint_deferred() -> Iterator[None]:
-    """Ignore further Ctrl-C while removing the run's containers (a few seconds), so cleanup completes."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        with contextlib.suppress(Exception):
-            sys.stderr.write("imgbuild: still removing the multi-node check's containers, one moment ...\n")
-
-    previous: Callable[..., Any] | int | None = signal.getsignal(signal.SIGINT)
-    signal.signal(signal.SIGINT, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)

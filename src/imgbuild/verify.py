@@ -19,13 +19,12 @@ import io
 import json
 import os
 import shutil
-import signal
 import sys
 import tarfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -36,6 +35,7 @@ import docker.types
 
 from imgbuild import checks, engine, lock, recipe, render
 from imgbuild.errors import ImgbuildError, Interrupted, LockError, RecipeError, VerifyError
+from imgbuild.interrupts import sigint_deferred
 from imgbuild.report import CheckResult, failures
 from imgbuild.resolver import Resolved
 from imgbuild.runprofile import EFA_DEVICE_GLOB, host_efa_devices
@@ -525,7 +525,7 @@ def _verify_container(
         timings["image_scan_s"] = scan.duration_s
     finally:
         t = time.monotonic()
-        with _sigint_deferred():
+        with sigint_deferred("the verification's containers"):
             containers.remove_all()
             client.close()
         timings["cleanup_s"] = round(time.monotonic() - t, 3)
@@ -593,28 +593,6 @@ def _multinode(target: Target, manifest: dict[str, Any] | None, nodes: int) -> l
     run: Callable[..., list[CheckResult]] = multinode.run_multinode
     assert target.image is not None
     return run(target.image, manifest or target.expected_manifest or {}, target.resolved, nodes)
-
-
-@contextlib.contextmanager
-def _sigint_deferred() -> Iterator[None]:
-    """Hold off a second Ctrl-C while the containers are removed (a second or two)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    pressed: list[int] = []
-
-    def handler(signum: int, frame: Any) -> None:
-        pressed.append(signum)
-        if len(pressed) == 1:
-            with contextlib.suppress(Exception):
-                sys.stderr.write("imgbuild: removing the verification's containers, one moment ...\n")
-
-    previous = signal.getsignal(signal.SIGINT)
-    signal.signal(signal.SIGINT, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -244,7 +244,7 @@ def test_manifest_diffs_name_each_difference() -> None:
 
 
 def test_run_options_follow_the_runtime_profile(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(verify.glob, "glob", lambda pattern: ["/dev/infiniband/uverbs0", "/dev/infiniband/uverbs1"])
+    monkeypatch.setattr(verify, "host_efa_devices", lambda: ["/dev/infiniband/uverbs0", "/dev/infiniband/uverbs1"])
     manifest = {"platform": {"accelerator": "nvidia"},
                 "runtime": {"efa_devices": True, "gpus": "all", "ipc": "host", "env": {"A": "1"},
                             "runtime": "habana", "memlock_unlimited": True}}  # fmt: skip

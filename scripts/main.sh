@@ -5,9 +5,7 @@ set -Eeuo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 bash scripts/setup.sh
-if [[ -z "${IMGBUILD_CA_BUNDLE:-}" && -n "${SSL_CERT_FILE:-}" && -f "${SSL_CERT_FILE}" ]]; then
-    export IMGBUILD_CA_BUNDLE="${SSL_CERT_FILE}"
-fi
+source scripts/ca-env.sh
 recipe="${1:-cpu}"
 imgbuild build "${recipe}"
 imgbuild verify "${recipe}"

@@ -6,10 +6,7 @@ set -Eeuo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 bash scripts/setup.sh
-# Networks whose proxy intercepts TLS: downloads inside builds trust the host's bundle (builder stages only).
-if [[ -z "${IMGBUILD_CA_BUNDLE:-}" && -n "${SSL_CERT_FILE:-}" && -f "${SSL_CERT_FILE}" ]]; then
-    export IMGBUILD_CA_BUNDLE="${SSL_CERT_FILE}"
-fi
+source scripts/ca-env.sh
 PYTHON="${PYTHON:-python3}"
 
 echo "==> ruff"

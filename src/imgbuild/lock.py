@@ -1,22 +1,58 @@
 """Lock files: the resolved pins of a recipe, written beside it (`cpu.yaml` -> `cpu.lock.json`).
 
 Builds and renders use the lock when it is there. A lock records the digest of the merged recipe it was made
-from, so a change to the recipe or to any parent makes it stale, and a stale lock is an error, not a guess.
+from, so a change to the recipe or to any parent makes it stale, and a stale lock is an error, not a guess. A lock
+whose pins were edited by hand (they no longer follow from the recipe by the resolver's rules) is an error too.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Literal
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
+from imgbuild import compat
+from imgbuild.components import Pin
 from imgbuild.errors import LockError
 from imgbuild.recipe import LoadedRecipe, display
-from imgbuild.resolver import Pin, Resolved, TorchLookup, index_lookup, resolve, resolved_to_json
+from imgbuild.resolver import Resolved, TorchLookup, index_lookup, resolve
 
 LOCK_VERSION = 1
+
+
+class Lock(BaseModel):
+    """What a lock file holds: the recipe's digest, the base image reference, every pin, the warnings."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    lock_version: Literal[1] = LOCK_VERSION
+    recipe: str
+    recipe_digest: str
+    base_ref: str
+    pins: dict[str, Pin]
+    warnings: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, resolved: Resolved) -> Lock:
+        return cls(
+            recipe=resolved.name,
+            recipe_digest=resolved.recipe_digest,
+            base_ref=resolved.base_ref,
+            pins=dict(sorted(resolved.pins.items())),
+            warnings=resolved.warnings,
+        )
+
+    def dumps(self) -> str:
+        """The lock file's text: sorted keys, stable across runs."""
+        return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
+
+    def digest(self) -> str:
+        """sha256 of the pins' canonical JSON (lock_version left out): the content-addressed tag derives from it."""
+        text = json.dumps(self.model_dump(mode="json", exclude={"lock_version"}), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
 
 
 def lock_path(loaded: LoadedRecipe) -> Path:
@@ -24,8 +60,8 @@ def lock_path(loaded: LoadedRecipe) -> Path:
 
 
 def dumps(resolved: Resolved) -> str:
-    """The lock file's text: sorted keys, stable across runs."""
-    return json.dumps({"lock_version": LOCK_VERSION, **resolved_to_json(resolved)}, indent=2, sort_keys=True) + "\n"
+    """The lock file's text for a resolution."""
+    return Lock.of(resolved).dumps()
 
 
 def write(loaded: LoadedRecipe, resolved: Resolved) -> Path:
@@ -41,33 +77,77 @@ def write(loaded: LoadedRecipe, resolved: Resolved) -> Path:
 
 
 def read(loaded: LoadedRecipe) -> Resolved | None:
-    """The recipe's lock as a Resolved, None when there is none; LockError when unreadable or stale."""
+    """The recipe's lock as a Resolved, None when there is none; LockError when unreadable, stale or edited."""
     path = lock_path(loaded)
     if not path.exists():
         return None
+    hint = f"imgbuild lock {_ref(loaded)}"
     try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise LockError(f"{display(path)}: unreadable lock file: {exc}", hint=f"imgbuild lock {_ref(loaded)}") from None
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise LockError(f"{display(path)}: unreadable lock file: {exc}", hint=hint) from None
     if not isinstance(data, dict) or data.get("lock_version") != LOCK_VERSION:
-        raise LockError(f"{display(path)}: lock_version: expected {LOCK_VERSION}", hint=f"imgbuild lock {_ref(loaded)}")
+        raise LockError(f"{display(path)}: lock_version: expected {LOCK_VERSION}", hint=hint)
     if data.get("recipe_digest") != loaded.digest:
         raise LockError(
             f"{display(path)} is stale: {display(loaded.path)} (or a recipe it extends) changed since the lock "
             "was written",
-            hint=f"imgbuild lock {_ref(loaded)}",
+            hint=hint,
         )
     try:
-        pins = {k: Pin.model_validate(v) for k, v in data["pins"].items()}
-        return Resolved(
-            recipe=loaded.recipe,
-            recipe_digest=data["recipe_digest"],
-            base_ref=data["base_ref"],
-            pins=pins,
-            warnings=tuple(data.get("warnings", ())),
+        lock = Lock.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        raise LockError(f"{display(path)}: malformed lock: {problems}", hint=hint) from None
+    resolved = Resolved(
+        recipe=loaded.recipe,
+        recipe_digest=lock.recipe_digest,
+        base_ref=lock.base_ref,
+        pins=lock.pins,
+        warnings=lock.warnings,
+    )
+    _check_not_edited(loaded, resolved, path, hint)
+    return resolved
+
+
+def _check_not_edited(loaded: LoadedRecipe, locked: Resolved, path: Path, hint: str) -> None:
+    """The lock's pins must be what the resolver's rules give for the recipe (with the lock's own record of a
+    PyTorch wheel's pins, so this needs no network): a pin edited by hand would build something never checked."""
+
+    def from_lock(version: str) -> compat.TorchWheel:
+        details = locked.pins["pytorch"].details if "pytorch" in locked.pins else {}
+        package, _, nccl = details.get("nccl", "").partition("==")
+        if not (package and nccl and details.get("cuda")):
+            raise LockError(f"{display(path)}: pins.pytorch.details: the wheel's nccl and cuda pins are missing")
+        return compat.TorchWheel(package, nccl, details["cuda"])
+
+    try:
+        fresh = resolve(loaded, lookup_torch=from_lock)
+    except LockError:
+        raise
+    except Exception as exc:  # the recipe's rules reject what the lock says
+        raise LockError(f"{display(path)} does not follow from {display(loaded.path)}: {exc}", hint=hint) from None
+    diffs = []
+    for name in sorted(set(locked.pins) | set(fresh.pins)):
+        mine, theirs = locked.pins.get(name), fresh.pins.get(name)
+        if mine is None or theirs is None:
+            diffs += (
+                []
+                if mine == theirs
+                else [f"{name}: {'missing from the lock' if mine is None else 'not in the recipe'}"]
+            )
+            continue
+        diffs += [
+            f"{name}.{field}: lock {getattr(mine, field)!r}, the recipe gives {getattr(theirs, field)!r}"
+            for field in ("version", "source", "origin", "details")
+            if getattr(mine, field) != getattr(theirs, field)
+        ]
+    if diffs:
+        raise LockError(
+            f"{display(path)}: pins were edited by hand (they don't follow from {display(loaded.path)}): "
+            + "; ".join(diffs),
+            hint=hint,
         )
-    except (KeyError, TypeError, AttributeError, ValidationError) as exc:
-        raise LockError(f"{display(path)}: malformed lock: {exc}", hint=f"imgbuild lock {_ref(loaded)}") from None
 
 
 def resolved_for(

@@ -30,3 +30,11 @@ def images_dir() -> Path:
 def state_dir() -> Path:
     """Logs and build contexts of this user (IMGBUILD_STATE_DIR, default ~/.cache/imgbuild)."""
     return Path(os.environ.get("IMGBUILD_STATE_DIR", Path.home() / ".cache" / "imgbuild"))
+
+
+def display(path: Path) -> str:
+    """A path as the user would type it: relative to the working directory when it is below it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)

@@ -11,45 +11,17 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
-import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args, get_origin
+from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from imgbuild import paths
 from imgbuild.errors import RecipeError
-
-# --------------------------------------------------------------------------------------------------------------
-# Scalar types
-
-_VERSION_RE = re.compile(r"^\d+(\.\d+){1,3}((a|b|rc|post|dev)\d+|[+-][A-Za-z0-9.]+)?$")
-_UNPINNED = ("latest", "*", ">", "<", "~", "^", "=", "!", ",", " ")
-
-
-def _pinned(value: str) -> str:
-    text = str(value).strip()
-    if text.lower() == "latest" or any(mark in text for mark in _UNPINNED[1:]) or not _VERSION_RE.match(text):
-        raise ValueError(f"an exact version such as 2.21.5 (unpinned versions are not allowed), got {value!r}")
-    return text
-
-
-def _pin_validator(*names: str) -> Any:
-    return field_validator(*names, mode="before")(lambda cls, v: v if v is None else _pinned(str(v)))
-
-
-Port = Annotated[int, Field(ge=1, le=65535)]
-Digest = Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$")]
-EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
-
-
-class Strict(BaseModel):
-    """Every schema object: unknown keys are errors, objects are immutable."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+from imgbuild.paths import display
+from imgbuild.schema import Digest, EnvName, Strict, pin_validator
 
 # --------------------------------------------------------------------------------------------------------------
 # The target
@@ -90,149 +62,35 @@ class Cuda(Strict):
 
     version: str
     home: str = "/usr/local/cuda"
-    _pin = _pin_validator("version")
+    _pin = pin_validator("version")
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Components: each is documented with its parameters and defaults; `components.py` turns them into layers.
+# Components: each block's options model lives in its module (imgbuild.components.<name>).
 
 
-class Efa(Strict):
-    """AWS EFA installer: libfabric with the efa provider, Open MPI, and (since about 1.39) aws-ofi-nccl.
+def _components_model() -> type[Strict]:
+    from imgbuild.components import REGISTRY
 
-    source: `installer` downloads and runs it (checked by sha256 when given, else by its GPG signature
-    against AWS's key fingerprint); `base` records the one the base image already has.
-    """
-
-    version: str
-    source: Literal["installer", "base"] = "installer"
-    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
-    mpi: Literal["openmpi4", "openmpi5"] = "openmpi4"
-    minimal: bool = False
-    _pin = _pin_validator("version")
+    fields: dict[str, Any] = {b.name: (b.options | None, None) for b in REGISTRY}
+    model: type[Strict] = create_model(  # type: ignore[call-overload]
+        "Components",
+        __base__=Strict,
+        __doc__="The building blocks of an image; a missing (or null) block is not installed.",
+        **fields,
+    )
+    return model
 
 
-class Libfabric(Strict):
-    """libfabric: from the EFA installer, the distribution (tcp/shm providers), or the base image."""
+if TYPE_CHECKING:
 
-    source: Literal["efa", "distro", "base"]
-    version: str | None = None
-    prefix: str | None = None
-    _pin = _pin_validator("version")
+    class Components(Strict):
+        """The building blocks of an image (a field per registered block)."""
 
+        def __getattr__(self, name: str) -> Any: ...
 
-class OpenMPI(Strict):
-    """Open MPI: from the EFA installer, the distribution, the base image, or built from a source release."""
-
-    source: Literal["efa", "distro", "base", "source"]
-    version: str | None = None
-    prefix: str | None = None
-    _pin = _pin_validator("version")
-
-
-class Python(Strict):
-    """Python and the virtual environment pip packages go into (`--system-site-packages`)."""
-
-    source: Literal["distro", "base"] = "distro"
-    venv: str | None = "/opt/venv"
-    version: str | None = None
-    _pin = _pin_validator("version")
-
-
-class MPI4Py(Strict):
-    """mpi4py: the distribution's package, or pip (built against the image's MPI)."""
-
-    source: Literal["distro", "pip"] = "distro"
-    version: str | None = None
-    _pin = _pin_validator("version")
-
-
-class NCCL(Strict):
-    """NCCL: built from source with the target GPU's gencode, or the nvidia-nccl wheel.
-
-    With PyTorch in the recipe the version may be left out: it is the one PyTorch pins.
-    """
-
-    source: Literal["build", "wheel"]
-    version: str | None = None
-    package: str | None = Field(None, pattern=r"^nvidia-nccl-cu\d+$")
-    prefix: str = "/opt/nccl"
-    _pin = _pin_validator("version")
-
-
-class AwsOfiNccl(Strict):
-    """aws-ofi-nccl, the NCCL net plugin for libfabric/EFA: bundled with the EFA installer, or a release."""
-
-    source: Literal["efa", "release"]
-    version: str | None = None
-    prefix: str = "/opt/aws-ofi-nccl"
-    _pin = _pin_validator("version")
-
-
-class NcclTests(Strict):
-    """nccl-tests built with MPI=1 against the recipe's NCCL and MPI."""
-
-    version: str
-    prefix: str = "/opt/nccl-tests"
-    _pin = _pin_validator("version")
-
-
-class PyTorch(Strict):
-    """PyTorch: pip from the configured index (the default wheels), or already in the base image."""
-
-    source: Literal["pip", "base"] = "pip"
-    version: str
-    _pin = _pin_validator("version")
-
-
-class Gaudi(Strict):
-    """Intel Gaudi software release (SynapseAI) that the base image carries."""
-
-    version: str
-    _pin = _pin_validator("version")
-
-
-class Sshd(Strict):
-    """OpenSSH server for mpirun between containers: hardened config and NO keys in the image.
-
-    Host keys are generated and the run's authorized key installed by the entrypoint at container start.
-    """
-
-    ports: tuple[Port, ...] = (3022,)
-    permit_root_login: Literal["prohibit-password", "no"] = "prohibit-password"
-
-    @field_validator("ports")
-    @classmethod
-    def _unique(cls, ports: tuple[int, ...]) -> tuple[int, ...]:
-        if not ports:
-            raise ValueError("at least one port")
-        if len(set(ports)) != len(ports):
-            raise ValueError(f"distinct ports, got {list(ports)}")
-        return ports
-
-
-class SageMaker(Strict):
-    """SageMaker training contract: the /opt/ml tree and a `train` executable on PATH."""
-
-    launcher: Literal["mpirun", "torchrun"] = "mpirun"
-    ssh_port: Port = 22
-
-
-class Components(Strict):
-    """The building blocks of an image; a missing (or null) block is not installed."""
-
-    efa: Efa | None = None
-    libfabric: Libfabric | None = None
-    openmpi: OpenMPI | None = None
-    python: Python | None = None
-    mpi4py: MPI4Py | None = None
-    nccl: NCCL | None = None
-    aws_ofi_nccl: AwsOfiNccl | None = None
-    nccl_tests: NcclTests | None = None
-    pytorch: PyTorch | None = None
-    gaudi: Gaudi | None = None
-    sshd: Sshd | None = None
-    sagemaker: SageMaker | None = None
+else:
+    Components = _components_model()
 
 
 class Runtime(Strict):
@@ -286,14 +144,6 @@ class Recipe(Strict):
 # Loading
 
 
-def display(path: Path) -> str:
-    """A path as the user would type it: relative to the working directory when it is below it."""
-    try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
-
-
 class LoadedRecipe(BaseModel):
     """A validated recipe with where it came from."""
 
@@ -303,6 +153,12 @@ class LoadedRecipe(BaseModel):
     path: Path
     chain: tuple[Path, ...]  # the file, then its parents
     merged: dict[str, Any]  # the merged mapping that was validated (for the lock's fingerprint)
+
+    def concrete(self) -> LoadedRecipe:
+        """This recipe, or RecipeError when it is abstract (a parent: nothing is built, run or verified from it)."""
+        if self.recipe.abstract:
+            raise RecipeError(f"{display(self.path)}: '{self.recipe.name}' is abstract (a parent for other recipes)")
+        return self
 
     @property
     def digest(self) -> str:

@@ -7,10 +7,9 @@ the build context instead.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any
 
@@ -18,16 +17,17 @@ import jinja2
 
 from imgbuild import compat, paths
 from imgbuild.components import (
-    BUILDER_ORDER,
-    RUNTIME_ORDER,
+    REGISTRY,
+    TEMPLATE_DIR,
     Context,
     Contribution,
-    context_for,
-    contribute,
+    builder_order,
     dedupe,
+    runtime_order,
 )
 from imgbuild.errors import RenderError
-from imgbuild.resolver import Resolved, resolved_to_json
+from imgbuild.lock import Lock
+from imgbuild.resolver import Resolved
 
 CA_DIR = "imgbuild/ca"  # what `--ca-bundle` adds to the context; copied into builder stages only
 
@@ -63,7 +63,14 @@ class BuildPlan:
 def environment() -> jinja2.Environment:
     """The one Jinja environment: StrictUndefined, so a missing variable is an error, not an empty string."""
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(paths.images_dir())),
+        # images/ holds the Dockerfile skeleton and the files it copies; each block's fragments sit next to its
+        # module (imgbuild/components/<name>.j2) and load as components/<name>.j2.
+        loader=jinja2.ChoiceLoader(
+            [
+                jinja2.PrefixLoader({"components": jinja2.FileSystemLoader(str(TEMPLATE_DIR))}),
+                jinja2.FileSystemLoader(str(paths.images_dir())),
+            ]
+        ),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         trim_blocks=True,
@@ -75,30 +82,56 @@ def environment() -> jinja2.Environment:
     env.filters["kvlines"] = lambda mapping, indent: f" \\\n{indent}".join(
         f"{k}={json.dumps(str(v))}" for k, v in sorted(mapping.items())
     )
+    for block in REGISTRY:
+        env.globals.update(block.template_globals)
     return env
 
 
 def lock_digest(resolved: Resolved) -> str:
     """sha256 of the lock's canonical JSON: the content-addressed tag derives from it."""
-    text = json.dumps(resolved_to_json(resolved), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()
+    return Lock.of(resolved).digest()
+
+
+CUDA_TAG = (3, "cuda")  # the target's CUDA ranks among the blocks' tags (gaudi, pt, cuda, nccl, ofi, efa, ompi)
 
 
 def readable_tag(resolved: Resolved) -> str:
     """A tag a person can read: the versions that matter most for this target."""
-    parts = []
-    for name, short in (("gaudi", "gaudi"), ("pytorch", "pt"), ("cuda", "cuda"), ("nccl", "nccl"),
-                        ("aws_ofi_nccl", "ofi"), ("efa", "efa"), ("openmpi", "ompi")):  # fmt: skip
-        v = resolved.version(name)
-        if v:
-            parts.append(f"{short}{v}")
+    ranked = [(CUDA_TAG, resolved.version("cuda"))]
+    ranked += [(b.tag, resolved.version(b.name)) for b in REGISTRY if b.tag is not None]
+    parts = [f"{short}{version}" for (_, short), version in sorted(ranked) if version]
     return "-".join(parts) or "latest"
+
+
+def context_for(resolved: Resolved) -> Context:
+    """The facts blocks pass to each other (prefixes, the venv), from every pinned block in layer order."""
+    r = resolved.recipe
+    facts: dict[str, Any] = {}
+    for block in REGISTRY:
+        if block.name in resolved.pins:
+            block.facts(resolved.pins[block.name], facts)
+    return Context(
+        resolved=resolved,
+        cuda_home=r.cuda.home if r.cuda else None,
+        gencode=compat.gencode(r.platform.gpu_arch) if r.platform.gpu_arch else None,
+        **facts,
+    )
+
+
+def contributions(resolved: Resolved) -> tuple[Context, dict[str, Contribution]]:
+    """Every pinned block's contribution, and the context with what they ask of the builder."""
+    ctx = context_for(resolved)
+    contribs = {b.name: b.contribution(resolved.pins[b.name], ctx) for b in REGISTRY if b.name in resolved.pins}
+    efa = resolved.pins.get("efa")
+    in_builder = (
+        efa is not None and efa.source == "installer" and any(c.needs_fabric_in_builder for c in contribs.values())
+    )
+    return replace(ctx, efa_in_builder=in_builder), contribs
 
 
 def plan(resolved: Resolved) -> BuildPlan:
     """Render the Dockerfile and the context files of a resolved recipe."""
-    ctx = context_for(resolved)
-    contribs = {name: contribute(name, pin, ctx) for name, pin in resolved.pins.items()}
+    ctx, contribs = contributions(resolved)
     digest = lock_digest(resolved)
     labels = _labels(resolved, digest)
     manifest = _manifest(resolved, digest, contribs)
@@ -121,29 +154,46 @@ def plan(resolved: Resolved) -> BuildPlan:
     )
 
 
-def _fragment(name: str, macro: str, **kwargs: Any) -> str:
-    try:
-        module = environment().get_template(f"components/{name}.j2").module
-    except jinja2.TemplateNotFound:
-        return ""
-    fn = getattr(module, macro, None)
-    return str(fn(**kwargs)).strip("\n") if fn is not None else ""
+def _fragments(resolved: Resolved, ctx: Context) -> dict[str, dict[str, str]]:
+    """Each pinned block's rendered `builder` and `runtime` fragments; a source mode that should render and
+    renders nothing (or a mode the block doesn't declare) is an error, never an empty layer."""
+    r, pins = resolved.recipe, resolved.pins
+    out: dict[str, dict[str, str]] = {}
+    for block in REGISTRY:
+        pin = pins.get(block.name)
+        if pin is None:
+            continue
+        provides = block.modes.get(pin.source)
+        if provides is None:
+            raise RenderError(
+                f"{r.name}: components.{block.name}: source '{pin.source}' is not one the block renders "
+                f"(it has: {', '.join(block.modes)})"
+            )
+        try:
+            module = environment().get_template(block.template).module
+        except jinja2.TemplateNotFound:
+            module = None
+        texts = {}
+        for macro in ("builder", "runtime"):
+            fn = getattr(module, macro, None)
+            texts[macro] = str(fn(pin=pin, ctx=ctx, r=r, pins=pins)).strip("\n") if fn is not None else ""
+        if provides == "fragment" and not any(texts.values()):
+            raise RenderError(
+                f"{r.name}: components.{block.name}: source '{pin.source}' renders nothing from {block.template}"
+            )
+        out[block.name] = texts
+    return out
 
 
 def _dockerfile(resolved: Resolved, ctx: Context, contribs: dict[str, Contribution], labels: dict[str, str]) -> str:
     r, pins = resolved.recipe, resolved.pins
-    builder = [
-        f for name in BUILDER_ORDER if name in pins
-        if (f := _fragment(name, "builder", pin=pins[name], ctx=ctx, r=r, pins=pins))
-    ]  # fmt: skip
-    runtime = [
-        f for name in RUNTIME_ORDER if name in pins
-        if (f := _fragment(name, "runtime", pin=pins[name], ctx=ctx, r=r, pins=pins))
-    ]  # fmt: skip
+    fragments = _fragments(resolved, ctx)
+    builder = [f for name in builder_order() if (f := fragments.get(name, {}).get("builder"))]
+    runtime = [f for name in runtime_order() if (f := fragments.get(name, {}).get("runtime"))]
     runtime_pkgs = set(r.os.packages).union(*(c.runtime_packages for c in contribs.values()))
     # The builder installs only what downloads and compiles need; the runtime stage gets the rest.
     builder_pkgs = {"ca-certificates"}.union(*(c.builder_packages for c in contribs.values()))
-    ordered = [contribs[n] for n in RUNTIME_ORDER if n in contribs]
+    ordered = [contribs[n] for n in runtime_order() if n in contribs]
     env_paths = {
         "PATH": dedupe([p for c in ordered for p in c.path]),
         "LD_LIBRARY_PATH": dedupe([p for c in ordered for p in c.ld_library_path]),
@@ -217,45 +267,15 @@ def _files(
         ),
     ]
     env = environment()
-    if "sshd" in pins:
-        assert r.components.sshd is not None
-        sm = r.components.sagemaker
-        vars_ = {"sshd": r.components.sshd, "sagemaker": sm, "r": r}
-        files.append(
-            ContextFile("imgbuild/sshd_config", env.get_template("files/sshd_config.j2").render(**vars_).encode())
-        )
-        files.append(
-            ContextFile("imgbuild/ssh_config", env.get_template("files/ssh_config.j2").render(**vars_).encode())
-        )
+    options = {b.name: getattr(r.components, b.name) for b in REGISTRY}
+    variables = {"r": r, "ctx": ctx, "pins": pins, **options}
+    for block in REGISTRY:
+        if block.name in pins:
+            for path, template, mode in block.files:
+                files.append(ContextFile(path, env.get_template(template).render(**variables).encode(), mode))
     files.append(
         ContextFile(
-            "imgbuild/entrypoint.sh",
-            env.get_template("files/entrypoint.sh.j2").render(r=r, ctx=ctx, pins=pins).encode(),
-            0o755,
+            "imgbuild/entrypoint.sh", env.get_template("files/entrypoint.sh.j2").render(**variables).encode(), 0o755
         )
     )
-    if "sagemaker" in pins:
-        files.append(
-            ContextFile(
-                "imgbuild/train",
-                env.get_template("files/train.j2").render(r=r, ctx=ctx, pins=pins).encode(),
-                0o755,
-            )
-        )
     return files
-
-
-def efa_flags(resolved: Resolved) -> str:
-    """The EFA installer's command line inside a container build."""
-    e = resolved.recipe.components.efa
-    assert e is not None
-    flags = [*compat.EFA_CONTAINER_FLAGS, f"--mpi={e.mpi}"]
-    if e.minimal:
-        flags.append("--minimal")
-    plugin = resolved.pins.get("aws_ofi_nccl")
-    if plugin is not None and plugin.source == "efa" and compat.Version(e.version) >= compat.Version("1.48.0"):
-        flags.append("--disable-ngc")  # 1.48+ skips the NCCL plugin on bases it takes for NGC images
-    return " ".join(flags)
-
-
-environment().globals["efa_flags"] = efa_flags

@@ -1,0 +1,144 @@
+"""aws_ofi_nccl: the NCCL net plugin for libfabric / EFA (without it NCCL falls back to sockets).
+
+Recipe options (`components.aws_ofi_nccl`):
+    source    efa: the one the EFA installer bundles (/opt/amazon/ofi-nccl) | release: built from its release
+    version   efa: checked against the bundle (compat.EFA); release: required
+    prefix    /opt/aws-ofi-nccl (release)
+Its pin rule checks the plugin series against the NCCL it was tested with (compat.PLUGIN_TESTED_NCCL).
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Literal
+
+from packaging.version import Version
+
+from imgbuild import compat
+from imgbuild.checks import CheckContext, check, fail, passed
+from imgbuild.components._core import Block, Context, Contribution, Pin, Resolution
+from imgbuild.report import CheckResult
+from imgbuild.schema import AbsPath, Strict, pin_validator
+
+PLUGIN_DIRS = ("/opt/amazon/ofi-nccl", "/opt/aws-ofi-nccl")
+
+
+class AwsOfiNccl(Strict):
+    """aws-ofi-nccl, the NCCL net plugin for libfabric/EFA: bundled with the EFA installer, or a release."""
+
+    source: Literal["efa", "release"]
+    version: str | None = None
+    prefix: AbsPath = "/opt/aws-ofi-nccl"
+    _pin = pin_validator("version")
+
+
+def _mm(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
+def resolve(p: AwsOfiNccl, rs: Resolution) -> Pin:
+    key = "components.aws_ofi_nccl"
+    nccl = rs.pins.get("nccl")
+    efa = rs.options("efa")
+    if nccl is None or nccl.version is None:
+        raise rs.fail(key, "the NCCL plugin needs components.nccl")
+    if efa is None:
+        raise rs.fail(key, "aws-ofi-nccl needs libfabric from components.efa")
+    if p.source == "efa":
+        release = compat.EFA.get(efa.version)
+        bundled = release.plugin if release else None
+        if bundled is None:
+            raise rs.fail(
+                f"{key}.source",
+                f"the aws-ofi-nccl version bundled with EFA installer {efa.version} is not in the "
+                "shipped table, so it can't be checked against NCCL",
+                hint="use source: release with a version, or an EFA installer whose bundle is known",
+            )
+        if p.version is not None and p.version != bundled:
+            raise rs.fail(f"{key}.version", f"EFA {efa.version} bundles {bundled}, got {p.version}")
+        version, origin = bundled, f"bundled with EFA installer {efa.version}"
+        details = {"prefix": "/opt/amazon/ofi-nccl"}
+    else:
+        if p.version is None:
+            raise rs.fail(f"{key}.version", "required for source: release")
+        version, origin = p.version, "recipe"
+        details = {"prefix": p.prefix, "tag": compat.plugin_tag(p.version)}
+    tested = compat.PLUGIN_TESTED_NCCL.get(_mm(version))
+    if tested is None:
+        raise rs.fail(
+            f"{key}.version",
+            f"aws-ofi-nccl {version} is not in the shipped table "
+            f"(known series: {', '.join(compat.PLUGIN_TESTED_NCCL)})",
+        )
+    nv = Version(nccl.version)
+    if nv > Version(tested):
+        raise rs.fail(
+            f"{key}.version / components.nccl",
+            f"aws-ofi-nccl {version} was tested with NCCL up to {tested}; NCCL {nccl.version} is newer",
+            hint="use a newer aws-ofi-nccl release",
+        )
+    if nv < Version(compat.PLUGIN_OLDEST_NCCL):
+        raise rs.fail(
+            f"{key}.version / components.nccl",
+            f"aws-ofi-nccl {version} supports NCCL {compat.PLUGIN_OLDEST_NCCL} and later, got {nccl.version}",
+        )
+    details["tested_nccl"] = tested
+    return Pin(version=version, source=p.source, origin=origin, details=details)
+
+
+def contribute(pin: Pin, ctx: Context) -> Contribution:
+    c = Contribution(name="aws_ofi_nccl")
+    prefix = pin.details["prefix"]
+    if pin.source == "release":
+        c.builder_packages |= {"curl", "ca-certificates", "build-essential", "libhwloc-dev"}
+        c.runtime_packages.add("libhwloc15")
+        c.ld_library_path.append(f"{prefix}/lib")
+        c.needs_fabric_in_builder = True
+    else:
+        # The EFA installer's plugin moved between lib/x86_64-linux-gnu (<= 1.43) and lib/ (1.44+).
+        c.ld_library_path += [f"{prefix}/lib", f"{prefix}/lib/x86_64-linux-gnu"]
+    if Version(pin.version or "0") >= Version("1.15"):
+        c.env["NCCL_NET_PLUGIN"] = "ofi"
+    return c
+
+
+BLOCK = Block(
+    name="aws_ofi_nccl",
+    options=AwsOfiNccl,
+    modes={"efa": "provided", "release": "fragment"},
+    resolve=resolve,
+    contribute=contribute,
+    after=("nccl",),
+    build_after=("efa", "nccl"),
+    tag=(5, "ofi"),
+)
+
+
+@check("aws-ofi-nccl-plugin", "aws_ofi_nccl")
+def aws_ofi_nccl_plugin(ctx: CheckContext) -> CheckResult:
+    """The NCCL net plugin (libnccl-net*.so) is found and `ldd` resolves all its libraries.
+
+    Searched, not assumed: the EFA installer moved it between lib/x86_64-linux-gnu, lib and lib64.
+    A plugin with an unresolved dependency makes NCCL fall back to sockets without a word.
+    """
+    prefix = ctx.components["aws_ofi_nccl"].get("prefix")
+    dirs = " ".join(shlex.quote(d) for d in dict.fromkeys([*(p for p in [prefix] if p), *PLUGIN_DIRS]))
+    ran = ctx.run(
+        f'for d in {dirs} $(echo "${{LD_LIBRARY_PATH:-}}" | tr : " "); do [ -d "$d" ] && '
+        "find \"$d\" -maxdepth 3 -name 'libnccl-net*.so*' 2>/dev/null; done | sort -u"
+    )
+    libs = [line for line in ran.out.splitlines() if line.strip()]
+    if not libs:
+        return fail(f"no libnccl-net*.so under {prefix}, {', '.join(PLUGIN_DIRS)} or LD_LIBRARY_PATH",
+                    expected="libnccl-net*.so", found="missing")  # fmt: skip
+    broken = {}
+    for lib in libs:
+        ldd = ctx.run(f"ldd {shlex.quote(lib)}")
+        missing = [line.split("=>")[0].strip() for line in ldd.out.splitlines() if "not found" in line]
+        if missing or not ldd.ok:
+            broken[lib] = missing or [ldd.why()]
+    found = ", ".join(libs)
+    if broken:
+        text = "; ".join(f"{lib}: {', '.join(m)} not found" for lib, m in broken.items())
+        return fail(f"unresolved libraries (NCCL would fall back to sockets): {text}", "resolves", found)
+    return passed("libnccl-net*.so, all libraries resolve", found, libraries=libs)

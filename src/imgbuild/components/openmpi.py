@@ -1,0 +1,95 @@
+"""openmpi: Open MPI from the EFA installer, the distribution, the base image, or built from a source release.
+
+Recipe options (`components.openmpi`):
+    source    efa | distro | base | source
+    version   checked against what that source has (required for base and source)
+    prefix    where it lives (efa: /opt/amazon/openmpi or openmpi5; source: /opt/openmpi; base: the base's)
+mpirun starts its remote daemons over ssh, so every mode brings the ssh client.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from typing import Any, Literal
+
+from imgbuild import compat
+from imgbuild.checks import CheckContext, check, compare, fail, first_executable
+from imgbuild.components._core import Block, Context, Contribution, Pin, Resolution
+from imgbuild.report import CheckResult
+from imgbuild.schema import AbsPath, Strict, pin_validator
+
+DISTRO_PREFIX = "/usr/lib/x86_64-linux-gnu/openmpi"
+
+
+class OpenMPI(Strict):
+    """Open MPI: from the EFA installer, the distribution, the base image, or built from a source release."""
+
+    source: Literal["efa", "distro", "base", "source"]
+    version: str | None = None
+    prefix: AbsPath | None = None
+    _pin = pin_validator("version")
+
+
+def resolve(m: OpenMPI, rs: Resolution) -> Pin:
+    key = "components.openmpi"
+    if m.source == "efa":
+        pin = rs.from_efa(f"{key}.source", "Open MPI")
+        efa = rs.options("efa")
+        prefix = m.prefix or ("/opt/amazon/openmpi5" if efa.mpi == "openmpi5" else "/opt/amazon/openmpi")
+        return pin.model_copy(update={"version": m.version, "details": {"prefix": prefix}})
+    if m.source == "distro":
+        return rs.distro_pin(key, "openmpi", m.version)
+    if m.version is None:
+        raise rs.fail(f"{key}.version", f"required when Open MPI comes from '{m.source}'")
+    gaudi_opts = rs.options("gaudi")
+    gaudi = compat.GAUDI.get(gaudi_opts.version) if gaudi_opts else None
+    if gaudi is not None and m.source == "base" and gaudi.openmpi != m.version:
+        raise rs.fail(f"{key}.version", f"Gaudi's image has Open MPI {gaudi.openmpi}, got {m.version}")
+    prefix = m.prefix or ("/opt/openmpi" if m.source == "source" else "")
+    details = {"prefix": prefix} if prefix else {}
+    return Pin(version=m.version, source=m.source, origin="recipe", details=details)
+
+
+def facts(pin: Pin, out: dict[str, Any]) -> None:
+    out["mpi_home"] = pin.details.get("prefix") or (DISTRO_PREFIX if pin.source == "distro" else None)
+
+
+def contribute(pin: Pin, ctx: Context) -> Contribution:
+    c = Contribution(name="openmpi")
+    if pin.source == "distro":
+        c.runtime_packages |= {"openmpi-bin"}
+    elif pin.source == "source":
+        c.builder_packages |= {"curl", "ca-certificates", "build-essential", "bzip2"}
+        c.path.append(f"{ctx.mpi_home}/bin")
+        c.ld_library_path.append(f"{ctx.mpi_home}/lib")
+    elif pin.source == "base" and ctx.mpi_home:
+        c.env["MPI_ROOT"] = ctx.mpi_home
+        c.path.append(f"{ctx.mpi_home}/bin")
+    c.runtime_packages.add("openssh-client")  # mpirun starts remote daemons over ssh
+    return c
+
+
+BLOCK = Block(
+    name="openmpi",
+    options=OpenMPI,
+    modes={"efa": "provided", "distro": "packages", "base": "provided", "source": "fragment"},
+    resolve=resolve,
+    contribute=contribute,
+    facts=facts,
+    tag=(7, "ompi"),
+)
+
+
+@check("openmpi-version", "openmpi")
+def openmpi_version(ctx: CheckContext) -> CheckResult:
+    """`mpirun --version` reports the pinned Open MPI."""
+    prefix = ctx.components["openmpi"].get("prefix")
+    mpirun = first_executable(ctx, [f"{prefix}/bin/mpirun"] if prefix else [], "mpirun")
+    if mpirun is None:
+        return fail("mpirun not found", expected=ctx.version("openmpi") or "mpirun", found="missing")
+    ran = ctx.run(f"{shlex.quote(mpirun)} --version")
+    m = re.search(r"\(Open MPI\)\s+(\S+)", ran.out + ran.err)
+    if not ran.ok or m is None:
+        return fail(f"{mpirun} --version: {ran.why()}", expected=ctx.version("openmpi") or "Open MPI")
+    return compare(ctx.version("openmpi"), m.group(1), "Open MPI", path=mpirun)

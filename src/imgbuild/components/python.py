@@ -1,0 +1,74 @@
+"""python: the image's Python and the virtual environment pip packages go into.
+
+Recipe options (`components.python`):
+    source    distro (default): the distribution's python3 | base: the base image's
+    venv      /opt/venv (default): a venv with --system-site-packages (it sees the distribution's mpi4py);
+              null for none
+    version   checked against what that source has (required for base)
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from typing import Any, Literal
+
+from imgbuild.checks import CheckContext, check, compare, fail
+from imgbuild.components._core import Block, Context, Contribution, Pin, Resolution
+from imgbuild.report import CheckResult
+from imgbuild.schema import AbsPath, Strict, pin_validator
+
+
+class Python(Strict):
+    """Python and the virtual environment pip packages go into (`--system-site-packages`)."""
+
+    source: Literal["distro", "base"] = "distro"
+    venv: AbsPath | None = "/opt/venv"
+    version: str | None = None
+    _pin = pin_validator("version")
+
+
+def resolve(py: Python, rs: Resolution) -> Pin:
+    if py.source == "distro":
+        pin = rs.distro_pin("components.python", "python", py.version)
+    else:
+        if py.version is None:
+            raise rs.fail("components.python.version", "required when Python comes with the base image")
+        pin = Pin(version=py.version, source="base", origin="base image")
+    return pin.model_copy(update={"details": {"venv": py.venv} if py.venv else {}})
+
+
+def facts(pin: Pin, out: dict[str, Any]) -> None:
+    venv = pin.details.get("venv")
+    out["venv"] = venv
+    out["python"] = f"{venv}/bin/python" if venv else "python3"
+
+
+def contribute(pin: Pin, ctx: Context) -> Contribution:
+    c = Contribution(name="python")
+    c.runtime_packages |= {"python3"} if pin.source == "distro" else set()
+    if ctx.venv:
+        c.builder_packages |= {"python3-venv", "ca-certificates"}
+        c.runtime_packages.add("python3-venv")
+        c.path.append(f"{ctx.venv}/bin")
+    return c
+
+
+BLOCK = Block(
+    name="python",
+    options=Python,
+    modes={"distro": "packages", "base": "provided"},
+    resolve=resolve,
+    contribute=contribute,
+    facts=facts,
+)
+
+
+@check("python-version", "python")
+def python_version(ctx: CheckContext) -> CheckResult:
+    """The image's Python (the venv's when there is one) is the pinned version."""
+    ran = ctx.run(f"{shlex.quote(ctx.python)} --version")
+    m = re.search(r"Python\s+(\S+)", ran.out + ran.err)
+    if not ran.ok or m is None:
+        return fail(f"{ctx.python} --version: {ran.why()}", expected=ctx.version("python") or "python")
+    return compare(ctx.version("python"), m.group(1), "Python", path=ctx.python)

@@ -1,0 +1,128 @@
+"""pytorch: PyTorch from the package index (the default Linux wheels: they carry CUDA and NCCL) or the base image.
+
+Recipe options (`components.pytorch`):
+    source    pip (default): `pip install torch==VERSION` into the venv | base: the base image has it (Gaudi)
+    version   the release; its wheel's pins (CUDA, nvidia-nccl-cuXX) come from the shipped table, else from the
+              wheel's METADATA on the index (range requests: see pypi.py)
+The NCCL block takes PyTorch's NCCL pin, so the NCCL of the image is the one PyTorch was built with.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from imgbuild import compat
+from imgbuild.checks import CheckContext, Ran, check, compare, fail
+from imgbuild.components._core import Block, Context, Contribution, Pin, Resolution
+from imgbuild.errors import ImgbuildError, IndexLookupError
+from imgbuild.paths import display
+from imgbuild.report import CheckResult
+from imgbuild.schema import Strict, pin_validator
+
+
+class PyTorch(Strict):
+    """PyTorch: pip from the configured index (the default wheels), or already in the base image."""
+
+    source: Literal["pip", "base"] = "pip"
+    version: str
+    _pin = pin_validator("version")
+
+
+def _major(version: str) -> int:
+    return int(version.split(".")[0])
+
+
+def resolve(t: PyTorch, rs: Resolution) -> Pin:
+    if t.source == "base":
+        return Pin(version=t.version, source="base", origin="base image")
+    rs.require_venv()
+    wheel = compat.TORCH.get(t.version)
+    origin = f"torch {t.version} wheel (shipped table)"
+    if wheel is None:
+        if rs.lookup_torch is None:
+            raise rs.fail(
+                "components.pytorch.version",
+                f"torch {t.version} is not in the shipped table and index lookups are off",
+                hint=f"known releases: {', '.join(compat.TORCH)}",
+            )
+        try:
+            wheel = rs.lookup_torch(t.version)
+        except IndexLookupError as exc:  # the index could not answer: exit 7, not a version conflict
+            raise IndexLookupError(
+                f"{display(rs.path)}: components.pytorch.version: torch {t.version} is not in the shipped table "
+                f"and the index lookup failed: {exc.message}",
+                hint=exc.hint,
+            ) from None
+        except ImgbuildError as exc:
+            raise rs.fail(
+                "components.pytorch.version",
+                f"torch {t.version} is not in the shipped table and the index lookup failed: {exc}",
+            ) from None
+        origin = f"torch {t.version} wheel METADATA (package index)"
+    p, cuda = rs.r.platform, rs.r.cuda
+    if p.accelerator == "nvidia":
+        assert cuda is not None and p.gpu_arch is not None
+        if _major(wheel.cuda) != _major(cuda.version):
+            raise rs.fail(
+                "components.pytorch.version / cuda.version",
+                f"torch {t.version} wheels are built for CUDA {wheel.cuda}, the base has CUDA "
+                f"{cuda.version}: the major versions must match",
+            )
+        if not compat.torch_wheel_has_arch(t.version, wheel.cuda, p.gpu_arch):
+            gpu = compat.ARCH[p.gpu_arch].gpu
+            raise rs.fail(
+                "components.pytorch.version / platform.gpu_arch",
+                f"torch {t.version} wheels (CUDA {wheel.cuda}) have no {p.gpu_arch} kernels, so they "
+                f"don't run on {gpu}",
+                hint="V100 needs a PyTorch built for CUDA 12.6 or older (e.g. 2.7.1)",
+            )
+    rs.torch_wheel = wheel
+    return Pin(
+        version=t.version,
+        source="pip",
+        origin=origin,
+        details={"cuda": wheel.cuda, "nccl": f"{wheel.nccl_package}=={wheel.nccl}"},
+    )
+
+
+def contribute(pin: Pin, ctx: Context) -> Contribution:
+    return Contribution(name="pytorch")
+
+
+BLOCK = Block(
+    name="pytorch",
+    options=PyTorch,
+    modes={"pip": "fragment", "base": "provided"},
+    resolve=resolve,
+    contribute=contribute,
+    after=("python",),
+    build_after=("python",),
+    tag=(2, "pt"),
+)
+
+
+_TORCH_PROBE = """
+import json, torch
+try:
+    nccl = torch.cuda.nccl.version()
+except Exception as exc:
+    nccl = "error: %s" % exc
+print(json.dumps({"version": torch.__version__, "nccl": nccl, "cuda": torch.version.cuda}))
+"""
+
+
+def torch_probe(ctx: CheckContext) -> tuple[Any, Ran]:
+    return ctx.once("torch", lambda: ctx.python_json(_TORCH_PROBE, timeout_s=120))
+
+
+@check("pytorch-version", "pytorch")
+def pytorch_version(ctx: CheckContext) -> CheckResult:
+    """torch imports and is the pinned release (local version labels such as +cu128 are ignored)."""
+    data, ran = torch_probe(ctx)
+    if data is None:
+        return fail(f"import torch: {ran.why()}", expected=ctx.version("pytorch") or "torch")
+    found = str(data["version"])
+    expected = ctx.version("pytorch")
+    base = re.match(r"\d+(\.\d+)*", found)
+    return compare(expected, base.group(0) if base else found, "torch", full=found, cuda=data.get("cuda"))

@@ -30,8 +30,9 @@ from rich.console import Console
 
 import imgbuild
 from imgbuild import engine
-from imgbuild.engine import BuildOutcome, Progress, build_image, connect, ensure_base_images, from_images
+from imgbuild.engine import BuildOutcome, build_image, connect, ensure_base_images
 from imgbuild.errors import BaseImageMissing, BuildError, EngineError
+from imgbuild.progress import BuildProgress
 
 TEST_REPO = "imgbuild-test/engine"
 MISSING_IMAGE = "imgbuild-test.invalid/definitely-missing:nope"  # .invalid never resolves: fails fast
@@ -140,7 +141,7 @@ def _build(
     *,
     labels: dict[str, str] | None = None,
     nocache: bool = False,
-    progress: Progress | None = None,
+    progress: BuildProgress | None = None,
 ) -> BuildOutcome:
     return build_image(
         client,
@@ -255,6 +256,15 @@ def test_missing_base_image(docker_client: docker.DockerClient, base_image: str)
 
 
 @pytest.mark.docker
+def test_inspect_image_present_absent_and_malformed(docker_client: docker.DockerClient, base_image: str) -> None:
+    found = engine.inspect_image(docker_client, base_image)
+    assert found is not None and found["Id"] == docker_client.images.get(base_image).id
+    assert base_image in found["RepoTags"]
+    assert engine.inspect_image(docker_client, MISSING_IMAGE) is None
+    assert engine.inspect_image(docker_client, "Not/A:Valid:Reference") is None  # 400: names no image
+
+
+@pytest.mark.docker
 def test_missing_base_image_pull_fails(docker_client: docker.DockerClient) -> None:
     with pytest.raises(BaseImageMissing) as info:
         ensure_base_images(docker_client, [MISSING_IMAGE], pull=True)
@@ -284,7 +294,7 @@ def test_plain_progress_has_no_escape_codes(
     monkeypatch.setenv("CI", "1")
     out = io.StringIO()
     # Even a console that claims to be a terminal gets the plain rendering when CI is set.
-    progress = Progress.auto(Console(file=out, force_terminal=True, width=100))
+    progress = BuildProgress.auto(Console(file=out, force_terminal=True, width=100))
     assert not progress.live
     ctx = _context(
         tmp_path,
@@ -308,12 +318,13 @@ SIGINT_SCRIPT = textwrap.dedent(
     import signal, sys
     from pathlib import Path
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with SIGINT ignored
-    from imgbuild.engine import build_image, connect, Progress
+    from imgbuild.engine import build_image, connect
+    from imgbuild.progress import BuildProgress
     from imgbuild.errors import ImgbuildError
     ctx, log, tag = sys.argv[1:4]
     try:
         build_image(connect(), Path(ctx), tags=[tag], labels={}, buildargs={}, nocache=True, pull=False,
-                    log_path=Path(log), progress=Progress.auto())
+                    log_path=Path(log), progress=BuildProgress.auto())
     except ImgbuildError as exc:
         print(f"ERROR: {exc}", flush=True)
         sys.exit(exc.exit_code)
@@ -398,33 +409,35 @@ def test_connect_names_default_socket(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "/var/run/docker.sock" in str(info.value) and "DOCKER_HOST is unset" in str(info.value)
 
 
-def test_from_images() -> None:
-    text = """
-    # syntax=docker/dockerfile:1
-    ARG BASE=ubuntu:22.04
-    FROM --platform=linux/amd64 nvidia/cuda:12.4.1-devel-ubuntu22.04 AS build
-    RUN make \\
-        all
-    FROM build as test
-    FROM ${BASE}
-    FROM $UNKNOWN
-    from python:3.11-slim
-    COPY --from=build /x /x
-    FROM scratch
-    FROM nvidia/cuda:12.4.1-devel-ubuntu22.04
-    FROM Build
-    """
-    assert from_images(textwrap.dedent(text)) == [
-        "nvidia/cuda:12.4.1-devel-ubuntu22.04",
-        "ubuntu:22.04",
-        "python:3.11-slim",
-    ]
-    assert from_images("") == []
+def test_inspect_image_with_the_engine_gone(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    host = f"unix://{tmp_path}/gone.sock"
+    monkeypatch.setenv("DOCKER_HOST", host)
+    client = docker.DockerClient(base_url=host, version="1.41")  # a fixed API version: no request on creation
+    with pytest.raises(EngineError) as info:
+        engine.inspect_image(client, "debian:bookworm-slim")
+    message = info.value.message
+    assert message.startswith(
+        f"lost the Docker engine at DOCKER_HOST={host} while looking up image debian:bookworm-slim: "
+    )
+    assert "No such file or directory" in message and "Traceback" not in message
+    assert info.value.hint == engine.SETUP_HINT
+
+
+def test_engine_error_for_a_refusal_names_what_was_done() -> None:
+    refused = docker.errors.APIError("500 Server Error", explanation="write /var/lib/docker: no space left on device")
+    err = engine.engine_error(refused, "tagging abc as x/y:1")
+    assert (
+        err.message
+        == "the Docker engine failed while tagging abc as x/y:1: write /var/lib/docker: no space left on device"
+    )
+    assert err.hint is None
+    noted = engine.engine_error(refused, "building x/y:1", note="full log: /tmp/build.log")
+    assert noted.message.endswith(": write /var/lib/docker: no space left on device\nfull log: /tmp/build.log")
 
 
 def test_progress_auto_chooses(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CI", raising=False)
-    assert Progress.auto(Console(file=io.StringIO(), force_terminal=True)).live
-    assert not Progress.auto(Console(file=io.StringIO())).live
+    assert BuildProgress.auto(Console(file=io.StringIO(), force_terminal=True)).live
+    assert not BuildProgress.auto(Console(file=io.StringIO())).live
     monkeypatch.setenv("CI", "true")
-    assert not Progress.auto(Console(file=io.StringIO(), force_terminal=True)).live
+    assert not BuildProgress.auto(Console(file=io.StringIO(), force_terminal=True)).live

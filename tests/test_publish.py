@@ -30,9 +30,11 @@ import responses
 import typer
 from typer.testing import CliRunner
 
-from imgbuild import publish
-from imgbuild.cli_publish import register
+from imgbuild import matrix, publish
+from imgbuild.cli.publish import register
 from imgbuild.errors import PushError
+from imgbuild.progress import LivePushProgress, PlainPushProgress, push_progress_for
+from imgbuild.registry import MANIFEST_TYPES, RegistryAPI, RemoteManifest, parse_registry
 
 CPU_REF = "imgbuild/cpu:lock-0123456789ab"
 CPU_READABLE = "imgbuild/cpu:nccl2.21.5-ompi4.1.4"
@@ -108,11 +110,11 @@ class FakeClient:
 
 
 class FakeRegistryAPI:
-    def __init__(self, manifest: publish.RemoteManifest | None = None) -> None:
+    def __init__(self, manifest: RemoteManifest | None = None) -> None:
         self.remote = manifest
         self.lookups: list[tuple[str, str]] = []
 
-    def manifest(self, name: str, tag: str) -> publish.RemoteManifest | None:
+    def manifest(self, name: str, tag: str) -> RemoteManifest | None:
         self.lookups.append((name, tag))
         return self.remote
 
@@ -134,7 +136,7 @@ def source() -> publish.Source:
 def publisher(api: FakeAPI, sleeps: Sleeps, **kwargs: Any) -> publish.Publisher:
     return publish.Publisher(
         FakeClient(api),  # type: ignore[arg-type]
-        publish.parse_registry("127.0.0.1:5000/team"),
+        parse_registry("127.0.0.1:5000/team"),
         retry=publish.Retry(sleep=sleeps),
         **kwargs,
     )
@@ -159,7 +161,7 @@ def leftover(api: FakeAPI) -> list[str]:
     ],
 )
 def test_parse_registry(value: str, host: str, prefix: str) -> None:
-    dest = publish.parse_registry(value)
+    dest = parse_registry(value)
     assert (dest.host, dest.prefix) == (host, prefix)
     assert dest.repository("imgbuild/cpu") == f"{host}/{prefix + '/' if prefix else ''}imgbuild/cpu"
 
@@ -167,7 +169,7 @@ def test_parse_registry(value: str, host: str, prefix: str) -> None:
 @pytest.mark.parametrize("value", ["myuser", "myuser/team", "127.0.0.1:5000/Team", "127.0.0.1:5000/a//b", ""])
 def test_parse_registry_rejects(value: str) -> None:
     with pytest.raises(PushError):
-        publish.parse_registry(value)
+        parse_registry(value)
 
 
 @pytest.mark.parametrize(
@@ -278,7 +280,7 @@ def test_existing_tag_is_put_back_and_own_tag_kept() -> None:
 def test_immutable_tag_same_image_is_already_published() -> None:
     api, sleeps = FakeAPI(), Sleeps()
     pub = publisher(api, sleeps, immutable=True)
-    pub._api = FakeRegistryAPI(publish.RemoteManifest(REMOTE_DIGEST, "application/vnd.docker...", IMAGE_ID))  # type: ignore[assignment]
+    pub._api = FakeRegistryAPI(RemoteManifest(REMOTE_DIGEST, "application/vnd.docker...", IMAGE_ID))  # type: ignore[assignment]
     result = pub.publish(source())
     assert {(r.status, r.digest) for r in result.refs} == {("already published", REMOTE_DIGEST)}
     assert api.pushes == [] and leftover(api) == []
@@ -287,7 +289,7 @@ def test_immutable_tag_same_image_is_already_published() -> None:
 def test_immutable_tag_other_image_fails() -> None:
     api, sleeps = FakeAPI(), Sleeps()
     pub = publisher(api, sleeps, immutable=True)
-    pub._api = FakeRegistryAPI(publish.RemoteManifest(REMOTE_DIGEST, "application/vnd.docker...", OTHER_ID))  # type: ignore[assignment]
+    pub._api = FakeRegistryAPI(RemoteManifest(REMOTE_DIGEST, "application/vnd.docker...", OTHER_ID))  # type: ignore[assignment]
     with pytest.raises(PushError) as info:
         pub.publish(source())
     assert "already exists in the immutable repository with different content" in info.value.message
@@ -314,7 +316,7 @@ def test_registry_refusal_of_existing_tag(remote_image: str, ok: bool) -> None:
     """ECR says so in the stream when the digest check was off: compare with what the registry holds."""
     api, sleeps = FakeAPI([error_stream(ECR_REFUSAL)]), Sleeps()
     pub = publisher(api, sleeps, immutable=False)
-    pub._api = FakeRegistryAPI(publish.RemoteManifest(REMOTE_DIGEST, "x", remote_image))  # type: ignore[assignment]
+    pub._api = FakeRegistryAPI(RemoteManifest(REMOTE_DIGEST, "x", remote_image))  # type: ignore[assignment]
     if ok:
         assert pub.publish(source()).refs[0].status == "already published"
     else:
@@ -349,7 +351,7 @@ def test_ecr_publisher_uses_the_token_and_creates_the_repository(monkeypatch: py
     with mock_aws():
         registry = ecr.EcrRegistry(host)
         api = FakeAPI()
-        pub = publish.Publisher(FakeClient(api), publish.parse_registry(f"{host}/team"), ecr=registry,  # type: ignore[arg-type]
+        pub = publish.Publisher(FakeClient(api), parse_registry(f"{host}/team"), ecr=registry,  # type: ignore[arg-type]
                                 retry=publish.Retry(sleep=Sleeps()))  # fmt: skip
         fake = FakeRegistryAPI(None)
         pub._api = fake  # type: ignore[assignment]
@@ -386,7 +388,7 @@ def test_recipe_not_built_is_a_clear_error() -> None:
 def test_plain_progress_is_one_line_per_state_without_escapes() -> None:
     buf = io.StringIO()
     api = FakeAPI([error_stream("received unexpected HTTP status: 503 Service Unavailable")])
-    publisher(api, Sleeps(), progress=publish.PlainProgress(buf)).publish(source())
+    publisher(api, Sleeps(), progress=PlainPushProgress(buf)).publish(source())
     text = buf.getvalue()
     assert "\x1b" not in text and "\r" not in text
     assert "  0a1b2c3d4e5f: pushing 74.8 MB\n  0a1b2c3d4e5f: Pushed\n" in text
@@ -408,9 +410,9 @@ def test_registry_api_bearer_token_flow() -> None:
     responses.get(url, status=401, headers={"WWW-Authenticate": challenge})
     responses.get("https://auth.example.com/token", json={"token": "tok"})
     responses.get(url, json=manifest, headers={"Docker-Content-Digest": REMOTE_DIGEST})
-    api = publish.RegistryAPI("registry.example.com", credentials=lambda: ("u", "p"))
+    api = RegistryAPI("registry.example.com", credentials=lambda: ("u", "p"))
     found = api.manifest("team/imgbuild/cpu", "v1")
-    assert found == publish.RemoteManifest(REMOTE_DIGEST, manifest["mediaType"], IMAGE_ID)
+    assert found == RemoteManifest(REMOTE_DIGEST, manifest["mediaType"], IMAGE_ID)
     token_call = responses.calls[1].request
     assert "scope=repository%3Ateam%2Fimgbuild%2Fcpu%3Apull" in token_call.url
     assert token_call.headers["Authorization"] == "Basic " + base64.b64encode(b"u:p").decode()
@@ -422,7 +424,7 @@ def test_registry_api_absent_tag_and_auth_failure() -> None:
     base = "https://registry.example.com/v2/x/manifests"
     responses.get(f"{base}/absent", status=404, json={"errors": [{"code": "MANIFEST_UNKNOWN"}]})
     responses.get(f"{base}/locked", status=401, headers={"WWW-Authenticate": 'Basic realm="r"'})
-    api = publish.RegistryAPI("registry.example.com")
+    api = RegistryAPI("registry.example.com")
     assert api.manifest("x", "absent") is None
     with pytest.raises(PushError, match="authentication failed"):
         api.manifest("x", "locked")
@@ -435,7 +437,7 @@ def test_registry_api_absent_tag_and_auth_failure() -> None:
 def test_matrix_shape() -> None:
     from conftest import SHIPPED
 
-    data = publish.matrix()
+    data = matrix.matrix()
     assert set(data) == {"include"}
     rows = {row["recipe"]: row for row in data["include"]}
     assert sorted(rows) == SHIPPED
@@ -459,7 +461,7 @@ def test_matrix_cli_json_is_one_line() -> None:
     result = CliRunner().invoke(cli_app(), ["matrix", "--json"])
     assert result.exit_code == 0, result.output
     assert result.stdout.count("\n") == 1
-    assert json.loads(result.stdout) == publish.matrix()
+    assert json.loads(result.stdout) == matrix.matrix()
     one = CliRunner().invoke(cli_app(), ["matrix", "--json", "cpu"])
     assert [r["recipe"] for r in json.loads(one.stdout)["include"]] == ["cpu"]
 
@@ -593,7 +595,7 @@ def test_push_recipe_pull_back_same_digest(docker_client, pinned_cpu, registry: 
     buf = io.StringIO()
     t0 = time.monotonic()
     result = publish.publish("cpu", f"{registry.host}/team", client=docker_client,
-                             progress=publish.PlainProgress(buf), retry=publish.Retry(sleep=Sleeps()))  # fmt: skip
+                             progress=PlainPushProgress(buf), retry=publish.Retry(sleep=Sleeps()))  # fmt: skip
     took = time.monotonic() - t0
     repo = f"{registry.host}/team/imgbuild/cpu"
     lock_tag, readable = (r.split(":", 1)[1] for r in pinned_cpu.refs[:2])
@@ -611,7 +613,7 @@ def test_push_recipe_pull_back_same_digest(docker_client, pinned_cpu, registry: 
         assert f"{repo}@{digest}" in pulled.attrs["RepoDigests"]
         # and the registry itself serves that digest for the tag
         head = requests.head(f"http://{registry.host}/v2/team/imgbuild/cpu/manifests/{lock_tag}",
-                             headers={"Accept": publish.MANIFEST_TYPES}, timeout=10)  # fmt: skip
+                             headers={"Accept": MANIFEST_TYPES}, timeout=10)  # fmt: skip
         assert head.headers["Docker-Content-Digest"] == digest
     finally:
         untag_all(docker_client, registry.host)
@@ -639,7 +641,7 @@ def test_registry_requiring_auth_fails_fast(docker_client, pinned_cpu, auth_regi
     t0 = time.monotonic()
     with pytest.raises(PushError) as info:
         publish.publish("cpu", auth_registry.host, client=docker_client, retry=publish.Retry(sleep=sleeps),
-                        progress=publish.PlainProgress(buf))  # fmt: skip
+                        progress=PlainPushProgress(buf))  # fmt: skip
     print(f"auth failure reported after {time.monotonic() - t0:.2f}s")
     assert "authentication failed" in info.value.message and "no basic auth credentials" in info.value.message
     assert info.value.hint and f"docker login {auth_registry.host}" in info.value.hint
@@ -670,7 +672,7 @@ def test_stopped_registry_retries_then_fails(docker_client, pinned_cpu) -> None:
     assert local_tags(docker_client, host) == []
 
 
-class KillOnUpload(publish.PlainProgress):
+class KillOnUpload(PlainPushProgress):
     """Kills the registry as soon as a large layer starts uploading."""
 
     def __init__(self, registry: LocalRegistry) -> None:
@@ -740,9 +742,9 @@ def test_live_progress_renders_without_errors() -> None:
 
     buf = io.StringIO()
     console = Console(file=buf, force_terminal=True, width=100)
-    progress = publish.progress_for(console)
-    assert isinstance(progress, publish.LiveProgress) or os.environ.get("CI")
-    live = publish.LiveProgress(console)
+    progress = push_progress_for(console)
+    assert isinstance(progress, LivePushProgress) or os.environ.get("CI")
+    live = LivePushProgress(console)
     api = FakeAPI([error_stream("received unexpected HTTP status: 503 Service Unavailable")])
     publisher(api, Sleeps(), progress=live).publish(source())
     assert f"pushed 127.0.0.1:5000/team/imgbuild/cpu:lock-0123456789ab@{DIGEST}" in buf.getvalue()

@@ -5,6 +5,7 @@ archive through). `bootstrap_base()` runs debootstrap into a temporary directory
 official images do (the "-slim" names drop docs, man pages and locales), writes the apt sources, packs the
 tree with numeric owners and imports it with `docker import`. The temporary tree and tarball are always
 removed, on failure and on Ctrl-C too, after unmounting anything debootstrap left mounted inside it.
+Its command line is `imgbuild base bootstrap NAME [--suite S] [--mirror M] [--variant V]`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tarfile
 import tempfile
 import time
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from imgbuild.errors import EngineError, ImgbuildError, Interrupted
+from imgbuild.errors import ImgbuildError, Interrupted
 
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 UBUNTU_MIRROR = "http://archive.ubuntu.com/ubuntu"
@@ -353,14 +353,14 @@ def _tar_rootfs(rootfs: Path, tar_path: Path) -> None:
 
 
 def _import(client: Any, spec: BaseSpec, tar_path: Path) -> str:
-    import docker.errors
+    from imgbuild.engine import ENGINE_ERRORS, engine_error
 
     changes = ['CMD ["bash"]', f"ENV PATH={IMAGE_PATH}"]
     try:
         client.api.import_image(src=str(tar_path), repository=spec.repository, tag=spec.tag, changes=changes)
         return str(client.images.get(f"{spec.repository}:{spec.tag}").id)
-    except docker.errors.DockerException as exc:
-        raise EngineError(f"importing {spec.name} into the engine failed: {exc}") from exc
+    except ENGINE_ERRORS as exc:
+        raise engine_error(exc, f"importing {spec.name}") from exc
 
 
 def bootstrap_base(client: Any, spec: BaseSpec, *, progress_print: ProgressPrint = print) -> str:
@@ -396,33 +396,3 @@ def bootstrap_base(client: Any, spec: BaseSpec, *, progress_print: ProgressPrint
     finally:
         _remove_tree(workdir, progress_print)
         progress_print(f"total {time.monotonic() - t0:.1f}s")
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m imgbuild.bootstrap NAME [--suite S] [--mirror M] [--variant V]`."""
-    import argparse
-
-    import docker
-
-    parser = argparse.ArgumentParser(prog="python -m imgbuild.bootstrap")
-    parser.add_argument("name")
-    parser.add_argument("--suite")
-    parser.add_argument("--mirror")
-    parser.add_argument("--variant", default="minbase", choices=VARIANTS)
-    args = parser.parse_args(argv)
-    try:
-        spec = spec_for(args.name, suite=args.suite, mirror=args.mirror, variant=args.variant)
-        try:
-            client = docker.from_env()
-            client.ping()
-        except docker.errors.DockerException as exc:
-            raise EngineError(f"cannot reach the Docker engine: {exc}") from exc
-        print(bootstrap_base(client, spec))
-    except ImgbuildError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

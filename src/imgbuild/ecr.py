@@ -1,6 +1,7 @@
 """Amazon ECR: registry credentials from the AWS credential chain, and repositories created on first push.
 
-The only module that imports boto3. Credentials come from ``boto3.Session()``: environment variables, a
+The only module that imports boto3, and only when an `EcrRegistry` is made (it takes a third of a second; telling
+an ECR host from another needs only `parse_host`). Credentials come from ``boto3.Session()``: environment variables, a
 profile, SSO, the web-identity token GitHub's OIDC role assumption leaves behind, or an instance role.
 ``get_authorization_token`` gives a base64 ``AWS:<password>`` pair valid for 12 hours; `TokenCache` keeps
 it and asks again when it is within `REFRESH_MARGIN_S` of its expiry, so a long publish never pushes with
@@ -18,7 +19,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import boto3
 import botocore.exceptions
 
 from imgbuild.errors import PushError
@@ -212,7 +212,11 @@ class EcrRegistry:
         self.account: str | None = parsed[0] if parsed else None
         region = parsed[1] if parsed else None
         try:
-            self.session = session if session is not None else boto3.Session()
+            if session is None:
+                import boto3
+
+                session = boto3.Session()
+            self.session = session
             self.client = self.session.client("ecr", region_name=region or self.session.region_name)
         except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
             raise _aws_error("cannot set up an ECR client", exc) from None

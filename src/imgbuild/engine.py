@@ -1,4 +1,4 @@
-"""The thin edge that talks to the Docker engine: connect, check base images, build one image.
+"""The thin edge that talks to the Docker engine: connect, look up and check images, build one image.
 
 Everything here speaks the classic (non-BuildKit) build API through docker-py's low-level client, so the
 JSON stream is parsed by hand: ``stream`` records carry the log ("Step 3/12 : RUN ..."), the ``aux``
@@ -6,7 +6,9 @@ record carries the image id, and ``error``/``errorDetail`` records mean the buil
 HTTP request itself succeeded.
 
 Docker failures never escape as raw tracebacks: they become `EngineError` (engine unreachable or refused
-a request), `BuildError` (the build failed), `BaseImageMissing` or `Interrupted` (Ctrl-C).
+a request), `BuildError` (the build failed), `BaseImageMissing` or `Interrupted` (Ctrl-C). `engine_error` is
+the one translator from a docker-py / requests failure to an `EngineError`, for this module and every other
+that calls the engine; `inspect_image` is the one image lookup ("no such image" is None, not an error).
 """
 
 from __future__ import annotations
@@ -16,11 +18,9 @@ import contextlib
 import datetime as _dt
 import os
 import re
-import shlex
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -28,21 +28,20 @@ import docker
 import docker.errors
 import requests
 import requests.exceptions
-from rich.console import Console, Group
-from rich.live import Live
-from rich.spinner import Spinner
-from rich.text import Text
 
 from imgbuild.errors import BaseImageMissing, BuildError, EngineError, Interrupted
 from imgbuild.interrupts import sigint_deferred
+from imgbuild.progress import BuildProgress, clean, truncate
 
 __all__ = [
+    "ENGINE_ERRORS",
     "BuildOutcome",
-    "Progress",
     "build_image",
     "connect",
+    "engine_error",
     "ensure_base_images",
-    "from_images",
+    "inspect_image",
+    "reason",
 ]
 
 DEFAULT_SOCKET = "unix:///var/run/docker.sock"
@@ -56,15 +55,11 @@ _STEP_RE = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
 _RUNNING_IN_RE = re.compile(r"^ ---> Running in ([0-9a-f]{12,64})\s*$")
 _LAYER_ID_RE = re.compile(r"^ ---> ([0-9a-f]{12,64})\s*$")
 _USING_CACHE = " ---> Using cache"
-_ANSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-_]")
-_CTRL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
-# Engine errors raised by docker-py and by requests when the socket goes away.
-_TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (
-    requests.exceptions.ConnectionError,
-    requests.exceptions.ChunkedEncodingError,
-    requests.exceptions.Timeout,
-)
+# What a call to the engine raises: docker-py's errors (APIError when the engine answered with an error) and
+# requests' when the connection to the engine fails or breaks (the socket went away, a timeout).
+ENGINE_ERRORS: tuple[type[BaseException], ...] = (docker.errors.DockerException, requests.exceptions.RequestException)
+_CONNECT_ERRORS: tuple[type[BaseException], ...] = (*ENGINE_ERRORS, OSError)  # docker.from_env reads cert files
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -81,14 +76,29 @@ def connect() -> docker.DockerClient:
     try:
         client = docker.from_env()
         client.ping()
-    except (docker.errors.DockerException, *_TRANSPORT_ERRORS, OSError) as exc:
+    except _CONNECT_ERRORS as exc:
         raise EngineError(
-            f"cannot reach the Docker engine at {_engine_host()}: {_reason(exc)}", hint=SETUP_HINT
+            f"cannot reach the Docker engine at {_engine_host()}: {reason(exc)}", hint=SETUP_HINT
         ) from exc
     return client
 
 
-def _reason(exc: BaseException) -> str:
+def engine_error(exc: BaseException, doing: str, *, note: str = "") -> EngineError:
+    """The `EngineError` for an engine call that failed while `doing` ("looking up image x", "pushing y").
+
+    The engine answered with an error: "the Docker engine failed while <doing>: <its explanation>". The
+    connection failed or broke: "lost the Docker engine at <DOCKER_HOST> while <doing>: <errno text>", with the
+    setup hint. `note` goes on a line of its own after the message (where the full log is, say).
+    """
+    if isinstance(exc, docker.errors.APIError):
+        message, hint = f"the Docker engine failed while {doing}: {reason(exc)}", None
+    else:
+        message, hint = f"lost the Docker engine at {_engine_host()} while {doing}: {reason(exc)}", SETUP_HINT
+    return EngineError(f"{message}\n{note}" if note else message, hint=hint)
+
+
+def reason(exc: BaseException) -> str:
+    """A failure of docker-py or requests in one line: the engine's explanation, or the innermost errno text."""
     if isinstance(exc, docker.errors.APIError):
         text = exc.explanation or str(exc)
         return str(text).strip()
@@ -100,87 +110,29 @@ def _reason(exc: BaseException) -> str:
     m = re.search(r"(\w+Error)\((\d+), '([^']+)'\)", text)
     if m:
         return f"{m.group(1)}: [Errno {m.group(2)}] {m.group(3)}"
-    return _truncate(text, 400)
+    return truncate(text, 400)
 
 
 # --------------------------------------------------------------------------------------------------------
-# base images
+# images
 
 
-def from_images(dockerfile_text: str) -> list[str]:
-    """The external images a Dockerfile's FROM lines name, in order, without duplicates.
+def inspect_image(client: docker.DockerClient, ref: str) -> dict[str, Any] | None:
+    """`docker image inspect REF`: the engine's record of the image (Id, RepoTags, RepoDigests, Config...).
 
-    Skips ``scratch`` and references to earlier stages (``FROM builder``). Global ``ARG NAME=default``
-    lines before the first FROM are substituted (``$NAME`` / ``${NAME}``); an image that still holds a
-    variable afterwards cannot be checked and is left out.
+    None when the engine has no such image (404), or when REF is not a valid reference (400: it names no
+    image). Any other failure is an `EngineError` (`engine_error`).
     """
-    images: list[str] = []
-    stages: set[str] = set()
-    global_args: dict[str, str] = {}
-    seen_from = False
-    for line in _logical_lines(dockerfile_text):
-        words = line.split()
-        if not words:
-            continue
-        keyword = words[0].upper()
-        if keyword == "ARG" and not seen_from:
-            for item in words[1:]:
-                name, eq, value = item.partition("=")
-                if eq:
-                    global_args[name] = _unquote(value)
-            continue
-        if keyword != "FROM":
-            continue
-        seen_from = True
-        args = [w for w in words[1:] if not w.startswith("--")]
-        if not args:
-            continue
-        image = _substitute(args[0], global_args)
-        stage = args[2].lower() if len(args) >= 3 and args[1].upper() == "AS" else None
-        external = image.lower() not in stages and image.lower() != "scratch" and "$" not in image
-        if external and image not in images:
-            images.append(image)
-        if stage:
-            stages.add(stage)
-    return images
-
-
-def _logical_lines(text: str) -> Iterator[str]:
-    """Dockerfile lines with comments dropped and backslash continuations joined."""
-    buf = ""
-    for raw in text.splitlines():
-        stripped = raw.strip()
-        if stripped.startswith("#"):
-            continue
-        if stripped.endswith("\\"):
-            buf += stripped[:-1] + " "
-            continue
-        buf += stripped
-        if buf.strip():
-            yield buf.strip()
-        buf = ""
-    if buf.strip():
-        yield buf.strip()
-
-
-def _unquote(value: str) -> str:
     try:
-        parts = shlex.split(value)
-    except ValueError:
-        return value
-    return parts[0] if len(parts) == 1 else value
-
-
-def _substitute(word: str, env: dict[str, str]) -> str:
-    """Expand ``$NAME``, ``${NAME}`` and ``${NAME:-default}`` from env; unknown names stay as written."""
-
-    def repl(m: re.Match[str]) -> str:
-        name = m.group(1) or m.group(3)
-        if name in env:
-            return env[name]
-        return m.group(2) if m.group(2) is not None else m.group(0)
-
-    return re.sub(r"\$\{(\w+)(?::-([^}]*))?\}|\$(\w+)", repl, word)
+        return dict(client.api.inspect_image(ref))
+    except docker.errors.NotFound:
+        return None
+    except docker.errors.APIError as exc:
+        if exc.status_code == 400:
+            return None
+        raise engine_error(exc, f"looking up image {ref}") from exc
+    except ENGINE_ERRORS as exc:
+        raise engine_error(exc, f"looking up image {ref}") from exc
 
 
 def ensure_base_images(client: docker.DockerClient, images: list[str], *, pull: bool) -> None:
@@ -192,40 +144,18 @@ def ensure_base_images(client: docker.DockerClient, images: list[str], *, pull: 
     for image in images:
         if image.lower() == "scratch":
             continue
-        if _image_present(client, image):
+        if inspect_image(client, image) is not None:
             continue
-        reason: str | None = "pulling is disabled"
+        why: str | None = "pulling is disabled"
         if pull:
-            reason = _try_pull(client, image)
-            if reason is None and _image_present(client, image):
+            why = _try_pull(client, image)
+            if why is None and inspect_image(client, image) is not None:
                 continue
-            reason = reason or "the pull finished but the image is still not in the engine"
+            why = why or "the pull finished but the image is still not in the engine"
         raise BaseImageMissing(
-            f"base image {image} is not in the engine and could not be pulled: {reason}",
+            f"base image {image} is not in the engine and could not be pulled: {why}",
             hint=BOOTSTRAP_HINT.format(image=image),
         )
-
-
-def _image_present(client: docker.DockerClient, image: str) -> bool:
-    try:
-        client.api.inspect_image(image)
-    except docker.errors.ImageNotFound:
-        return False
-    except docker.errors.NotFound:
-        return False
-    except docker.errors.APIError as exc:
-        if exc.status_code == 400:  # invalid reference format
-            raise BaseImageMissing(
-                f"base image {image} is not a valid image reference: {_reason(exc)}",
-                hint=BOOTSTRAP_HINT.format(image=image),
-            ) from exc
-        raise EngineError(f"the engine failed to look up image {image}: {_reason(exc)}") from exc
-    except (*_TRANSPORT_ERRORS, docker.errors.DockerException) as exc:
-        raise EngineError(
-            f"lost the Docker engine at {_engine_host()} while looking up {image}: {_reason(exc)}",
-            hint=SETUP_HINT,
-        ) from exc
-    return True
 
 
 def _try_pull(client: docker.DockerClient, image: str) -> str | None:
@@ -238,171 +168,9 @@ def _try_pull(client: docker.DockerClient, image: str) -> str | None:
             if isinstance(record, dict) and ("error" in record or "errorDetail" in record):
                 detail = record.get("errorDetail") or {}
                 return str(detail.get("message") or record.get("error") or "unknown pull error").strip()
-    except docker.errors.APIError as exc:
-        return _reason(exc)
-    except (*_TRANSPORT_ERRORS, docker.errors.DockerException) as exc:
-        return _reason(exc)
+    except ENGINE_ERRORS as exc:
+        return reason(exc)
     return None
-
-
-# --------------------------------------------------------------------------------------------------------
-# progress
-
-
-def _clean(line: str) -> str:
-    """A log line fit for a plain CI log: no escape sequences, no carriage returns, no control bytes."""
-    line = _ANSI_RE.sub("", line)
-    if "\r" in line:
-        parts = [p for p in line.split("\r") if p.strip()]
-        line = parts[-1] if parts else ""
-    return _CTRL_RE.sub("", line).rstrip()
-
-
-def _is_noise(line: str) -> bool:
-    """Builder bookkeeping lines that add nothing to a human-readable log."""
-    return (
-        not line.strip()
-        or bool(_LAYER_ID_RE.match(line))
-        or bool(_RUNNING_IN_RE.match(line))
-        or line.startswith("Removing intermediate container")
-        or line.startswith(" ---> Removed intermediate container")
-    )
-
-
-@dataclass
-class _StepState:
-    index: int = 0
-    total: int = 0
-    instruction: str = ""
-    started: float = field(default_factory=time.monotonic)
-    cached: bool = False
-    latest: str = ""
-
-
-class Progress:
-    """Shows a build as it runs.
-
-    Two renderings: ``live`` (a TTY) keeps one status line updated in place, "step i/N  <instruction>
-    <elapsed>s  <latest log line>", and prints one line per finished step; ``plain`` (not a TTY, or CI is
-    set) writes one line per step ("[step 3/12] RUN apt-get ...") followed by its log lines indented by
-    four spaces, with every escape sequence and control character removed.
-    """
-
-    def __init__(self, console: Console | None = None, *, live: bool, stream: TextIO | None = None) -> None:
-        self.console = console or Console(stderr=True)
-        self.live = live
-        self._stream = stream
-        self._step = _StepState()
-        self._live: Live | None = None
-        self._spinner = Spinner("dots")
-        self._title = ""
-        self._started = time.monotonic()
-        self._lock = threading.Lock()
-
-    @classmethod
-    def auto(cls, console: Console | None = None) -> Progress:
-        """Live rendering on an interactive terminal, plain lines otherwise or when CI is set."""
-        console = console or Console(stderr=True)
-        ci = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
-        live = console.is_terminal and not console.is_dumb_terminal and not ci
-        return cls(console, live=live)
-
-    # -- stream used by the plain rendering ------------------------------------------------------------
-    def _write(self, text: str) -> None:
-        out = self._stream if self._stream is not None else self.console.file
-        out.write(text + "\n")
-        out.flush()
-
-    # -- events ----------------------------------------------------------------------------------------
-    def start(self, title: str) -> None:
-        self._title = title
-        self._started = time.monotonic()
-        if self.live:
-            self._live = Live(
-                console=self.console,
-                get_renderable=self._render,
-                refresh_per_second=4,
-                transient=True,
-                redirect_stdout=False,
-                redirect_stderr=False,
-            )
-            self._live.start()
-        else:
-            self._write(f"building {title}")
-
-    def step(self, index: int, total: int, instruction: str) -> None:
-        with self._lock:
-            self._finish_step()
-            self._step = _StepState(index=index, total=total, instruction=instruction)
-        if not self.live:
-            self._write(f"[step {index}/{total}] {_clean(instruction)}")
-
-    def log(self, line: str) -> None:
-        cleaned = _clean(line)
-        if line.startswith(_USING_CACHE):
-            self._step.cached = True
-        if _is_noise(cleaned):
-            return
-        if self.live:
-            self._step.latest = cleaned
-        else:
-            self._write(f"    {cleaned.lstrip()}")
-
-    def finish(self, ok: bool, summary: str) -> None:
-        with self._lock:
-            if ok:
-                self._finish_step()
-            if self._live is not None:
-                self._live.stop()
-                self._live = None
-            self._step = _StepState()
-        if self.live:
-            style = "green" if ok else "red"
-            self.console.print(Text(summary, style=style), highlight=False)
-        else:
-            self._write(_clean(summary))
-
-    def _finish_step(self) -> None:
-        st = self._step
-        if not self.live or st.index == 0:
-            return
-        how = "cached" if st.cached else f"{time.monotonic() - st.started:.1f}s"
-        line = Text(f"  step {st.index}/{st.total}  ", style="dim")
-        line.append(_truncate(_clean(st.instruction), 90))
-        line.append(f"  ({how})", style="dim")
-        if self._live is not None:
-            self._live.console.print(line, highlight=False)
-        else:
-            self.console.print(line, highlight=False)
-
-    def _render(self) -> Group:
-        st = self._step
-        width = max(self.console.width, 40)
-        if st.index == 0:
-            text = Text(f"{self._title}  preparing  {time.monotonic() - self._started:.0f}s")
-        else:
-            text = Text(f"step {st.index}/{st.total}  ", style="bold")
-            text.append(_truncate(_clean(st.instruction), min(60, width // 2)))
-            text.append(f"  {time.monotonic() - st.started:.0f}s  ", style="cyan")
-            rest = width - len(text) - 4
-            if st.latest and rest > 10:
-                text.append(_truncate(st.latest, rest), style="dim")
-        text.no_wrap = True
-        text.overflow = "ellipsis"
-        self._spinner.text = text
-        return Group(self._spinner)
-
-    def __enter__(self) -> Progress:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._live is not None:
-            self._live.stop()
-            self._live = None
-
-
-def _truncate(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -422,7 +190,7 @@ class BuildOutcome:
 class _StreamState:
     """What the JSON stream of one build has told us so far."""
 
-    def __init__(self, log: TextIO, progress: Progress | None) -> None:
+    def __init__(self, log: TextIO, progress: BuildProgress | None) -> None:
         self.log = log
         self.progress = progress
         self.tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
@@ -479,23 +247,36 @@ class _StreamState:
             self.steps[self.step_index] = self.instruction
             if self.progress:
                 self.progress.step(self.step_index, self.steps_total, self.instruction)
-            self.tail.append(_clean(line))
+            self.tail.append(clean(line))
             return
         if line.startswith(_USING_CACHE):
             self.cached.add(self.step_index)
+            if self.progress:
+                self.progress.cached()
         elif m_run := _RUNNING_IN_RE.match(line):
             self.container_ids.add(m_run.group(1))
         elif m_layer := _LAYER_ID_RE.match(line):
             self.layer_ids.add(m_layer.group(1))
-        cleaned = _clean(line)
+        cleaned = clean(line)
         if cleaned:
             self.tail.append(cleaned)
-        if self.progress:
+        if self.progress and not _is_noise(cleaned):
             self.progress.log(line)
 
     def steps_run(self) -> int:
         froms = sum(1 for instr in self.steps.values() if instr.upper().startswith("FROM"))
         return max(len(self.steps) - froms - len(self.cached), 0)
+
+
+def _is_noise(line: str) -> bool:
+    """Builder bookkeeping lines that add nothing to a human-readable log."""
+    return (
+        not line.strip()
+        or bool(_LAYER_ID_RE.match(line))
+        or bool(_RUNNING_IN_RE.match(line))
+        or line.startswith("Removing intermediate container")
+        or line.startswith(" ---> Removed intermediate container")
+    )
 
 
 def build_image(
@@ -508,7 +289,7 @@ def build_image(
     nocache: bool,
     pull: bool,
     log_path: Path,
-    progress: Progress | None = None,
+    progress: BuildProgress | None = None,
 ) -> BuildOutcome:
     """Build ``context_dir/Dockerfile`` with the classic builder, tag it with every tag, log to log_path.
 
@@ -583,18 +364,14 @@ def build_image(
             raise Interrupted("build cancelled; no containers left behind") from None
         except docker.errors.APIError as exc:
             state.flush()
-            state.error = _reason(exc)
+            state.error = reason(exc)
             log.write(f"ERROR: {state.error}\n")
-        except (*_TRANSPORT_ERRORS, docker.errors.DockerException) as exc:
+        except ENGINE_ERRORS as exc:
             state.flush()
-            log.write(f"ERROR: lost the engine: {_reason(exc)}\n")
+            log.write(f"ERROR: lost the engine: {reason(exc)}\n")
             if progress:
                 progress.finish(False, "build failed: lost the Docker engine")
-            raise EngineError(
-                f"lost the Docker engine at {_engine_host()} during the build of {tags[0]}: {_reason(exc)}"
-                f"\nfull log: {log_path}",
-                hint=SETUP_HINT,
-            ) from exc
+            raise engine_error(exc, f"building {tags[0]}", note=f"full log: {log_path}") from exc
         except OSError as exc:  # reading the build context
             if progress:
                 progress.finish(False, "build failed")
@@ -612,10 +389,10 @@ def build_image(
             repo, tag = docker.utils.parse_repository_tag(extra)
             try:
                 client.api.tag(image_id, repo, tag=tag)
-            except (docker.errors.APIError, *_TRANSPORT_ERRORS) as exc:
+            except ENGINE_ERRORS as exc:
                 if progress:
                     progress.finish(False, f"built {image_id[:19]} but could not tag it {extra}")
-                raise EngineError(f"built {image_id} but could not tag it {extra}: {_reason(exc)}") from exc
+                raise engine_error(exc, f"tagging the new image {image_id} as {extra}") from exc
         duration = time.monotonic() - t0
         outcome = BuildOutcome(
             image_id=image_id,
@@ -666,11 +443,8 @@ def _failure(state: _StreamState, log_path: Path, tag: str) -> BuildError:
 def _container_ids(client: docker.DockerClient) -> set[str]:
     try:
         return {c["Id"] for c in client.api.containers(all=True)}
-    except (docker.errors.APIError, *_TRANSPORT_ERRORS, docker.errors.DockerException) as exc:
-        raise EngineError(
-            f"cannot list containers on the Docker engine at {_engine_host()}: {_reason(exc)}",
-            hint=SETUP_HINT,
-        ) from exc
+    except ENGINE_ERRORS as exc:
+        raise engine_error(exc, "listing containers") from exc
 
 
 def _engine_time(client: docker.DockerClient) -> float:
@@ -721,10 +495,10 @@ def _sweep(
     while True:
         try:
             left = _build_containers(client, before, engine_start, state)
-        except (docker.errors.APIError, *_TRANSPORT_ERRORS, docker.errors.DockerException):
+        except ENGINE_ERRORS:
             left = []
         for cid in left:
-            with contextlib.suppress(docker.errors.APIError, *_TRANSPORT_ERRORS):
+            with contextlib.suppress(*ENGINE_ERRORS):
                 client.api.remove_container(cid, force=True, v=True)
         now = time.monotonic()
         if left:
@@ -734,7 +508,7 @@ def _sweep(
         if now >= deadline:
             try:
                 return _build_containers(client, before, engine_start, state)
-            except (docker.errors.APIError, *_TRANSPORT_ERRORS, docker.errors.DockerException):
+            except ENGINE_ERRORS:
                 return left
         time.sleep(0.25)
 

@@ -1,0 +1,120 @@
+"""`imgbuild build`, `imgbuild base bootstrap` and `imgbuild doctor`: the commands that make images in the engine,
+and the check of what they need."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from imgbuild.cli.common import RecipeArg, err, handled, out, resolved
+
+base_app = typer.Typer(help="Base images built offline from a Debian or Ubuntu archive.", no_args_is_help=True)
+
+
+def register(app: typer.Typer) -> None:
+    """Add `build`, `doctor` and the `base` group to `app`."""
+    app.command("build")(build_)
+    app.add_typer(base_app, name="base")
+    app.command("doctor")(doctor)
+
+
+@handled
+def build_(
+    ref: RecipeArg,
+    tag: Annotated[list[str] | None, typer.Option("--tag", "-t", help="Extra image reference(s) to tag.")] = None,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Build every step again.")] = False,
+    pull: Annotated[bool, typer.Option("--pull/--no-pull", help="Try to pull newer base images.")] = False,
+    build_arg: Annotated[list[str] | None, typer.Option("--build-arg", help="KEY=VALUE, repeatable.")] = None,
+    ca_bundle: Annotated[
+        Path | None,
+        typer.Option(
+            "--ca-bundle",
+            envvar="IMGBUILD_CA_BUNDLE",
+            help="PEM bundle that downloads during the build trust (TLS-intercepting proxies). "
+            "Used in builder stages only; never in the final image.",
+        ),
+    ] = None,
+) -> None:
+    """Build a recipe's image through the Docker engine (DOCKER_HOST and its TLS variables are honoured)."""
+    from imgbuild import build
+    from imgbuild.progress import BuildProgress
+
+    progress = BuildProgress.auto(err())
+    result = build.build(
+        ref,
+        extra_tags=tag or [],
+        nocache=no_cache,
+        pull=pull,
+        build_args=build.parse_build_args(build_arg or []),
+        ca_bundle=build.ca_bundle_from(ca_bundle),
+        progress=progress,
+    )
+    for w in result.warnings:
+        err().print(f"imgbuild: warning: {w}", markup=False)
+    out().print(f"built {result.image_id}", markup=False)
+    for ref_ in result.refs:
+        out().print(f"  {ref_}", markup=False)
+    out().print(
+        f"{result.steps_run} of {result.steps_total} steps run in {result.duration_s:.1f}s; log: {result.log_path}",
+        markup=False,
+    )
+
+
+@base_app.command("bootstrap")
+@handled
+def base_bootstrap(
+    name: Annotated[str, typer.Argument(help="Image name to create, e.g. debian:bookworm-slim or ubuntu:22.04.")],
+    suite: Annotated[str | None, typer.Option(help="Archive suite (bookworm, jammy...); implied by NAME.")] = None,
+    mirror: Annotated[str | None, typer.Option(help="Archive mirror URL; the distribution's default.")] = None,
+    variant: Annotated[str, typer.Option(help="debootstrap variant.")] = "minbase",
+) -> None:
+    """Build a base image with debootstrap and import it into the engine under NAME (air-gapped sites)."""
+    from imgbuild import bootstrap, engine
+
+    spec = bootstrap.spec_for(name, suite=suite, mirror=mirror, variant=variant)
+    client = engine.connect()
+    try:
+        image_id = bootstrap.bootstrap_base(client, spec, progress_print=lambda s: err().print(s, markup=False))
+    finally:
+        client.close()
+    out().print(f"{name} {image_id}", markup=False)
+
+
+@handled
+def doctor(
+    refs: Annotated[
+        list[str] | None, typer.Argument(help="Recipes to check for (default: every shipped recipe).")
+    ] = None,
+) -> None:
+    """Check the engine, base images, container runtimes and host devices the recipes need."""
+    from imgbuild import doctor as doc
+    from imgbuild import recipe
+    from imgbuild.errors import DoctorError
+
+    names = refs or recipe.shipped_names()
+    bases: dict[str, list[str]] = {}
+    runtimes: dict[str, list[str]] = {}
+    devices: dict[str, list[str]] = {}
+    for name in names:
+        _, res, _ = resolved(name)
+        r = res.recipe
+        bases.setdefault(res.base_ref, []).append(r.name)
+        if r.runtime.runtime:
+            runtimes.setdefault(r.runtime.runtime, []).append(r.name)
+        if r.runtime.efa_devices:
+            devices.setdefault("efa", []).append(r.name)
+        if r.platform.accelerator == "gaudi":
+            devices.setdefault("gaudi", []).append(r.name)
+        if r.platform.accelerator == "nvidia":
+            runtimes.setdefault("nvidia", []).append(r.name)
+            devices.setdefault("nvidia-gpu", []).append(r.name)
+    checks = doc.run_checks(base_images=bases, runtimes_needed=runtimes, devices_needed=devices)
+    doc.render_table(checks, out())
+    bad = doc.failed(checks, set(names) if refs else None)
+    if bad:
+        raise DoctorError(
+            f"missing for {', '.join(sorted({n for c in bad for n in c.needed_by} or {'all'}))}: "
+            + "; ".join(f"{c.name} ({c.detail})" for c in bad)
+        )

@@ -1,0 +1,95 @@
+"""`imgbuild push` (imgbuild.publish) and `imgbuild matrix` (imgbuild.matrix): publishing images and the CI matrix
+that drives it."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated
+
+import typer
+
+from imgbuild.cli.common import err, handled, out
+
+
+def register(app: typer.Typer) -> None:
+    """Add `push` and `matrix` to `app`."""
+    app.command("push")(push)
+    app.command("matrix")(matrix_)
+
+
+@handled
+def push(
+    what: Annotated[
+        str, typer.Argument(metavar="RECIPE|IMAGE", help="A recipe (its lock-derived tags) or a local image.")
+    ],
+    registry: Annotated[
+        str | None,
+        typer.Option(
+            "--registry",
+            "-r",
+            envvar="IMGBUILD_REGISTRY",
+            metavar="HOST[/PREFIX]",
+            help="Registry host and optional path prefix, e.g. 127.0.0.1:5000/team. With --ecr it may be left "
+            "out: your account's ECR registry in the current region.",
+        ),
+    ] = None,
+    ecr: Annotated[
+        bool,
+        typer.Option(
+            "--ecr",
+            help="Amazon ECR: credentials from the AWS credential chain, repositories created when missing "
+            "(immutable tags, scan on push). Implied by a <account>.dkr.ecr.<region>.amazonaws.com host.",
+        ),
+    ] = False,
+    immutable: Annotated[
+        bool | None,
+        typer.Option(
+            "--immutable/--mutable",
+            help="Check the registry's digest for each tag first: the same image is 'already published', "
+            "another one a failure. Default: on for immutable ECR repositories, off elsewhere.",
+        ),
+    ] = None,
+    retries: Annotated[
+        int, typer.Option("--retries", min=1, max=10, help="Tries per tag on transient registry errors.")
+    ] = 4,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")] = False,
+) -> None:
+    """Re-tag an image under a registry and push it; prints the pushed digest of every tag."""
+    from imgbuild import publish
+    from imgbuild.progress import push_progress_for
+
+    result = publish.publish(
+        what,
+        registry,
+        ecr=ecr,
+        immutable=immutable,
+        retry=publish.Retry(attempts=retries),
+        progress=push_progress_for(err()),
+    )
+    for warning in result.warnings:
+        err().print(f"imgbuild: warning: {warning}", markup=False)
+    if as_json:
+        sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
+        return
+    for ref in result.refs:
+        size = f"  size {ref.size}" if ref.size is not None else ""
+        out().print(f"{ref.status}: {ref.target}  {ref.digest}{size}", markup=False)
+
+
+@handled
+def matrix_(
+    recipes: Annotated[
+        list[str] | None, typer.Argument(help="Only these recipes (default: every shipped recipe).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One line of JSON for a GitHub Actions matrix.")] = False,
+) -> None:
+    """The buildable recipes with their tags and runners, for a CI job matrix."""
+    from imgbuild import matrix
+
+    data = matrix.matrix(recipes or None)
+    if as_json:
+        sys.stdout.write(json.dumps(data, separators=(",", ":")) + "\n")
+        return
+    for row in data["include"]:
+        out().print(f"{row['recipe']:<12} {row['runner']:<20} {row['image']}:{','.join(row['tags'])}", markup=False)

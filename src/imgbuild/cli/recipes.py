@@ -1,0 +1,123 @@
+"""`imgbuild list`, `show`, `render` and `lock`: recipes in, pins and Dockerfiles out; no engine, no network
+(except `lock` asking the package index for releases not in the shipped tables)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from imgbuild.cli.common import RecipeArg, concrete, err, handled, out, resolved, warn
+
+
+def register(app: typer.Typer) -> None:
+    """Add `list`, `show`, `render` and `lock` to `app`."""
+    app.command("list")(list_)
+    app.command("show")(show)
+    app.command("render")(render_)
+    app.command("lock")(lock_)
+
+
+@handled
+def list_(as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False) -> None:
+    """List the shipped recipes and the state of their locks."""
+    from imgbuild import lock, recipe
+    from imgbuild.errors import LockError
+
+    rows = []
+    for name in recipe.shipped_names():
+        loaded = recipe.load(name)
+        try:
+            state = "locked" if lock.read(loaded) else "no lock"
+        except LockError:
+            state = "stale lock"
+        r = loaded.recipe
+        rows.append({"name": name, "accelerator": r.platform.accelerator, "lock": state,
+                     "description": r.description})  # fmt: skip
+    if as_json:
+        out().print_json(json.dumps(rows))
+        return
+    from rich.table import Table
+
+    table = Table("recipe", "accelerator", "lock", "description", box=None)
+    for row in rows:
+        table.add_row(row["name"], row["accelerator"], row["lock"], row["description"])
+    out().print(table)
+
+
+@handled
+def show(
+    ref: RecipeArg,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Show a recipe's resolved components: versions, sources and why each version."""
+    from imgbuild import recipe, render
+
+    loaded, res, how = resolved(ref)
+    plan = render.plan(res)
+    if as_json:
+        data = {
+            "recipe": res.name,
+            "file": recipe.display(loaded.path),
+            "from": how,
+            "base": res.base_ref,
+            "image": plan.image_refs,
+            "components": {k: v.model_dump() for k, v in res.pins.items()},
+            "warnings": list(res.warnings),
+        }
+        out().print_json(json.dumps(data))
+        return
+    from rich.table import Table
+
+    warn(res)
+    out().print(f"[bold]{res.name}[/bold]  {res.recipe.description}")
+    out().print(
+        f"file: {recipe.display(loaded.path)}  (pins from {'the lock' if how == 'lock' else 'a fresh resolution'})"
+    )
+    out().print(f"base: {res.base_ref}")
+    out().print(f"tags: {', '.join(plan.image_refs)}")
+    table = Table("component", "version", "source", "why", box=None)
+    for name, pin in res.pins.items():
+        table.add_row(name, pin.version or "-", pin.source, pin.origin)
+    out().print(table)
+
+
+@handled
+def render_(
+    ref: RecipeArg,
+    output: Annotated[
+        Path | None, typer.Option("-o", "--output", help="Write the Dockerfile and its context files here.")
+    ] = None,
+) -> None:
+    """Render a recipe's Dockerfile (to stdout, or with its build context into a folder)."""
+    from imgbuild import render
+
+    _, res, _ = resolved(ref)
+    plan = render.plan(res)
+    warn(res)
+    if output is None:
+        sys.stdout.write(plan.dockerfile)
+        return
+    from imgbuild import context
+
+    context.write(plan, output)
+    err().print(f"wrote {output}/Dockerfile and {len(plan.files)} context files", markup=False)
+
+
+@handled
+def lock_(
+    ref: RecipeArg,
+    offline: Annotated[bool, typer.Option("--offline", help="Use only the shipped tables, no index lookups.")] = False,
+) -> None:
+    """Resolve a recipe and write its pins to a lock file beside it."""
+    from imgbuild import lock, recipe
+    from imgbuild.resolver import index_lookup, resolve
+
+    loaded = concrete(ref)
+    res = resolve(loaded, lookup_torch=None if offline else index_lookup)
+    warn(res)
+    path = lock.write(loaded, res)
+    out().print(f"locked {res.name} -> {recipe.display(path)}", markup=False)

@@ -1,0 +1,81 @@
+"""`imgbuild verify RECIPE|IMAGE`: the command line of imgbuild.verify, and its results table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from imgbuild.cli.common import handled, out
+from imgbuild.errors import VerifyError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from imgbuild.verify import VerifyReport
+
+_STYLE = {"pass": "green", "fail": "bold red", "skip": "yellow"}
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `verify` command to `app`."""
+    app.command("verify")(verify_command)
+
+
+@handled
+def verify_command(
+    ref: Annotated[
+        str, typer.Argument(metavar="RECIPE|IMAGE", help="A recipe (name or YAML file) or an image reference.")
+    ],
+    host: Annotated[
+        str | None,
+        typer.Option(help="Check a machine instead of a container: 'local' or ssh://USER@HOST."),
+    ] = None,
+    device: Annotated[
+        list[str] | None, typer.Option("--device", help="HOST[:CONTAINER[:PERMS]] to pass in, repeatable.")
+    ] = None,
+    expect_efa: Annotated[
+        bool, typer.Option("--expect-efa", help="EFA devices must work (fi_info -p efa) even if none are passed.")
+    ] = False,
+    nodes: Annotated[int, typer.Option(min=1, help="With N >= 2, also verify mpirun/NCCL across N containers.")] = 1,
+    junit: Annotated[Path | None, typer.Option("--junit", help="Write JUnit XML here.")] = None,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Write the results and timings as JSON.")] = None,
+) -> None:
+    """Verify an image (or a machine) against its recipe's lock: versions, NCCL, plugin, sshd, keys, GPUs."""
+    from imgbuild import verify
+
+    report = verify.verify(ref, host=host, devices=device or [], expect_efa=expect_efa, nodes=nodes)
+    render_table(report, out())
+    try:
+        if junit is not None:
+            verify.write_junit(report, junit)
+        if json_path is not None:
+            verify.write_json(report, json_path)
+    except OSError as exc:
+        raise VerifyError(f"cannot write the report: {exc}") from None
+    if report.failed:
+        names = ", ".join(r.name for r in report.failed)
+        raise VerifyError(f"{len(report.failed)} of {len(report.results)} checks failed: {names}")
+
+
+def render_table(report: VerifyReport, console: Console) -> None:
+    """One row per check (check, expected, found, status, reason), then a summary line with the timings."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table("check", "expected", "found", "status", "reason", box=None, pad_edge=False)
+    for r in report.results:
+        name = f"{r.name} [{r.node}]" if r.node else r.name
+        table.add_row(
+            Text(name), Text(r.expected), Text(r.found), Text(r.status, style=_STYLE[r.status]), Text(r.reason)
+        )
+    console.print(Text(f"verify {report.target}: image {report.image or '-'}, in {report.where}"))
+    if report.note:
+        console.print(Text(f"  {report.note}"))
+    console.print(table)
+    c, t = report.counts(), report.timings
+    phases = ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v:.1f}s" for k, v in t.items() if k != "total_s")
+    console.print(
+        Text(f"{c['pass']} passed, {c['fail']} failed, {c['skip']} skipped in {t.get('total_s', 0):.1f}s ({phases})")
+    )

@@ -1,0 +1,347 @@
+"""What a build or a push shows while it runs: one line per event in a CI log, live lines on a terminal.
+
+`BuildProgress` renders the engine's build stream (`engine.build_image` feeds it steps and log lines);
+`PlainPushProgress` and `LivePushProgress` render a push (`publish.Publisher` feeds them the engine's push
+records). `live_wanted` makes the one choice between the two renderings for both. Rendering only: nothing here
+talks to the engine or decides what a record means.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import IO, Any, Protocol, TextIO
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, TaskID, TextColumn
+from rich.spinner import Spinner
+from rich.text import Text
+
+__all__ = [
+    "BuildProgress",
+    "LivePushProgress",
+    "PlainPushProgress",
+    "clean",
+    "live_wanted",
+    "push_progress_for",
+    "truncate",
+]
+
+_ANSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-_]")
+_CTRL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def live_wanted(console: Console) -> bool:
+    """Live rendering on an interactive terminal; plain lines when not a TTY, on a dumb one, or when CI is set."""
+    ci = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+    return console.is_terminal and not console.is_dumb_terminal and not ci
+
+
+# --------------------------------------------------------------------------------------------------------
+# a build
+
+
+def clean(line: str) -> str:
+    """A log line fit for a plain CI log: no escape sequences, no carriage returns, no control bytes."""
+    line = _ANSI_RE.sub("", line)
+    if "\r" in line:
+        parts = [p for p in line.split("\r") if p.strip()]
+        line = parts[-1] if parts else ""
+    return _CTRL_RE.sub("", line).rstrip()
+
+
+def truncate(text: str, width: int) -> str:
+    """`text` cut to `width` characters, an ellipsis marking the cut."""
+    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
+
+
+@dataclass
+class _StepState:
+    index: int = 0
+    total: int = 0
+    instruction: str = ""
+    started: float = field(default_factory=time.monotonic)
+    cached: bool = False
+    latest: str = ""
+
+
+class BuildProgress:
+    """Shows a build as it runs.
+
+    Two renderings: ``live`` (a TTY) keeps one status line updated in place, "step i/N  <instruction>
+    <elapsed>s  <latest log line>", and prints one line per finished step; ``plain`` (not a TTY, or CI is
+    set) writes one line per step ("[step 3/12] RUN apt-get ...") followed by its log lines indented by
+    four spaces, with every escape sequence and control character removed.
+    """
+
+    def __init__(self, console: Console | None = None, *, live: bool, stream: TextIO | None = None) -> None:
+        self.console = console or Console(stderr=True)
+        self.live = live
+        self._stream = stream
+        self._step = _StepState()
+        self._live: Live | None = None
+        self._spinner = Spinner("dots")
+        self._title = ""
+        self._started = time.monotonic()
+        self._lock = threading.Lock()
+
+    @classmethod
+    def auto(cls, console: Console | None = None) -> BuildProgress:
+        """Live rendering on an interactive terminal, plain lines otherwise or when CI is set."""
+        console = console or Console(stderr=True)
+        return cls(console, live=live_wanted(console))
+
+    # -- stream used by the plain rendering ------------------------------------------------------------
+    def _write(self, text: str) -> None:
+        out = self._stream if self._stream is not None else self.console.file
+        out.write(text + "\n")
+        out.flush()
+
+    # -- events ----------------------------------------------------------------------------------------
+    def start(self, title: str) -> None:
+        self._title = title
+        self._started = time.monotonic()
+        if self.live:
+            self._live = Live(
+                console=self.console,
+                get_renderable=self._render,
+                refresh_per_second=4,
+                transient=True,
+                redirect_stdout=False,
+                redirect_stderr=False,
+            )
+            self._live.start()
+        else:
+            self._write(f"building {title}")
+
+    def step(self, index: int, total: int, instruction: str) -> None:
+        with self._lock:
+            self._finish_step()
+            self._step = _StepState(index=index, total=total, instruction=instruction)
+        if not self.live:
+            self._write(f"[step {index}/{total}] {clean(instruction)}")
+
+    def cached(self) -> None:
+        """The current step came from the layer cache."""
+        self._step.cached = True
+
+    def log(self, line: str) -> None:
+        """One line of the build's log (the engine leaves out its bookkeeping lines)."""
+        cleaned = clean(line)
+        if not cleaned.strip():
+            return
+        if self.live:
+            self._step.latest = cleaned
+        else:
+            self._write(f"    {cleaned.lstrip()}")
+
+    def finish(self, ok: bool, summary: str) -> None:
+        with self._lock:
+            if ok:
+                self._finish_step()
+            if self._live is not None:
+                self._live.stop()
+                self._live = None
+            self._step = _StepState()
+        if self.live:
+            style = "green" if ok else "red"
+            self.console.print(Text(summary, style=style), highlight=False)
+        else:
+            self._write(clean(summary))
+
+    def _finish_step(self) -> None:
+        st = self._step
+        if not self.live or st.index == 0:
+            return
+        how = "cached" if st.cached else f"{time.monotonic() - st.started:.1f}s"
+        line = Text(f"  step {st.index}/{st.total}  ", style="dim")
+        line.append(truncate(clean(st.instruction), 90))
+        line.append(f"  ({how})", style="dim")
+        if self._live is not None:
+            self._live.console.print(line, highlight=False)
+        else:
+            self.console.print(line, highlight=False)
+
+    def _render(self) -> Group:
+        st = self._step
+        width = max(self.console.width, 40)
+        if st.index == 0:
+            text = Text(f"{self._title}  preparing  {time.monotonic() - self._started:.0f}s")
+        else:
+            text = Text(f"step {st.index}/{st.total}  ", style="bold")
+            text.append(truncate(clean(st.instruction), min(60, width // 2)))
+            text.append(f"  {time.monotonic() - st.started:.0f}s  ", style="cyan")
+            rest = width - len(text) - 4
+            if st.latest and rest > 10:
+                text.append(truncate(st.latest, rest), style="dim")
+        text.no_wrap = True
+        text.overflow = "ellipsis"
+        self._spinner.text = text
+        return Group(self._spinner)
+
+    def __enter__(self) -> BuildProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+
+
+# --------------------------------------------------------------------------------------------------------
+# a push
+
+
+class _Pushed(Protocol):
+    """What a finished push reports (`publish.PushedRef`)."""
+
+    @property
+    def target(self) -> str: ...
+    @property
+    def digest(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+
+
+def _human(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "kB", "MB", "GB"):
+        if size < 1000 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{n} B"
+
+
+class PlainPushProgress:
+    """One line per layer state change (no byte counters, no escape sequences): fit for a CI log."""
+
+    def __init__(self, stream: IO[str] | None = None) -> None:
+        self._stream = stream
+        self._status: dict[str, str] = {}
+
+    def _write(self, text: str) -> None:
+        out = self._stream if self._stream is not None else sys.stderr
+        out.write(text + "\n")
+        out.flush()
+
+    def start(self, target: str, attempt: int) -> None:
+        self._status.clear()
+        self._write(f"pushing {target}" + (f" (attempt {attempt})" if attempt > 1 else ""))
+
+    def record(self, rec: dict[str, Any]) -> None:
+        status = str(rec.get("status") or "").strip()
+        layer = str(rec.get("id") or "")
+        if not status or "aux" in rec:
+            return
+        if not layer:
+            self._write(f"  {status}")
+            return
+        previous = self._status.get(layer, "")
+        self._status[layer] = status
+        if status in ("Preparing", "Waiting") or status == previous:
+            return
+        if status.startswith("Retrying in") and previous.startswith("Retrying in"):
+            return
+        if status == "Pushing":
+            total = (rec.get("progressDetail") or {}).get("total")
+            self._write(f"  {layer}: pushing" + (f" {_human(int(total))}" if total else ""))
+            return
+        self._write(f"  {layer}: {status}")
+
+    def retry(self, target: str, attempt: int, attempts: int, error: str, delay_s: float) -> None:
+        self._write(f"push of {target} failed (attempt {attempt}/{attempts}): {error}; retrying in {delay_s:g}s")
+
+    def done(self, pushed: _Pushed) -> None:
+        self._write(f"{pushed.status} {pushed.target}@{pushed.digest}")
+
+    def failed(self, target: str, message: str) -> None:
+        self._write(f"push of {target} failed: {message}")
+
+    def close(self) -> None:
+        pass
+
+
+class LivePushProgress:
+    """A rich progress bar per layer on an interactive terminal; summary lines stay, bars go."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self._bars: Progress | None = None
+        self._tasks: dict[str, TaskID] = {}
+
+    def _ensure(self) -> Progress:
+        if self._bars is None:
+            self._bars = Progress(
+                SpinnerColumn(),
+                TextColumn("{task.description}"),
+                BarColumn(),
+                DownloadColumn(),
+                console=self.console,
+                transient=True,
+            )
+            self._bars.start()
+        return self._bars
+
+    def _stop(self) -> None:
+        if self._bars is not None:
+            self._bars.stop()
+        self._bars = None
+        self._tasks.clear()
+
+    def start(self, target: str, attempt: int) -> None:
+        self._stop()
+        self.console.print(
+            f"pushing {target}" + (f" (attempt {attempt})" if attempt > 1 else ""),
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+        self._ensure()
+
+    def record(self, rec: dict[str, Any]) -> None:
+        layer = str(rec.get("id") or "")
+        status = str(rec.get("status") or "").strip()
+        if not layer or not status or self._bars is None:
+            return
+        detail = rec.get("progressDetail") or {}
+        if layer not in self._tasks:
+            self._tasks[layer] = self._bars.add_task(f"{layer} {status}", total=None)
+        task = self._tasks[layer]
+        if status == "Pushing" and detail.get("total"):
+            self._bars.update(task, description=f"{layer} {status}", completed=detail.get("current", 0),
+                              total=detail["total"])  # fmt: skip
+        elif status in ("Pushed", "Layer already exists") or status.startswith("Mounted from"):
+            total = self._bars.tasks[task].total or 1
+            self._bars.update(task, description=f"{layer} {status}", completed=total, total=total)
+        else:
+            self._bars.update(task, description=f"{layer} {status}")
+
+    def retry(self, target: str, attempt: int, attempts: int, error: str, delay_s: float) -> None:
+        self._stop()
+        self.console.print(f"push of {target} failed (attempt {attempt}/{attempts}): {error}; "
+                           f"retrying in {delay_s:g}s", markup=False, highlight=False, soft_wrap=True)  # fmt: skip
+
+    def done(self, pushed: _Pushed) -> None:
+        self._stop()
+        self.console.print(
+            f"{pushed.status} {pushed.target}@{pushed.digest}", markup=False, highlight=False, soft_wrap=True
+        )
+
+    def failed(self, target: str, message: str) -> None:
+        self._stop()
+
+    def close(self) -> None:
+        self._stop()
+
+
+def push_progress_for(console: Console | None = None) -> PlainPushProgress | LivePushProgress:
+    """Live bars on an interactive terminal; plain lines when not a TTY or when CI is set."""
+    console = console or Console(stderr=True)
+    if live_wanted(console):
+        return LivePushProgress(console)
+    return PlainPushProgress(console.file)

@@ -1,14 +1,18 @@
-"""Runtime profiles: the `docker run` command line a recipe's containers need (`imgbuild run`).
+"""Runtime profiles: how a container of a recipe's image is started, decided once (`run_spec`).
 
-A pure function of the recipe's `runtime:` block, the image and the host's devices (found by the caller), so the
-exact command can be printed, tested and pasted:
+The recipe's `runtime:` section (the image's manifest carries the same section) and the host's EFA devices
+become one `RunSpec`; it is written out as `docker run` arguments (`imgbuild run`, `RunSpec.docker_args`) or as
+docker-py options (`imgbuild verify` and `verify --nodes`, `RunSpec.docker_py`), so the three never disagree:
 
 - container runtime (`--runtime=habana`), its environment (`-e`), capabilities, `--net=host`, `--ipc=host`;
 - `--gpus all` for CUDA targets;
-- one `--device=/dev/infiniband/uverbsN` per EFA device the host has (only those: mounting all of
-  /dev/infiniband breaks EFA where the host also has other verbs devices);
+- one `--device=/dev/infiniband/uverbsN` per EFA device the host has, in numeric order (only those: mounting
+  all of /dev/infiniband breaks EFA where the host also has other verbs devices);
 - `--ulimit memlock=-1:-1` (EFA and NCCL pin memory), and a large /dev/shm unless the host's IPC is shared;
-- `-it` only when stdin is a terminal, and `--rm`.
+- `-it` only when stdin is a terminal, and `--rm` (`docker_run_args`).
+
+`for_engine` adapts a spec to the engine and host a verification runs on (what they lack is left out, with a
+note), and verification containers never take the host's network (`network=None`).
 """
 
 from __future__ import annotations
@@ -17,9 +21,12 @@ import glob
 import re
 import shlex
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
-from imgbuild.recipe import LoadedRecipe, Recipe
-from imgbuild.resolver import Resolved
+if TYPE_CHECKING:
+    from imgbuild.recipe import LoadedRecipe, Recipe, Runtime
+    from imgbuild.resolver import Resolved
 
 EFA_DEVICE_GLOB = "/dev/infiniband/uverbs*"
 DEFAULT_SHM_SIZE = "1g"
@@ -35,7 +42,116 @@ def host_efa_devices(pattern: str = EFA_DEVICE_GLOB) -> list[str]:
     return sorted(glob.glob(pattern), key=key)
 
 
+@dataclass(frozen=True)
+class RunSpec:
+    """How one container starts. Devices are `HOST[:CONTAINER[:PERMS]]` strings, as `--device` takes them."""
+
+    runtime: str | None = None
+    env: tuple[tuple[str, str], ...] = ()  # sorted by name
+    cap_add: tuple[str, ...] = ()
+    network: str | None = None
+    ipc: str | None = None
+    gpus: str | None = None
+    devices: tuple[str, ...] = ()
+    memlock_unlimited: bool = False
+    shm_size: str | None = None  # None: the engine's default, or the host's /dev/shm with ipc=host
+
+    @property
+    def devices_inside(self) -> tuple[str, ...]:
+        """Each device's path inside the container."""
+        return tuple(_inside(d) for d in self.devices)
+
+    def docker_args(self) -> list[str]:
+        """The `docker run` options (between `run` and the image)."""
+        args = [f"--runtime={self.runtime}"] if self.runtime else []
+        for name, value in self.env:
+            args += ["-e", f"{name}={value}"]
+        args += [f"--cap-add={cap}" for cap in self.cap_add]
+        if self.network:
+            args.append(f"--net={self.network}")
+        if self.ipc:
+            args.append(f"--ipc={self.ipc}")
+        if self.gpus:
+            args += ["--gpus", self.gpus]
+        args += [f"--device={dev}" for dev in self.devices]
+        if self.memlock_unlimited:
+            args += ["--ulimit", "memlock=-1:-1"]
+        if self.shm_size:
+            args.append(f"--shm-size={self.shm_size}")
+        return args
+
+    def docker_py(self) -> dict[str, Any]:
+        """The same options as keyword arguments of docker-py's `containers.create` / `containers.run`."""
+        import docker.types
+
+        kwargs: dict[str, Any] = {}
+        if self.runtime:
+            kwargs["runtime"] = self.runtime
+        if self.env:
+            kwargs["environment"] = dict(self.env)
+        if self.cap_add:
+            kwargs["cap_add"] = list(self.cap_add)
+        if self.network:
+            kwargs["network_mode"] = self.network
+        if self.ipc:
+            kwargs["ipc_mode"] = self.ipc
+        if self.gpus:
+            # `--gpus all`: every GPU, through the engine's GPU device driver (the NVIDIA container toolkit).
+            kwargs["device_requests"] = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
+        if self.devices:
+            kwargs["devices"] = [_full_device(d) for d in self.devices]
+        if self.memlock_unlimited:
+            kwargs["ulimits"] = [docker.types.Ulimit(name="memlock", soft=-1, hard=-1)]
+        if self.shm_size:
+            kwargs["shm_size"] = self.shm_size
+        return kwargs
+
+
+def run_spec(runtime: Runtime, host_devices: Sequence[str], extra_devices: Sequence[str] = ()) -> RunSpec:
+    """THE rule: a recipe's (or an image manifest's) `runtime:` section on a host with these EFA devices.
+
+    `host_devices`: the host's EFA devices (`host_efa_devices`), added only when the profile wants EFA.
+    `extra_devices`: devices the user asked for (`--device`), first; an EFA device among them is not repeated.
+    """
+    devices = list(extra_devices)
+    if runtime.efa_devices:
+        inside = {_inside(d) for d in devices}
+        devices += [dev for dev in host_devices if dev not in inside]
+    return RunSpec(
+        runtime=runtime.runtime,
+        env=tuple(sorted(runtime.env.items())),
+        cap_add=tuple(runtime.cap_add),
+        network=runtime.network,
+        ipc=runtime.ipc,
+        gpus=runtime.gpus,
+        devices=tuple(devices),
+        memlock_unlimited=runtime.memlock_unlimited,
+        shm_size=None if runtime.ipc == "host" else (runtime.shm_size or DEFAULT_SHM_SIZE),
+    )
+
+
+def for_engine(spec: RunSpec, *, runtimes: Sequence[str], has_gpu: bool) -> tuple[RunSpec, list[str]]:
+    """The spec a verification starts on this engine and host: its own network (never the host's), no GPU
+    request without a GPU, no runtime the engine lacks. Returns the spec and a note for each thing left out."""
+    notes = []
+    if spec.runtime and spec.runtime not in runtimes:
+        notes.append(f"the engine has no '{spec.runtime}' runtime: started without it")
+    return replace(
+        spec,
+        network=None,
+        gpus=spec.gpus if has_gpu else None,
+        runtime=spec.runtime if spec.runtime in runtimes else None,
+    ), notes
+
+
+def without_memlock(spec: RunSpec) -> RunSpec:
+    """The spec for an engine that refuses memlock=unlimited (rootless, or no CAP_SYS_RESOURCE)."""
+    return replace(spec, memlock_unlimited=False)
+
+
 def _recipe_of(source: Resolved | LoadedRecipe | Recipe) -> Recipe:
+    from imgbuild.recipe import Recipe
+
     if isinstance(source, Recipe):
         return source
     return source.recipe
@@ -54,30 +170,24 @@ def docker_run_args(
     `host_devices` are the host's EFA devices (see `host_efa_devices`); they are added only when the recipe's
     runtime wants EFA. `interactive` (stdin is a terminal) adds `-it`.
     """
-    rt = _recipe_of(source).runtime
-    args = ["docker", "run", "--rm"]
-    if interactive:
-        args.append("-it")
-    if rt.runtime:
-        args.append(f"--runtime={rt.runtime}")
-    for name, value in sorted(rt.env.items()):
-        args += ["-e", f"{name}={value}"]
-    args += [f"--cap-add={cap}" for cap in rt.cap_add]
-    if rt.network:
-        args.append(f"--net={rt.network}")
-    if rt.ipc:
-        args.append(f"--ipc={rt.ipc}")
-    if rt.gpus:
-        args += ["--gpus", rt.gpus]
-    if rt.efa_devices:
-        args += [f"--device={dev}" for dev in host_devices]
-    if rt.memlock_unlimited:
-        args += ["--ulimit", "memlock=-1:-1"]
-    if rt.ipc != "host":
-        args.append(f"--shm-size={rt.shm_size or DEFAULT_SHM_SIZE}")
-    return [*args, image_ref, *cmd]
+    spec = run_spec(_recipe_of(source).runtime, host_devices)
+    return ["docker", "run", "--rm", *(["-it"] if interactive else []), *spec.docker_args(), image_ref, *cmd]
 
 
 def command_line(argv: Sequence[str]) -> str:
     """argv as one line a shell runs back into the same argv."""
     return shlex.join(argv)
+
+
+def _inside(device: str) -> str:
+    parts = device.split(":")
+    return parts[1] if len(parts) > 1 and parts[1] else parts[0]
+
+
+def _full_device(device: str) -> str:
+    """HOST[:CONTAINER[:PERMS]] -> HOST:CONTAINER:PERMS (docker-py wants all three)."""
+    parts = device.split(":")
+    host = parts[0]
+    inside = parts[1] if len(parts) > 1 and parts[1] else host
+    perms = parts[2] if len(parts) > 2 and parts[2] else "rwm"
+    return f"{host}:{inside}:{perms}"

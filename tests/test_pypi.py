@@ -1,17 +1,22 @@
-"""imgbuild.pypi: reading a wheel's METADATA from the index with HTTP range requests.
+"""imgbuild.pypi and imgbuild.httprange: reading a wheel's METADATA from the index with HTTP range requests.
 
-Offline tests run a small HTTP server on 127.0.0.1 (Range ``bytes=a-b``, ``bytes=a-`` and ``bytes=-n``
-answered with 206 + Content-Range; HEAD) that serves a generated simple page and generated wheels. The one
-``network`` test reads torch 2.5.1 from the real configured index; run it with ``-m network -s``.
+Offline tests run a small real HTTP server on 127.0.0.1 (Range ``bytes=a-b``, ``bytes=a-`` and ``bytes=-n``
+answered with 206 + Content-Range; HEAD) that serves a generated simple page and real wheels made with
+zipfile, and that can be told to stall or to trickle its bodies a byte at a time. The ``network`` tests read
+torch 2.5.1 and 2.9.1 from the real configured index; run them with ``-m network -s``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import os
+import random
 import re
+import socket
 import sys
 import threading
+import time
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,7 +26,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from imgbuild import pypi
+from imgbuild import httprange, pypi
 from imgbuild.errors import IndexLookupError
 from imgbuild.pypi import TorchPins, WheelMetadata, index_url, read_wheel_metadata, torch_pins
 
@@ -60,6 +65,9 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         rng = self.headers.get("Range")
         self.server.log.append((self.command, path, rng))
+        self.slow = path.startswith(self.server.slow_prefix)
+        if self.slow and self.server.stall_before:
+            time.sleep(self.server.stall_before)
         data = self.server.files.get(path)
         if data is None:
             self._send(404, b"not found\n", {"Content-Type": "text/plain"}, body)
@@ -91,10 +99,20 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if body:
             try:
-                self.wfile.write(data)
-                self.server.bytes_sent += len(data)
+                if self.slow and self.server.trickle:
+                    self._trickle(data)
+                else:
+                    self.wfile.write(data)
+                    self.server.bytes_sent += len(data)
             except (BrokenPipeError, ConnectionResetError):
                 pass
+
+    def _trickle(self, data: bytes) -> None:
+        """One byte every `trickle` seconds; after `stall_after` bytes, nothing for a minute."""
+        for i in range(len(data)):
+            time.sleep(60 if i == self.server.stall_after else self.server.trickle)
+            self.wfile.write(data[i : i + 1])
+            self.server.bytes_sent += 1
 
 
 class _Server(ThreadingHTTPServer):
@@ -106,6 +124,12 @@ class _Server(ThreadingHTTPServer):
         self.log: list[tuple[str, str, str | None]] = []
         self.ignore_range = False
         self.bytes_sent = 0
+        # Requests for paths under `slow_prefix` wait `stall_before` s before answering, then send their
+        # body a byte every `trickle` s (when set), going silent after `stall_after` bytes.
+        self.slow_prefix = "/nothing-is-slow/"
+        self.stall_before = 0.0
+        self.trickle = 0.0
+        self.stall_after = -1
 
     def handle_error(self, request: object, client_address: object) -> None:
         pass  # a client that hangs up early (as on a 200 it refuses) is expected
@@ -210,6 +234,12 @@ def make_wheel(
     return path.read_bytes()
 
 
+def central_directory_size(data: bytes) -> int:
+    """Bytes from the start of the central directory to the end of the archive."""
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        return len(data) - zf.start_dir
+
+
 def torch_wheel_name(version: str = "2.5.1", platform: str = "manylinux1_x86_64", cp: str = CP) -> str:
     return f"torch-{version}-{cp}-{cp}-{platform}.whl"
 
@@ -280,9 +310,10 @@ def test_metadata_not_at_the_end_of_a_big_central_directory(index: Index, tmp_pa
     pins = torch_pins("2.5.1", index=index.simple)
 
     assert (pins.nccl_package, pins.nccl_version, pins.cuda_version) == ("nvidia-nccl-cu12", "2.21.5", "12.4")
-    if layout == "first":  # found by the look at the directory's start: no full scan
-        assert pins.bytes_fetched < 250_000
-        assert pins.requests_made <= 3
+    # zipfile reads the whole central directory, and nothing else but its end record and the member:
+    # the tail, the rest of the directory, the member (fetched with some read-ahead).
+    assert pins.bytes_fetched <= central_directory_size(data) + 2 * httprange.READAHEAD
+    assert pins.requests_made == 3
 
 
 def test_zip64_end_records(index: Index, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -437,11 +468,28 @@ def test_wheel_url_404(index: Index) -> None:
     assert torch_wheel_name() in str(exc.value)
 
 
-def test_connection_refused() -> None:
-    with pytest.raises(
-        IndexLookupError, match=re.escape("cannot read the index page http://127.0.0.1:9/simple/torch/")
-    ):
-        torch_pins("2.5.1", index="http://127.0.0.1:9/simple/")
+@pytest.fixture
+def refusing_port() -> int:
+    """A local port nothing listens on: bound, then closed."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_connection_refused(refusing_port: int) -> None:
+    page = f"http://127.0.0.1:{refusing_port}/simple/torch/"
+    started = time.monotonic()
+    with pytest.raises(IndexLookupError, match=re.escape(f"torch 2.5.1: cannot read the index page {page}")):
+        torch_pins("2.5.1", index=f"http://127.0.0.1:{refusing_port}/simple/")
+    assert time.monotonic() - started < 5
+
+
+def test_wheel_host_refusing(index: Index, refusing_port: int) -> None:
+    url = f"http://127.0.0.1:{refusing_port}/files/{torch_wheel_name()}"
+    index.add_link("torch", url)
+    with pytest.raises(IndexLookupError, match=re.escape(f"cannot read bytes=-65536 of {url}")) as exc:
+        torch_pins("2.5.1", index=index.simple)
+    assert exc.value.exit_code == 7
 
 
 def test_file_index_refused() -> None:
@@ -460,8 +508,133 @@ def test_timeouts_on_every_request(index: Index, tmp_path: Path, monkeypatch: py
         return original(url, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(session, "get", spy)
+    monkeypatch.delenv("IMGBUILD_INDEX_DEADLINE", raising=False)
     torch_pins("2.5.1", index=index.simple, session=session)
     assert seen and all(t == (10, 60) for t in seen)
+
+    # With less time left than that, no request may wait longer than what is left of the deadline.
+    seen.clear()
+    torch_pins("2.5.1", index=index.simple, session=session, deadline=3)
+    assert seen and all(isinstance(t, tuple) and 0 < t[0] <= 3 and 0 < t[1] <= 3 for t in seen)
+
+
+# --------------------------------------------------------------------------------------------------
+# Range reads through zipfile
+
+
+def test_requests_made_for_a_big_central_directory(index: Index, tmp_path: Path) -> None:
+    # ~4000 entries (~460 kB of central directory), METADATA last, as wheel builders write it.
+    data = make_wheel(tmp_path, torch_wheel_name(), TORCH_251_REQUIRES, filler=4000)
+    index.add_wheel("torch", torch_wheel_name(), data)
+    cd_start = len(data) - central_directory_size(data)
+
+    meta = read_wheel_metadata("torch", "2.5.1", index=index.simple)
+
+    assert meta.requires_dist == tuple(TORCH_251_REQUIRES)
+    tail = httprange.TAIL_FETCH
+    # The tail (end record, end of the directory), then the rest of the directory in one request; the
+    # member lies just before the directory, so one read-ahead request brings its header and its data.
+    ranges = [rng for _, _, rng in index.wheel_requests()]
+    assert ranges[:2] == [f"bytes=-{tail}", f"bytes={cd_start}-{len(data) - tail - 1}"]
+    assert len(ranges) == meta.requests_made == 3
+    assert meta.bytes_fetched == index.server.bytes_sent - meta.index_page_bytes
+    assert meta.bytes_fetched <= central_directory_size(data) + 2 * httprange.READAHEAD
+
+
+def test_range_file_reads_like_a_local_file(index: Index) -> None:
+    data = os.urandom(1_000_003)
+    url = index.add_file("/files/blob.bin", data)
+    with requests.Session() as session:
+        rf = httprange.RangeFile(httprange.Client(session, 30), url, what="blob")
+        local = io.BytesIO(data)
+        assert rf.size == len(data) and rf.requests_made == 1
+        rng = random.Random(7)
+        for _ in range(200):
+            offset, whence = rng.choice(
+                [(rng.randrange(len(data)), 0), (rng.randrange(-5000, 5000), 1), (-rng.randrange(1, 9000), 2)]
+            )
+            if local.tell() + offset < 0 and whence == 1:
+                continue
+            assert rf.seek(offset, whence) == local.seek(offset, whence)
+            n = rng.choice([0, 1, 22, 30, 4096, 70_000, 10**7])
+            assert rf.read(n) == local.read(n)
+            assert rf.tell() == local.tell()
+        assert rf.seek(0, 2) == len(data) and rf.read(10) == b""
+        with pytest.raises(OSError, match="before the start"):
+            rf.seek(-1)
+        # Every byte fetched at most once: what was sent covers no byte twice, and no more than the file.
+        assert rf.bytes_fetched == index.server.bytes_sent <= len(data)
+        assert rf.requests_made == len(index.wheel_requests())
+
+
+def test_small_reads_share_a_read_ahead(index: Index) -> None:
+    data = os.urandom(2_000_000)
+    url = index.add_file("/files/blob.bin", data)
+    with requests.Session() as session:
+        rf = httprange.RangeFile(httprange.Client(session, 30), url, what="blob", tail=100)
+        for pos in range(0, 60_000, 30):  # 2000 small reads within one read-ahead
+            rf.seek(pos)
+            assert rf.read(30) == data[pos : pos + 30]
+        assert rf.requests_made == 2
+
+
+# --------------------------------------------------------------------------------------------------
+# The overall deadline
+
+
+@pytest.mark.parametrize("trickle", [5.0, 0.05], ids=["a-byte-every-5s", "a-byte-every-50ms"])
+def test_trickling_index_page_meets_the_deadline(index: Index, tmp_path: Path, trickle: float) -> None:
+    # 5 s between bytes: each read waits only what is left of the deadline. 50 ms: no read ever times
+    # out, only the clock checked between reads stops it.
+    index.add_wheel("torch", torch_wheel_name(), make_wheel(tmp_path, torch_wheel_name(), TORCH_251_REQUIRES))
+    index.server.slow_prefix, index.server.trickle = "/simple/", trickle
+    started = time.monotonic()
+    with pytest.raises(IndexLookupError) as exc:
+        torch_pins("2.5.1", index=index.simple, deadline=2)
+    elapsed = time.monotonic() - started
+    assert 2 <= elapsed < 3
+    assert str(exc.value).startswith(
+        f"torch 2.5.1: the lookup's 2 s deadline passed while reading {index.simple}torch/"
+    )
+    assert "IMGBUILD_INDEX_DEADLINE" in str(exc.value)
+    assert exc.value.exit_code == 7
+
+
+def test_wheel_that_trickles_then_stalls_meets_the_deadline(
+    index: Index, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Bytes every 0.1 s for 1.5 s, then silence: the silent read must not wait the request's whole read
+    # timeout (fixed when the request started), only what is left of the deadline. From the environment.
+    url = index.add_wheel("torch", torch_wheel_name(), make_wheel(tmp_path, torch_wheel_name(), TORCH_251_REQUIRES))
+    index.server.slow_prefix, index.server.trickle, index.server.stall_after = "/files/", 0.1, 15
+    monkeypatch.setenv("IMGBUILD_INDEX_DEADLINE", "2.5")
+    started = time.monotonic()
+    with pytest.raises(IndexLookupError, match=re.escape(f"2.5 s deadline passed while reading {url}")):
+        torch_pins("2.5.1", index=index.simple)
+    assert 2.5 <= time.monotonic() - started < 3.3
+
+
+def test_deadline_spans_all_requests(index: Index, tmp_path: Path) -> None:
+    # Four requests (page, tail, directory, member) that each answer in 0.6 s: each is quick, all are not.
+    data = make_wheel(tmp_path, torch_wheel_name(), TORCH_251_REQUIRES, filler=4000)
+    index.add_wheel("torch", torch_wheel_name(), data)
+    index.server.slow_prefix, index.server.stall_before = "/", 0.6
+    started = time.monotonic()
+    with pytest.raises(IndexLookupError, match=r"the lookup's 2 s deadline passed while reading .*/files/torch"):
+        torch_pins("2.5.1", index=index.simple, deadline=2)
+    assert 2 <= time.monotonic() - started < 3
+    assert torch_pins("2.5.1", index=index.simple, deadline=20).nccl_version == "2.21.5"
+
+
+@pytest.mark.parametrize(("env", "arg"), [("abc", None), ("0", None), ("-3", None), ("nan", None), (None, 0.0)])
+def test_bad_deadline(monkeypatch: pytest.MonkeyPatch, env: str | None, arg: float | None) -> None:
+    if env is None:
+        monkeypatch.delenv("IMGBUILD_INDEX_DEADLINE", raising=False)
+    else:
+        monkeypatch.setenv("IMGBUILD_INDEX_DEADLINE", env)
+    source = "IMGBUILD_INDEX_DEADLINE" if env is not None else "deadline"
+    with pytest.raises(IndexLookupError, match=f"^{source}=.*: expected a number of seconds greater than 0"):
+        torch_pins("2.5.1", index="http://127.0.0.1:9/simple/", deadline=arg)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -525,14 +698,17 @@ def test_pip_config_unset_is_tolerated(monkeypatch: pytest.MonkeyPatch, tmp_path
 
 
 @pytest.mark.network
-def test_torch_251_from_the_real_index() -> None:
-    pins = torch_pins("2.5.1")
+@pytest.mark.parametrize(("version", "nccl", "cuda"), [("2.5.1", "2.21.5", "12.4"), ("2.9.1", "2.27.5", "12.8")])
+def test_torch_from_the_real_index(version: str, nccl: str, cuda: str) -> None:
+    index = index_url()
+    started = time.monotonic()
+    pins = torch_pins(version, index=index)
     print(
-        f"\ntorch 2.5.1 from {index_url()}: {pins.wheel_filename}, wheel {pins.wheel_size:,} bytes; "
+        f"\ntorch {version} from {index}: {pins.wheel_filename}, wheel {pins.wheel_size:,} bytes; "
         f"fetched {pins.bytes_fetched:,} bytes in {pins.requests_made} range requests "
-        f"({100 * pins.bytes_fetched / pins.wheel_size:.3f}% of the wheel)"
+        f"({100 * pins.bytes_fetched / pins.wheel_size:.3f}% of the wheel) in {time.monotonic() - started:.2f} s"
     )
-    assert pins.nccl_package == "nvidia-nccl-cu12"
-    assert pins.nccl_version == "2.21.5"
-    assert pins.cuda_version == "12.4"
-    assert pins.bytes_fetched < 1_000_000
+    assert (pins.nccl_package, pins.nccl_version, pins.cuda_version) == ("nvidia-nccl-cu12", nccl, cuda)
+    # The tail, the rest of the central directory (about 1.2-1.3 MB, read whole by zipfile), the member.
+    assert pins.requests_made <= 3
+    assert pins.bytes_fetched < 3_000_000

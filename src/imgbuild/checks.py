@@ -3,10 +3,11 @@
 A check is a function of a `CheckContext`: the machine to look at (anything with testinfra's
 `run(command) -> result with rc/stdout/stderr`: a container, this host, an ssh host, or a fake in tests), the
 components expected there (from the recipe's lock, else from the image's manifest) and what the run passed in
-(devices, GPUs). `REGISTRY` maps a component name to its checks; only the checks of components the image
-holds run, plus those registered under "image" (the manifest, keys, environment) and "platform" (GPUs), which
-run everywhere. Checks that only make sense for an image (sshd, SageMaker, keys...) have the "container"
-scope; `--host` runs the "host" scope against a machine with no container at all.
+(devices, GPUs). `REGISTRY` maps a component name to its checks (each component's module registers its own
+with `@check`); only the checks of components the image holds run, plus those registered here under "image"
+(the manifest, keys, environment) and "platform" (GPUs), which run everywhere. Checks that only make sense for
+an image (sshd, SageMaker, keys...) have the "container" scope; `--host` runs the "host" scope against a
+machine with no container at all.
 
 This module does not import docker or testinfra: `verify.py` connects, this module only asks questions.
 """
@@ -30,11 +31,8 @@ CONTAINER: tuple[Scope, ...] = ("container",)
 
 MANIFEST_PATH = "/etc/imgbuild/manifest.json"
 CA_DIR = "/usr/local/share/ca-certificates/imgbuild"
-NCCL_TESTS_BINARIES = ("all_reduce_perf", "all_gather_perf", "broadcast_perf", "reduce_scatter_perf")
-PLUGIN_DIRS = ("/opt/amazon/ofi-nccl", "/opt/aws-ofi-nccl")
 GPU_TIMEOUT_S = 240
 COMMAND_TIMEOUT_S = 60
-SSHD_WAIT_S = 10
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -188,17 +186,21 @@ def check(name: str, *components: str, scopes: tuple[Scope, ...] = BOTH) -> Call
 
 
 def selected(components: Iterable[str], scope: Scope) -> list[Check]:
-    """The checks for these components (plus the always-run ones) in `scope`, in registration order."""
+    """The checks for these components (plus the always-run ones) in `scope`: the image's first, then each
+    component's in layer order, the platform's (GPUs) last."""
+    from imgbuild.components import runtime_order  # importing the blocks registers their checks
+
     present = set(components) | set(ALWAYS)
-    seen: dict[str, Check] = {}
+    rank = {name: i for i, name in enumerate(("image", *runtime_order(), "platform"))}
+    seen: dict[str, tuple[int, int, Check]] = {}
     for comp, items in REGISTRY.items():
         if comp not in present:
             continue
-        for item in items:
+        for i, item in enumerate(items):
+            key = (rank.get(item.components[0], len(rank)), i, item)
             if scope in item.scopes and item.name not in seen:
-                seen[item.name] = item
-    order = {c.name: i for i, c in enumerate(c for items in REGISTRY.values() for c in items)}
-    return sorted(seen.values(), key=lambda c: order[c.name])
+                seen[item.name] = key
+    return [item for _, _, item in sorted(seen.values(), key=lambda k: (k[0], k[1]))]
 
 
 def run_checks(ctx: CheckContext, checks: list[Check], *, workers: int = 8) -> list[CheckResult]:

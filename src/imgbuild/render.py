@@ -26,7 +26,9 @@ from imgbuild.components import (
     runtime_order,
 )
 from imgbuild.errors import RenderError
+from imgbuild.launch import launch_for
 from imgbuild.lock import Lock
+from imgbuild.manifest import ComponentEntry, Manifest
 from imgbuild.resolver import Resolved
 
 CA_DIR = "imgbuild/ca"  # what `--ca-bundle` adds to the context; copied into builder stages only
@@ -185,6 +187,18 @@ def _fragments(resolved: Resolved, ctx: Context) -> dict[str, dict[str, str]]:
     return out
 
 
+def image_env(resolved: Resolved, contribs: dict[str, Contribution]) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """What the image's ENV instructions set: PATH / LD_LIBRARY_PATH entries (blocks in layer order) and the
+    blocks' and the recipe's variables (the recipe's win)."""
+    ordered = [contribs[n] for n in runtime_order() if n in contribs]
+    env_paths = {
+        "PATH": dedupe([p for c in ordered for p in c.path]),
+        "LD_LIBRARY_PATH": dedupe([p for c in ordered for p in c.ld_library_path]),
+    }
+    component_env = {k: v for c in ordered for k, v in c.env.items()}
+    return env_paths, dict(sorted({**component_env, **resolved.recipe.env}.items()))
+
+
 def _dockerfile(resolved: Resolved, ctx: Context, contribs: dict[str, Contribution], labels: dict[str, str]) -> str:
     r, pins = resolved.recipe, resolved.pins
     fragments = _fragments(resolved, ctx)
@@ -193,13 +207,7 @@ def _dockerfile(resolved: Resolved, ctx: Context, contribs: dict[str, Contributi
     runtime_pkgs = set(r.os.packages).union(*(c.runtime_packages for c in contribs.values()))
     # The builder installs only what downloads and compiles need; the runtime stage gets the rest.
     builder_pkgs = {"ca-certificates"}.union(*(c.builder_packages for c in contribs.values()))
-    ordered = [contribs[n] for n in runtime_order() if n in contribs]
-    env_paths = {
-        "PATH": dedupe([p for c in ordered for p in c.path]),
-        "LD_LIBRARY_PATH": dedupe([p for c in ordered for p in c.ld_library_path]),
-    }
-    component_env = {k: v for c in ordered for k, v in c.env.items()}
-    recipe_env = dict(sorted({**component_env, **r.env}.items()))
+    env_paths, recipe_env = image_env(resolved, contribs)
     return (
         environment()
         .get_template("Dockerfile.j2")
@@ -238,28 +246,29 @@ def _labels(resolved: Resolved, digest: str) -> dict[str, str]:
     return labels
 
 
-def _manifest(resolved: Resolved, digest: str, contribs: dict[str, Contribution]) -> dict[str, Any]:
+def _manifest(resolved: Resolved, digest: str, contribs: dict[str, Contribution]) -> Manifest:
     r = resolved.recipe
-    return {
-        "schema": 1,
-        "recipe": r.name,
-        "recipe_digest": resolved.recipe_digest,
-        "lock_digest": digest,
-        "base": resolved.base_ref,
-        "platform": r.platform.model_dump(mode="json"),
-        "components": {n: contribs[n].manifest for n in sorted(contribs) if n != "base"},
-        "env": dict(sorted(r.env.items())),
-        "mpirun": r.mpirun.model_dump(mode="json"),
-        "runtime": r.runtime.model_dump(mode="json"),
-    }
+    env_paths, env = image_env(resolved, contribs)
+    return Manifest(
+        recipe=r.name,
+        recipe_digest=resolved.recipe_digest,
+        lock_digest=digest,
+        base=resolved.base_ref,
+        platform=r.platform,
+        components={n: ComponentEntry.model_validate(contribs[n].manifest) for n in sorted(contribs)},
+        env=dict(sorted(r.env.items())),
+        image_env=tuple(sorted([*(name for name, paths in env_paths.items() if paths), *env])),
+        mpirun=r.mpirun,
+        runtime=r.runtime,
+    )
 
 
 def _files(
-    resolved: Resolved, ctx: Context, contribs: dict[str, Contribution], manifest: dict[str, Any]
+    resolved: Resolved, ctx: Context, contribs: dict[str, Contribution], manifest: Manifest
 ) -> list[ContextFile]:
     r, pins = resolved.recipe, resolved.pins
     files = [
-        ContextFile("imgbuild/manifest.json", (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()),
+        ContextFile("imgbuild/manifest.json", manifest.to_json().encode()),
         ContextFile(
             f"{CA_DIR}/README",
             b"Extra CA certificates (*.crt) for downloads during the build (imgbuild build --ca-bundle).\n"
@@ -268,7 +277,8 @@ def _files(
     ]
     env = environment()
     options = {b.name: getattr(r.components, b.name) for b in REGISTRY}
-    variables = {"r": r, "ctx": ctx, "pins": pins, **options}
+    launch = launch_for(r.mpirun, manifest.rank_env, ctx.python)
+    variables = {"r": r, "ctx": ctx, "pins": pins, "launch": launch, **options}
     for block in REGISTRY:
         if block.name in pins:
             for path, template, mode in block.files:

@@ -1,0 +1,115 @@
+"""The building blocks: every source mode the schema accepts renders (golden files) or is declared as brought by
+something else; a mode that should render and renders nothing is an error, never an empty layer."""
+
+from __future__ import annotations
+
+import typing
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, SHIPPED
+from imgbuild import recipe, render
+from imgbuild.components import BY_NAME, REGISTRY, builder_order, resolve_order, runtime_order
+from imgbuild.errors import RenderError
+from imgbuild.lock import resolved_for
+from imgbuild.resolver import resolve
+
+GOLDEN = REPO / "tests" / "golden"
+TEST_RECIPES = REPO / "tests" / "recipes"
+EXTRA = sorted(p.stem for p in TEST_RECIPES.glob("*.yaml"))
+
+
+def _resolved(name: str):  # noqa: ANN202
+    if name in SHIPPED:
+        resolved, how = resolved_for(recipe.load(name), lookup_torch=None)
+        assert how == "lock"
+        return resolved
+    return resolve(recipe.load(TEST_RECIPES / f"{name}.yaml"), lookup_torch=None)
+
+
+def _accepted_sources(block) -> set[str]:  # noqa: ANN001
+    """The `source` values the block's options accept (its Literal), or its pins' one source."""
+    field = block.options.model_fields.get("source")
+    if field is None:
+        return set(block.modes)
+    return set(typing.get_args(field.annotation))
+
+
+@pytest.mark.parametrize("name", EXTRA)
+def test_golden_dockerfile_of_test_recipes(name: str, update_golden: bool) -> None:
+    text = render.plan(_resolved(name)).dockerfile
+    golden = GOLDEN / f"{name}.Dockerfile"
+    if update_golden:
+        golden.write_text(text)
+    assert golden.exists(), f"no golden file: run pytest --update-golden and review {golden}"
+    assert text == golden.read_text(), f"{name}: rendered Dockerfile differs from {golden} (--update-golden)"
+
+
+def test_every_block_declares_every_mode_its_schema_accepts() -> None:
+    for block in REGISTRY:
+        assert _accepted_sources(block) <= set(block.modes), block.name
+
+
+def test_every_fragment_mode_is_covered_by_a_golden_file() -> None:
+    covered: set[tuple[str, str]] = set()
+    for name in [*SHIPPED, *EXTRA]:
+        for comp, pin in _resolved(name).pins.items():
+            covered.add((comp, pin.source))
+    missing = [
+        f"{b.name}: {mode}" for b in REGISTRY for mode, how in b.modes.items() if how == "fragment" and (b.name, mode) not in covered
+    ]
+    assert not missing, f"source modes with no golden file: {missing}"
+
+
+def test_mpi4py_pip_installs_that_version_against_the_images_mpicc() -> None:
+    text = render.plan(_resolved("modes")).dockerfile
+    assert "RUN MPICC=/opt/openmpi/bin/mpicc /opt/venv/bin/pip install --no-binary=mpi4py mpi4py==3.1.6" in text
+    builder, runtime = text.split("# ---- runtime")
+    assert builder.index("./configure --prefix=/opt/openmpi") < builder.index("mpi4py==3.1.6")
+    assert "COPY --from=builder /opt/openmpi /opt/openmpi" in runtime
+
+
+def test_a_fragment_mode_that_renders_nothing_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    resolved = _resolved("cpu")
+    empty = tmp_path / "components"
+    empty.mkdir()
+    (empty / "nccl.j2").write_text("{% macro builder(pin, ctx, r, pins) %}{% endmacro %}\n")
+    import jinja2
+
+    render.environment.cache_clear()
+    monkeypatch.setattr(render, "TEMPLATE_DIR", empty)
+    try:
+        with pytest.raises(RenderError, match=r"components.nccl: source 'wheel' renders nothing"):
+            render.plan(resolved)
+    finally:
+        monkeypatch.undo()
+        render.environment.cache_clear()
+    assert isinstance(render.environment().loader, jinja2.ChoiceLoader)
+
+
+def test_a_source_the_block_does_not_declare_is_an_error() -> None:
+    resolved = _resolved("cpu")
+    pins = dict(resolved.pins)
+    pins["nccl"] = pins["nccl"].model_copy(update={"source": "conda"})
+    with pytest.raises(RenderError, match=r"components.nccl: source 'conda' is not one the block renders"):
+        render.plan(resolved.model_copy(update={"pins": pins}))
+
+
+def test_orders_follow_the_registry_and_dependencies() -> None:
+    rt = runtime_order()
+    assert rt == tuple(b.name for b in REGISTRY)
+    b = builder_order()
+    assert b.index("python") < b.index("nccl") < b.index("pytorch")
+    assert b.index("efa") < b.index("aws_ofi_nccl") and b.index("openmpi") < b.index("mpi4py")
+    r = resolve_order()
+    for block in REGISTRY:
+        for dep in block.after:
+            assert r.index(dep) < r.index(block.name), (block.name, dep)
+    assert set(BY_NAME) == set(rt)
+
+
+def test_each_block_has_its_template_next_to_its_module() -> None:
+    for block in REGISTRY:
+        if any(how == "fragment" for how in block.modes.values()):
+            assert (Path(render.TEMPLATE_DIR) / f"{block.name}.j2").is_file(), block.name

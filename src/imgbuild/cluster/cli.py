@@ -1,0 +1,184 @@
+"""`imgbuild cluster report LOG`: the command line of report.py (a typer sub-app; the main CLI mounts `app` as
+`imgbuild cluster`). Reading the log and writing the outputs happen here; the verdict is report.py's."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, NoReturn
+
+import typer
+
+from imgbuild.errors import ImgbuildError, VerifyError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from imgbuild.cluster.report import Report
+
+app = typer.Typer(
+    name="cluster",
+    help="Judge what ran on a cluster: nccl-tests logs from EKS, Slurm or plain instances.",
+    no_args_is_help=True,
+)
+
+
+@app.callback()
+def cluster() -> None:
+    """Judge what ran on a cluster: nccl-tests logs from EKS, Slurm or plain instances."""
+    # A callback keeps `report` a subcommand (`imgbuild cluster report`) while it is the only one.
+
+
+_STYLE = {"PASS": "green", "FAIL": "bold red", "WARN": "yellow", "SKIP": "dim"}
+_OPTION = {"instance_type": "--instance-type", "nodes": "--nodes", "nccl_version": "--nccl-version"}
+# Rows of the result table shown on the terminal: the large sizes, where the network is measured.
+_SHOWN_FROM = 64 * 1024 * 1024
+
+
+@app.command("report")
+def report_command(
+    log: Annotated[
+        str, typer.Argument(metavar="LOG", help="An nccl-tests log (NCCL_DEBUG=INFO); '-' or nothing: stdin.")
+    ] = "-",
+    instance_type: Annotated[
+        str | None,
+        typer.Option("--instance-type", help="e.g. p5.48xlarge, when the log does not say (aws-ofi-nccl often does)."),
+    ] = None,
+    nodes: Annotated[
+        int | None, typer.Option("--nodes", min=1, help="Node count, when the log does not list the ranks' hosts.")
+    ] = None,
+    nccl_version: Annotated[
+        str | None, typer.Option("--nccl-version", metavar="X.Y.Z", help="The NCCL the job should have loaded.")
+    ] = None,
+    plot: Annotated[
+        Path | None, typer.Option("--plot", metavar="FILE.png", help="Draw bus bandwidth against message size.")
+    ] = None,
+    json_path: Annotated[Path | None, typer.Option("--json", metavar="FILE", help="Write the report as JSON.")] = None,
+    junit: Annotated[
+        Path | None, typer.Option("--junit", metavar="FILE", help="Write JUnit XML (one testcase per criterion).")
+    ] = None,
+) -> None:
+    """Say whether an nccl-tests run used EFA, loaded the expected NCCL, got correct results and reached the bus
+    bandwidth published for its instance type and node count. Exit 0 on PASS or WARN, 11 on FAIL."""
+    from pydantic import ValidationError
+
+    from imgbuild.cluster import report
+
+    text, source = _read(log)
+    try:
+        expect = report.Expect(instance_type=instance_type, nodes=nodes, nccl_version=nccl_version)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = str(first["loc"][0]) if first["loc"] else ""
+        raise typer.BadParameter(
+            f"{first['input']!r}: {first['msg']}", param_hint=f"'{_OPTION.get(field, field)}'"
+        ) from None
+    try:
+        rep = report.judge(report.parse(text), expect, source=source)
+        render(rep, _console())
+        if json_path is not None:
+            _write(json_path, report.to_json(rep).encode())
+        if junit is not None:
+            _write(junit, report.junit_xml(rep).encode())
+        if plot is not None:
+            from imgbuild.cluster import plot as plotting
+
+            _write(plot, plotting.png(rep))
+    except ImgbuildError as exc:
+        _exit(exc)
+    if rep.verdict == "FAIL":
+        names = ", ".join(c.name for c in rep.failed)
+        _console(stderr=True).print(f"imgbuild: {source}: FAIL ({names})", markup=False)
+        raise typer.Exit(VerifyError.exit_code)
+
+
+def _read(log: str) -> tuple[str, str]:
+    if log == "-":
+        if sys.stdin.isatty():
+            raise typer.BadParameter(
+                "no LOG given and stdin is a terminal: name a file or pipe a log in", param_hint="LOG"
+            )
+        return sys.stdin.read(), "<stdin>"
+    try:
+        data = Path(log).read_bytes()
+    except OSError as exc:
+        raise typer.BadParameter(f"{log}: {exc.strerror}", param_hint="LOG") from None
+    # Logs mix in whatever the job printed: undecodable bytes are replaced, never a reason to refuse the log.
+    return data.decode("utf-8", errors="replace"), log
+
+
+def _write(path: Path, data: bytes) -> None:
+    try:
+        path.write_bytes(data)
+    except OSError as exc:
+        raise VerifyError(f"{path}: cannot write the report: {exc.strerror}") from None
+
+
+def _exit(exc: ImgbuildError) -> NoReturn:
+    """How imgbuild reports its errors (message on stderr, the class's exit code); this sub-app's commands are
+    mounted without the main CLI's wrapper."""
+    err = _console(stderr=True)
+    err.print(f"imgbuild: error: {exc.message}", markup=False)
+    if exc.hint:
+        err.print(f"hint: {exc.hint}", markup=False)
+    raise typer.Exit(exc.exit_code)
+
+
+def _console(stderr: bool = False) -> Console:
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+
+
+def render(rep: Report, console: Console) -> None:
+    """The report for a terminal: what ran, one row per criterion, the large sizes against the published figures,
+    the note on 'Avg bus bandwidth', and the verdict."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from imgbuild.cluster.report import human_size
+
+    parsed = rep.log
+    console.print(Text(f"nccl-tests report: {rep.source}", style="bold"))
+    shape = [
+        f"instance type {rep.instance_type or 'unknown'} ({rep.instance_type_from})",
+        f"{rep.nodes if rep.nodes is not None else '?'} nodes ({rep.nodes_from})",
+    ]
+    if parsed.ranks:
+        shape.append(f"{parsed.ranks} ranks")
+    shape.append(f"NCCL {', '.join(parsed.nccl_versions) or 'not in the log'}")
+    console.print(Text("  " + "; ".join(shape)))
+
+    crit = Table("criterion", "status", "expected", "found", "reason", box=None, pad_edge=False)
+    for c in rep.criteria:
+        crit.add_row(
+            Text(c.name), Text(c.status, style=_STYLE[c.status]), Text(c.expected), Text(c.found), Text(c.reason)
+        )
+    console.print(crit)
+
+    published = {c.size: c for c in rep.bandwidth}
+    for k, t in enumerate(parsed.tables, 1):
+        rows = [r for r in t.rows if r.size >= _SHOWN_FROM] or list(t.rows[-6:])
+        if not rows:
+            continue
+        title = f"bus bandwidth, GB/s ({t.collective or 'collective not named'}"
+        title += f", table {k})" if len(parsed.tables) > 1 else ")"
+        bw = Table(
+            "size", "out-of-place", "in-place", "published", box=None, pad_edge=False, title=title, title_justify="left"
+        )
+        for r in rows:
+            check = published.get(r.size)
+            bw.add_row(
+                human_size(r.size),
+                f"{r.out_of_place.busbw:g}",
+                f"{r.in_place.busbw:g}",
+                Text(f"{check.published:g} (pass >= {check.floor:g})", style=_STYLE[check.status]) if check else "",
+            )
+        console.print(bw)
+    for note in rep.notes:
+        console.print(Text(note, style="dim"))
+    n = rep.counts()
+    console.print(
+        Text(f"{rep.verdict}", style=_STYLE[rep.verdict])
+        + Text(f": {n['PASS']} passed, {n['FAIL']} failed, {n['WARN']} to check, {n['SKIP']} not judged")
+    )

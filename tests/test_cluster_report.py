@@ -1,0 +1,581 @@
+"""`imgbuild cluster report`: every shared nccl-tests log gets its verdict, the parser's edge cases, the outputs
+(JSON against the model's schema, JUnit through xml.etree, the PNG) and the command line through CliRunner."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jsonschema
+import pytest
+from typer.testing import CliRunner
+
+from imgbuild.cluster import expected
+from imgbuild.cluster.cli import app
+from imgbuild.cluster.report import Expect, Report, judge, junit_xml, parse, report, to_json
+from imgbuild.errors import VerifyError
+
+# ../shared/data/nccl-tests beside the repository (in CI too): real logs with their sources in its README.
+DATA = Path(__file__).parents[2] / "shared" / "data" / "nccl-tests"
+GIB = 1024**3
+runner = CliRunner(env={"COLUMNS": "250"})  # wide enough that rich does not wrap a reason across lines
+
+
+def shared_log(name: str) -> str:
+    path = DATA / name
+    if not path.is_file():
+        pytest.fail(f"{path} is missing: the tests read the shared nccl-tests logs from ../shared/data/nccl-tests")
+    return path.read_text()
+
+
+@dataclass(frozen=True)
+class Case:
+    """What a shared log must get: the options a user would pass, the verdict, statuses, and words in what each
+    criterion found or its reason."""
+
+    verdict: str
+    statuses: dict[str, str]
+    reasons: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    options: dict[str, object] = field(default_factory=dict)
+
+
+CASES: dict[str, Case] = {
+    # Table-only README excerpts: the figures match, but nothing in them proves EFA: WARN, not PASS.
+    "awsome-dt-readme_2x-p4de.24xlarge_slurm_table-only.log": Case(
+        "WARN",
+        {"network": "WARN", "results": "PASS", "bandwidth 1 GiB": "PASS", "bandwidth 2 GiB": "PASS"},
+        {"network": ("NCCL_DEBUG=INFO",)},
+        {"instance_type": "p4de.24xlarge", "nodes": 2},
+    ),
+    "awsome-dt-readme_2x-p5.48xlarge_slurm_table-only.log": Case(
+        "WARN",
+        {"network": "WARN", "results": "PASS", "bandwidth 1 GiB": "PASS", "bandwidth 16 GiB": "PASS"},
+        options={"instance_type": "p5.48xlarge", "nodes": 2},
+    ),
+    # NCCL 2.18.5 / aws-ofi-nccl 1.7.3 on p5 reached 313 GB/s at 1 GiB: 72% of the figure published beside it.
+    "awsome-dt-readme_2x-p5.48xlarge_eks_nccl-2.18.5_ofi-1.7.3_excerpt.log": Case(
+        "FAIL",
+        {"network": "WARN", "results": "PASS", "bandwidth 1 GiB": "FAIL", "bandwidth 16 GiB": "SKIP"},
+        {"bandwidth 1 GiB": ("313.29", "72%", "436.95"), "bandwidth 16 GiB": ("stops at 2 GiB",)},
+        {"instance_type": "p5.48xlarge", "nodes": 2},
+    ),
+    "dlami-docs_2x-p3dn.24xlarge_nccl-2.4.8_efa_old-format.log": Case(
+        "PASS",
+        {"network": "PASS", "NCCL version": "SKIP", "results": "PASS", "bandwidth 1 GiB": "PASS"},
+        {"network": ("provider efa",)},
+        {"instance_type": "p3dn.24xlarge"},
+    ),
+    # AWS cut the provider selection out of its own page: the plugin started, EFA is not proven by the text.
+    "dlami-docs_2x-p4d.24xlarge_nccl-2.23.4_ofi-1.13.2_efa_excerpt.log": Case(
+        "WARN",
+        {"network": "WARN", "results": "PASS", "bandwidth 1 GiB": "PASS"},
+        {"network": ("1.13.2-aws", "not proven")},
+    ),
+    "ec2-p4d.24xlarge_training_nccl-2.27.7_ofi-1.17.1_ofi-init-failed_socket-fallback.log": Case(
+        "FAIL",
+        {"network": "FAIL", "results": "FAIL"},
+        {
+            "network": ("aws-ofi-nccl 1.17.1 failed", "Failed to initialize sendrecv protocol", "fell back to Socket"),
+            "results": ("no nccl-tests result table",),
+        },
+    ),
+    "eks-mpijob_2x-g4dn.metal_nccl-2.12.7_ofi-1.5.0_efa.log": Case(
+        "PASS",
+        {"network": "PASS", "results": "PASS", "bandwidth 1 GiB": "PASS"},
+        {"network": ("AWS Libfabric", "provider efa")},
+        {"instance_type": "g4dn.metal"},
+    ),
+    "eks-mpijob_2x-g4dn_efa_excerpt.log": Case(
+        "PASS",
+        {"network": "PASS", "results": "PASS", "bandwidth 1 GiB": "PASS"},
+        options={"instance_type": "g4dn.8xlarge", "nodes": 2},
+    ),
+    # The same cluster without EFA: sockets, and 70% of the EFA run's bandwidth.
+    "eks-mpijob_2x-g4dn_socket_efa-disabled_excerpt.log": Case(
+        "FAIL",
+        {"network": "FAIL", "results": "PASS", "bandwidth 1 GiB": "FAIL"},
+        {"network": ("NCCL used Socket, not EFA", "no aws-ofi-nccl line"), "bandwidth 1 GiB": ("70%",)},
+        {"instance_type": "g4dn.8xlarge", "nodes": 2},
+    ),
+    # EFA worked, but NCCL 2.9.9 with the old plugin reached 56% of what 2x p4d reach with NCCL 2.23.4.
+    "eks-mpijob_2x-p4d.24xlarge_nccl-2.9.9_efa_old-format.log": Case(
+        "FAIL",
+        {"network": "PASS", "results": "PASS", "bandwidth 1 GiB": "FAIL"},
+        {"bandwidth 1 GiB": ("56%", "76.21", "this run used NCCL 2.9.9")},
+    ),
+    "eks-pytorch-training_4x-g6e.8xlarge_nccl-2.27.3_ofi-1.16.2_no-eligible-providers_socket-fallback.log": Case(
+        "FAIL",
+        {"network": "FAIL", "results": "FAIL"},
+        {"network": ("No eligible providers were found", "initialization failed", "fell back to Socket")},
+    ),
+    "slurm-pcluster_2x-g7e.8xlarge_nccl-2.29.2_ofi-1.18.0_efa.log": Case(
+        "PASS",
+        {"network": "PASS", "results": "PASS", "bandwidth 1 GiB": "PASS"},
+        {"network": ("fabric efa", "1 NIC", "aws-ofi-nccl 1.18.0")},
+    ),
+    "slurm-pcluster_8x-g7e.8xlarge_nccl-2.29.2_ofi-1.18.0_efa.log": Case(
+        "PASS", {"network": "PASS", "results": "PASS", "bandwidth 1 GiB": "PASS"}
+    ),
+}
+
+G7E = "slurm-pcluster_2x-g7e.8xlarge_nccl-2.29.2_ofi-1.18.0_efa.log"
+G4DN_METAL = "eks-mpijob_2x-g4dn.metal_nccl-2.12.7_ofi-1.5.0_efa.log"
+P4D_OLD = "eks-mpijob_2x-p4d.24xlarge_nccl-2.9.9_efa_old-format.log"
+P4DE = "awsome-dt-readme_2x-p4de.24xlarge_slurm_table-only.log"
+SOCKET = "eks-mpijob_2x-g4dn_socket_efa-disabled_excerpt.log"
+
+
+def by_name(rep: Report) -> dict[str, object]:
+    return {c.name: c for c in rep.criteria}
+
+
+def test_every_shared_log_has_a_case() -> None:
+    logs = {p.name for p in DATA.glob("*.log")}
+    if not logs:
+        pytest.fail(f"no logs in {DATA}: the tests read the shared nccl-tests logs from ../shared/data/nccl-tests")
+    assert logs == set(CASES), "a shared log without an expected verdict here, or a case without its log"
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_shared_log_verdict(name: str) -> None:
+    case = CASES[name]
+    rep = report(shared_log(name), Expect.model_validate(case.options), source=name)
+    got = {c.name: c for c in rep.criteria}
+    assert {k: got[k].status for k in case.statuses if k in got} == case.statuses, rep.criteria
+    for crit, words in case.reasons.items():
+        for word in words:
+            text = f"{got[crit].found} | {got[crit].reason}"
+            assert word in text, (crit, word, text)
+    assert rep.verdict == case.verdict
+
+
+# --- parsing -----------------------------------------------------------------------------------------------------
+
+
+def test_mpirun_prefix_and_old_table() -> None:
+    log = parse(shared_log(P4D_OLD))
+    (table,) = log.tables
+    assert table.layout == "error" and len(table.rows) == 30
+    first, last = table.rows[0], table.rows[-1]
+    assert (first.size, first.count, first.type, first.redop, first.root) == (8, 2, "float", "sum", None)
+    assert first.out_of_place.error == 2e-07 and first.in_place.error == 1e-07 and first.out_of_place.wrong is None
+    assert (last.size, last.out_of_place.busbw, last.in_place.busbw) == (4 * GIB, 43.81, 43.72)
+    assert (table.out_of_bounds, table.out_of_bounds_ok, table.avg_busbw) == (0, True, 11.2432)
+    assert (table.min_bytes, table.max_bytes) == (8, 4 * GIB)
+    assert log.nccl_versions == ("2.9.9",) and log.cuda_versions == ("11.2",)
+    assert (log.nodes, log.ranks, log.gpus_per_node) == (2, 16, 8)
+    assert log.instance_types == ("p4d.24xlarge",)  # the 1.1-era plugin's "Running on P4d platform"
+    net = log.network
+    assert net.used == ("AWS Libfabric",) and net.provider == "efa" and not net.failures and not net.missing
+
+
+def test_srun_prefix_and_current_table() -> None:
+    (table,) = parse(shared_log(P4DE)).tables
+    assert table.layout == "wrong" and len(table.rows) == 29
+    row = table.at(GIB)
+    assert row is not None and row.root == -1 and row.out_of_place.wrong == row.in_place.wrong == 0
+    assert (row.out_of_place.time_us, row.out_of_place.algbw, row.out_of_place.busbw) == (26217, 40.96, 76.79)
+    assert (row.in_place.busbw, row.busbw) == (76.86, 76.79)
+    assert table.out_of_bounds is None and table.avg_busbw is None and table.collective is None
+
+
+def test_padded_srun_prefix() -> None:
+    text = "\n".join("  " + line if line.startswith("0: ") else line for line in shared_log(P4DE).splitlines()).replace(
+        "0: ", "10: ", 3
+    )
+    assert len(parse(text).tables[0].rows) == 29
+
+
+def test_indented_mpirun_prefix_and_elided_rows() -> None:
+    (table,) = parse(shared_log("awsome-dt-readme_2x-p5.48xlarge_eks_nccl-2.18.5_ofi-1.7.3_excerpt.log")).tables
+    assert [r.size for r in table.rows] == [0, 64 * 2**20, 128 * 2**20, 256 * 2**20, 512 * 2**20, GIB, 2 * GIB]
+    assert table.avg_busbw == 52.9753 and table.out_of_bounds_ok
+
+
+def test_info_lines_between_header_and_rows() -> None:
+    log = parse(shared_log(G4DN_METAL))
+    (table,) = log.tables
+    assert len(table.rows) == 31 and table.rows[0].size == 0 and table.at(GIB).out_of_place.busbw == 3.11
+    assert log.network.nics == (1,) and log.network.plugin_version == "1.5.0aws"
+
+
+def test_current_nccl_tests_and_plugin_lines() -> None:
+    log = parse(shared_log(G7E))
+    assert log.tables[0].collective == "all_reduce_perf"
+    assert log.instance_types == ("g7e.8xlarge",) and log.nccl_versions == ("2.29.2",)
+    net = log.network
+    assert (net.provider, net.fabric, net.nics, net.plugin_version, net.libfabric) == (
+        "efa",
+        "efa",
+        (1,),
+        "1.18.0",
+        "2.3",
+    )
+    assert net.used == ("Libfabric",) and not net.warnings and not net.missing  # ENV/TUNER plugin lines are not NET
+
+
+def test_nccl_tests_version_line() -> None:
+    log = parse("# nccl-tests version 2.18.3 nccl-headers=23003 nccl-library=23003\n")
+    assert log.nccl_tests_version == "2.18.3" and log.nccl_versions == ("2.30.3",)
+
+
+# NCCL's wordings for a missing or unloadable net plugin, NCCL 2.4 to 2.29 (none of the shared logs has one).
+MISSING = [
+    "h:1:1 [0] NCCL INFO NET/Plugin : No plugin found (libnccl-net.so), using internal implementation",
+    "h:1:1 [0] NCCL INFO NET/Plugin : dlerror=libnccl-net.so: cannot open shared object file: No such file or "
+    "directory No plugin found (libnccl-net.so), using internal implementation",
+    "h:1:1 [0] NCCL INFO NET/Plugin: No plugin found (libnccl-net.so)",
+    "h:1:1 [0] NCCL INFO NET/Plugin: Could not find: libnccl-net.so. Using internal net plugin.",
+    "h:1:1 [0] NCCL INFO NET/Plugin : Plugin load returned 2 : libnccl-net.so: cannot open shared object file.",
+    "h:1:1 [0] NCCL INFO NET/Plugin: libcudart.so: cannot open shared object file: No such file or directory",
+    "h:1:1 [0] NCCL INFO NET/Plugin: Failed to open libnccl-net.so",
+]
+
+
+@pytest.mark.parametrize("line", MISSING)
+def test_plugin_not_found(line: str) -> None:
+    text = f"[1,0]<stdout>:{line}\n[1,0]<stdout>:h:1:1 [0] NCCL INFO Using network Socket\n"
+    log = parse(text)
+    assert len(log.network.missing) == 1 and log.network.used == ("Socket",)
+    net = by_name(judge(log))["network"]
+    assert net.status == "FAIL" and "did not load the EFA net plugin" in net.reason and "Socket" in net.reason
+
+
+def test_benign_plugin_lines_are_not_failures() -> None:
+    text = "\n".join(
+        [
+            "h:1:1 [0] NCCL INFO NET/Plugin: Failed to find ncclCollNetPlugin_v6 symbol.",
+            "h:1:1 [0] NCCL INFO TUNER/Plugin: Could not find: libnccl-tuner.so. Using internal tuner plugin.",
+            "h:1:1 [0] NCCL INFO PROFILER/Plugin: Could not find: libnccl-profiler.so.",
+            "h:1:1 [0] NCCL INFO Failed to open libibverbs.so[.1]",
+            "h:1:1 [0] NCCL INFO NET/OFI Selected provider is efa, fabric is efa (found 4 nics)",
+            "h:1:1 [0] NCCL INFO Using network Libfabric",
+        ]
+    )
+    log = parse(text)
+    assert not log.network.missing and not log.network.failures and log.network.nics == (4,)
+    assert by_name(judge(log))["network"].status == "PASS"
+
+
+def test_other_provider_and_mixed_ranks_fail() -> None:
+    tcp = parse("NCCL INFO NET/OFI Selected provider is tcp, fabric is 10.0.0.0/16\nNCCL INFO Using network Libfabric")
+    assert "provider tcp, not efa" in by_name(judge(tcp))["network"].reason
+    mixed = parse(
+        "[1,0]<stdout>:a:1:1 [0] NCCL INFO Using network Libfabric\n"
+        "[1,8]<stdout>:b:1:1 [0] NCCL INFO Using network Socket\n"
+    )
+    net = by_name(judge(mixed))["network"]
+    assert net.status == "FAIL" and "ranks disagree" in net.reason
+
+
+def edit_row(text: str, size: int, fn) -> str:
+    """`text` with the result row of `size` passed through fn(list of columns) -> list of columns."""
+    out = []
+    for line in text.splitlines():
+        cols = line.split()
+        if cols and cols[0] == str(size) and len(cols) == 13:
+            line = "  ".join(fn(cols))
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def test_wrong_results_fail() -> None:
+    text = edit_row(shared_log(G7E), GIB, lambda c: [*c[:8], "3", *c[9:]])
+    rep = report(text)
+    res = by_name(rep)["results"]
+    assert res.status == "FAIL" and "1 GiB (3 out-of-place, 0 in-place)" in res.reason and rep.verdict == "FAIL"
+    assert parse(text).tables[0].at(GIB).out_of_place.wrong == 3
+
+
+def test_out_of_bounds_fails() -> None:
+    text = shared_log(G7E).replace("# Out of bounds values : 0 OK", "# Out of bounds values : 2 FAILED")
+    res = by_name(report(text))["results"]
+    assert res.status == "FAIL" and "2 out-of-bounds" in res.reason
+
+
+def test_validation_off_warns() -> None:
+    text = shared_log(G7E)
+    for size in [r.size for r in parse(text).tables[0].rows]:
+        text = edit_row(text, size, lambda c: [*c[:8], "N/A", *c[9:12], "N/A"])
+    res = by_name(report(text))["results"]
+    assert res.status == "WARN" and "-c 0" in res.reason
+
+
+def test_header_without_rows_fails() -> None:
+    lines = shared_log(G7E).splitlines()
+    header = next(i for i, line in enumerate(lines) if "#wrong" in line)
+    text = "\n".join(lines[: header + 2])  # the log of a run that died right after printing the table header
+    res = by_name(report(text))["results"]
+    assert res.status == "FAIL" and "before its first result" in res.reason
+
+
+# --- bus bandwidth -----------------------------------------------------------------------------------------------
+
+
+def with_busbw(text: str, size: int, value: float) -> str:
+    return edit_row(text, size, lambda c: [*c[:7], f"{value:.2f}", c[8], c[9], c[10], f"{value:.2f}", c[12]])
+
+
+def test_bandwidth_floor_is_published_minus_tolerance() -> None:
+    floor = round(12.37 * (1 - expected.shipped().tolerance), 2)  # 11.13
+    at_floor = report(with_busbw(shared_log(G7E), GIB, floor))
+    below = report(with_busbw(shared_log(G7E), GIB, floor - 0.01))
+    assert by_name(at_floor)["bandwidth 1 GiB"].status == "PASS" and at_floor.verdict == "PASS"
+    bw = by_name(below)["bandwidth 1 GiB"]
+    assert bw.status == "FAIL" and below.verdict == "FAIL" and "below 90%" in bw.reason
+    assert below.bandwidth[0].floor == floor and below.bandwidth[0].out_of_place == pytest.approx(floor - 0.01)
+
+
+def test_in_place_counts_too() -> None:
+    text = edit_row(shared_log(G7E), GIB, lambda c: [*c[:11], "6.00", c[12]])
+    assert by_name(report(text))["bandwidth 1 GiB"].status == "FAIL"
+
+
+def test_avg_bus_bandwidth_is_not_the_verdict() -> None:
+    text = shared_log(G7E).replace("# Avg bus bandwidth    : 4.26966", "# Avg bus bandwidth    : 0.001")
+    rep = report(text)
+    assert rep.verdict == "PASS" and rep.log.tables[0].avg_busbw == 0.001
+    (note,) = rep.notes
+    assert "Avg bus bandwidth 0.001 GB/s" in note and "not judged" in note and "8 B to 1 GiB" in note
+
+
+def test_unknown_instance_type_is_not_a_silent_pass() -> None:
+    rep = report(shared_log(G4DN_METAL))
+    bw = by_name(rep)["bandwidth"]
+    assert bw.status == "WARN" and "not judged: the instance type is unknown" in bw.reason
+    assert rep.verdict == "WARN" and rep.bandwidth == ()
+
+
+def test_instance_type_not_in_table() -> None:
+    bw = by_name(report(shared_log(G4DN_METAL), Expect(instance_type="p3.16xlarge")))["bandwidth"]
+    assert bw.status == "WARN" and "no published figure for p3.16xlarge" in bw.reason
+
+
+def test_node_count_not_in_table() -> None:
+    rep = report(
+        shared_log("awsome-dt-readme_2x-p5.48xlarge_slurm_table-only.log"), Expect(instance_type="p5.48xlarge", nodes=4)
+    )
+    bw = by_name(rep)["bandwidth"]
+    assert bw.status == "WARN" and "are for 2 nodes; this run had 4" in bw.reason
+
+
+def test_gpus_per_node_must_match() -> None:
+    bw = by_name(report(shared_log(G4DN_METAL), Expect(instance_type="p4d.24xlarge")))["bandwidth"]
+    assert bw.status == "WARN" and "with 8 GPUs per node; this run had 1" in bw.reason
+
+
+def test_log_wins_over_a_differing_option() -> None:
+    rep = report(shared_log(G7E), Expect(instance_type="p5.48xlarge", nodes=4))
+    crit = by_name(rep)
+    assert crit["instance type"].status == "WARN" and "judged as g7e.8xlarge" in crit["instance type"].reason
+    assert crit["nodes"].status == "WARN" and crit["bandwidth 1 GiB"].status == "PASS"
+    assert (rep.instance_type, rep.nodes, rep.verdict) == ("g7e.8xlarge", 2, "WARN")
+
+
+def test_published_sizes_not_reached() -> None:
+    text = shared_log(G7E)
+    for size in (256 * 2**20, 512 * 2**20, GIB):
+        text = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith(f"{size} "))
+    bw = by_name(report(text))["bandwidth"]
+    assert bw.status == "WARN" and "stops at 128 MiB" in bw.reason
+
+
+def test_other_collective_is_not_judged() -> None:
+    text = shared_log(G7E).replace("all_reduce_perf", "all_gather_perf")
+    bw = by_name(report(text))["bandwidth"]
+    assert bw.status == "WARN" and "all_reduce_perf's, this log ran all_gather_perf" in bw.reason
+
+
+# --- versions ----------------------------------------------------------------------------------------------------
+
+
+def test_nccl_version_against_expected() -> None:
+    assert by_name(report(shared_log(G7E), Expect(nccl_version="2.29.2")))["NCCL version"].status == "PASS"
+    other = report(shared_log(G7E), Expect(nccl_version="2.27.5"))
+    crit = by_name(other)["NCCL version"]
+    assert crit.status == "FAIL" and "loaded NCCL 2.29.2, not the image's 2.27.5" in crit.reason
+    assert other.verdict == "FAIL"
+
+
+def test_nccl_version_missing_from_log_warns_when_expected() -> None:
+    crit = by_name(report(shared_log(P4DE), Expect(nccl_version="2.27.5")))["NCCL version"]
+    assert crit.status == "WARN"
+
+
+def test_ranks_with_different_nccl_fail() -> None:
+    text = shared_log(G7E).replace(
+        "gpu-st-ml-2:77729:77729 [0] NCCL INFO NCCL version 2.29.2+cuda12.8",
+        "gpu-st-ml-2:77729:77729 [0] NCCL INFO NCCL version 2.27.5+cuda12.8",
+    )
+    crit = by_name(report(text))["NCCL version"]
+    assert crit.status == "FAIL" and "different NCCL versions: 2.27.5, 2.29.2" in crit.reason
+
+
+def test_expectations_from_a_lock() -> None:
+    from imgbuild import lock, recipe
+
+    resolved, how = lock.resolved_for(recipe.load("a100"), lookup_torch=None)
+    assert how == "lock"
+    expect = Expect.from_resolved(resolved)
+    # a100 names p4d and p4de: which one ran is for the log (or --instance-type) to say
+    assert (expect.nccl_version, expect.aws_ofi_nccl_version, expect.instance_type) == ("2.27.5", "1.16.3", None)
+    rep = report(shared_log("dlami-docs_2x-p4d.24xlarge_nccl-2.23.4_ofi-1.13.2_efa_excerpt.log"), expect)
+    crit = by_name(rep)
+    assert crit["NCCL version"].status == "FAIL" and crit["aws-ofi-nccl version"].status == "FAIL"
+    assert "1.13.2-aws, not the image's 1.16.3" in crit["aws-ofi-nccl version"].reason
+    h100, _ = lock.resolved_for(recipe.load("h100"), lookup_torch=None)
+    assert Expect.from_resolved(h100).instance_type == "p5.48xlarge"
+
+
+# --- the table of published figures ------------------------------------------------------------------------------
+
+SOURCE_LOGS = {
+    ("p3dn.24xlarge", 2): "dlami-docs_2x-p3dn.24xlarge_nccl-2.4.8_efa_old-format.log",
+    ("p4d.24xlarge", 2): "dlami-docs_2x-p4d.24xlarge_nccl-2.23.4_ofi-1.13.2_efa_excerpt.log",
+    ("p4de.24xlarge", 2): P4DE,
+    ("p5.48xlarge", 2): "awsome-dt-readme_2x-p5.48xlarge_slurm_table-only.log",
+    ("g4dn.metal", 2): G4DN_METAL,
+    ("g4dn.8xlarge", 2): "eks-mpijob_2x-g4dn_efa_excerpt.log",
+    ("g7e.8xlarge", 2): G7E,
+    ("g7e.8xlarge", 8): "slurm-pcluster_8x-g7e.8xlarge_nccl-2.29.2_ofi-1.18.0_efa.log",
+}
+
+
+def test_published_figures_match_their_logs() -> None:
+    """Each figure was copied from a public log kept in the shared folder: a typo in the table shows here."""
+    table = expected.shipped()
+    assert table.collective == "all_reduce_perf" and 0 < table.tolerance < 0.5 and table.tolerance_why
+    for fig in table.figures:
+        assert fig.source.url.startswith("https://") and fig.source.title
+        log = parse(shared_log(SOURCE_LOGS[(fig.instance_type, fig.nodes)]))
+        row = log.tables[0].at(fig.size)
+        assert row is not None and row.out_of_place.busbw == fig.busbw, fig
+        if log.nccl_versions:
+            assert log.nccl_versions == (fig.nccl,), fig
+
+
+def test_bad_table_names_file_and_key(tmp_path: Path) -> None:
+    good = expected.TABLE_PATH.read_text()
+    bad = tmp_path / "bandwidth.yaml"
+    bad.write_text(good.replace("    busbw: 76.21\n", "    busbw: 76.21\n    bus_bw: 1\n", 1))
+    with pytest.raises(VerifyError, match=r"bandwidth\.yaml: figures\.1\.bus_bw: Extra inputs"):
+        expected.load(bad)
+    bad.write_text(good.replace("nodes: 8", "nodes: 2"))
+    with pytest.raises(VerifyError, match=r"a second figure for g7e\.8xlarge x2"):
+        expected.load(bad)
+    bad.write_text(good.replace("nccl: 2.23.4", "nccl: 2.23"))
+    with pytest.raises(VerifyError, match=r"figures\.1\.nccl: Input should be a valid string"):
+        expected.load(bad)
+
+
+# --- outputs -----------------------------------------------------------------------------------------------------
+
+
+def test_json_matches_the_model_schema() -> None:
+    rep = report(shared_log(P4D_OLD), source=P4D_OLD)
+    data = json.loads(to_json(rep))
+    jsonschema.validate(data, Report.model_json_schema(mode="serialization"))
+    assert Report.model_validate(data) == rep
+    assert data["verdict"] == "FAIL" and data["instance_type"] == "p4d.24xlarge" and data["nodes"] == 2
+    assert [c["status"] for c in data["criteria"]] == ["PASS", "SKIP", "PASS", "FAIL"]
+    (check,) = data["bandwidth"]
+    assert (check["size"], check["published"], check["out_of_place"], check["status"]) == (GIB, 76.21, 42.48, "FAIL")
+    assert check["figure"]["nccl"] == "2.23.4" and check["figure"]["source"]["url"].startswith("https://")
+
+
+def test_junit_one_testcase_per_criterion() -> None:
+    rep = report(shared_log(SOCKET), Expect(instance_type="g4dn.8xlarge", nodes=2), source=SOCKET)
+    root = ET.fromstring(junit_xml(rep))
+    (suite,) = root.findall("testsuite")
+    cases = suite.findall("testcase")
+    assert [c.get("name") for c in cases] == [c.name for c in rep.criteria]
+    assert suite.get("tests") == str(len(cases)) and suite.get("failures") == "2" and suite.get("skipped") == "1"
+    failed = {c.get("name"): c.find("failure") for c in cases if c.find("failure") is not None}
+    assert set(failed) == {"network", "bandwidth 1 GiB"}
+    assert "NCCL used Socket" in failed["network"].get("message")
+    assert cases[1].find("skipped").get("message").startswith("SKIP: ")
+    props = {p.get("name"): p.get("value") for p in suite.iter("property")}
+    assert props["verdict"] == "FAIL" and props["instance_type"] == "g4dn.8xlarge"
+
+
+def test_junit_marks_warnings() -> None:
+    root = ET.fromstring(junit_xml(report(shared_log(G4DN_METAL))))
+    skipped = [c.find("skipped").get("message") for c in root.iter("testcase") if c.find("skipped") is not None]
+    assert any(m.startswith("WARN: not judged: the instance type is unknown") for m in skipped)
+
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_is_a_png() -> None:
+    from imgbuild.cluster import plot
+
+    data = plot.png(report(shared_log(P4D_OLD), source=P4D_OLD))
+    assert data.startswith(PNG) and len(data) > 10_000
+
+
+def test_nothing_to_plot() -> None:
+    from imgbuild.cluster import plot
+
+    rep = report(shared_log(CASES_NO_TABLE))
+    with pytest.raises(VerifyError, match="nothing to plot"):
+        plot.png(rep)
+
+
+CASES_NO_TABLE = "eks-pytorch-training_4x-g6e.8xlarge_nccl-2.27.3_ofi-1.16.2_no-eligible-providers_socket-fallback.log"
+
+
+# --- the command line --------------------------------------------------------------------------------------------
+
+
+def test_cli_pass_with_every_output(tmp_path: Path) -> None:
+    out = {k: tmp_path / f"r.{k}" for k in ("json", "xml", "png")}
+    result = runner.invoke(
+        app,
+        [
+            "report",
+            str(DATA / G7E),
+            "--nccl-version",
+            "2.29.2",
+            "--json",
+            str(out["json"]),
+            "--junit",
+            str(out["xml"]),
+            "--plot",
+            str(out["png"]),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "PASS" in result.output and "g7e.8xlarge" in result.output and "12.37" in result.output
+    assert "Avg bus bandwidth 4.26966 GB/s" in result.output
+    assert json.loads(out["json"].read_text())["verdict"] == "PASS"
+    assert ET.parse(out["xml"]).getroot().find("testsuite").get("failures") == "0"
+    assert out["png"].read_bytes().startswith(PNG)
+
+
+def test_cli_fail_exits_11() -> None:
+    result = runner.invoke(app, ["report", str(DATA / SOCKET), "--instance-type", "g4dn.8xlarge", "--nodes", "2"])
+    assert result.exit_code == VerifyError.exit_code == 11, result.output
+    assert "NCCL used Socket, not EFA" in result.output
+    assert "FAIL (network, bandwidth 1 GiB)" in result.output
+
+
+def test_cli_reads_stdin_and_warn_exits_0() -> None:
+    result = runner.invoke(app, ["report", "--instance-type", "p4de.24xlarge", "--nodes", "2"], input=shared_log(P4DE))
+    assert result.exit_code == 0, result.output
+    assert "<stdin>" in result.output and "WARN" in result.output and "76.79" in result.output
+
+
+def test_cli_bad_input() -> None:
+    missing = runner.invoke(app, ["report", "/nonexistent/nccl.log"])
+    assert missing.exit_code == 2 and "/nonexistent/nccl.log: No such file or directory" in missing.output
+    bad = runner.invoke(app, ["report", str(DATA / G7E), "--nccl-version", "2.29"])
+    assert bad.exit_code == 2 and "--nccl-version" in bad.output and "'2.29'" in bad.output
+
+
+def test_cli_unwritable_output(tmp_path: Path) -> None:
+    target = tmp_path / "no-such-dir" / "r.json"
+    result = runner.invoke(app, ["report", str(DATA / G7E), "--json", str(target)])
+    assert result.exit_code == 11 and f"{target}: cannot write the report" in result.output

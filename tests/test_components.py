@@ -57,16 +57,19 @@ def test_every_fragment_mode_is_covered_by_a_golden_file() -> None:
         for comp, pin in _resolved(name).pins.items():
             covered.add((comp, pin.source))
     missing = [
-        f"{b.name}: {mode}" for b in REGISTRY for mode, how in b.modes.items() if how == "fragment" and (b.name, mode) not in covered
+        f"{b.name}: {mode}"
+        for b in REGISTRY
+        for mode, how in b.modes.items()
+        if how == "fragment" and (b.name, mode) not in covered
     ]
     assert not missing, f"source modes with no golden file: {missing}"
 
 
 def test_mpi4py_pip_installs_that_version_against_the_images_mpicc() -> None:
     text = render.plan(_resolved("modes")).dockerfile
-    assert "RUN MPICC=/opt/openmpi/bin/mpicc /opt/venv/bin/pip install --no-binary=mpi4py mpi4py==3.1.6" in text
+    assert "RUN MPICC=/opt/openmpi/bin/mpicc /opt/venv/bin/pip install --no-binary=mpi4py mpi4py==4.0.3" in text
     builder, runtime = text.split("# ---- runtime")
-    assert builder.index("./configure --prefix=/opt/openmpi") < builder.index("mpi4py==3.1.6")
+    assert builder.index("./configure --prefix=/opt/openmpi") < builder.index("mpi4py==4.0.3")
     assert "COPY --from=builder /opt/openmpi /opt/openmpi" in runtime
 
 

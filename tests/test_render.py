@@ -61,7 +61,7 @@ def runtime_stage(text: str) -> str:
 @pytest.mark.parametrize("name", ["a100", "v100", "h100"])
 def test_layers_ordered_by_change_rate(name: str) -> None:
     text = runtime_stage(plan_of(name).dockerfile)
-    marks = ["apt-get install", "efa_installer.sh", "COPY --from=builder /opt/nccl ", "/opt/nccl-tests",
+    marks = ["apt-get install", "efa_installer.sh", "dpkg --purge libnccl-dev libnccl2", "/opt/nccl-tests",
              "/opt/venv /opt/venv", "imgbuild/sshd_config", "imgbuild/train", "imgbuild-entrypoint",
              "/etc/imgbuild/manifest.json", "LABEL "]  # fmt: skip
     positions = [text.index(m) for m in marks]
@@ -88,7 +88,8 @@ def test_gaudi_profile_and_no_builder() -> None:
     text = plan_of("gaudi-1.15").dockerfile
     assert "AS builder" not in text
     assert "FROM vault.habana.ai/gaudi-docker/1.15.1/ubuntu22.04/habanalabs/pytorch-installer-2.2.0:latest" in text
-    assert 'HCCL_OVER_OFI="1"' in text and "LIBFABRIC_ROOT=" in text
+    assert "HCCL_OVER_OFI" not in text.replace("# ", "")  # opt-in only (it forces host-memory staging)
+    assert "LIBFABRIC_ROOT=" in text and 'MPI_ROOT="/opt/amazon/openmpi"' in text
     assert "/opt/habanalabs/libfabric-1.20.0/bin" in text
 
 
@@ -141,3 +142,46 @@ def test_user_recipe_renders(recipe_dir: Path) -> None:
     assert 'MY_VAR="a b"' in plan.dockerfile
     sshd = next(f for f in plan.files if f.path == "imgbuild/sshd_config").content.decode()
     assert "Port 2222\nPort 3022" in sshd
+
+
+NVIDIA = ["a100", "h100", "v100"]
+
+
+@pytest.mark.parametrize("name", NVIDIA)
+def test_nvidia_images_ship_on_runtime_with_one_nccl(name: str) -> None:
+    plan = plan_of(name)
+    builder, runtime = plan.dockerfile.split("# ---- runtime")
+    assert re.search(r"^FROM nvidia/cuda:\S+-devel-\S+ AS builder$", builder, re.M)
+    assert re.search(r"^FROM nvidia/cuda:\S+-runtime-\S+$", runtime, re.M)
+    assert len(plan.base_images) == 2
+    # One NCCL: PyTorch's wheel; nccl-tests compile against it; the base's libnccl2 goes in both stages.
+    assert "/opt/nccl/" not in plan.dockerfile and "nccl/archive" not in plan.dockerfile
+    site = re.search(r"(/opt/venv/lib/python3\.\d+/site-packages)/nvidia/nccl", plan.dockerfile).group(1)
+    assert f"NCCL_HOME={site}/nvidia/nccl NVCC_GENCODE" in builder
+    assert "dpkg --purge libnccl-dev libnccl2" in builder and "dpkg --purge libnccl-dev libnccl2" in runtime
+    ld = re.search(r"^ENV LD_LIBRARY_PATH=(\S+)\$", runtime, re.M).group(1).split(":")
+    assert f"{site}/nvidia/nccl/lib" in ld and "/opt/amazon/openmpi/lib" in ld and "/opt/gdrcopy/lib" in ld
+    # The plugin dlopens libcudart.so; GDRCopy built in the builder, its library copied; mpi4py against EFA's MPI.
+    assert "ln -s libcudart.so.1" in runtime
+    assert "gdrcopy/archive/refs/tags/v2.5.1" in builder and "COPY --from=builder /opt/gdrcopy /opt/gdrcopy" in runtime
+    assert "MPICC=/opt/amazon/openmpi/bin/mpicc /opt/venv/bin/pip install --no-binary=mpi4py" in builder
+
+
+@pytest.mark.parametrize("name", NVIDIA)
+def test_nvidia_run_profile_uses_the_host_network(name: str) -> None:
+    runtime = recipe.load(name).recipe.runtime
+    assert runtime.network == "host" and runtime.ipc == "host" and runtime.efa_devices
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_image_lets_mpirun_run_as_root_and_python_unbuffered(name: str) -> None:
+    runtime = runtime_stage(plan_of(name).dockerfile)
+    for line in ('OMPI_ALLOW_RUN_AS_ROOT="1"', 'OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1"', 'PYTHONUNBUFFERED="1"'):
+        assert line in runtime, line
+
+
+def test_manifest_lists_the_images_env_names() -> None:
+    plan = plan_of("a100")
+    manifest = json.loads(next(f.content for f in plan.files if f.path == "imgbuild/manifest.json"))
+    for name in ("PATH", "LD_LIBRARY_PATH", "NCCL_HOME", "NCCL_NET_PLUGIN", "OMPI_ALLOW_RUN_AS_ROOT"):
+        assert name in manifest["image_env"]

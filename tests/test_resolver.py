@@ -138,3 +138,71 @@ def test_torch_unknown_offline(recipe_dir: Path) -> None:
 def test_nccl_tests_need_a_built_nccl(recipe_dir: Path) -> None:
     msg = resolve_error(recipe_dir, "extends: cpu\ncomponents: {nccl_tests: {version: 2.16.4}}\n")
     assert "components.nccl_tests" in msg
+
+
+def test_efa_os_support_follows_the_changelog(recipe_dir: Path) -> None:
+    """EFA 1.43.0 removed Ubuntu 20.04; 1.51.0 removed Debian 11 (AWS EFA changelog)."""
+    (recipe_dir / "old.yaml").write_text(
+        "extends: a100\nbase: {tag: 12.8.1-runtime-ubuntu20.04, builder_tag: 12.8.1-devel-ubuntu20.04}\n"
+        "os: {version: '20.04'}\n"
+    )
+    with pytest.raises(ResolveError, match=r"EFA installer 1.43.2 supports .*, not ubuntu20.04"):
+        resolve(recipe.load(recipe_dir / "old.yaml"), lookup_torch=None)
+    (recipe_dir / "deb11.yaml").write_text("extends: cpu\nos: {version: '11'}\ncomponents: {efa: {version: 1.51.0}}\n")
+    with pytest.raises(ResolveError, match=r"EFA installer 1.51.0 supports .*, not debian11"):
+        resolve(recipe.load(recipe_dir / "deb11.yaml"), lookup_torch=None)
+
+
+def test_gaudi_115_is_ubuntu_2204_only(recipe_dir: Path) -> None:
+    (recipe_dir / "g.yaml").write_text("extends: gaudi-1.15\nos: {version: '20.04'}\n")
+    with pytest.raises(ResolveError, match=r"Gaudi 1.15.1 supports ubuntu22.04, got ubuntu20.04"):
+        resolve(recipe.load(recipe_dir / "g.yaml"), lookup_torch=None)
+
+
+def test_plugin_121_needs_gdrcopy_25(recipe_dir: Path) -> None:
+    (recipe_dir / "h.yaml").write_text("extends: h100\ncomponents: {gdrcopy: {version: 2.4.4}}\n")
+    with pytest.raises(ResolveError, match=r"aws-ofi-nccl 1.21.1 needs GDRCopy >= 2.5, got 2.4.4"):
+        resolve(recipe.load(recipe_dir / "h.yaml"), lookup_torch=None)
+    (recipe_dir / "n.yaml").write_text("extends: h100\ncomponents: {gdrcopy: null}\n")
+    warned = resolve(recipe.load(recipe_dir / "n.yaml"), lookup_torch=None).warnings
+    assert any("GDRCopy >= 2.5" in w for w in warned)
+
+
+def test_mpi4py_needs_python(recipe_dir: Path) -> None:
+    (recipe_dir / "m.yaml").write_text("extends: cpu\ncomponents: {python: null, nccl: null, sagemaker: null}\n")
+    with pytest.raises(ResolveError, match=r"components.mpi4py: mpi4py needs components.python"):
+        resolve(recipe.load(recipe_dir / "m.yaml"), lookup_torch=None)
+
+
+def test_a_lock_edited_by_hand_is_refused(recipe_dir: Path) -> None:
+    import json
+
+    from imgbuild import lock
+    from imgbuild.errors import LockError
+
+    (recipe_dir / "mine.yaml").write_text("extends: a100\n")
+    loaded = recipe.load(recipe_dir / "mine.yaml")
+    path = lock.write(loaded, resolve(loaded, lookup_torch=None))
+    assert lock.read(loaded) is not None
+    data = json.loads(path.read_text())
+    data["pins"]["nccl"]["version"] = "2.26.2"
+    path.write_text(json.dumps(data))
+    with pytest.raises(
+        LockError, match=r"pins were edited by hand .*nccl.version: lock '2.26.2', the recipe gives '2.27.5'"
+    ) as err:
+        lock.read(loaded)
+    assert err.value.exit_code == 4 and "mine.lock.json" in str(err.value)
+
+
+def test_an_index_that_cannot_answer_is_exit_7(recipe_dir: Path) -> None:
+    from imgbuild.errors import IndexLookupError
+
+    def refused(version: str) -> compat.TorchWheel:
+        raise IndexLookupError(f"torch {version}: connection refused")
+
+    (recipe_dir / "t.yaml").write_text("extends: a100\ncomponents: {pytorch: {version: 2.9.0}}\n")
+    with pytest.raises(
+        IndexLookupError, match=r"t.yaml: components.pytorch.version: torch 2.9.0 .*connection refused"
+    ) as err:
+        resolve(recipe.load(recipe_dir / "t.yaml"), lookup_torch=refused)
+    assert err.value.exit_code == 7

@@ -86,15 +86,16 @@ class EfaRelease:
     os: tuple[str, ...]  # "ubuntu22.04", "debian12", ...
 
 
-_UBUNTU = ("ubuntu22.04", "ubuntu24.04")  # 24.04 support since about 1.32: inferred
-_DEBIAN = ("debian11", "debian12")  # inferred
+# OS support per release, from the AWS EFA changelog: 1.43.0 removed Ubuntu 20.04, 1.51.0 removed Debian 11.
+# Ubuntu 24.04 since about 1.32 (inferred: older rows here don't need it).
+_UBUNTU = ("ubuntu22.04", "ubuntu24.04")
 EFA: dict[str, EfaRelease] = {
-    "1.51.0": EfaRelease("1.22.0", "2.7.0amzn2.0", (*_UBUNTU, *_DEBIAN)),
-    "1.50.0": EfaRelease("1.21.1", None, (*_UBUNTU, *_DEBIAN)),
-    "1.47.0": EfaRelease(None, None, ("ubuntu20.04", *_UBUNTU, *_DEBIAN)),
-    "1.44.0": EfaRelease(None, None, ("ubuntu20.04", *_UBUNTU, *_DEBIAN)),
-    "1.43.2": EfaRelease("1.16.3", None, ("ubuntu20.04", *_UBUNTU, *_DEBIAN)),
-    "1.29.0": EfaRelease(None, None, ("ubuntu20.04", "ubuntu22.04", *_DEBIAN)),
+    "1.51.0": EfaRelease("1.22.0", "2.7.0amzn2.0", (*_UBUNTU, "debian12")),
+    "1.50.0": EfaRelease("1.21.1", None, (*_UBUNTU, "debian11", "debian12")),
+    "1.47.0": EfaRelease(None, None, (*_UBUNTU, "debian11", "debian12")),
+    "1.44.0": EfaRelease(None, None, (*_UBUNTU, "debian11", "debian12")),
+    "1.43.2": EfaRelease("1.16.3", None, (*_UBUNTU, "debian11", "debian12")),
+    "1.29.0": EfaRelease(None, None, ("ubuntu20.04", "ubuntu22.04", "debian11", "debian12")),
 }
 EFA_KEY_FINGERPRINT = "4E9091BCBB97A96B26B15E59A05480B1DD2D3CCC"
 EFA_CONTAINER_FLAGS = ("-y", "--skip-kmod", "--skip-limit-conf", "--no-verify")
@@ -128,10 +129,15 @@ class GaudiRelease:
     os: tuple[str, ...]
 
 
+# Gaudi 1.15.x PyTorch images: Ubuntu 22.04 only (Habana's support matrix lists no 20.04 image for 1.15); Open MPI
+# from EFA 1.29.0 in /opt/amazon/openmpi (MPI_ROOT in Habana's dockerfiles/base/Dockerfile.ubuntu22.04).
 GAUDI: dict[str, GaudiRelease] = {
-    v: GaudiRelease("2.2.0", "4.1.6", "1.29.0", "1.20.0", ("ubuntu20.04", "ubuntu22.04"))
-    for v in ("1.15.0", "1.15.1", "1.15.3")
+    v: GaudiRelease("2.2.0", "4.1.6", "1.29.0", "1.20.0", ("ubuntu22.04",)) for v in ("1.15.0", "1.15.1", "1.15.3")
 }
+
+# GDRCopy (user-space libgdrapi; the gdrdrv kernel module is the host's): step 4 of AWS's EFA + NCCL guide.
+# aws-ofi-nccl 1.21's GIN path needs GDRCopy >= 2.5.
+GDRCOPY_MIN_FOR_PLUGIN: dict[str, str] = {"1.21": "2.5"}
 
 
 @dataclass(frozen=True)

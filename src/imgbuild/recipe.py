@@ -11,17 +11,35 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import re
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from imgbuild import paths
 from imgbuild.errors import RecipeError
 from imgbuild.paths import display
-from imgbuild.schema import Digest, EnvName, Strict, pin_validator
+from imgbuild.schema import (
+    AbsPath,
+    Capability,
+    Command,
+    DebPackage,
+    Digest,
+    EnvName,
+    InstanceType,
+    Interface,
+    LabelKey,
+    McaName,
+    NcclInterfaces,
+    Strict,
+    Text,
+    matching,
+    pin_validator,
+)
 
 # --------------------------------------------------------------------------------------------------------------
 # The target
@@ -31,11 +49,23 @@ class Base(Strict):
     """The image everything is built on.
 
     `tag: latest` is refused unless `latest_only: true` says the publisher offers nothing else; such a base
-    is accepted with a warning, and pinned by `digest` when one is given.
+    is accepted with a warning, and pinned by `digest` when one is given. `builder_tag` gives the builder stage
+    another tag of the same image (nvidia/cuda: compile on `-devel`, ship `-runtime`, several GB smaller).
     """
 
-    image: str = Field(pattern=r"^[a-z0-9][a-z0-9._/:-]*$")
-    tag: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
+    image: Annotated[
+        str,
+        AfterValidator(
+            matching(r"[a-z0-9][a-z0-9._/:-]*", "an image name such as debian or nvidia/cuda (a-z 0-9 . _ / : -)")
+        ),
+    ]
+    tag: Annotated[
+        str,
+        AfterValidator(
+            matching(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}", "a tag of letters, digits and . _ - (128 at most)")
+        ),
+    ]
+    builder_tag: str | None = Field(None, pattern=r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
     digest: Digest | None = None
     latest_only: bool = False
 
@@ -44,8 +74,8 @@ class OS(Strict):
     """The base image's distribution and the extra packages the recipe wants from it."""
 
     family: Literal["debian", "ubuntu"]
-    version: str = Field(pattern=r"^\d+(\.\d+)?$")
-    packages: tuple[str, ...] = ()
+    version: Annotated[str, AfterValidator(matching(r"\d+(\.\d+)?", "a release number such as 12 or 22.04"))]
+    packages: tuple[DebPackage, ...] = ()
 
 
 class Platform(Strict):
@@ -53,7 +83,7 @@ class Platform(Strict):
 
     accelerator: Literal["none", "nvidia", "gaudi"]
     gpu_arch: Literal["sm_70", "sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_100"] | None = None
-    instance_types: tuple[str, ...] = ()
+    instance_types: tuple[InstanceType, ...] = ()
     devices_per_node: int = Field(1, ge=1, le=64)
 
 
@@ -61,7 +91,7 @@ class Cuda(Strict):
     """The CUDA toolkit in the base image (nvidia/cuda devel images)."""
 
     version: str
-    home: str = "/usr/local/cuda"
+    home: AbsPath = "/usr/local/cuda"
     _pin = pin_validator("version")
 
 
@@ -98,40 +128,44 @@ class Runtime(Strict):
 
     runtime: Literal["habana", "nvidia"] | None = None
     gpus: Literal["all"] | None = None
-    env: dict[EnvName, str] = {}
-    cap_add: tuple[str, ...] = ()
+    env: dict[EnvName, Text] = {}
+    cap_add: tuple[Capability, ...] = ()
     network: Literal["host"] | None = None
     ipc: Literal["host"] | None = None
     efa_devices: bool = False
-    shm_size: str | None = Field(None, pattern=r"^\d+[bkmg]?$")
+    shm_size: (
+        Annotated[str, AfterValidator(matching(r"\d+[bkmg]?", "a size such as 1g, 512m or 1073741824"))] | None
+    ) = None
     memlock_unlimited: bool = True
 
 
 class MpiRun(Strict):
-    """The mpirun command line used across nodes."""
+    """The mpirun command line used across nodes (launch.py builds it; `train` gets it shell-quoted)."""
 
-    launcher: str = "mpirun"
-    mca: dict[str, str] = {}
-    exclude_interfaces: tuple[str, ...] = ("lo", "docker0")
-    nccl_socket_ifname: str | None = None
-    extra_args: tuple[str, ...] = ()
+    launcher: Command = "mpirun"
+    mca: dict[McaName, Text] = {}
+    exclude_interfaces: tuple[Interface, ...] = ("lo", "docker0")
+    nccl_socket_ifname: NcclInterfaces | None = None
+    extra_args: tuple[Text, ...] = ()
 
 
 class Recipe(Strict):
     """A whole target. `name` defaults to the file's stem; `abstract` recipes are only parents."""
 
-    name: str = Field(pattern=r"^[a-z0-9_][a-z0-9._-]*$")
-    description: str = ""
+    name: Annotated[
+        str, AfterValidator(matching(r"[a-z0-9_][a-z0-9._-]*", "a name of lowercase letters, digits and . _ -"))
+    ]
+    description: Text = ""
     abstract: bool = False
     platform: Platform
     base: Base
     os: OS
     cuda: Cuda | None = None
     components: Components = Components()
-    env: dict[EnvName, str] = {}
+    env: dict[EnvName, Text] = {}
     runtime: Runtime = Runtime()
     mpirun: MpiRun = MpiRun()
-    labels: dict[str, str] = {}
+    labels: dict[LabelKey, Text] = {}
 
     @model_validator(mode="after")
     def _cuda_matches_platform(self) -> Recipe:
@@ -177,7 +211,7 @@ def find(ref: str) -> Path:
     candidate = Path(ref)
     if candidate.suffix in (".yaml", ".yml") or "/" in ref:
         if not candidate.is_file():
-            raise RecipeError(f"{ref}: no such recipe file")
+            raise RecipeError(f"{shown(ref)}: no such recipe file")
         return candidate
     shipped = paths.recipes_dir() / f"{ref}.yaml"
     if shipped.is_file():
@@ -185,7 +219,7 @@ def find(ref: str) -> Path:
     names = shipped_names()
     near = difflib.get_close_matches(ref, names, n=1)
     hint = f"did you mean '{near[0]}'?" if near else f"shipped recipes: {', '.join(names)}"
-    raise RecipeError(f"no recipe named '{ref}'", hint=hint)
+    raise RecipeError(f"no recipe named {_cut(ref)!r}", hint=hint)
 
 
 def load(ref: str | Path) -> LoadedRecipe:
@@ -193,7 +227,7 @@ def load(ref: str | Path) -> LoadedRecipe:
     path = find(str(ref))
     chain: list[Path] = []
     docs: list[tuple[Path, dict[str, Any], dict[tuple[str, ...], int]]] = []
-    _read_chain(path, chain, docs)
+    _read_chain(path, chain, docs, display(path))
     merged: dict[str, Any] = {}
     for _, doc, _ in reversed(docs):
         merged = _merge(merged, doc)
@@ -209,52 +243,152 @@ def load(ref: str | Path) -> LoadedRecipe:
     return LoadedRecipe(recipe=recipe, path=path, chain=tuple(chain), merged=merged)
 
 
+# A recipe is a few kilobytes: a bigger file is refused before it is parsed.
+MAX_BYTES = 1 << 20
+# Recipes nest a few levels (components.sshd.ports); deeper documents are refused while they are parsed, far
+# below Python's recursion limit.
+MAX_DEPTH = 32
+_RECIPE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
+
+
+def _cut(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def shown(text: object, limit: int = 80) -> str:
+    """Text from a recipe as an error message may carry it: as it is when it is one printable line, else its
+    repr (no raw newline or control character from a file ever reaches the terminal); long text is cut.
+    Values are shown as `{_cut(value)!r}`, which escapes the same way."""
+    s = _cut(str(text), limit)
+    return s if s.isprintable() else repr(s)
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader without what recipes never need and what makes loading unbounded.
+
+    - Anchors and aliases (`&name`, `*name`) are refused: a few hundred bytes of nested aliases (a "billion
+      laughs" document) expand to gigabytes wherever the document is walked. Recipes share settings with
+      `extends:` instead.
+    - Nesting deeper than MAX_DEPTH is refused.
+    - Tags that construct values a recipe cannot hold (!!binary, !!set, !!omap, !!pairs) are errors, and an
+      unquoted date stays the text it is (`2024-01-01`), so the merged recipe is plain JSON data.
+    """
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node | None:
+        event = self.peek_event()
+        if getattr(event, "anchor", None) is not None:
+            what = "an alias" if isinstance(event, yaml.AliasEvent) else "an anchor"
+            raise yaml.composer.ComposerError(
+                None,
+                None,
+                f"found {what} ({'*' if what == 'an alias' else '&'}{shown(event.anchor)}): anchors and aliases "
+                "are not allowed in recipes (share settings with `extends:`)",
+                event.start_mark,
+            )
+        if self._depth >= MAX_DEPTH:
+            raise yaml.composer.ComposerError(
+                None, None, f"nested deeper than {MAX_DEPTH} levels: not a recipe", event.start_mark
+            )
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)  # type: ignore[no-any-return]
+        finally:
+            self._depth -= 1
+
+
+_Loader.add_constructor("tag:yaml.org,2002:timestamp", yaml.SafeLoader.construct_yaml_str)
+for _tag in ("binary", "set", "omap", "pairs"):
+    del _Loader.yaml_constructors[f"tag:yaml.org,2002:{_tag}"]
+
+
+def _parse(path: Path, label: str) -> tuple[dict[str, Any], dict[tuple[str, ...], int]]:
+    """A recipe file's top-level mapping and the line of each key path. Errors start with `label`: the file's
+    name, or for a parent, the child's `extends:` key and the parent's name."""
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_BYTES + 1)
+    except OSError as exc:
+        raise RecipeError(f"{label}: cannot read: {exc.strerror}") from None
+    if len(data) > MAX_BYTES:
+        raise RecipeError(f"{label}: larger than {MAX_BYTES >> 10} KiB: not a recipe")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise RecipeError(
+            f"{label}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x}): recipes must be UTF-8 encoded",
+            hint=f"convert it, e.g. iconv -f latin1 -t utf-8 {shlex.quote(str(path))}",
+        ) from None
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        doc = loader.construct_document(node) if node is not None else None
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, exc.position) + 1
+        raise RecipeError(
+            f"{label}:{line}: not valid YAML: character U+{exc.character:04X} is not allowed in YAML"
+        ) from None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{label}:{mark.line + 1}" if mark is not None else label
+        raise RecipeError(f"{where}: not valid YAML: {shown(exc.problem or exc.context, 200)}") from None
+    except yaml.YAMLError as exc:
+        raise RecipeError(f"{label}: not valid YAML: {shown(exc, 200)}") from None
+    finally:
+        loader.dispose()
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, dict):
+        kind = "a list" if isinstance(doc, list) else "a single value"
+        raise RecipeError(f"{label}: expected a mapping of keys at the top (a recipe), got {kind}")
+    return doc, _line_map(node)
+
+
 def _read_chain(
     path: Path,
     chain: list[Path],
     docs: list[tuple[Path, dict[str, Any], dict[tuple[str, ...], int]]],
+    label: str,
 ) -> None:
     resolved = path.resolve()
     if resolved in [p.resolve() for p in chain]:
         cycle = " -> ".join(display(p) for p in [*chain, path])
         raise RecipeError(f"{display(chain[-1])}: extends: cycle: {cycle}")
     chain.append(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise RecipeError(f"{display(path)}: cannot read: {exc.strerror}") from None
-    try:
-        doc = yaml.safe_load(text)
-        lines = _line_map(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{display(path)}:{mark.line + 1}" if mark else display(path)
-        raise RecipeError(f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
-    if doc is None:
-        doc = {}
-    if not isinstance(doc, dict):
-        raise RecipeError(f"{display(path)}: expected a mapping of keys at the top, got {type(doc).__name__}")
+    doc, lines = _parse(path, label)
     parent = doc.pop("extends", None)
     docs.append((path, doc, lines))
     if parent is None:
         return
+    key = f"{display(path)}:{lines.get(('extends',), 1)}: extends"
+    parent_path = _parent(path, parent, key)
+    _read_chain(parent_path, chain, docs, f"{key}: {display(parent_path)}")
+
+
+def _parent(path: Path, parent: object, key: str) -> Path:
+    """The file an `extends:` value names: a shipped recipe's name, or a .yaml/.yml path relative to the recipe.
+    Nothing else is opened, so an error never shows another kind of file's content."""
+    expected = "a shipped recipe's name or the path of a .yaml/.yml file"
     if not isinstance(parent, str):
-        raise RecipeError(f"{display(path)}:{lines.get(('extends',), 1)}: extends: expected a recipe name or path")
-    if parent.endswith((".yaml", ".yml")) or "/" in parent:
-        parent_path = (path.parent / parent) if not Path(parent).is_absolute() else Path(parent)
+        raise RecipeError(f"{key}: expected {expected}, got {type(parent).__name__}")
+    if parent.endswith((".yaml", ".yml")):
+        parent_path = path.parent / parent  # an absolute path stays itself
         if not parent_path.is_file():
-            raise RecipeError(f"{display(path)}:{lines.get(('extends',), 1)}: extends: no such file {parent_path}")
-    else:
-        parent_path = paths.recipes_dir() / f"{parent}.yaml"
-        if not parent_path.is_file():
-            names = sorted(p.stem for p in paths.recipes_dir().glob("*.yaml"))
-            near = difflib.get_close_matches(parent, names, n=1)
-            hint = f"did you mean '{near[0]}'?" if near else f"known recipes: {', '.join(names)}"
-            raise RecipeError(
-                f"{display(path)}:{lines.get(('extends',), 1)}: extends: no recipe named '{parent}'",
-                hint=hint,
-            )
-    _read_chain(parent_path, chain, docs)
+            raise RecipeError(f"{key}: no such file {shown(parent_path)}")
+        return parent_path
+    if "/" in parent or not _RECIPE_NAME.fullmatch(parent):
+        raise RecipeError(f"{key}: expected {expected}, got {_cut(parent)!r}")
+    parent_path = paths.recipes_dir() / f"{parent}.yaml"
+    if not parent_path.is_file():
+        names = sorted(p.stem for p in paths.recipes_dir().glob("*.yaml"))
+        near = difflib.get_close_matches(parent, names, n=1)
+        hint = f"did you mean '{near[0]}'?" if near else f"known recipes: {', '.join(names)}"
+        raise RecipeError(f"{key}: no recipe named {parent!r}", hint=hint)
+    return parent_path
 
 
 def _merge(parent: dict[str, Any], child: Mapping[str, Any]) -> dict[str, Any]:
@@ -269,8 +403,8 @@ def _merge(parent: dict[str, Any], child: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _line_map(text: str) -> dict[tuple[str, ...], int]:
-    """Key path -> 1-based line of that key in the YAML text."""
+def _line_map(root: yaml.Node | None) -> dict[tuple[str, ...], int]:
+    """Key path -> 1-based line of that key in the YAML document."""
     out: dict[tuple[str, ...], int] = {}
 
     def walk(node: yaml.Node, prefix: tuple[str, ...]) -> None:
@@ -284,7 +418,6 @@ def _line_map(text: str) -> dict[tuple[str, ...], int]:
                 out[(*prefix, str(i))] = item.start_mark.line + 1
                 walk(item, (*prefix, str(i)))
 
-    root = yaml.compose(text)
     if root is not None:
         walk(root, ())
     return out
@@ -316,7 +449,7 @@ def _format_errors(exc: ValidationError, docs: list[tuple[Path, dict[str, Any], 
     lines = []
     for err in exc.errors():
         loc = tuple(str(p) for p in err["loc"] if not str(p).startswith("function-"))
-        key = ".".join(loc) or "(top level)"
+        key = ".".join(shown(part) for part in loc) or "(top level)"
         where = _where(loc, docs)
         if err["type"] == "extra_forbidden":
             near = difflib.get_close_matches(loc[-1], _fields_at(err["loc"][:-1]), n=1)
@@ -328,7 +461,7 @@ def _format_errors(exc: ValidationError, docs: list[tuple[Path, dict[str, Any], 
             msg = err["msg"].removeprefix("Value error, ")
             given = err.get("input")
             if not isinstance(given, dict | list) and "got" not in msg:
-                msg += f", got {given!r}"
+                msg += f", got {_cut(given) if isinstance(given, str) else given!r}"
         lines.append(f"{where}: {key}: {msg}")
     return "invalid recipe:\n  " + "\n  ".join(lines)
 

@@ -17,12 +17,14 @@ import jinja2
 
 from imgbuild import compat, paths
 from imgbuild.components import (
+    BY_NAME,
     REGISTRY,
     TEMPLATE_DIR,
     Context,
     Contribution,
     builder_order,
     dedupe,
+    resolve_order,
     runtime_order,
 )
 from imgbuild.errors import RenderError
@@ -105,13 +107,18 @@ def readable_tag(resolved: Resolved) -> str:
     return "-".join(parts) or "latest"
 
 
+def builder_base(resolved: Resolved) -> str:
+    """The builder stage's base: the recipe's `base.builder_tag` of the same image, else the runtime's base."""
+    return resolved.pins["base"].details.get("builder", resolved.base_ref)
+
+
 def context_for(resolved: Resolved) -> Context:
     """The facts blocks pass to each other (prefixes, the venv), from every pinned block in layer order."""
     r = resolved.recipe
     facts: dict[str, Any] = {}
-    for block in REGISTRY:
-        if block.name in resolved.pins:
-            block.facts(resolved.pins[block.name], facts)
+    for name in resolve_order():  # a block's facts may build on those of the blocks it comes after
+        if name in resolved.pins:
+            BY_NAME[name].facts(resolved.pins[name], facts)
     return Context(
         resolved=resolved,
         cuda_home=r.cuda.home if r.cuda else None,
@@ -143,7 +150,7 @@ def plan(resolved: Resolved) -> BuildPlan:
     except jinja2.TemplateError as exc:
         where = f"{exc.filename}:{exc.lineno}" if isinstance(exc, jinja2.TemplateSyntaxError) else "template"
         raise RenderError(f"rendering {resolved.name} failed in {where}: {exc}") from None
-    bases = [resolved.base_ref]
+    bases = dedupe([builder_base(resolved), resolved.base_ref])
     return BuildPlan(
         recipe=resolved.name,
         dockerfile=dockerfile,
@@ -215,6 +222,7 @@ def _dockerfile(resolved: Resolved, ctx: Context, contribs: dict[str, Contributi
             resolved=resolved,
             r=r,
             ctx=ctx,
+            builder_base=builder_base(resolved),
             builder=builder,
             runtime=runtime,
             builder_packages=sorted(builder_pkgs),

@@ -96,7 +96,8 @@ def _base(rs: Resolution) -> str:
             f"(docker inspect --format '{{{{index .RepoDigests 0}}}}' {b.image}:{b.tag}) to pin it"
         )
     ref = f"{b.image}@{b.digest}" if b.digest else f"{b.image}:{b.tag}"
-    rs.pins["base"] = Pin(version=b.digest or b.tag, source="image", origin="recipe", details={"image": b.image})
+    details = {"image": b.image, **({"builder": f"{b.image}:{b.builder_tag}"} if b.builder_tag else {})}
+    rs.pins["base"] = Pin(version=b.digest or b.tag, source="image", origin="recipe", details=details)
     return ref
 
 

@@ -62,9 +62,14 @@ RUN mkdir -p /opt/ml/code /opt/ml/model /opt/ml/input/config /opt/ml/input/data 
 COPY imgbuild/train /usr/local/bin/train
 
 ENV PATH=/opt/venv/bin:${PATH}
+ENV LD_LIBRARY_PATH=/opt/venv/lib/python3.11/site-packages/nvidia/nccl/lib${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}
 
 ENV FI_PROVIDER="tcp" \
-    OMPI_MCA_btl_vader_single_copy_mechanism="none"
+    NCCL_HOME="/opt/venv/lib/python3.11/site-packages/nvidia/nccl" \
+    OMPI_ALLOW_RUN_AS_ROOT="1" \
+    OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1" \
+    OMPI_MCA_btl_vader_single_copy_mechanism="none" \
+    PYTHONUNBUFFERED="1"
 
 COPY imgbuild/entrypoint.sh /usr/local/bin/imgbuild-entrypoint
 ENTRYPOINT ["/usr/local/bin/imgbuild-entrypoint"]

@@ -18,6 +18,7 @@ from imgbuild.components import (
     aws_ofi_nccl,
     efa,
     gaudi,
+    gdrcopy,
     libfabric,
     mpi4py,
     nccl,
@@ -31,12 +32,26 @@ from imgbuild.components import (
 from imgbuild.components._core import HERE, Block, Context, Contribution, Pin, Provides, Resolution
 
 # Runtime layer order: what changes least goes first, so bumping a component rebuilds only what follows it:
-# EFA/libfabric, MPI, NCCL, plugin, tests, Python (+PyTorch), then the parts that change most often (sshd and
+# EFA/libfabric, MPI, GDRCopy, NCCL, plugin, tests, Python (+PyTorch), then the parts that change most often (sshd and
 # the entrypoint, SageMaker). The builder stage keeps this order except where a block's builder needs another's
 # output first (`build_after`: the venv before anything pip installs).
 REGISTRY: tuple[Block, ...] = tuple(
     m.BLOCK
-    for m in (efa, libfabric, openmpi, nccl, aws_ofi_nccl, nccl_tests, python, pytorch, mpi4py, gaudi, sshd, sagemaker)
+    for m in (
+        efa,
+        libfabric,
+        openmpi,
+        gdrcopy,
+        nccl,
+        aws_ofi_nccl,
+        nccl_tests,
+        python,
+        pytorch,
+        mpi4py,
+        gaudi,
+        sshd,
+        sagemaker,
+    )
 )
 BY_NAME: dict[str, Block] = {b.name: b for b in REGISTRY}
 TEMPLATE_DIR = HERE

@@ -68,6 +68,8 @@ class Context:
     libfabric_prefix: str | None = None
     venv: str | None = None
     python: str = "python3"  # interpreter that pip-installed packages run under
+    site_packages: str | None = None  # the venv's site-packages
+    nccl_home: str | None = None  # the NCCL others compile against (include/ and lib/)
     efa_in_builder: bool = False
 
 

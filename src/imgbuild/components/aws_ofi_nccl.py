@@ -83,7 +83,23 @@ def resolve(p: AwsOfiNccl, rs: Resolution) -> Pin:
             f"aws-ofi-nccl {version} supports NCCL {compat.PLUGIN_OLDEST_NCCL} and later, got {nccl.version}",
         )
     details["tested_nccl"] = tested
+    _gdrcopy_rule(version, rs)
     return Pin(version=version, source=p.source, origin=origin, details=details)
+
+
+def _gdrcopy_rule(version: str, rs: Resolution) -> None:
+    """Plugin series whose GPU-initiated path needs a minimum GDRCopy (compat.GDRCOPY_MIN_FOR_PLUGIN)."""
+    needed = compat.GDRCOPY_MIN_FOR_PLUGIN.get(_mm(version))
+    if needed is None:
+        return
+    gdr = rs.options("gdrcopy")
+    if gdr is None:
+        rs.warnings.append(f"aws-ofi-nccl {version} uses GDRCopy >= {needed} when present: add components.gdrcopy")
+    elif Version(gdr.version) < Version(needed):
+        raise rs.fail(
+            "components.gdrcopy.version / components.aws_ofi_nccl.version",
+            f"aws-ofi-nccl {version} needs GDRCopy >= {needed}, got {gdr.version}",
+        )
 
 
 def contribute(pin: Pin, ctx: Context) -> Contribution:

@@ -72,6 +72,9 @@ def contribute(pin: Pin, ctx: Context) -> Contribution:
         mpi_bin = "/opt/amazon/openmpi5/bin" if pin.details.get("mpi") == "openmpi5" else "/opt/amazon/openmpi/bin"
         c.path += [mpi_bin, "/opt/amazon/efa/bin"]
         c.ld_library_path += ["/opt/amazon/efa/lib"]
+        if not ctx.resolved.recipe.components.efa.minimal:
+            # nccl-tests (and whatever else links -lmpi) carry no rpath to the installer's Open MPI.
+            c.ld_library_path.append(mpi_bin.removesuffix("/bin") + "/lib")
     return c
 
 

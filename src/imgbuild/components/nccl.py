@@ -76,12 +76,21 @@ def resolve(n: NCCL, rs: Resolution) -> Pin:
     return Pin(version=version, source=n.source, origin=origin, details=details)
 
 
+def facts(pin: Pin, out: dict[str, Any]) -> None:
+    if pin.source == "build":
+        out["nccl_home"] = pin.details["prefix"]
+    elif out.get("site_packages"):
+        out["nccl_home"] = f"{out['site_packages']}/nvidia/nccl"  # the wheel's include/ and lib/
+
+
 def contribute(pin: Pin, ctx: Context) -> Contribution:
     c = Contribution(name="nccl")
     if pin.source == "build":
         c.builder_packages |= {"curl", "ca-certificates", "build-essential"}
-        c.ld_library_path.append(f"{pin.details['prefix']}/lib")
-        c.env["NCCL_HOME"] = pin.details["prefix"]
+    if ctx.nccl_home:
+        # One NCCL: the loader finds the one PyTorch loads (its wheel's, through its RPATH) for everything else too.
+        c.ld_library_path.append(f"{ctx.nccl_home}/lib")
+        c.env["NCCL_HOME"] = ctx.nccl_home
     return c
 
 
@@ -91,6 +100,7 @@ BLOCK = Block(
     modes={"build": "fragment", "wheel": "fragment"},
     resolve=resolve,
     contribute=contribute,
+    facts=facts,
     after=("pytorch", "python"),
     build_after=("python",),
     tag=(4, "nccl"),

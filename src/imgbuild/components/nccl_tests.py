@@ -28,8 +28,8 @@ class NcclTests(Strict):
 
 def resolve(t: NcclTests, rs: Resolution) -> Pin:
     nccl, mpi = rs.pins.get("nccl"), rs.pins.get("openmpi")
-    if nccl is None or nccl.source != "build" or mpi is None or rs.r.cuda is None:
-        raise rs.fail("components.nccl_tests", "nccl-tests build against CUDA, an NCCL built from source and Open MPI")
+    if nccl is None or mpi is None or rs.r.cuda is None:
+        raise rs.fail("components.nccl_tests", "nccl-tests build against CUDA, the recipe's NCCL and Open MPI")
     return Pin(version=t.version, source="release", origin="recipe", details={"prefix": t.prefix})
 
 

@@ -67,6 +67,8 @@ def contribute(pin: Pin, ctx: Context) -> Contribution:
         c.env["MPI_ROOT"] = ctx.mpi_home
         c.path.append(f"{ctx.mpi_home}/bin")
     c.runtime_packages.add("openssh-client")  # mpirun starts remote daemons over ssh
+    # Containers run as root: the mpirun lines people copy from guides then run unchanged (AWS's DL containers).
+    c.env |= {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
     return c
 
 
@@ -85,6 +87,10 @@ BLOCK = Block(
 def openmpi_version(ctx: CheckContext) -> CheckResult:
     """`mpirun --version` reports the pinned Open MPI."""
     prefix = ctx.components["openmpi"].get("prefix")
+    if prefix:  # the recipe says where Open MPI is (MPI_ROOT): it must be there, not merely some mpirun on PATH
+        ran = ctx.run(f"test -x {shlex.quote(prefix)}/bin/mpirun")
+        if not ran.ok:
+            return fail(f"{prefix}/bin/mpirun does not exist", expected=f"{prefix}/bin/mpirun", found="missing")
     mpirun = first_executable(ctx, [f"{prefix}/bin/mpirun"] if prefix else [], "mpirun")
     if mpirun is None:
         return fail("mpirun not found", expected=ctx.version("openmpi") or "mpirun", found="missing")

@@ -42,11 +42,14 @@ def facts(pin: Pin, out: dict[str, Any]) -> None:
     venv = pin.details.get("venv")
     out["venv"] = venv
     out["python"] = f"{venv}/bin/python" if venv else "python3"
+    # Where pip puts packages (the nvidia-* wheels' libraries and headers live below it).
+    out["site_packages"] = f"{venv}/lib/python{pin.version}/site-packages" if venv and pin.version else None
 
 
 def contribute(pin: Pin, ctx: Context) -> Contribution:
     c = Contribution(name="python")
     c.runtime_packages |= {"python3"} if pin.source == "distro" else set()
+    c.env["PYTHONUNBUFFERED"] = "1"  # training logs reach SageMaker / CloudWatch as they are written
     if ctx.venv:
         c.builder_packages |= {"python3-venv", "ca-certificates"}
         c.runtime_packages.add("python3-venv")

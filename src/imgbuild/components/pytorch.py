@@ -2,6 +2,7 @@
 
 Recipe options (`components.pytorch`):
     source    pip (default): `pip install torch==VERSION` into the venv | base: the base image has it (Gaudi)
+    numpy     2.2.6 (default): the numpy installed beside it; null for none
     version   the release; its wheel's pins (CUDA, nvidia-nccl-cuXX) come from the shipped table, else from the
               wheel's METADATA on the index (range requests: see pypi.py)
 The NCCL block takes PyTorch's NCCL pin, so the NCCL of the image is the one PyTorch was built with.
@@ -26,7 +27,8 @@ class PyTorch(Strict):
 
     source: Literal["pip", "base"] = "pip"
     version: str
-    _pin = pin_validator("version")
+    numpy: str | None = "2.2.6"  # installed beside torch (pip); without it torch warns "Failed to initialize NumPy"
+    _pin = pin_validator("version", "numpy")
 
 
 def _major(version: str) -> int:
@@ -82,7 +84,11 @@ def resolve(t: PyTorch, rs: Resolution) -> Pin:
         version=t.version,
         source="pip",
         origin=origin,
-        details={"cuda": wheel.cuda, "nccl": f"{wheel.nccl_package}=={wheel.nccl}"},
+        details={
+            "cuda": wheel.cuda,
+            "nccl": f"{wheel.nccl_package}=={wheel.nccl}",
+            **({"numpy": t.numpy} if t.numpy else {}),
+        },
     )
 
 

@@ -4,6 +4,7 @@ resourceconfig.json, the job's code, model and output folders bind-mounted, and 
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import shutil
@@ -166,7 +167,11 @@ def sm_job(docker_client: Any, cpu_image: Any, tmp_path: Path, request: pytest.F
         keys: str = "channel",
         args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
+        interface: str = "eth0",
+        isolated: bool = False,
     ) -> Job:
+        """`interface` is resourceconfig's network_interface_name; `isolated` gives the hosts no network at all
+        (no default route), for one-host jobs."""
         network = f"imgbuild-sm-{uuid.uuid4().hex[:10]}"
         docker_client.api.create_network(network, driver="bridge", labels={"io.imgbuild.test": "sagemaker"})
         networks.append(network)
@@ -187,7 +192,7 @@ def sm_job(docker_client: Any, cpu_image: Any, tmp_path: Path, request: pytest.F
             config, model, output = root / "config", root / "model", root / "output"
             for d in (config, model, output):
                 d.mkdir(parents=True)
-            resource = {"current_host": name, "hosts": names, "network_interface_name": "eth0"}
+            resource = {"current_host": name, "hosts": names, "network_interface_name": interface}
             (config / "resourceconfig.json").write_text(json.dumps(resource))
             binds = {
                 str(config): {"bind": "/opt/ml/input/config", "mode": "ro"},
@@ -207,8 +212,12 @@ def sm_job(docker_client: Any, cpu_image: Any, tmp_path: Path, request: pytest.F
                 hostname=name,
                 environment=environment,
                 labels={"io.imgbuild.test": "sagemaker"},
-                host_config=docker_client.api.create_host_config(binds=binds, network_mode=network),
-                networking_config=docker_client.api.create_networking_config(
+                host_config=docker_client.api.create_host_config(
+                    binds=binds, network_mode="none" if isolated else network
+                ),
+                networking_config=None
+                if isolated
+                else docker_client.api.create_networking_config(
                     {network: docker_client.api.create_endpoint_config(aliases=[name])}
                 ),
             )
@@ -249,7 +258,7 @@ def test_job_runs_across_hosts(sm_job: Any, count: int, keys: str) -> None:
                       "hosts": [f"algo-{i}" for i in range(1, count + 1)]}  # fmt: skip
     leader_log = job.logs(job.hosts[0])
     assert "sshd listening on 3022,22" in leader_log  # SageMaker mode adds 22
-    assert not (job.hosts[0].output / "failure").exists()
+    assert not [h.name for h in job.hosts if (h.output / "failure").exists()], logs  # no stray reason anywhere
     print(f"{count} hosts: leader done in {took:.1f}s")
 
 
@@ -260,9 +269,31 @@ def test_failing_program_fails_the_job(sm_job: Any) -> None:
     leader, workers, _ = finish(job)
     logs = explain(job)
     assert leader != 0, logs
-    assert workers == [0], logs  # the leader reports the failure; workers only end with it
+    # Workers end with the leader's status (docker compose takes the job's from whichever container exits
+    # first), and only the leader reports the reason.
+    assert workers == [leader], logs
     failure = (job.hosts[0].output / "failure").read_text()
     assert "program 'job.py' exited with status" in failure, failure
+    assert not (job.hosts[1].output / "failure").exists(), logs
+
+
+FAILING_WITH_REASON = """\
+import sys
+
+with open("/opt/ml/output/failure", "w") as f:
+    f.write("loss became NaN at step 7")
+sys.exit(2)
+"""
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_reason_the_program_wrote_is_kept(sm_job: Any) -> None:
+    # SageMaker's contract: the algorithm may write its own reason to /opt/ml/output/failure.
+    job = sm_job(1, script=FAILING_WITH_REASON)
+    leader, _, _ = finish(job)
+    assert leader != 0, explain(job)
+    assert (job.hosts[0].output / "failure").read_text() == "loss became NaN at step 7", explain(job)
 
 
 @pytest.mark.docker
@@ -275,7 +306,8 @@ def test_missing_peer_times_out_clearly(sm_job: Any) -> None:
     assert took < 60, f"took {took:.0f}s\n{logs}"
     assert "timed out after 15s waiting for sshd on 1 of 2 peer(s): algo-3" in job.logs(job.hosts[0]), logs
     assert "algo-3" in (job.hosts[0].output / "failure").read_text()
-    assert workers == [0], logs  # told by the leader that the job is over
+    assert workers == [leader], logs  # told by the leader that the job is over, and how it ended
+    assert not (job.hosts[1].output / "failure").exists(), logs
 
 
 @pytest.mark.docker
@@ -311,10 +343,7 @@ time.sleep(600)
 
 
 def wait_for_log(job: Job, host: Host, text: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while text not in job.logs(host):
-        assert time.monotonic() < deadline, f"no {text!r} within {timeout}s\n{explain(job)}"
-        time.sleep(0.5)
+    wait_for_container_log(job.client, host.container_id, text, timeout)
 
 
 @pytest.mark.docker
@@ -325,8 +354,54 @@ def test_stopped_leader_ends_the_job(sm_job: Any) -> None:
     wait_for_log(job, leader, "started")
     job.client.api.stop(leader.container_id, timeout=30)  # SIGTERM, as SageMaker's StopTrainingJob
     assert job.wait(leader, 5) == 143, explain(job)
-    assert job.wait(worker, 30) == 0, explain(job)  # told by the leader on its way out
+    assert job.wait(worker, 30) == 143, explain(job)  # told by the leader on its way out
     assert "stopped by a signal" in (leader.output / "failure").read_text()
+    assert not (worker.output / "failure").exists(), explain(job)
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_worker_stopped_after_the_leader_is_done_ends_as_the_leader(sm_job: Any) -> None:
+    # Local mode's docker compose stops (SIGTERM) the other containers as soon as the leader's has exited, and
+    # merges every host's /opt/ml/output: a stopped worker must neither change the status nor the reason. The
+    # leader's done marker is written here as the leader's exit writes it, then the worker is stopped at once
+    # (it looks for the marker once a second, so the signal nearly always comes first).
+    job = sm_job(2, script=SLEEPY)
+    leader, worker = job.hosts
+    wait_for_log(job, leader, "started")
+    done = "echo 3 >/tmp/imgbuild-job-done.tmp && mv /tmp/imgbuild-job-done.tmp /tmp/imgbuild-job-done"
+    exec_id = job.client.api.exec_create(worker.container_id, ["sh", "-c", done])["Id"]
+    job.client.api.exec_start(exec_id)
+    job.client.api.stop(worker.container_id, timeout=30)
+    assert job.wait(worker, 5) == 3, explain(job)
+    assert not (worker.output / "failure").exists(), explain(job)
+    print("worker's way out:", job.logs(worker).strip().splitlines()[-1])
+
+
+ENV_PROGRAM = ("env",)  # a command on PATH: train runs it as the program, and its output is the job's log
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_missing_interface_falls_back_to_the_default_route(sm_job: Any) -> None:
+    # SDK 3.x local mode writes network_interface_name `ethwe`, which a container on a compose network lacks.
+    job = sm_job(1, args=ENV_PROGRAM, interface="ethwe", env={"IMGBUILD_LAUNCHER": "none"})
+    leader, _, _ = finish(job)
+    log = job.logs(job.hosts[0])
+    assert leader == 0, log
+    assert "names network interface 'ethwe', which this host does not have: using 'eth0'" in log
+    assert "NCCL_SOCKET_IFNAME=eth0\n" in log.replace("\r", "")
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_missing_interface_without_a_route_sets_nothing(sm_job: Any) -> None:
+    job = sm_job(1, args=ENV_PROGRAM, interface="ethwe", env={"IMGBUILD_LAUNCHER": "none"}, isolated=True)
+    leader, _, _ = finish(job)
+    log = job.logs(job.hosts[0])
+    assert leader == 0, log
+    assert "and there is no default route: leaving NCCL_SOCKET_IFNAME unset" in log
+    assert "NCCL_SOCKET_IFNAME=" not in log
 
 
 @pytest.mark.docker
@@ -338,3 +413,84 @@ def test_worker_notices_a_lost_leader(sm_job: Any) -> None:
     job.client.api.kill(leader.container_id)  # SIGKILL: no chance to tell anyone
     assert job.wait(worker, 90) != 0, explain(job)
     assert "the leader algo-1 went away" in (worker.output / "failure").read_text()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The environment of ssh sessions (what mpirun's daemons and ranks on the other hosts get)
+
+# Values sshd_config must carry through its quoting, and one it cannot (a newline): left out with a warning.
+TRICKY = {
+    "IMGBUILD_TEST_QUOTES": "a \"quoted\" 'value' with $HOME, %h, # and a tab\there",
+    "IMGBUILD_TEST_BACKSLASHES": "C:\\path\\ and a trailing \\",
+    "IMGBUILD_TEST_EMPTY": "",
+    "IMGBUILD_TEST_UNICODE": "gr\u00fc\u00df \u20ac",
+}
+UNCARRIABLE = {"IMGBUILD_TEST_NEWLINE": "two\nlines"}
+
+
+def exec_in(client: Any, container_id: str, cmd: list[str]) -> tuple[int, str]:
+    exec_id = client.api.exec_create(container_id, cmd)["Id"]
+    out = client.api.exec_start(exec_id).decode(errors="replace")
+    return int(client.api.exec_inspect(exec_id)["ExitCode"]), out
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_ssh_sessions_get_the_whole_environment(docker_client: Any, cpu_image: Any, tmp_path: Path) -> None:
+    import docker.errors
+
+    image = cpu_image.refs[0]
+    image_env = dict(e.split("=", 1) for e in docker_client.api.inspect_image(image)["Config"]["Env"])
+    assert {"PATH", "FI_PROVIDER"} <= image_env.keys()
+    keys = ssh_key_pair(docker_client, image, tmp_path / "ssh")
+    network = f"imgbuild-sshenv-{uuid.uuid4().hex[:10]}"
+    docker_client.api.create_network(network, driver="bridge", labels={"io.imgbuild.test": "sagemaker"})
+    ids: list[str] = []
+    try:
+        for name in ("node1", "node2"):
+            container = docker_client.api.create_container(
+                image, command=["sleep", "600"], name=f"{network}-{name}", hostname=name,
+                environment={"IMGBUILD_SSH_DIR": "/run/job-keys", **TRICKY, **UNCARRIABLE},
+                labels={"io.imgbuild.test": "sagemaker"},
+                host_config=docker_client.api.create_host_config(
+                    binds={str(keys): {"bind": "/run/job-keys", "mode": "ro"}}, network_mode=network
+                ),
+                networking_config=docker_client.api.create_networking_config(
+                    {network: docker_client.api.create_endpoint_config(aliases=[name])}
+                ),
+            )  # fmt: skip
+            ids.append(container["Id"])
+            docker_client.api.start(container["Id"])
+        expected = {**image_env, **TRICKY}
+        for cid in ids:
+            wait_for_container_log(docker_client, cid, "sshd listening on")
+        node1, node2 = ids
+        logs = docker_client.api.logs(node1).decode(errors="replace")
+        assert "not passing IMGBUILD_TEST_NEWLINE to ssh sessions: sshd_config cannot carry a newline" in logs
+
+        # What sshd itself parsed from its configuration: one `setenv NAME=value` line per variable.
+        rc, out = exec_in(docker_client, node1, ["/usr/sbin/sshd", "-T"])
+        assert rc == 0, out
+        setenv = dict(line.split(" ", 1)[1].split("=", 1) for line in out.splitlines() if line.startswith("setenv "))
+        assert {k: setenv.get(k) for k in expected} == expected
+        assert "IMGBUILD_TEST_NEWLINE" not in setenv
+
+        # What a session started over ssh from another host sees (NUL-separated: values may hold anything).
+        rc, out = exec_in(docker_client, node2, ["bash", "-c", "ssh node1 env -0 | base64 -w0"])
+        assert rc == 0, out
+        remote = dict(v.split("=", 1) for v in base64.b64decode(out).decode().split("\0") if v)
+        assert {k: remote.get(k) for k in expected} == expected
+        assert "IMGBUILD_TEST_NEWLINE" not in remote
+    finally:
+        for cid in ids:
+            with contextlib.suppress(docker.errors.APIError):
+                docker_client.api.remove_container(cid, force=True)
+        with contextlib.suppress(docker.errors.APIError):
+            docker_client.api.remove_network(network)
+
+
+def wait_for_container_log(client: Any, container_id: str, text: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in (log := client.api.logs(container_id).decode(errors="replace")):
+        assert time.monotonic() < deadline, f"no {text!r} within {timeout}s\n{log}"
+        time.sleep(0.3)

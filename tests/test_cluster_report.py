@@ -20,7 +20,7 @@ from imgbuild.errors import VerifyError
 # ../shared/data/nccl-tests beside the repository (in CI too): real logs with their sources in its README.
 DATA = Path(__file__).parents[2] / "shared" / "data" / "nccl-tests"
 GIB = 1024**3
-runner = CliRunner(env={"COLUMNS": "250"})  # wide enough that rich does not wrap a reason across lines
+runner = CliRunner()
 
 
 def shared_log(name: str) -> str:
@@ -168,7 +168,7 @@ def test_mpirun_prefix_and_old_table() -> None:
     assert (log.nodes, log.ranks, log.gpus_per_node) == (2, 16, 8)
     assert log.instance_types == ("p4d.24xlarge",)  # the 1.1-era plugin's "Running on P4d platform"
     net = log.network
-    assert net.used == ("AWS Libfabric",) and net.provider == "efa" and not net.failures and not net.missing
+    assert net.used == ("AWS Libfabric",) and net.providers == ("efa",) and not net.failures and not net.missing
 
 
 def test_srun_prefix_and_current_table() -> None:
@@ -206,8 +206,8 @@ def test_current_nccl_tests_and_plugin_lines() -> None:
     assert log.tables[0].collective == "all_reduce_perf"
     assert log.instance_types == ("g7e.8xlarge",) and log.nccl_versions == ("2.29.2",)
     net = log.network
-    assert (net.provider, net.fabric, net.nics, net.plugin_version, net.libfabric) == (
-        "efa",
+    assert (net.providers, net.fabric, net.nics, net.plugin_version, net.libfabric) == (
+        ("efa",),
         "efa",
         (1,),
         "1.18.0",
@@ -555,11 +555,13 @@ def test_cli_pass_with_every_output(tmp_path: Path) -> None:
     assert out["png"].read_bytes().startswith(PNG)
 
 
-def test_cli_fail_exits_11() -> None:
-    result = runner.invoke(app, ["report", str(DATA / SOCKET), "--instance-type", "g4dn.8xlarge", "--nodes", "2"])
+def test_cli_fail_exits_11(tmp_path: Path) -> None:
+    args = ["report", str(DATA / SOCKET), "--instance-type", "g4dn.8xlarge", "--nodes", "2"]
+    result = runner.invoke(app, [*args, "--json", str(tmp_path / "r.json")])
     assert result.exit_code == VerifyError.exit_code == 11, result.output
-    assert "NCCL used Socket, not EFA" in result.output
-    assert "FAIL (network, bandwidth 1 GiB)" in result.output
+    assert f"imgbuild: error: {DATA / SOCKET}: FAIL (network, bandwidth 1 GiB)" in result.output
+    network = json.loads((tmp_path / "r.json").read_text())["criteria"][0]
+    assert network["name"] == "network" and network["reason"].startswith("NCCL used Socket, not EFA")
 
 
 def test_cli_reads_stdin_and_warn_exits_0() -> None:
@@ -579,3 +581,24 @@ def test_cli_unwritable_output(tmp_path: Path) -> None:
     target = tmp_path / "no-such-dir" / "r.json"
     result = runner.invoke(app, ["report", str(DATA / G7E), "--json", str(target)])
     assert result.exit_code == 11 and f"{target}: cannot write the report" in result.output
+
+
+def test_provider_with_its_utility_layer() -> None:
+    log = parse("NCCL INFO NET/OFI Selected Provider is efa;ofi_rxr\nNCCL INFO Using network AWS Libfabric\n")
+    assert log.network.providers == ("efa;ofi_rxr",) and by_name(judge(log))["network"].status == "PASS"
+
+
+def test_mounts_as_imgbuild_cluster() -> None:
+    """The main CLI mounts `app` with add_typer: `report` stays a subcommand of `cluster`."""
+    import typer
+
+    root = typer.Typer()
+
+    @root.callback()
+    def _root() -> None:
+        """imgbuild"""
+
+    root.add_typer(app, name="cluster")
+    result = runner.invoke(root, ["cluster", "report", str(DATA / G7E)])
+    assert result.exit_code == 0, result.output
+    assert "report" in runner.invoke(root, ["cluster", "--help"]).output

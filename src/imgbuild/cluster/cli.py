@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from imgbuild.errors import ImgbuildError, VerifyError
+from imgbuild.cli.common import handled, out
+from imgbuild.errors import VerifyError
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -60,6 +61,18 @@ def report_command(
 ) -> None:
     """Say whether an nccl-tests run used EFA, loaded the expected NCCL, got correct results and reached the bus
     bandwidth published for its instance type and node count. Exit 0 on PASS or WARN, 11 on FAIL."""
+    handled(_report)(log, instance_type, nodes, nccl_version, plot, json_path, junit)
+
+
+def _report(
+    log: str,
+    instance_type: str | None,
+    nodes: int | None,
+    nccl_version: str | None,
+    plot: Path | None,
+    json_path: Path | None,
+    junit: Path | None,
+) -> None:
     from pydantic import ValidationError
 
     from imgbuild.cluster import report
@@ -73,23 +86,18 @@ def report_command(
         raise typer.BadParameter(
             f"{first['input']!r}: {first['msg']}", param_hint=f"'{_OPTION.get(field, field)}'"
         ) from None
-    try:
-        rep = report.judge(report.parse(text), expect, source=source)
-        render(rep, _console())
-        if json_path is not None:
-            _write(json_path, report.to_json(rep).encode())
-        if junit is not None:
-            _write(junit, report.junit_xml(rep).encode())
-        if plot is not None:
-            from imgbuild.cluster import plot as plotting
+    rep = report.judge(report.parse(text), expect, source=source)
+    render(rep, out())
+    if json_path is not None:
+        _write(json_path, report.to_json(rep).encode())
+    if junit is not None:
+        _write(junit, report.junit_xml(rep).encode())
+    if plot is not None:
+        from imgbuild.cluster import plot as plotting
 
-            _write(plot, plotting.png(rep))
-    except ImgbuildError as exc:
-        _exit(exc)
+        _write(plot, plotting.png(rep))
     if rep.verdict == "FAIL":
-        names = ", ".join(c.name for c in rep.failed)
-        _console(stderr=True).print(f"imgbuild: {source}: FAIL ({names})", markup=False)
-        raise typer.Exit(VerifyError.exit_code)
+        raise VerifyError(f"{source}: FAIL ({', '.join(c.name for c in rep.failed)})")
 
 
 def _read(log: str) -> tuple[str, str]:
@@ -112,22 +120,6 @@ def _write(path: Path, data: bytes) -> None:
         path.write_bytes(data)
     except OSError as exc:
         raise VerifyError(f"{path}: cannot write the report: {exc.strerror}") from None
-
-
-def _exit(exc: ImgbuildError) -> NoReturn:
-    """How imgbuild reports its errors (message on stderr, the class's exit code); this sub-app's commands are
-    mounted without the main CLI's wrapper."""
-    err = _console(stderr=True)
-    err.print(f"imgbuild: error: {exc.message}", markup=False)
-    if exc.hint:
-        err.print(f"hint: {exc.hint}", markup=False)
-    raise typer.Exit(exc.exit_code)
-
-
-def _console(stderr: bool = False) -> Console:
-    from rich.console import Console
-
-    return Console(stderr=stderr, highlight=False, soft_wrap=True)
 
 
 def render(rep: Report, console: Console) -> None:

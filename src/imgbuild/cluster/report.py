@@ -102,7 +102,7 @@ class Network(_Model):
     """What the log says about the network NCCL used between nodes."""
 
     used: tuple[str, ...] = Field((), description="NCCL's names: 'Libfabric', 'AWS Libfabric', 'Socket', 'IB'")
-    provider: str | None = None
+    providers: tuple[str, ...] = Field((), description="libfabric providers aws-ofi-nccl selected, over the ranks")
     fabric: str | None = None
     nics: tuple[int, ...] = Field((), description="'found N nics', distinct values over the ranks")
     plugin_version: str | None = Field(None, description="aws-ofi-nccl, as it prints itself")
@@ -381,10 +381,6 @@ def parse(text: str) -> ParsedLog:
                 warnings.append(m.group(1))
     close()
 
-    provider, fabric = providers[0] if providers else (None, None)
-    distinct_providers = _distinct(p for p, _ in providers)
-    if len(distinct_providers) > 1:
-        provider = ";".join(distinct_providers)  # ranks disagree: keep every name, the verdict reads them
     return ParsedLog(
         nccl_versions=_distinct(versions),
         cuda_versions=_distinct(cudas),
@@ -396,8 +392,8 @@ def parse(text: str) -> ParsedLog:
         nnodes=nnodes,
         network=Network(
             used=_distinct(used),
-            provider=provider,
-            fabric=fabric,
+            providers=_distinct(p for p, _ in providers),
+            fabric=next((f for _, f in providers if f), None),
             nics=tuple(sorted(set(nics))),
             plugin_version=plugin,
             libfabric=libfabric,
@@ -506,8 +502,8 @@ def _network(net: Network) -> Criterion:
     parts: list[str] = []
     if net.used:
         parts.append("network " + ", ".join(net.used))
-    if net.provider:
-        parts.append(f"provider {net.provider}" + (f", fabric {net.fabric}" if net.fabric else ""))
+    if net.providers:
+        parts.append(f"provider {', '.join(net.providers)}" + (f", fabric {net.fabric}" if net.fabric else ""))
     if net.nics:
         n = f"{net.nics[0]}-{net.nics[-1]}" if len(net.nics) > 1 else str(net.nics[0])
         parts.append(f"{n} NIC" + ("" if n == "1" else "s"))
@@ -538,9 +534,10 @@ def _network(net: Network) -> Criterion:
             "loaded (not in the image, not on LD_LIBRARY_PATH, or NCCL_NET_PLUGIN names another)"
         )
         return crit("FAIL", why)
-    providers = net.provider.split(";") if net.provider else []
+    # A provider may print with its utility layer ("efa;ofi_rxr"): the first name is the fabric's.
+    providers = [p.split(";")[0] for p in net.providers]
     if providers and any(p != "efa" for p in providers):
-        return crit("FAIL", f"libfabric provider {net.provider}, not efa: the traffic did not go over EFA")
+        return crit("FAIL", f"libfabric provider {', '.join(net.providers)}, not efa: the traffic did not go over EFA")
     if libfabric:
         if not providers:
             return crit("WARN", f"NCCL used {libfabric[0]}, but the log does not say which libfabric provider")

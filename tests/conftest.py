@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SHIPPED = ["a100", "cpu", "gaudi-1.15", "h100", "v100"]
+SHIPPED = ["a100", "cpu", "gaudi-1.15", "h100", "pytorch", "v100"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

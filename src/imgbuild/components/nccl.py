@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from imgbuild import compat
-from imgbuild.checks import CheckContext, Ran, check, compare, fail, passed, skip
+from imgbuild.checks import CONTAINER, CheckContext, Ran, check, compare, fail, passed, skip
 from imgbuild.components._core import Block, Context, Contribution, Pin, Resolution
 from imgbuild.components.pytorch import torch_probe
 from imgbuild.report import CheckResult
@@ -225,6 +225,55 @@ def nccl_header_version(ctx: CheckContext) -> CheckResult:
         return fail(f"no nccl.h with version macros next to {data['lib']}", expected=pin or "nccl.h", found="")
     found = f"{hdr['MAJOR']}.{hdr['MINOR']}.{hdr['PATCH']}"
     return compare(pin, found, "nccl.h", path=hdr["path"])
+
+
+@check("torch-loaded-nccl", "nccl")
+def torch_loaded_nccl(ctx: CheckContext) -> CheckResult:
+    """The libnccl PyTorch actually loaded (from its own memory map) is the pinned NCCL, and the very file the
+    image's loader finds for everything else (nccl-tests, the plugin): one NCCL."""
+    if not ctx.has("pytorch"):
+        return skip("PyTorch is not in the recipe", expected=ctx.version("nccl") or "")
+    pin = ctx.version("nccl")
+    expected = f"{nccl_code(pin)} ({pin})" if pin else "(not pinned)"
+    data, ran = torch_probe(ctx)
+    if data is None:
+        return fail(f"import torch: {ran.why()}", expected=expected)
+    loaded = data.get("loaded_nccl") or []
+    if not loaded:
+        return fail("importing torch loaded no libnccl.so", expected=expected, found="none")
+    if "loaded_code" not in data or data.get("loaded_rc"):
+        return fail(f"ncclGetVersion on {loaded[0]}: {data.get('loaded_error') or data.get('loaded_rc')}", expected)
+    code = int(data["loaded_code"])
+    found = f"{code} ({code_to_version(code)}) from {loaded[0]}"
+    if len(loaded) > 1:
+        return fail(f"torch loaded more than one libnccl: {', '.join(loaded)}", expected, found)
+    if pin is not None and code != nccl_code(pin):
+        return fail(f"torch loaded NCCL {code_to_version(code)}, the lock pins {pin}", expected, found)
+    image, _ = nccl_probe(ctx)
+    if image and image.get("real") and image["real"] != data.get("loaded_real"):
+        return fail(
+            f"torch loads {data.get('loaded_real')}, but the image's loader finds {image['real']}: two NCCLs",
+            expected,
+            found,
+        )
+    return passed(expected, found, loaded=loaded[0])
+
+
+@check("one-nccl", "nccl", scopes=CONTAINER)
+def one_nccl(ctx: CheckContext) -> CheckResult:
+    """Every libnccl.so* in the image is one file (or a link to it): no second NCCL for anything to load."""
+    ran = ctx.run(
+        "find / -xdev \\( -path /proc -o -path /sys \\) -prune -o -name 'libnccl.so*' -print 2>/dev/null"
+        ' | while read -r f; do printf "%s %s\\n" "$f" "$(readlink -f "$f")"; done',
+        timeout_s=120,
+    )
+    pairs = [line.split(" ", 1) for line in ran.out.splitlines() if " " in line]
+    real = sorted({r for _, r in pairs})
+    if not pairs:
+        return fail("no libnccl.so* in the image", expected="one libnccl", found="none")
+    if len(real) > 1:
+        return fail(f"{len(real)} different NCCL libraries: {', '.join(real)}", "one libnccl", ", ".join(real))
+    return passed("one libnccl", real[0], files=[f for f, _ in pairs])
 
 
 @check("torch-nccl-version", "nccl")

@@ -11,6 +11,7 @@ The NCCL block takes PyTorch's NCCL pin, so the NCCL of the image is the one PyT
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Any, Literal
 
 from imgbuild import compat
@@ -108,13 +109,31 @@ BLOCK = Block(
 )
 
 
+# Imports torch (without a GPU too), asks which NCCL it was built with, and finds the libnccl this very process
+# loaded from its own memory map (not by guessing a path), then asks that library its version.
 _TORCH_PROBE = """
-import json, torch
+import ctypes, json, os, torch
 try:
     nccl = torch.cuda.nccl.version()
 except Exception as exc:
     nccl = "error: %s" % exc
-print(json.dumps({"version": torch.__version__, "nccl": nccl, "cuda": torch.version.cuda}))
+loaded = []
+with open("/proc/self/maps") as maps:
+    for line in maps:
+        path = line.split()[-1] if len(line.split()) >= 6 else ""
+        if "/libnccl.so" in path and path not in loaded:
+            loaded.append(path)
+res = {"version": torch.__version__, "nccl": nccl, "cuda": torch.version.cuda,
+       "cuda_available": torch.cuda.is_available(), "loaded_nccl": loaded}
+if loaded:
+    try:
+        code = ctypes.c_int(0)
+        res["loaded_rc"] = ctypes.CDLL(loaded[0]).ncclGetVersion(ctypes.byref(code))
+        res["loaded_code"] = code.value
+        res["loaded_real"] = os.path.realpath(loaded[0])
+    except Exception as exc:
+        res["loaded_error"] = "%s: %s" % (type(exc).__name__, exc)
+print(json.dumps(res))
 """
 
 
@@ -131,4 +150,6 @@ def pytorch_version(ctx: CheckContext) -> CheckResult:
     found = str(data["version"])
     expected = ctx.version("pytorch")
     base = re.match(r"\d+(\.\d+)*", found)
-    return compare(expected, base.group(0) if base else found, "torch", full=found, cuda=data.get("cuda"))
+    result = compare(expected, base.group(0) if base else found, "torch", full=found, cuda=data.get("cuda"))
+    gpu = "a GPU" if data.get("cuda_available") else "no GPU"
+    return replace(result, reason=result.reason or f"imports; torch.cuda sees {gpu}")

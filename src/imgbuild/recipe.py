@@ -44,6 +44,11 @@ from imgbuild.schema import (
 # --------------------------------------------------------------------------------------------------------------
 # The target
 
+ImageTag = Annotated[
+    str,
+    AfterValidator(matching(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}", "a tag of letters, digits and . _ - (128 at most)")),
+]
+
 
 class Base(Strict):
     """The image everything is built on.
@@ -59,13 +64,8 @@ class Base(Strict):
             matching(r"[a-z0-9][a-z0-9._/:-]*", "an image name such as debian or nvidia/cuda (a-z 0-9 . _ / : -)")
         ),
     ]
-    tag: Annotated[
-        str,
-        AfterValidator(
-            matching(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}", "a tag of letters, digits and . _ - (128 at most)")
-        ),
-    ]
-    builder_tag: str | None = Field(None, pattern=r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
+    tag: ImageTag
+    builder_tag: ImageTag | None = None
     digest: Digest | None = None
     latest_only: bool = False
 
@@ -103,7 +103,7 @@ def _components_model() -> type[Strict]:
     from imgbuild.components import REGISTRY
 
     fields: dict[str, Any] = {b.name: (b.options | None, None) for b in REGISTRY}
-    model: type[Strict] = create_model(  # type: ignore[call-overload]
+    model: type[Strict] = create_model(
         "Components",
         __base__=Strict,
         __doc__="The building blocks of an image; a missing (or null) block is not installed.",
@@ -278,7 +278,7 @@ class _Loader(yaml.SafeLoader):
         super().__init__(stream)
         self._depth = 0
 
-    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node | None:
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
         event = self.peek_event()
         if getattr(event, "anchor", None) is not None:
             what = "an alias" if isinstance(event, yaml.AliasEvent) else "an anchor"
@@ -295,12 +295,16 @@ class _Loader(yaml.SafeLoader):
             )
         self._depth += 1
         try:
-            return super().compose_node(parent, index)  # type: ignore[no-any-return]
+            return super().compose_node(parent, index)
         finally:
             self._depth -= 1
 
 
-_Loader.add_constructor("tag:yaml.org,2002:timestamp", yaml.SafeLoader.construct_yaml_str)
+def _as_text(loader: _Loader, node: yaml.Node) -> str:
+    return str(node.value)
+
+
+_Loader.add_constructor("tag:yaml.org,2002:timestamp", _as_text)
 for _tag in ("binary", "set", "omap", "pairs"):
     del _Loader.yaml_constructors[f"tag:yaml.org,2002:{_tag}"]
 
@@ -323,10 +327,13 @@ def _parse(path: Path, label: str) -> tuple[dict[str, Any], dict[tuple[str, ...]
             f"{label}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x}): recipes must be UTF-8 encoded",
             hint=f"convert it, e.g. iconv -f latin1 -t utf-8 {shlex.quote(str(path))}",
         ) from None
-    loader = _Loader(text)
     try:
-        node = loader.get_single_node()
-        doc = loader.construct_document(node) if node is not None else None
+        loader = _Loader(text)  # its reader refuses control characters at once
+        try:
+            node = loader.get_single_node()
+            doc = loader.construct_document(node) if node is not None else None
+        finally:
+            loader.dispose()
     except yaml.reader.ReaderError as exc:
         line = text.count("\n", 0, exc.position) + 1
         raise RecipeError(
@@ -338,8 +345,6 @@ def _parse(path: Path, label: str) -> tuple[dict[str, Any], dict[tuple[str, ...]
         raise RecipeError(f"{where}: not valid YAML: {shown(exc.problem or exc.context, 200)}") from None
     except yaml.YAMLError as exc:
         raise RecipeError(f"{label}: not valid YAML: {shown(exc, 200)}") from None
-    finally:
-        loader.dispose()
     if doc is None:
         doc = {}
     if not isinstance(doc, dict):

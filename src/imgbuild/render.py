@@ -7,7 +7,6 @@ the build context instead.
 
 from __future__ import annotations
 
-import json
 import shlex
 from dataclasses import dataclass, replace
 from functools import cache
@@ -33,6 +32,7 @@ from imgbuild.lock import Lock
 from imgbuild.manifest import ComponentEntry, Manifest
 from imgbuild.resolver import Resolved
 
+BASE_BUILD_DISK_GB = 2.0  # an image without big blocks: the base, OS packages, small downloads
 CA_DIR = "imgbuild/ca"  # what `--ca-bundle` adds to the context; copied into builder stages only
 
 
@@ -57,6 +57,7 @@ class BuildPlan:
     repository: str
     tags: tuple[str, ...]  # content-addressed first, then readable
     base_images: tuple[str, ...]
+    disk_gb: float = BASE_BUILD_DISK_GB  # free disk the engine needs to build it (see build.check_disk)
 
     @property
     def image_refs(self) -> list[str]:
@@ -81,10 +82,24 @@ def environment() -> jinja2.Environment:
         lstrip_blocks=True,
         autoescape=False,
     )
+    from imgbuild.schema import one_line
+
+    def dockerfile_value(value: object) -> str:
+        """A value the classic builder's ENV and LABEL read back exactly: in double quotes, with \\ " and $
+        escaped, since Docker expands $VAR and ${VAR} in both (a JSON string would not do: Docker keeps its
+        \\n, \\t and \\u00e9 as written). A line break cannot be written at all: the schema refuses it in
+        recipes, and here it is an error rather than a broken instruction."""
+        text = str(value)
+        try:
+            one_line(text)
+        except ValueError as exc:
+            raise RenderError(f"cannot write {text!r} as a Dockerfile ENV/LABEL value: {exc}") from None
+        return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$") + '"'
+
     env.filters["shquote"] = shlex.quote
-    env.filters["dquote"] = lambda s: json.dumps(str(s))
+    # NAME="value" pairs of one ENV or LABEL instruction, one per line, sorted.
     env.filters["kvlines"] = lambda mapping, indent: f" \\\n{indent}".join(
-        f"{k}={json.dumps(str(v))}" for k, v in sorted(mapping.items())
+        f"{k}={dockerfile_value(v)}" for k, v in sorted(mapping.items())
     )
     for block in REGISTRY:
         env.globals.update(block.template_globals)
@@ -160,6 +175,7 @@ def plan(resolved: Resolved) -> BuildPlan:
         repository=f"imgbuild/{resolved.name}",
         tags=(f"lock-{digest[:12]}", readable_tag(resolved)),
         base_images=tuple(bases),
+        disk_gb=BASE_BUILD_DISK_GB + sum(c.build_disk_gb for c in contribs.values()),
     )
 
 

@@ -139,3 +139,18 @@ def test_context_holds_only_what_the_dockerfile_copies(tmp_path: Path) -> None:
 
 def test_build_leaves_no_context_folder(cpu_image) -> None:
     assert list(Path(tempfile.gettempdir()).glob("imgbuild-context-*")) == []
+
+
+def test_a_build_the_disk_cannot_hold_is_refused_with_the_figures() -> None:
+    from imgbuild import build, recipe, render
+    from imgbuild.errors import BuildError
+    from imgbuild.lock import resolved_for
+
+    plan = render.plan(resolved_for(recipe.load("pytorch"), lookup_torch=None)[0])
+    assert plan.disk_gb >= 16  # torch's wheels: measured about 16 GB while the layer is committed
+    with pytest.raises(BuildError, match=r"building pytorch needs about 18 GB free .*; 9.5 GB is free") as err:
+        build.check_disk(None, plan, free_bytes=9_500_000_000)
+    assert err.value.exit_code == 9
+    build.check_disk(None, plan, free_bytes=40_000_000_000)  # enough: no error
+    small = render.plan(resolved_for(recipe.load("cpu"), lookup_torch=None)[0])
+    assert small.disk_gb < 5

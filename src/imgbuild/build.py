@@ -13,9 +13,10 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from imgbuild import __version__, context, engine, lock, paths, recipe, render
-from imgbuild.errors import ImgbuildError, RecipeError
+from imgbuild.errors import BuildError, ImgbuildError
 from imgbuild.resolver import Resolved
 
 
@@ -53,11 +54,36 @@ def parse_build_args(items: list[str]) -> dict[str, str]:
 
 
 def prepare(ref: str) -> tuple[recipe.LoadedRecipe, Resolved, bool]:
-    loaded = recipe.load(ref)
-    if loaded.recipe.abstract:
-        raise RecipeError(f"{recipe.display(loaded.path)}: '{loaded.recipe.name}' is abstract (a parent)")
+    loaded = recipe.load(ref).concrete()
     resolved, how = lock.resolved_for(loaded)
     return loaded, resolved, how == "lock"
+
+
+def check_disk(client: Any, plan: render.BuildPlan, *, free_bytes: int | None = None) -> None:
+    """Refuse to start a build the engine's disk cannot hold, saying how much it needs and has.
+
+    Checked only where it can be: an engine on this machine (its data root is a local path) and an image not
+    already built under the plan's content-addressed tag (a rebuild from cache needs next to nothing).
+    """
+    if free_bytes is None:
+        if os.environ.get("DOCKER_HOST", "unix://").split("://")[0] not in ("unix", ""):
+            return
+        if engine.inspect_image(client, plan.image_refs[0]) is not None:
+            return
+        root = str(client.info().get("DockerRootDir") or "/var/lib/docker")
+        try:
+            free_bytes = shutil.disk_usage(root).free
+        except OSError:
+            return  # the data root is not visible from here (engine in a VM): nothing to measure
+    else:
+        root = "the engine's data root"
+    need = plan.disk_gb * 1e9
+    if free_bytes < need:
+        raise BuildError(
+            f"building {plan.recipe} needs about {plan.disk_gb:.0f} GB free in {root} while its layers are "
+            f"written and committed; {free_bytes / 1e9:.1f} GB is free",
+            hint="free space (docker system prune, docker image prune -a) or give the engine a bigger disk",
+        )
 
 
 def build(
@@ -76,6 +102,7 @@ def build(
     plan = render.plan(resolved)
     client = engine.connect()
     try:
+        check_disk(client, plan)
         engine.ensure_base_images(client, list(plan.base_images), pull=pull)
         stamp = dt.datetime.now(dt.timezone.utc)
         log_path = (log_dir or paths.state_dir() / "logs") / f"{plan.recipe}-{stamp:%Y%m%dT%H%M%SZ}.log"

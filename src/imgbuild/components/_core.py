@@ -55,6 +55,8 @@ class Contribution:
     manifest: dict[str, Any] = field(default_factory=dict)
     # The builder compiles against libfabric / Open MPI, so the EFA installer must run in the builder too.
     needs_fabric_in_builder: bool = False
+    # Free disk the engine needs for this block's layers while they are written and committed.
+    build_disk_gb: float = 0.0
 
 
 @dataclass(frozen=True)

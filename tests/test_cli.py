@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
+from conftest import SHIPPED
 from imgbuild.cli import app
 from imgbuild.errors import LockError, RecipeError, ResolveError
 
@@ -21,7 +25,7 @@ def test_list() -> None:
     result = run("list", "--json")
     assert result.exit_code == 0, result.output
     rows = {r["name"]: r for r in json.loads(result.stdout)}
-    assert set(rows) == {"a100", "cpu", "gaudi-1.15", "h100", "v100"}
+    assert sorted(rows) == SHIPPED
     assert all(r["lock"] == "locked" for r in rows.values())
 
 
@@ -96,3 +100,38 @@ def test_abstract_recipe_is_refused() -> None:
 def test_version() -> None:
     result = run("--version")
     assert result.exit_code == 0 and result.stdout.startswith("imgbuild ")
+
+
+# Imported only by the commands that talk to the engine, a registry or AWS (see imgbuild.cli's docstring).
+HEAVY = ("docker", "boto3", "requests", "testinfra", "rich.progress")
+LOADED = """
+import contextlib, io, json, sys
+from imgbuild.cli import app
+code = None
+with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    try:
+        app(sys.argv[1:])
+    except SystemExit as exc:
+        code = exc.code
+print(json.dumps({"exit": code, "loaded": sorted(m for m in sys.modules if m.split(".")[0] in %r or m in %r)}))
+"""
+
+
+@pytest.mark.parametrize("args", [["--version"], ["list"], ["show", "cpu"], ["render", "cpu"]])
+def test_quick_commands_import_no_engine_registry_or_aws_modules(args: list[str]) -> None:
+    code = LOADED % ({m.split(".")[0] for m in HEAVY if "." not in m}, HEAVY)
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=True)
+    result = json.loads(proc.stdout)
+    assert result["exit"] == 0, proc.stderr
+    assert result["loaded"] == [], f"imgbuild {' '.join(args)} imported {result['loaded']}"
+
+
+def test_version_imports_neither_pydantic_nor_rich() -> None:
+    code = LOADED % ({"pydantic", "rich", "yaml", "jinja2"}, ())
+    proc = subprocess.run([sys.executable, "-c", code, "--version"], capture_output=True, text=True, check=True)
+    assert json.loads(proc.stdout) == {"exit": 0, "loaded": []}
+
+
+def test_cluster_group_is_mounted() -> None:
+    result = run("cluster", "--help")
+    assert result.exit_code == 0 and "report" in result.stdout

@@ -25,15 +25,14 @@ def matrix(names: list[str] | None = None) -> dict[str, Any]:
     out, and refused when named.
     """
     from imgbuild import lock, recipe, render
-    from imgbuild.errors import LockError, RecipeError
+    from imgbuild.errors import LockError
 
     include = []
     for name in names or recipe.shipped_names():
         loaded = recipe.load(name)
-        if loaded.recipe.abstract:
-            if names:
-                raise RecipeError(f"{name} is abstract (a parent): nothing to build")
-            continue
+        if loaded.recipe.abstract and not names:
+            continue  # a parent among the shipped files: nothing of its own to publish
+        loaded.concrete()
         resolved = lock.read(loaded)
         if resolved is None:
             raise LockError(

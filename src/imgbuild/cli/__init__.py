@@ -2,9 +2,10 @@
 only with IMGBUILD_DEBUG=1.
 
 One module per group of commands (`recipes`, `build`, `verify`, `run`, `publish`), each with a `register(app)`
-that adds its commands; `common` holds what they share. Start-up is kept short: a command imports what it needs
-when it runs (pydantic, docker, requests, boto3, testinfra and rich are imported by the commands that use them), so
-`imgbuild --version` imports typer and nothing else of weight. `benchmarks/startup_bench.py` measures it.
+that adds its commands; `common` holds what they share. `imgbuild cluster` is `imgbuild.cluster.cli`'s own app.
+Start-up is kept short: a command imports what it needs when it runs (pydantic, docker, requests, boto3, testinfra
+and rich are imported by the commands that use them), so `imgbuild --version` imports typer and nothing else of
+weight. `benchmarks/startup_bench.py` measures it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import typer
 from imgbuild import __version__
 from imgbuild.cli import build, publish, recipes, run, verify
 from imgbuild.cli.common import err
+from imgbuild.cluster.cli import app as cluster_app
 
 __all__ = ["app", "main"]
 
@@ -50,6 +52,7 @@ build.register(app)
 verify.register(app)
 run.register(app)
 publish.register(app)
+app.add_typer(cluster_app, name="cluster")
 
 
 def main() -> None:

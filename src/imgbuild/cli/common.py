@@ -1,4 +1,4 @@
-"""What every command shares: the two consoles, the error handler, the RECIPE argument, the recipe lookup.
+"""What every command shares: the two consoles, the error handler, the RECIPE argument and its resolution.
 
 Kept light on purpose: every command module imports it when `imgbuild` starts, so rich and the recipe model are
 imported only when a command first prints or loads a recipe (`imgbuild --version` needs neither).
@@ -67,23 +67,11 @@ def warn(resolved: Resolved) -> None:
         err().print(f"imgbuild: warning: {w}", markup=False)
 
 
-def concrete(ref: str) -> LoadedRecipe:
-    """The recipe REF, refused when it is abstract (a parent for other recipes): there is nothing to build."""
-    from imgbuild import recipe
-    from imgbuild.errors import RecipeError
-
-    loaded = recipe.load(ref)
-    if loaded.recipe.abstract:
-        raise RecipeError(
-            f"{recipe.display(loaded.path)}: '{loaded.recipe.name}' is abstract (a parent for other recipes)"
-        )
-    return loaded
-
-
 def resolved(ref: str) -> tuple[LoadedRecipe, Resolved, str]:
-    """The recipe REF with its pins: from its lock when fresh ("lock"), else freshly resolved ("resolved")."""
-    from imgbuild import lock
+    """The recipe REF (refused when abstract) with its pins: from its lock when fresh ("lock"), else freshly
+    resolved ("resolved")."""
+    from imgbuild import lock, recipe
 
-    loaded = concrete(ref)
+    loaded = recipe.load(ref).concrete()
     result, how = lock.resolved_for(loaded)
     return loaded, result, how

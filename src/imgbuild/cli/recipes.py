@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from imgbuild.cli.common import RecipeArg, concrete, err, handled, out, resolved, warn
+from imgbuild.cli.common import RecipeArg, err, handled, out, resolved, warn
 
 
 def register(app: typer.Typer) -> None:
@@ -116,7 +116,7 @@ def lock_(
     from imgbuild import lock, recipe
     from imgbuild.resolver import index_lookup, resolve
 
-    loaded = concrete(ref)
+    loaded = recipe.load(ref).concrete()
     res = resolve(loaded, lookup_torch=None if offline else index_lookup)
     warn(res)
     path = lock.write(loaded, res)

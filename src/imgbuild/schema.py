@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
-_VERSION_RE = re.compile(r"^\d+(\.\d+){1,3}((a|b|rc|post|dev)\d+|[+-][A-Za-z0-9.]+)?$")
+_VERSION_RE = re.compile(r"^\d+(\.\d+){1,3}((a|b|rc|post|dev)\d+|[+-][A-Za-z0-9.]+)?$", re.ASCII)
 _UNPINNED = ("latest", "*", ">", "<", "~", "^", "=", "!", ",", " ")
 
 
@@ -24,7 +24,7 @@ def pinned(value: str) -> str:
     """An exact version, or ValueError (unpinned versions such as 'latest' or '>=2' are refused)."""
     text = str(value).strip()
     if text.lower() == "latest" or any(mark in text for mark in _UNPINNED[1:]) or not _VERSION_RE.match(text):
-        raise ValueError(f"an exact version such as 2.21.5 (unpinned versions are not allowed), got {value!r}")
+        raise ValueError(f"expected an exact version such as 2.21.5 (unpinned versions are not allowed), got {value!r}")
     return text
 
 
@@ -52,7 +52,7 @@ def one_line(value: str) -> str:
 
 def matching(pattern: str, expected: str) -> Callable[[str], str]:
     """A validator: the whole value matches `pattern`, else ValueError saying what was expected."""
-    compiled = re.compile(pattern)
+    compiled = re.compile(pattern, re.ASCII)
 
     def check(value: str) -> str:
         if compiled.fullmatch(value) is None:

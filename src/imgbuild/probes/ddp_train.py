@@ -1,0 +1,111 @@
+"""A small DistributedDataParallel training, the multi-node PyTorch check of `imgbuild verify --nodes`.
+
+Runs unchanged under the image's two launchers:
+- torchrun (c10d rendezvous): RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT come from torchrun;
+- mpirun (the recipe's launch line, as `train` runs it): ranks from OMPI_COMM_WORLD_*; rank 0 picks a free port
+  and its address, and mpi4py broadcasts them, so nothing has to be agreed on beforehand.
+The backend is nccl where CUDA is available, else gloo. Every rank trains on its own data for STEPS steps; DDP
+averages the gradients, so afterwards the model's parameters must be identical on every rank: each rank's
+parameter checksum is gathered, and rank 0 prints one JSON line with the result. Exit 0 only when all agree.
+"""
+
+import hashlib
+import json
+import os
+import socket
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+STEPS = int(os.environ.get("IMGBUILD_DDP_STEPS", "20"))
+
+
+def rendezvous():
+    """(rank, world size, local rank, init_method) from torchrun's variables or from mpirun's."""
+    if "RANK" in os.environ and "MASTER_ADDR" in os.environ:
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        return rank, world, int(os.environ.get("LOCAL_RANK", "0")), "env://", "torchrun"
+    if "OMPI_COMM_WORLD_RANK" in os.environ:
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
+        endpoint = None
+        if comm.Get_rank() == 0:
+            with socket.socket() as s:
+                s.bind(("", 0))
+                port = s.getsockname()[1]
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                # The address peers reach this host by (no packet is sent by connect on UDP).
+                probe.connect((os.environ.get("IMGBUILD_PEER", "192.0.2.1"), 9))
+                address = probe.getsockname()[0]
+            endpoint = (address, port)
+        address, port = comm.bcast(endpoint, root=0)
+        local = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0"))
+        return comm.Get_rank(), comm.Get_size(), local, f"tcp://{address}:{port}", "mpirun"
+    sys.exit("ddp_train: neither torchrun's RANK/MASTER_ADDR nor mpirun's OMPI_COMM_WORLD_RANK is set")
+
+
+def nccl_version():
+    """The NCCL torch was built with, or None for a build without NCCL (CPU wheels)."""
+    try:
+        return ".".join(map(str, torch.cuda.nccl.version()))
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def main():
+    rank, world, local_rank, init_method, launcher = rendezvous()
+    cuda = torch.cuda.is_available()
+    backend = "nccl" if cuda else "gloo"
+    device = torch.device(f"cuda:{local_rank % torch.cuda.device_count()}") if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    start = time.monotonic()
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world)
+    torch.manual_seed(0)  # the same initial model everywhere (DDP also broadcasts rank 0's)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)).to(device)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    gen = torch.Generator().manual_seed(1000 + rank)  # different data on every rank
+    loss = torch.tensor(0.0)
+    for _ in range(STEPS):
+        x = torch.randn(64, 32, generator=gen).to(device)
+        y = x.sum(dim=1, keepdim=True).to(device)
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(ddp(x), y)
+        loss.backward()
+        opt.step()
+    flat = torch.cat([p.detach().float().cpu().reshape(-1) for p in model.parameters()])
+    digest = hashlib.sha256(flat.numpy().tobytes()).hexdigest()[:16]
+    digests = [None] * world
+    dist.all_gather_object(digests, digest)
+    hosts = [None] * world
+    dist.all_gather_object(hosts, socket.gethostname())
+    seconds = round(time.monotonic() - start, 3)
+    dist.destroy_process_group()
+    same = len(set(digests)) == 1
+    if rank == 0:
+        print(
+            json.dumps(
+                {
+                    "ddp": "ok" if same else "parameters differ",
+                    "launcher": launcher,
+                    "backend": backend,
+                    "world_size": world,
+                    "steps": STEPS,
+                    "hosts": sorted(set(hosts)),
+                    "checksums": digests,
+                    "loss": round(float(loss.detach()), 6),
+                    "seconds": seconds,
+                    "nccl": nccl_version(),
+                }
+            ),
+            flush=True,
+        )
+    sys.exit(0 if same else 3)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,4 +1,5 @@
-"""`imgbuild verify --nodes N`: N containers of the cpu image on a private network, mpirun and fi_pingpong across.
+"""`imgbuild verify --nodes N` and the launch line: N containers of the cpu image on a private network, mpirun
+(the very line the image's `train` runs) and fi_pingpong across, and every rank's environment.
 
 The docker tests build the cpu recipe for real (the `cpu_image` fixture, seconds with a warm cache) and check
 that every run leaves no container, network or key folder behind.
@@ -9,76 +10,106 @@ from __future__ import annotations
 import glob
 import json
 import os
+import subprocess
 import tempfile
 from typing import Any
 
 import docker
 import pytest
 
-from imgbuild import multinode
+from imgbuild import launch, lock, multinode, recipe, render
+from imgbuild.containers import Containers
 from imgbuild.errors import Interrupted, VerifyError
+from imgbuild.manifest import MANIFEST_PATH, Manifest
+from imgbuild.recipe import MpiRun
 from imgbuild.report import CheckResult, failures
 
-CPU_MPIRUN = {
-    "launcher": "mpirun",
-    "mca": {"pml": "ob1", "btl": "tcp,self"},
-    "exclude_interfaces": ["lo", "docker0"],
-    "nccl_socket_ifname": None,
-    "extra_args": ["--allow-run-as-root"],
-}
+
+def manifest_of(name: str, **over: Any) -> Manifest:
+    """The manifest render writes into the image of a shipped recipe (from its lock: no network)."""
+    resolved = lock.resolved_for(recipe.load(name), lookup_torch=None)[0]
+    text = next(f.content for f in render.plan(resolved).files if f.path == "imgbuild/manifest.json")
+    return Manifest.model_validate({**json.loads(text), **over})
 
 
-def _manifest(**over: Any) -> dict[str, Any]:
-    m: dict[str, Any] = {
-        "components": {"sshd": {"ports": [3022]}, "python": {"venv": "/opt/venv"}, "libfabric": {}},
-        "mpirun": CPU_MPIRUN,
-        "platform": {"devices_per_node": 1},
-        "runtime": {"shm_size": "1g", "memlock_unlimited": True},
-    }
-    m.update(over)
-    return m
+def train_of(name: str) -> str:
+    resolved = lock.resolved_for(recipe.load(name), lookup_torch=None)[0]
+    return next(f.content for f in render.plan(resolved).files if f.path == "imgbuild/train").decode()
 
 
 # --------------------------------------------------------------------------------------------------------
-# plain data: the mpirun command line comes from the manifest
+# plain data: one launch line, from the manifest
 
 
-def test_mpirun_argv_comes_from_the_manifest() -> None:
-    s = multinode.Settings.from_manifest(_manifest(), None)
-    argv = s.mpirun_argv("/h", 3, "/opt/venv/bin/python", "/s.py")
+def test_the_mpirun_line_comes_from_the_manifest() -> None:
+    m = manifest_of("cpu")
+    argv = multinode.mpirun_argv(m, hostfile="/h", ranks=3, program=["/opt/venv/bin/python", "/s.py"], wdir="/w")
     assert argv == [
-        "mpirun", "--allow-run-as-root", "--hostfile", "/h", "-np", "3",
+        "mpirun", "--allow-run-as-root",
         "--mca", "btl", "tcp,self", "--mca", "pml", "ob1",
         "--mca", "btl_tcp_if_exclude", "lo,docker0", "--mca", "oob_tcp_if_exclude", "lo,docker0",
-        "/opt/venv/bin/python", "/s.py",
+        "--mca", "plm_rsh_no_tree_spawn", "1",
+        *(x for name in m.rank_env for x in ("-x", name)),
+        "-np", "3", "--hostfile", "/h", "--wdir", "/w", "/opt/venv/bin/python", "/s.py",
     ]  # fmt: skip
-    assert (s.port, s.slots, s.shm_size, s.python) == (3022, 1, "1g", "/opt/venv/bin/python")
+    # every variable the image's ENV sets: PATH, the components' and the recipe's
+    assert {"PATH", "FI_PROVIDER", "OMPI_MCA_btl_vader_single_copy_mechanism"} <= set(m.rank_env)
+    assert set(m.rank_env) == {*m.image_env, *m.env}
+    assert (m.ssh_ports, m.slots, m.python) == ((3022,), 1, "/opt/venv/bin/python")
+    assert launch.for_manifest(m).env_defaults == ()
 
 
-def test_mpirun_argv_other_launcher_ifname_and_explicit_excludes() -> None:
-    mpirun = {
-        "launcher": "/opt/amazon/openmpi/bin/mpirun",
-        "mca": {"btl_tcp_if_exclude": "lo"},
-        "exclude_interfaces": ["lo", "docker0"],
-        "nccl_socket_ifname": "^lo,docker",
-        "extra_args": [],
-    }
-    m = _manifest(mpirun=mpirun, platform={"devices_per_node": 8})
-    m["components"]["python"] = {"venv": None}
-    s = multinode.Settings.from_manifest(m, None)
-    argv = s.mpirun_argv("/h", 16, s.python, "/s.py")
+def test_other_launcher_ifname_default_and_the_recipes_own_mca() -> None:
+    mpirun = MpiRun(
+        launcher="/opt/amazon/openmpi/bin/mpirun",
+        mca={"btl_tcp_if_exclude": "lo", "plm_rsh_no_tree_spawn": "0"},
+        nccl_socket_ifname="^lo,docker",
+    )
+    line = launch.launch_for(mpirun, ["PATH", "LD_LIBRARY_PATH", "NCCL_SOCKET_IFNAME"], "python3")
+    argv = line.mpirun_argv(hostfile="/h", np=16, program=["python3", "/s.py"])
     assert argv[0] == "/opt/amazon/openmpi/bin/mpirun"
-    assert argv.count("btl_tcp_if_exclude") == 1  # the recipe's own value wins
+    assert argv.count("btl_tcp_if_exclude") == 1 and argv.count("plm_rsh_no_tree_spawn") == 1  # the recipe's win
     assert argv[argv.index("oob_tcp_if_exclude") - 1 :][:3] == ["--mca", "oob_tcp_if_exclude", "lo,docker0"]
-    assert argv[argv.index("-x") :][:2] == ["-x", "NCCL_SOCKET_IFNAME=^lo,docker"]
-    assert (s.slots, s.python) == (8, "python3")
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "-x"] == ["PATH", "LD_LIBRARY_PATH", "NCCL_SOCKET_IFNAME"]
+    assert "--wdir" not in argv
+    assert line.torchrun_argv(nnodes=2, node_rank=1, nproc_per_node=8, master_addr="algo-1", master_port=29500,
+                              program=["t.py"]) == [
+        "python3", "-m", "torch.distributed.run", "--nnodes=2", "--node_rank=1", "--nproc_per_node=8",
+        "--master_addr=algo-1", "--master_port=29500", "t.py",
+    ]  # fmt: skip
+    # The recipe's NCCL_SOCKET_IFNAME is a default: the job's interface (set before) wins.
+    defaults = line.shell_defaults()
+    show = 'printf "%s|" "$NCCL_SOCKET_IFNAME"; bash -c \'printf "%s" "$NCCL_SOCKET_IFNAME"\''
+    unset = subprocess.run(["bash", "-euc", defaults + show], capture_output=True, text=True, check=True, env={})
+    assert unset.stdout == "^lo,docker|^lo,docker"
+    env = {"NCCL_SOCKET_IFNAME": "eth0"}
+    given = subprocess.run(["bash", "-euc", defaults + show], capture_output=True, text=True, check=True, env=env)
+    assert given.stdout == "eth0|eth0"
+
+
+@pytest.mark.parametrize("name", ["cpu", "a100", "gaudi-1.15"])
+def test_train_holds_the_launch_line_of_its_manifest(name: str, tmp_path: Any) -> None:
+    """The MPIRUN and TORCHRUN arrays of the rendered `train`, as bash reads them, are the launch module's."""
+    script = tmp_path / "train"
+    script.write_text(train_of(name))
+    arrays = 'eval "$(sed -n "/^readonly MPIRUN=(/,/^)/p; /^readonly TORCHRUN=(/p" "$1")"; ' + (
+        'printf "%s\\n" "${MPIRUN[@]}"; echo ---; printf "%s\\n" "${TORCHRUN[@]}"'
+    )
+    out = subprocess.run(["bash", "-c", arrays, "_", str(script)], capture_output=True, text=True, check=True).stdout
+    mpirun, torchrun = out.split("---\n")
+    line = launch.for_manifest(manifest_of(name))
+    assert mpirun.splitlines() == list(line.mpirun)
+    assert torchrun.splitlines() == list(line.torchrun)
+    if name == "a100":  # its recipe's NCCL_SOCKET_IFNAME default is set before mpirun
+        defaults = line.shell_defaults().splitlines()
+        assert defaults and all(f"\n    {d}\n" in script.read_text() for d in defaults)
 
 
 def test_an_image_without_sshd_is_refused() -> None:
-    m = _manifest()
-    del m["components"]["sshd"]
+    m = manifest_of("cpu")
+    components = {k: v for k, v in m.components.items() if k != "sshd"}
     with pytest.raises(VerifyError, match="no sshd"):
-        multinode.Settings.from_manifest(m, None)
+        multinode.run_multinode("img:1", m.model_copy(update={"components": components}), 2)
 
 
 def test_pingpong_table_parses() -> None:
@@ -89,17 +120,6 @@ def test_pingpong_table_parses() -> None:
     )
     rows = multinode._PINGPONG_ROW_RE.findall(out)
     assert [(r[0], r[5], r[6]) for r in rows] == [("64", "0.02", "3446.50"), ("1m", "273.59", "3832.70")]
-
-
-def test_sections_an_older_manifest_lacks_come_from_the_recipe() -> None:
-    from imgbuild import build
-
-    _, resolved, _ = build.prepare("cpu")  # from recipes/cpu.lock.json: no network
-    m = _manifest()
-    for key in ("mpirun", "runtime", "platform"):
-        del m[key]
-    s = multinode.Settings.from_manifest(m, resolved)
-    assert s == multinode.Settings.from_manifest(_manifest(), None)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -117,13 +137,23 @@ def _by(results: list[CheckResult], name: str) -> list[CheckResult]:
     return [r for r in results if r.name == name]
 
 
+def _read_manifest(client: docker.DockerClient, image: str) -> Manifest:
+    """The image's manifest, read through the container helper (as verify reads it)."""
+    containers = Containers(client)
+    try:
+        raw = containers.read_image_file(image, MANIFEST_PATH)
+    finally:
+        assert containers.remove_all() == []
+    assert raw is not None
+    return Manifest.parse(raw, image)
+
+
 def _run(client: docker.DockerClient, image: str, nodes: int, **kw: Any) -> list[CheckResult]:
-    manifest = multinode.read_manifest(client, image)
-    results = multinode.run_multinode(image, manifest, None, nodes, client=client, **kw)
+    results = multinode.run_multinode(image, _read_manifest(client, image), nodes, client=client, **kw)
     timings = _by(results, "multinode: timings")
     assert len(timings) == 1
     prefix = timings[0].details["run"]
-    assert prefix.startswith(multinode.NAME_PREFIX)
+    assert prefix.startswith("imgbuild-verify-")
     assert _leftovers(client, prefix) == []
     text = json.dumps([r.to_json() for r in results])
     assert "PRIVATE KEY" not in text
@@ -135,18 +165,15 @@ def image(cpu_image) -> str:
     return str(cpu_image.refs[0])
 
 
-@pytest.mark.docker
-@pytest.mark.slow
-def test_read_manifest(docker_client, image) -> None:
-    m = multinode.read_manifest(docker_client, image)
-    assert m["recipe"] == "cpu"
-    assert m["components"]["sshd"]["ports"] == [3022]
+def _image_env(client: docker.DockerClient, image: str) -> dict[str, str]:
+    env = client.api.inspect_image(image)["Config"]["Env"]
+    return dict(item.split("=", 1) for item in env)
 
 
 @pytest.mark.docker
 @pytest.mark.slow
 @pytest.mark.parametrize("nodes", [2, 3])
-def test_allreduce_and_pingpong_pass(docker_client, image, nodes: int) -> None:
+def test_allreduce_environment_and_pingpong_pass(docker_client, image, nodes: int) -> None:
     results = _run(docker_client, image, nodes)
     assert failures(results) == [], "\n".join(f"{r.name} {r.node}: {r.reason}" for r in failures(results))
     names = [f"node-{k}" for k in range(1, nodes + 1)]
@@ -157,8 +184,23 @@ def test_allreduce_and_pingpong_pass(docker_client, image, nodes: int) -> None:
     assert all(f"sum {want}" in r.found for r in per_node)
     (overall,) = _by(results, f"multinode: mpirun allreduce ({nodes} nodes)")
     assert overall.status == "pass"
-    assert "--mca btl tcp,self" in overall.details["command"]
-    assert "--mca oob_tcp_if_exclude lo,docker0" in overall.details["command"]
+    manifest = _read_manifest(docker_client, image)
+    program = [manifest.python, multinode.PROGRAM, multinode.ENV_NAMES]
+    assert overall.details["argv"] == multinode.mpirun_argv(
+        manifest, hostfile=multinode.HOSTFILE, ranks=nodes, program=program, wdir=multinode.WORKDIR
+    )
+    assert "--mca btl tcp,self" in overall.details["command"] and "-x FI_PROVIDER" in overall.details["command"]
+    # Every rank on every node, started by that line, and a plain ssh session on every node, see each variable
+    # of the image's ENV (the recipe's env among them) as the image sets it.
+    image_env = _image_env(docker_client, image)
+    assert {"PATH", "FI_PROVIDER", "OMPI_MCA_btl_vader_single_copy_mechanism"} <= set(image_env)
+    (ranks,) = _by(results, "multinode: rank environment")
+    assert ranks.status == "pass" and ranks.details["expected"] == image_env
+    assert sorted(ranks.details["seen"]) == [f"node-{k} rank {k - 1}" for k in range(1, nodes + 1)]
+    assert all(env == image_env for env in ranks.details["seen"].values())
+    (ssh,) = _by(results, "multinode: ssh environment")
+    assert ssh.status == "pass" and sorted(ssh.details["seen"]) == [f"ssh {n}" for n in names]
+    assert all(env == image_env for env in ssh.details["seen"].values())
     (pp,) = _by(results, "multinode: fi_pingpong")
     assert pp.status == "pass"
     assert "us/xfer" in pp.found and "MB/s" in pp.found
@@ -168,10 +210,45 @@ def test_allreduce_and_pingpong_pass(docker_client, image, nodes: int) -> None:
         assert t[key] > 0
 
 
+FAKE_MPIRUN = """#!/usr/bin/python3
+import json, sys
+print("IMGBUILD-ARGV " + json.dumps(sys.argv[1:]), flush=True)
+"""
+
+
+@pytest.mark.docker
+def test_train_runs_the_mpirun_line_verify_runs(docker_client, image) -> None:
+    """The image's own `train` (a one-host job), with a fake mpirun first on PATH that prints its arguments:
+    they are the arguments `verify --nodes` gives mpirun for the same hosts, ranks, program and folder."""
+    script = (
+        "mkdir -p /opt/ml/code /tmp/fake && : >/opt/ml/code/job.py && "
+        'printf "%s" "$FAKE_MPIRUN" >/tmp/fake/mpirun && chmod +x /tmp/fake/mpirun && unset FAKE_MPIRUN && '
+        "PATH=/tmp/fake:$PATH IMGBUILD_HOSTFILE=/tmp/hosts exec train job.py"
+    )
+    out = docker_client.containers.run(
+        image, ["bash", "-c", script], environment={"FAKE_MPIRUN": FAKE_MPIRUN}, remove=True, network_disabled=True
+    )
+    lines = [ln for ln in out.decode().splitlines() if ln.startswith("IMGBUILD-ARGV ")]
+    assert len(lines) == 1, out.decode()
+    ran = ["mpirun", *json.loads(lines[0].split(" ", 1)[1])]
+    manifest = _read_manifest(docker_client, image)
+    program = [manifest.python, "/opt/ml/code/job.py"]
+    assert ran == multinode.mpirun_argv(manifest, hostfile="/tmp/hosts", ranks=1, program=program, wdir="/opt/ml/code")
+
+
 @pytest.mark.docker
 @pytest.mark.slow
-def test_sshd_down_on_one_node_names_it(docker_client, image) -> None:
-    results = _run(docker_client, image, 3, sshd_wait_s=4, stop_sshd_on="node-2")
+def test_sshd_down_on_one_node_names_it(docker_client, image, monkeypatch) -> None:
+    check = multinode._sshd_check
+
+    def stop_sshd_on_node_2_first(run: Any, wait_s: float) -> list[CheckResult]:
+        (node,) = [m for m in run.members if m.name == "node-2"]
+        stop = 'for i in $(seq 100); do [ -s /run/sshd.pid ] && break; sleep 0.1; done; kill "$(cat /run/sshd.pid)"'
+        assert run.containers.exec(node.container, stop, timeout_s=15, label="stop-sshd").rc == 0
+        return check(run, wait_s)
+
+    monkeypatch.setattr(multinode, "_sshd_check", stop_sshd_on_node_2_first)
+    results = _run(docker_client, image, 3, sshd_wait_s=4)
     bad = [r for r in failures(results) if r.name == "multinode: sshd"]
     assert [r.node for r in bad] == ["node-2"]
     assert "sshd on port 3022 of node-2 didn't answer within 4 s" in bad[0].reason
@@ -179,6 +256,7 @@ def test_sshd_down_on_one_node_names_it(docker_client, image) -> None:
     (overall,) = _by(results, "multinode: mpirun allreduce (3 nodes)")
     assert overall.status == "fail" and "node-2" in overall.reason
     assert {r.status for r in _by(results, "multinode: allreduce")} == {"skip"}
+    assert [r.status for r in _by(results, "multinode: ssh environment")] == ["skip"]
 
 
 @pytest.mark.docker
@@ -192,9 +270,8 @@ def test_ctrl_c_removes_everything(docker_client, image, monkeypatch) -> None:
         raise KeyboardInterrupt
 
     monkeypatch.setattr(multinode, "_allreduce", interrupt)
-    manifest = multinode.read_manifest(docker_client, image)
     with pytest.raises(Interrupted):
-        multinode.run_multinode(image, manifest, None, 2, client=docker_client)
+        multinode.run_multinode(image, _read_manifest(docker_client, image), 2, client=docker_client)
     assert seen and _leftovers(docker_client, seen[0]) == []
 
 
@@ -209,7 +286,8 @@ def test_keys_are_copied_in_when_the_engine_cannot_see_this_machine(docker_clien
 
 @pytest.mark.docker
 def test_a_missing_image_is_a_clear_failure(docker_client) -> None:
-    results = multinode.run_multinode("imgbuild-verify-test/absent:none", _manifest(), None, 2, client=docker_client)
+    manifest = manifest_of("cpu")
+    results = multinode.run_multinode("imgbuild-verify-test/absent:none", manifest, 2, client=docker_client)
     (bad,) = failures(results)
     assert bad.name == "multinode: containers" and "absent" in bad.reason
     assert _leftovers(docker_client, results[-1].details["run"]) == []

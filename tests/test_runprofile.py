@@ -10,7 +10,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from imgbuild import cli_run, recipe, render, runprofile
+from imgbuild import recipe, render, runprofile
+from imgbuild.cli import run as cli_run
 from imgbuild.errors import EngineError
 from imgbuild.lock import resolved_for
 from imgbuild.resolver import Resolved
@@ -54,15 +55,17 @@ def test_cpu_profile() -> None:
 
 
 def test_a100_profile() -> None:
+    # Host networking (issue 10): sshd on 3022 and NCCL's bootstrap socket must be reachable from other instances.
     assert line("a100", ("nvidia-smi",), ("/dev/infiniband/uverbs0",)) == (
-        "docker run --rm --ipc=host --gpus all --device=/dev/infiniband/uverbs0 --ulimit memlock=-1:-1 IMG nvidia-smi"
+        "docker run --rm --net=host --ipc=host --gpus all --device=/dev/infiniband/uverbs0 --ulimit memlock=-1:-1 "
+        "IMG nvidia-smi"
     )
-    assert line("a100") == "docker run --rm --ipc=host --gpus all --ulimit memlock=-1:-1 IMG"
+    assert line("a100") == "docker run --rm --net=host --ipc=host --gpus all --ulimit memlock=-1:-1 IMG"
 
 
 def test_default_shm_without_host_ipc(recipe_dir: Path) -> None:
     mine = recipe_dir / "mine.yaml"
-    mine.write_text("extends: a100\nruntime: {ipc: null, memlock_unlimited: false}\n")
+    mine.write_text("extends: a100\nruntime: {ipc: null, network: null, memlock_unlimited: false}\n")
     loaded = recipe.load(mine)
     argv = runprofile.docker_run_args(loaded, "IMG", [], host_devices=[])
     assert shlex.join(argv) == "docker run --rm --gpus all --shm-size=1g IMG"
@@ -132,3 +135,22 @@ def test_run_exit_status_and_missing_image(app: typer.Typer, cpu_image: Any, rec
     result = runner.invoke(app, ["run", "cpu", "--image", "imgbuild/no-such-image:nothing", "--", "true"])
     assert result.exit_code == EngineError.exit_code, result.output
     assert "no image imgbuild/no-such-image:nothing" in result.stderr
+
+
+@pytest.mark.parametrize("name", ["cpu", "a100", "gaudi-1.15"])
+def test_cli_arguments_and_docker_py_options_are_one_profile(name: str) -> None:
+    """`imgbuild run --print` and verify / verify --nodes (docker-py) start containers from one RunSpec."""
+    devices = ["/dev/infiniband/uverbs0", "/dev/infiniband/uverbs1"]
+    spec = runprofile.run_spec(resolved(name).recipe.runtime, devices)
+    args, kwargs = spec.docker_args(), spec.docker_py()
+    assert [a.split("=", 1)[1] for a in args if a.startswith("--device=")] == list(spec.devices)
+    assert [d.split(":")[0] for d in kwargs.get("devices", [])] == list(spec.devices)
+    assert dict(args[i + 1].split("=", 1) for i, a in enumerate(args) if a == "-e") == kwargs.get("environment", {})
+    assert [a.split("=", 1)[1] for a in args if a.startswith("--cap-add=")] == kwargs.get("cap_add", [])
+    assert ("--ulimit" in args) == ("ulimits" in kwargs) == spec.memlock_unlimited
+    assert ("--net=host" in args) == (kwargs.get("network_mode") == "host")
+    assert ("--ipc=host" in args) == (kwargs.get("ipc_mode") == "host")
+    assert ("--gpus" in args) == ("device_requests" in kwargs)
+    assert (f"--shm-size={kwargs['shm_size']}" in args) if "shm_size" in kwargs else not any("shm" in a for a in args)
+    cli = runprofile.docker_run_args(resolved(name), "IMG", [], host_devices=devices)
+    assert cli == ["docker", "run", "--rm", *args, "IMG"]

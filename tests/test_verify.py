@@ -24,8 +24,11 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from imgbuild import checks, cli_verify, verify
+from imgbuild import checks, verify
+from imgbuild.cli import verify as cli_verify
+from imgbuild.components import aws_ofi_nccl, nccl, sshd
 from imgbuild.errors import Interrupted, VerifyError
+from imgbuild.manifest import MANIFEST_PATH, Manifest
 from imgbuild.report import CheckResult, Status
 
 runner = CliRunner()
@@ -97,10 +100,10 @@ def test_registry_runs_only_the_checks_of_components_in_the_manifest() -> None:
 
 
 def test_nccl_version_codes() -> None:
-    assert checks.nccl_code("2.21.5") == 22105
-    assert checks.nccl_code("2.8.4") == 2804
-    assert checks.code_to_version(22105) == "2.21.5"
-    assert checks.code_to_version(2804) == "2.8.4"
+    assert nccl.nccl_code("2.21.5") == 22105
+    assert nccl.nccl_code("2.8.4") == 2804
+    assert nccl.code_to_version(22105) == "2.21.5"
+    assert nccl.code_to_version(2804) == "2.8.4"
 
 
 def test_compare_matches_pins_and_records_unpinned() -> None:
@@ -120,17 +123,17 @@ def test_listening_ports_from_proc_net_tcp() -> None:
         "   1: 0100007F:1F90 0100007F:C350 01 00000000:00000000\n"  # 8080 ESTABLISHED
         "   0: 00000000000000000000000000000000:0BCE 00000000000000000000000000000000:0000 0A\n"
     )
-    assert checks.listening_ports(text) == {3022}
+    assert sshd.listening_ports(text) == {3022}
 
 
 SSHD_T = "port 3022\npasswordauthentication no\npermitrootlogin without-password\npermitemptypasswords no\n"
 
 
 def test_sshd_config_passes_and_catches_ports_and_passwords() -> None:
-    ok = checks.sshd_config(ctx_for({"sshd -T": Out(0, SSHD_T)}, permit_root_login="prohibit-password"))
+    ok = sshd.sshd_config(ctx_for({"sshd -T": Out(0, SSHD_T)}, permit_root_login="prohibit-password"))
     assert ok.status == "pass", ok
     bad = SSHD_T.replace("port 3022", "port 4022").replace("passwordauthentication no", "passwordauthentication yes")
-    res = checks.sshd_config(ctx_for({"sshd -T": Out(0, bad)}))
+    res = sshd.sshd_config(ctx_for({"sshd -T": Out(0, bad)}))
     assert res.status == "fail"
     assert "ports [4022], the manifest says [3022]" in res.reason and "passwordauthentication yes" in res.reason
 
@@ -140,9 +143,9 @@ def test_nccl_runtime_check_reads_the_probe() -> None:
              "header": {"path": "/opt/venv/include/nccl.h", "MAJOR": "2", "MINOR": "20", "PATCH": "5"}}  # fmt: skip
     host = FakeHost({"/opt/venv/bin/python": Out(0, json.dumps(probe) + "\n")})
     ctx = checks.CheckContext(host=host, scope="container", components=CPU_COMPONENTS, python="/opt/venv/bin/python")
-    runtime = checks.nccl_runtime_version(ctx)
+    runtime = nccl.nccl_runtime_version(ctx)
     assert (runtime.status, runtime.expected, runtime.found) == ("fail", "22105 (2.21.5)", "22005 (2.20.5)")
-    header = checks.nccl_header_version(ctx)
+    header = nccl.nccl_header_version(ctx)
     assert (header.status, header.found) == ("fail", "2.20.5")
     assert sum("ncclGetVersion" in c for c in host.commands) == 1  # probed once
 
@@ -169,9 +172,9 @@ def test_nccl_probe_finds_the_wheel_next_to_torch_on_a_host(tmp_path: Path) -> N
     )
     ctx = checks.CheckContext(host=LocalHost({"PYTHONPATH": str(site)}), scope="host",
                               components=CPU_COMPONENTS, python=sys.executable)  # fmt: skip
-    header = checks.nccl_header_version(ctx)
+    header = nccl.nccl_header_version(ctx)
     assert (header.status, header.found) == ("pass", "2.21.5"), header
-    runtime = checks.nccl_runtime_version(ctx)
+    runtime = nccl.nccl_runtime_version(ctx)
     assert runtime.status == "fail" and str(site / "nvidia/nccl/lib/libnccl.so.2") in runtime.reason
 
 
@@ -204,14 +207,14 @@ def test_plugin_with_an_unresolved_library_fails() -> None:
     ldd_bad = "\tlibfabric.so.1 => not found\n\tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x1)\n"
     bad = checks.CheckContext(host=FakeHost({"libnccl-net*": Out(0, lib + "\n"), "ldd": Out(0, ldd_bad)}),
                               scope="container", components=components)  # fmt: skip
-    res = checks.aws_ofi_nccl_plugin(bad)
+    res = aws_ofi_nccl.aws_ofi_nccl_plugin(bad)
     assert res.status == "fail" and "libfabric.so.1 not found" in res.reason and "sockets" in res.reason
     none = checks.CheckContext(host=FakeHost({"libnccl-net*": Out(0, "")}), scope="container", components=components)
-    assert checks.aws_ofi_nccl_plugin(none).status == "fail"
+    assert aws_ofi_nccl.aws_ofi_nccl_plugin(none).status == "fail"
     ldd_ok = "\tlibfabric.so.1 => /opt/amazon/efa/lib/libfabric.so.1 (0x1)\n"
     ok = checks.CheckContext(host=FakeHost({"libnccl-net*": Out(0, lib + "\n"), "ldd": Out(0, ldd_ok)}),
                              scope="container", components=components)  # fmt: skip
-    assert checks.aws_ofi_nccl_plugin(ok).status == "pass"
+    assert aws_ofi_nccl.aws_ofi_nccl_plugin(ok).status == "pass"
 
 
 def test_host_mode_runs_only_host_checks_against_the_lock() -> None:
@@ -243,18 +246,77 @@ def test_manifest_diffs_name_each_difference() -> None:
     assert checks.manifest_diffs(want, want) == []
 
 
+def cpu_resolved() -> Any:
+    from imgbuild import lock, recipe
+
+    return lock.resolved_for(recipe.load("cpu"), lookup_torch=None)[0]
+
+
+def manifest_with(**over: Any) -> Manifest:
+    """The cpu image's manifest with some sections replaced."""
+    return Manifest.model_validate({**verify.expected_manifest(cpu_resolved()).as_data(), **over})
+
+
+def test_the_lock_gives_the_manifest_render_writes() -> None:
+    from imgbuild import render
+
+    resolved = cpu_resolved()
+    written = next(f.content for f in render.plan(resolved).files if f.path == "imgbuild/manifest.json")
+    assert verify.expected_manifest(resolved).to_json().encode() == written
+
+
 def test_run_options_follow_the_runtime_profile(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(verify, "host_efa_devices", lambda: ["/dev/infiniband/uverbs0", "/dev/infiniband/uverbs1"])
-    manifest = {"platform": {"accelerator": "nvidia"},
-                "runtime": {"efa_devices": True, "gpus": "all", "ipc": "host", "env": {"A": "1"},
-                            "runtime": "habana", "memlock_unlimited": True}}  # fmt: skip
-    opts = verify.run_options(manifest, ["/dev/fuse"], runtimes=["runc"], has_gpu=True)
-    assert opts.devices == ("/dev/fuse", "/dev/infiniband/uverbs0", "/dev/infiniband/uverbs1")
-    assert opts.efa_devices == ("/dev/infiniband/uverbs0", "/dev/infiniband/uverbs1")
-    assert opts.gpu and "device_requests" in opts.kwargs and opts.kwargs["ipc_mode"] == "host"
-    assert "runtime" not in opts.kwargs and any("habana" in n for n in opts.notes)
-    cpu = verify.run_options({"platform": {"accelerator": "none"}, "runtime": {}}, [], [], has_gpu=True)
-    assert not cpu.gpu and cpu.gpu_reason == "the recipe is not for NVIDIA GPUs" and not cpu.devices
+    efa = ["/dev/infiniband/uverbs0", "/dev/infiniband/uverbs1", "/dev/infiniband/uverbs10", "/dev/infiniband/uverbs2"]
+    monkeypatch.setattr(verify, "host_efa_devices", lambda: sorted(efa, key=lambda d: int(d.rsplit("s", 1)[1])))
+    manifest = manifest_with(platform={"accelerator": "nvidia", "gpu_arch": "sm_80"},
+                             runtime={"efa_devices": True, "gpus": "all", "ipc": "host", "env": {"A": "1"},
+                                      "runtime": "habana", "memlock_unlimited": True})  # fmt: skip
+    opts = verify.run_options(manifest, ["/dev/fuse", "/dev/infiniband/uverbs1"], runtimes=["runc"], has_gpu=True)
+    order = (
+        "/dev/infiniband/uverbs0",
+        "/dev/infiniband/uverbs1",
+        "/dev/infiniband/uverbs2",
+        "/dev/infiniband/uverbs10",
+    )
+    assert opts.spec.devices_inside == ("/dev/fuse", "/dev/infiniband/uverbs1", *order[:1], *order[2:])
+    assert opts.efa_devices == ("/dev/infiniband/uverbs1", *order[:1], *order[2:])
+    kwargs = opts.spec.docker_py()
+    assert opts.gpu and "device_requests" in kwargs and kwargs["ipc_mode"] == "host" and "shm_size" not in kwargs
+    assert kwargs["devices"][:2] == ["/dev/fuse:/dev/fuse:rwm", "/dev/infiniband/uverbs1:/dev/infiniband/uverbs1:rwm"]
+    assert "runtime" not in kwargs and "network_mode" not in kwargs and any("habana" in n for n in opts.notes)
+    # the CLI's `imgbuild run` gets the same profile from the same function, devices in the same order
+    from imgbuild import runprofile
+
+    cli = runprofile.run_spec(manifest.runtime, verify.host_efa_devices(), ["/dev/fuse", "/dev/infiniband/uverbs1"])
+    assert cli.devices == opts.spec.devices
+    assert cli.docker_args()[cli.docker_args().index("--gpus") :][:2] == ["--gpus", "all"]
+    cpu = verify.run_options(manifest_with(), [], [], has_gpu=True)
+    assert not cpu.gpu and cpu.gpu_reason == "the recipe is not for NVIDIA GPUs" and not cpu.spec.devices
+    assert cpu.spec.docker_py()["shm_size"] == "1g"
+
+
+def test_a_broken_manifest_is_a_clear_error() -> None:
+    good = manifest_with().to_json()
+    assert Manifest.parse(good, "img:1") == manifest_with()
+    with pytest.raises(VerifyError, match=f"img:1: {MANIFEST_PATH} is not JSON"):
+        Manifest.parse("{", "img:1")
+    with pytest.raises(VerifyError, match="has schema 2; this imgbuild reads schema 1"):
+        Manifest.parse(good.replace('"schema": 1', '"schema": 2'), "img:1")
+    bad = json.loads(good)
+    bad["components"]["sshd"]["ports"] = ["x"]
+    del bad["mpirun"]
+    with pytest.raises(VerifyError) as err:
+        Manifest.parse(json.dumps(bad), "img:1")
+    assert "components.sshd.ports.0" in err.value.message and "mpirun: Field required" in err.value.message
+
+
+def test_the_manifest_tells_what_verify_needs() -> None:
+    m = manifest_with()
+    assert (m.python, m.ssh_ports, m.slots) == ("/opt/venv/bin/python", (3022,), 1)
+    assert {"FI_PROVIDER", "OMPI_MCA_btl_vader_single_copy_mechanism", "PATH"} <= set(m.rank_env)
+    assert len(m.rank_env) == len(set(m.rank_env)) and set(m.env) <= set(m.rank_env)
+    assert m.component_dicts()["nccl"] == {"version": "2.21.5", "source": "wheel", "origin": "recipe",
+                                           "package": "nvidia-nccl-cu12"}  # fmt: skip
 
 
 def test_host_spec() -> None:
@@ -267,7 +329,7 @@ def test_host_spec() -> None:
 def test_target_for_an_image_takes_the_lock_its_label_names() -> None:
     t = verify.target_for_image("my/img:1", {"io.imgbuild.recipe": "cpu"})
     assert t.resolved is not None and t.expected_manifest is not None
-    assert t.expected_manifest["components"]["nccl"]["version"] == "2.21.5"
+    assert t.expected_manifest.components["nccl"].version == "2.21.5"
     other = verify.target_for_image("my/img:1", {"io.imgbuild.recipe": "mine"})
     assert other.resolved is None and "not a shipped recipe" in other.note
     assert "no io.imgbuild.recipe label" in verify.target_for_image("x:1", {}).note
@@ -323,7 +385,7 @@ def test_cli_refuses_nodes_with_host() -> None:
 # the real engine
 
 
-MINE = re.compile(r"^imgbuild-verify-[0-9a-f]{10}-(read|scan|main\d)$")  # not multinode's (-node-K)
+MINE = re.compile(r"^imgbuild-verify-[0-9a-f]{10}-(read|scan|main|main-retry)$")  # not multinode's (-node-K)
 
 
 def _leftovers(client: Any, image: str) -> list[str]:

@@ -33,7 +33,7 @@ from imgbuild.recipe import MpiRun, Platform, Runtime
 from imgbuild.schema import EnvName, Port
 
 MANIFEST_PATH = "/etc/imgbuild/manifest.json"
-SCHEMA = 1
+SCHEMA: Literal[1] = 1
 
 
 class ComponentEntry(BaseModel):
@@ -100,11 +100,15 @@ class Manifest(BaseModel):
 
     # ---- the file
 
+    def as_data(self) -> dict[str, Any]:
+        """The manifest as JSON data, as the file holds it."""
+        data = self.model_dump(mode="json", by_alias=True)
+        data["components"] = self.component_dicts()
+        return data
+
     def to_json(self) -> str:
         """The file's text: sorted keys, two-space indent, a final newline (byte-for-byte stable)."""
-        data = self.model_dump(mode="json", by_alias=True)
-        data["components"] = {n: self.components[n].as_dict() for n in sorted(self.components)}
-        return json.dumps(data, indent=2, sort_keys=True) + "\n"
+        return json.dumps(self.as_data(), indent=2, sort_keys=True) + "\n"
 
     @classmethod
     def parse(cls, raw: bytes | str, where: str) -> Manifest:

@@ -1,36 +1,35 @@
 """`imgbuild verify RECIPE --nodes N`: N containers of an image on a private network, talking MPI over ssh.
 
+Everything comes from the image's manifest (manifest.py): the run profile (runprofile.py), the mpirun line
+(launch.py, the very line the image's SageMaker `train` runs), sshd's port, the slots per host and the Python.
 What a run does, and what it leaves behind (nothing):
 
 1. a fresh ed25519 key pair made for this run only, in a temporary folder that is bind-mounted read-only at
    /run/imgbuild/ssh in every container (the entrypoint installs it); the folder is removed at the end and the
    private key never enters an image or a log;
 2. a private bridge network `imgbuild-verify-<run>` (internal: no way out) and containers
-   `imgbuild-verify-<run>-node-K` with hostname and network alias `node-K`, started with the recipe's runtime
-   settings (`--shm-size`, memlock unlimited) and `sleep infinity` after the image's entrypoint;
+   `imgbuild-verify-<run>-node-K` with hostname and network alias `node-K`, started with the image's run
+   profile (on the run's network, not the host's) and `sleep infinity` after the image's entrypoint;
 3. from node-1, `ssh -p PORT node-K true` until every node's sshd answers (bounded);
-4. mpirun across all nodes, its command line built from the manifest's `mpirun` section, running a small
-   mpi4py allreduce in which rank r contributes r+1 and every rank checks the sum is n(n+1)/2;
-5. fi_pingpong between node-1 (server) and node-2 (client) over libfabric's tcp provider (efa where the image
+4. the image's mpirun line across all nodes, running a small mpi4py allreduce in which rank r contributes r+1
+   and every rank checks the sum is n(n+1)/2, and prints every variable of the image's ENV (and the run
+   profile's) as it sees it: they must all be what the image sets, on every rank of every node;
+5. from node-1, `ssh node-K env` for every node: a plain ssh session (what a rank started over ssh without
+   mpirun's `-x` gets) must see the image's ENV as well;
+6. fi_pingpong between node-1 (server) and node-2 (client) over libfabric's tcp provider (efa where the image
    has the EFA installer and the host has EFA devices), reporting the latency and bandwidth table.
 
-Containers, network and key folder are removed in a `finally`, also on errors and Ctrl-C. Every command run
-inside a container is wrapped in `timeout`, and the host stops waiting a little after that, so nothing hangs.
+Containers, network and key folder are removed in a `finally`, also on errors and Ctrl-C (containers.py).
 """
 
 from __future__ import annotations
 
-import contextlib
-import glob
-import io
 import json
 import math
 import re
-import secrets
 import shlex
 import shutil
 import subprocess
-import tarfile
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -39,38 +38,35 @@ from pathlib import Path
 from typing import Any
 
 import docker
-import docker.errors
-import docker.types
-import requests.exceptions
 
 from imgbuild import engine
-from imgbuild.errors import EngineError, Interrupted, VerifyError
+from imgbuild.containers import LABEL, Containers, Exec
+from imgbuild.engine import ENGINE_ERRORS
+from imgbuild.errors import Interrupted, VerifyError
 from imgbuild.interrupts import sigint_deferred
+from imgbuild.launch import Launch, for_manifest
+from imgbuild.manifest import Manifest
 from imgbuild.report import CheckResult
-from imgbuild.resolver import Resolved
+from imgbuild.runprofile import RunSpec, for_engine, host_efa_devices, run_spec
 
-__all__ = ["KEY_MOUNT", "LABEL", "MANIFEST_PATH", "NAME_PREFIX", "read_manifest", "run_multinode"]
+__all__ = ["KEY_MOUNT", "WORKDIR", "mpirun_argv", "run_multinode"]
 
-NAME_PREFIX = "imgbuild-verify-"
-LABEL = "io.imgbuild.verify.run"
-MANIFEST_PATH = "/etc/imgbuild/manifest.json"
 KEY_MOUNT = "/run/imgbuild/ssh"
 WORKDIR = "/tmp/imgbuild-verify"
+HOSTFILE = f"{WORKDIR}/hostfile"
+PROGRAM = f"{WORKDIR}/allreduce.py"
+ENV_NAMES = f"{WORKDIR}/env-names.json"
 PINGPONG_PORT = 47592  # fi_pingpong's default control port (its -B/-P)
 
 SSHD_WAIT_S = 30.0
 MPIRUN_TIMEOUT_S = 120.0
 PINGPONG_TIMEOUT_S = 60.0
-TAIL_LINES = 15
 
-_API_ERRORS: tuple[type[BaseException], ...] = (
-    docker.errors.DockerException,
-    requests.exceptions.ConnectionError,
-    requests.exceptions.Timeout,
-)
-
-# Each rank prints one line the host parses; `sys.exit(3)` makes a wrong sum fail mpirun as well.
+# Each rank prints one line the host parses, and its view of the variables named in argv[1] (a JSON list);
+# `sys.exit(3)` makes a wrong sum fail mpirun as well.
 ALLREDUCE_PY = """\
+import json
+import os
 import socket
 import sys
 
@@ -80,14 +76,18 @@ comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
 total = comm.allreduce(rank + 1, op=MPI.SUM)
 want = size * (size + 1) // 2
-print(f"IMGBUILD-ALLREDUCE rank={rank} size={size} host={socket.gethostname()} sum={total} expected={want}",
-      flush=True)
+host = socket.gethostname()
+with open(sys.argv[1]) as f:
+    env = {name: os.environ.get(name) for name in json.load(f)}
+print(f"IMGBUILD-ENV rank={rank} host={host} {json.dumps(env, sort_keys=True)}", flush=True)
+print(f"IMGBUILD-ALLREDUCE rank={rank} size={size} host={host} sum={total} expected={want}", flush=True)
 sys.exit(0 if total == want else 3)
 """
 
 _ALLREDUCE_RE = re.compile(
     r"^IMGBUILD-ALLREDUCE rank=(\d+) size=(\d+) host=(\S+) sum=(-?\d+) expected=(\d+)\s*$", re.MULTILINE
 )
+_ENV_RE = re.compile(r"^IMGBUILD-ENV rank=(\d+) host=(\S+) (\{.*\})\s*$", re.MULTILINE)
 _SSHD_RE = re.compile(r"^SSHD-(READY|DOWN) (\S+) (\d+)(?: (.*))?$", re.MULTILINE)
 _PINGPONG_ROW_RE = re.compile(
     r"^\s*(\d+[kmg]?)\s+(\d+[kmg]?)\s+=?(\d+[kmg]?)\s+(\S+)\s+([\d.]+)s\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s*$",
@@ -95,129 +95,13 @@ _PINGPONG_ROW_RE = re.compile(
 )
 
 
-# --------------------------------------------------------------------------------------------------------
-# the image's manifest
-
-
-def read_manifest(client: docker.DockerClient, image_ref: str) -> dict[str, Any]:
-    """The image's /etc/imgbuild/manifest.json (`docker run --rm --entrypoint cat`)."""
-    try:
-        out = client.containers.run(
-            image_ref,
-            [MANIFEST_PATH],
-            entrypoint=["cat"],
-            remove=True,
-            stdout=True,
-            stderr=False,
-            network_mode="none",
-        )
-    except docker.errors.ImageNotFound as exc:
-        raise VerifyError(f"image {image_ref} is not in the engine; build it first (imgbuild build)") from exc
-    except docker.errors.ContainerError as exc:
-        raise VerifyError(f"{image_ref} has no readable {MANIFEST_PATH}: is it an imgbuild image? ({exc})") from exc
-    except _API_ERRORS as exc:
-        raise EngineError(f"cannot read {MANIFEST_PATH} from {image_ref}: {exc}") from exc
-    try:
-        data = json.loads(out)
-    except (ValueError, TypeError) as exc:
-        raise VerifyError(f"{image_ref}: {MANIFEST_PATH} is not JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise VerifyError(f"{image_ref}: {MANIFEST_PATH} is not a JSON object")
-    return data
-
-
-# --------------------------------------------------------------------------------------------------------
-# what the run needs from the manifest
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Everything the run takes from the manifest (or, for sections an older image lacks, the recipe)."""
-
-    port: int
-    slots: int
-    shm_size: str | None
-    memlock_unlimited: bool
-    env: dict[str, str]
-    cap_add: tuple[str, ...]
-    ipc_host: bool
-    launcher: str
-    mca: dict[str, str]
-    exclude_interfaces: tuple[str, ...]
-    nccl_socket_ifname: str | None
-    extra_args: tuple[str, ...]
-    python: str
-    has_libfabric: bool
-    efa: bool
-
-    @classmethod
-    def from_manifest(cls, manifest: dict[str, Any], resolved: Resolved | None) -> Settings:
-        recipe = resolved.recipe if resolved is not None else None
-
-        def section(name: str) -> dict[str, Any]:
-            value = manifest.get(name)
-            if isinstance(value, dict):
-                return value
-            if recipe is not None:
-                return dict(getattr(recipe, name).model_dump(mode="json"))
-            return {}
-
-        comps = manifest.get("components") or {}
-        sshd = comps.get("sshd")
-        if not sshd or not sshd.get("ports"):
-            raise VerifyError("the image has no sshd component (components.sshd.ports): mpirun cannot reach peers")
-        runtime, mpirun, platform = section("runtime"), section("mpirun"), section("platform")
-        venv = (comps.get("python") or {}).get("venv")
-        efa = comps.get("efa") or {}
-        return cls(
-            port=int(sshd["ports"][0]),
-            slots=int(platform.get("devices_per_node") or 1),
-            shm_size=runtime.get("shm_size"),
-            memlock_unlimited=bool(runtime.get("memlock_unlimited", True)),
-            env={str(k): str(v) for k, v in (runtime.get("env") or {}).items()},
-            cap_add=tuple(runtime.get("cap_add") or ()),
-            ipc_host=runtime.get("ipc") == "host",
-            launcher=str(mpirun.get("launcher") or "mpirun"),
-            mca={str(k): str(v) for k, v in (mpirun.get("mca") or {}).items()},
-            exclude_interfaces=tuple(mpirun.get("exclude_interfaces") or ()),
-            nccl_socket_ifname=mpirun.get("nccl_socket_ifname"),
-            extra_args=tuple(mpirun.get("extra_args") or ()),
-            python=f"{venv}/bin/python" if venv else "python3",
-            has_libfabric="libfabric" in comps or "efa" in comps,
-            efa=efa.get("source") == "installer" and not efa.get("minimal") and bool(runtime.get("efa_devices")),
-        )
-
-    def mpirun_argv(self, hostfile: str, ranks: int, python: str, script: str) -> list[str]:
-        """The launcher's command line: the recipe's mca settings, interface exclusions and extra args."""
-        argv = [self.launcher, *self.extra_args, "--hostfile", hostfile, "-np", str(ranks)]
-        for key, value in sorted(self.mca.items()):
-            argv += ["--mca", key, value]
-        if self.exclude_interfaces:
-            excluded = ",".join(self.exclude_interfaces)
-            for key in ("btl_tcp_if_exclude", "oob_tcp_if_exclude"):
-                if key not in self.mca:
-                    argv += ["--mca", key, excluded]
-        if self.nccl_socket_ifname:
-            argv += ["-x", f"NCCL_SOCKET_IFNAME={self.nccl_socket_ifname}"]
-        return [*argv, python, script]
+def mpirun_argv(manifest: Manifest, *, hostfile: str, ranks: int, program: list[str], wdir: str) -> list[str]:
+    """The mpirun command this check runs: the image's launch line (`train` renders the same one)."""
+    return for_manifest(manifest).mpirun_argv(hostfile=hostfile, np=ranks, program=program, wdir=wdir)
 
 
 # --------------------------------------------------------------------------------------------------------
 # the run
-
-
-@dataclass
-class _Exec:
-    rc: int | None  # None: the host gave up waiting
-    output: str
-    duration_s: float
-
-    @property
-    def timed_out(self) -> bool:
-        return self.rc in (None, 124, 137)
-
-    def tail(self, lines: int = TAIL_LINES) -> str:
-        return "\n".join(self.output.rstrip().splitlines()[-lines:])
 
 
 @dataclass
@@ -228,58 +112,55 @@ class _Node:
 
 @dataclass
 class _Run:
-    client: docker.DockerClient
+    containers: Containers
     image_ref: str
-    settings: Settings
+    manifest: Manifest
+    spec: RunSpec
+    image_env: dict[str, str]  # what every rank and ssh session must see: the image's ENV and the profile's env
     nodes: int
     deadline: float
-    run_id: str = field(default_factory=lambda: secrets.token_hex(4))
     timings: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     members: list[_Node] = field(default_factory=list)
     key_dir: Path | None = None
-    network: Any = None
 
     @property
     def prefix(self) -> str:
-        return f"{NAME_PREFIX}{self.run_id}"
+        return self.containers.prefix
+
+    @property
+    def launch(self) -> Launch:
+        return for_manifest(self.manifest)
+
+    @property
+    def port(self) -> int:
+        return self.manifest.ssh_ports[0]
 
     def left(self, cap: float) -> float:
         return max(1.0, min(cap, self.deadline - time.monotonic()))
+
+    def hostfile(self) -> str:
+        return "".join(f"node-{k} slots={self.manifest.slots}\n" for k in range(1, self.nodes + 1))
+
+    def run(self, node: _Node, script: str, *, timeout_s: float, label: str) -> Exec:
+        return self.containers.exec(node.container, script, timeout_s=timeout_s, label=label)
 
     # ---- setup
 
     def make_keys(self) -> None:
         self.key_dir = Path(tempfile.mkdtemp(prefix=f"{self.prefix}-keys-"))
-        _keypair(self.key_dir, comment=f"imgbuild-verify-{self.run_id}")
+        _keypair(self.key_dir, comment=f"imgbuild-verify-{self.containers.run_id}")
 
     def start(self) -> list[CheckResult]:
         """Network and containers; a result for each node that did not come up."""
-        self.network = self.client.networks.create(
-            self.prefix, driver="bridge", internal=True, labels={LABEL: self.run_id}
-        )
-        memlock = self.settings.memlock_unlimited
-        first = self._create(1, memlock=memlock)
-        try:
-            first.container.start()
-        except docker.errors.APIError as exc:
-            if not (memlock and "rlimit" in str(exc)):
-                raise
-            # The engine's host caps memlock below "unlimited" and the engine can't raise it (rootless, or no
-            # CAP_SYS_RESOURCE): go on without, and say so. The tcp provider doesn't need locked memory.
-            m = re.search(r"error setting rlimit[^\"()]*", str(exc))
-            why = m.group(0).strip() if m else _last_line(str(exc))
-            self.notes.append(f"the engine refused memlock=unlimited ({why}): ran with its host's default limit")
-            memlock = False
-            self._remove_containers()
-            first = self._create(1, memlock=False)
-            first.container.start()
-        rest = [self._create(k, memlock=memlock) for k in range(2, self.nodes + 1)]
+        network = self.containers.network()
+        self.spec = self._start_node(1, network)
+        rest = list(range(2, self.nodes + 1))
         if rest:
             with ThreadPoolExecutor(max_workers=min(8, len(rest))) as pool:
-                list(pool.map(lambda n: n.container.start(), rest))
+                list(pool.map(lambda k: self._start_node(k, network), rest))
         failed = []
-        for node in self.members:
+        for node in sorted(self.members, key=lambda m: int(m.name.split("-")[1])):
             node.container.reload()
             if node.container.status != "running":
                 code = node.container.attrs.get("State", {}).get("ExitCode")
@@ -289,128 +170,50 @@ class _Run:
                         status="fail",
                         expected="running",
                         found=f"{node.container.status} (exit code {code})",
-                        reason=f"{node.name} stopped right after start:\n{self.logs(node)}",
+                        reason=f"{node.name} stopped right after start:\n{self.containers.logs(node.container)}",
                         node=node.name,
                     )
                 )
         return failed
 
-    def _create(self, k: int, *, memlock: bool) -> _Node:
-        """Create (not start) node-K, with the run's files copied in."""
-        assert self.key_dir is not None and self.network is not None
-        s = self.settings
+    def _start_node(self, k: int, network: str) -> RunSpec:
+        """Start node-K with the run's files copied in; the spec it started with (memlock may be dropped)."""
+        assert self.key_dir is not None
+        name = f"node-{k}"
+        files = {
+            PROGRAM: (ALLREDUCE_PY.encode(), 0o644),
+            HOSTFILE: (self.hostfile().encode(), 0o644),
+            ENV_NAMES: (json.dumps(sorted(self.image_env)).encode(), 0o644),
+        }
         options: dict[str, Any] = {
             "init": True,  # sshd daemonizes: something must reap its children
-            "cap_add": list(s.cap_add) or None,
-            "environment": s.env,
-            "labels": {LABEL: self.run_id},
+            "hostname": name,
+            "network": network,
+            "networking_config": {network: self.containers.client.api.create_endpoint_config(aliases=[name])},
         }
-        if s.ipc_host:
-            options["ipc_mode"] = "host"
-        elif s.shm_size:
-            options["shm_size"] = s.shm_size
-        if memlock:
-            options["ulimits"] = [docker.types.Ulimit(name="memlock", soft=-1, hard=-1)]
-        devices = sorted(glob.glob("/dev/infiniband/uverbs*")) if s.efa else []
-        if devices:
-            options["devices"] = [f"{d}:{d}" for d in devices]
-        local = _engine_is_local(self.client)
-        if local:
+        client = self.containers.client
+        dirs = {}
+        if _engine_is_local(client):
             options["volumes"] = {str(self.key_dir): {"bind": KEY_MOUNT, "mode": "ro"}}
-        name = f"node-{k}"
-        container = self.client.containers.create(
-            self.image_ref,
-            ["sleep", "infinity"],
-            name=f"{self.prefix}-{name}",
-            hostname=name,
-            network=self.network.name,
-            networking_config={self.network.name: self.client.api.create_endpoint_config(aliases=[name])},
-            **options,
-        )
-        node = _Node(name, container)
-        self.members.append(node)
-        files = {"allreduce.py": (ALLREDUCE_PY.encode(), 0o644), "hostfile": (self.hostfile().encode(), 0o644)}
-        if not local:
+        else:
+            dirs[KEY_MOUNT] = 0o700
             # A remote engine can't see this machine's folders: copy the run's keys into the container instead
             # (its writable layer, removed with it).
             files |= {
                 f"{KEY_MOUNT}/{p.name}": (p.read_bytes(), p.stat().st_mode & 0o777)
                 for p in sorted(self.key_dir.iterdir())
             }
-        container.put_archive("/", _tar(files, base=WORKDIR))
-        return node
-
-    def hostfile(self) -> str:
-        return "".join(f"node-{k} slots={self.settings.slots}\n" for k in range(1, self.nodes + 1))
-
-    # ---- commands in containers
-
-    def spawn(self, node: _Node, script: str, *, timeout_s: float, label: str) -> str:
-        """Start `script` in the background inside node's container; output goes to WORKDIR/label.out."""
-        limit = max(1, math.ceil(timeout_s))
-        wrapped = f"timeout -k 5 {limit} bash -c {shlex.quote(script)} >{WORKDIR}/{label}.out 2>&1"
-        exec_id = str(self.client.api.exec_create(node.container.id, ["bash", "-c", wrapped])["Id"])
-        self.client.api.exec_start(exec_id, detach=True)
-        return exec_id
-
-    def wait(self, node: _Node, exec_id: str, *, timeout_s: float, label: str, started: float) -> _Exec:
-        """Poll the exec until it ends (or the host's own limit, a little past the in-container one)."""
-        give_up = started + math.ceil(timeout_s) + 10
-        pause = 0.02
-        rc: int | None = None
-        while True:
-            info = self.client.api.exec_inspect(exec_id)
-            if not info.get("Running"):
-                rc = int(info.get("ExitCode") or 0)
-                break
-            if time.monotonic() >= give_up:
-                break
-            time.sleep(pause)
-            pause = min(0.25, pause * 1.5)
-        duration = time.monotonic() - started
-        return _Exec(rc, self.read(node, f"{WORKDIR}/{label}.out"), duration)
-
-    def run(self, node: _Node, script: str, *, timeout_s: float, label: str) -> _Exec:
-        started = time.monotonic()
-        exec_id = self.spawn(node, script, timeout_s=timeout_s, label=label)
-        return self.wait(node, exec_id, timeout_s=timeout_s, label=label, started=started)
-
-    def read(self, node: _Node, path: str) -> str:
-        with contextlib.suppress(*_API_ERRORS):
-            _, out = node.container.exec_run(["cat", path])
-            return bytes(out or b"").decode(errors="replace")
-        return ""
-
-    def logs(self, node: _Node, lines: int = TAIL_LINES) -> str:
-        with contextlib.suppress(*_API_ERRORS):
-            return bytes(node.container.logs(tail=lines)).decode(errors="replace").rstrip() or "(no output)"
-        return "(logs unavailable)"
-
-    # ---- teardown
-
-    def _remove_containers(self) -> None:
-        for m in self.members:
-            with contextlib.suppress(*_API_ERRORS):
-                m.container.remove(force=True, v=True)
-        self.members = []
+        container, spec, note = self.containers.start(
+            self.image_ref, ["sleep", "infinity"], name, self.spec, files=files, dirs=dirs, **options
+        )
+        if note:
+            self.notes.append(note)
+        self.members.append(_Node(name, container))
+        return spec
 
     def cleanup(self) -> list[str]:
         """Remove everything this run made; returns what could not be removed."""
-        left = []
-        self._remove_containers()
-        with contextlib.suppress(*_API_ERRORS):
-            # Also whatever a lost response left behind: everything carrying this run's label.
-            for c in self.client.containers.list(all=True, filters={"label": f"{LABEL}={self.run_id}"}):
-                try:
-                    c.remove(force=True, v=True)
-                except _API_ERRORS:
-                    left.append(f"container {c.name}")
-        with contextlib.suppress(*_API_ERRORS):
-            for n in self.client.networks.list(filters={"label": f"{LABEL}={self.run_id}"}):
-                try:
-                    n.remove()
-                except _API_ERRORS:
-                    left.append(f"network {n.name}")
+        left = self.containers.remove_all()
         if self.key_dir is not None:
             shutil.rmtree(self.key_dir, ignore_errors=True)
             if self.key_dir.exists():
@@ -424,7 +227,7 @@ class _Run:
 
 def _sshd_check(run: _Run, wait_s: float) -> list[CheckResult]:
     """From node-1, `ssh -p PORT node-K true` for every node in parallel, until it answers or wait_s passes."""
-    port = run.settings.port
+    port = run.port
     hosts = " ".join(m.name for m in run.members)
     limit_ms = int(wait_s * 1000)
     script = f"""
@@ -474,7 +277,7 @@ wait
                 expected=expected,
                 found="no answer",
                 reason=f"sshd on port {port} of {node.name} didn't answer within {wait_s:g} s ({why})\n"
-                f"{_sshd_state(run, node)}\n{node.name} container log:\n{run.logs(node)}",
+                f"{_sshd_state(run, node)}\n{node.name} container log:\n{run.containers.logs(node.container)}",
                 node=node.name,
                 duration_s=int(m.group(3)) / 1000 if m else res.duration_s,
                 details={"port": port, "last_error": last},
@@ -497,9 +300,10 @@ def _sshd_state(run: _Run, node: _Node) -> str:
 
 
 def _allreduce(run: _Run, *, sshd_down: list[str]) -> list[CheckResult]:
-    """mpirun from node-1 across all nodes: one result per node and one overall."""
-    s, n = run.settings, run.nodes
-    ranks = n * s.slots
+    """The image's mpirun line from node-1 across all nodes: one result per node, one overall, and the ranks'
+    environment."""
+    n, slots = run.nodes, run.manifest.slots
+    ranks = n * slots
     want = ranks * (ranks + 1) // 2
     overall_name = f"multinode: mpirun allreduce ({n} nodes)"
     expected = f"{ranks} ranks on {n} nodes, each reporting sum == {want}"
@@ -508,15 +312,15 @@ def _allreduce(run: _Run, *, sshd_down: list[str]) -> list[CheckResult]:
         return [
             *(CheckResult("multinode: allreduce", "skip", reason=why, node=m.name) for m in run.members),
             CheckResult(overall_name, "fail", expected=expected, found="not run", reason=f"mpirun not started: {why}"),
+            CheckResult("multinode: rank environment", "skip", reason=why),
         ]
-    argv = s.mpirun_argv(f"{WORKDIR}/hostfile", ranks, "$py", f"{WORKDIR}/allreduce.py")
-    # The python is chosen inside the image: the venv's when it exists, else python3.
-    command = " ".join('"$py"' if a == "$py" else shlex.quote(a) for a in argv)
-    script = f'cd {WORKDIR}\npy={shlex.quote(s.python)}\n[ -x "$py" ] || py=python3\nexec {command}'
+    argv = mpirun_argv(
+        run.manifest, hostfile=HOSTFILE, ranks=ranks, program=[run.manifest.python, PROGRAM, ENV_NAMES], wdir=WORKDIR
+    )
+    script = f"{run.launch.shell_defaults()}exec {shlex.join(argv)}"
     limit = run.left(MPIRUN_TIMEOUT_S)
     res = run.run(run.members[0], script, timeout_s=limit, label="mpirun")
     run.timings["mpirun_s"] = round(res.duration_s, 3)
-    printed = command.replace('"$py"', s.python)
     lines = [
         (int(m.group(1)), int(m.group(2)), m.group(3), int(m.group(4)), int(m.group(5)))
         for m in _ALLREDUCE_RE.finditer(res.output)
@@ -525,9 +329,9 @@ def _allreduce(run: _Run, *, sshd_down: list[str]) -> list[CheckResult]:
     for node in run.members:
         mine = [ln for ln in lines if ln[2] == node.name]
         good = [ln for ln in mine if ln[1] == ranks and ln[3] == want]
-        node_expected = f"{s.slots} rank(s) on {node.name} report sum == {want}"
+        node_expected = f"{slots} rank(s) on {node.name} report sum == {want}"
         found = ", ".join(f"rank {r}: sum {got}" for r, _, _, got, _ in sorted(mine)) or "no output"
-        if len(good) == s.slots and len(mine) == s.slots:
+        if len(good) == slots and len(mine) == slots:
             results.append(CheckResult("multinode: allreduce", "pass", node_expected, found, node=node.name))
         else:
             why = "a wrong sum" if mine else f"no allreduce line from {node.name}"
@@ -558,10 +362,62 @@ def _allreduce(run: _Run, *, sshd_down: list[str]) -> list[CheckResult]:
             found,
             reason=reason,
             duration_s=res.duration_s,
-            details={"command": printed, "hostfile": run.hostfile(), "exit_code": res.rc},
+            details={"command": shlex.join(argv), "argv": argv, "hostfile": run.hostfile(), "exit_code": res.rc},
         )
     )
+    seen = {
+        (m.group(2), int(m.group(1))): json.loads(m.group(3)) for m in _ENV_RE.finditer(res.output)
+    }  # (host, rank) -> {name: value}
+    results.append(_env_result(run, "multinode: rank environment", "every rank, launched by the image's mpirun "
+                               "line", {f"{host} rank {rank}": env for (host, rank), env in sorted(seen.items())},
+                               expected_count=ranks))  # fmt: skip
     return results
+
+
+def _ssh_env(run: _Run) -> CheckResult:
+    """From node-1, `ssh node-K env` for every node: plain ssh sessions see the image's ENV too."""
+    begin, end = "IMGBUILD-SSHENV-BEGIN", "IMGBUILD-SSHENV-END"
+    script = "".join(
+        f"echo {begin} {m.name}; ssh -p {run.port} -o BatchMode=yes -o ConnectTimeout=5 {m.name} env </dev/null; "
+        f"echo {end} {m.name}\n"
+        for m in run.members
+    )
+    res = run.run(run.members[0], script, timeout_s=run.left(30), label="ssh-env")
+    sessions: dict[str, dict[str, str | None]] = {}
+    for m in re.finditer(rf"^{begin} (\S+)\n(.*?)^{end} \1$", res.output, re.MULTILINE | re.DOTALL):
+        have = dict(line.split("=", 1) for line in m.group(2).splitlines() if "=" in line)
+        sessions[f"ssh {m.group(1)}"] = {name: have.get(name) for name in run.image_env}
+    return _env_result(run, "multinode: ssh environment", "an ssh session on every node", sessions,
+                       expected_count=run.nodes, output=res)  # fmt: skip
+
+
+def _env_result(
+    run: _Run,
+    name: str,
+    who: str,
+    seen: dict[str, dict[str, str | None]],
+    *,
+    expected_count: int,
+    output: Exec | None = None,
+) -> CheckResult:
+    """Every one of `seen` (who -> its variables) sees each variable exactly as the image sets it."""
+    want = run.image_env
+    expected = f"{who} sees the image's {len(want)} variables ({', '.join(sorted(want))}) as the image sets them"
+    wrong = [
+        f"{where}: {var}={value if value is not None else '(unset)'}"
+        for where, env in seen.items()
+        for var, value in sorted(env.items())
+        if value != want[var]
+    ]
+    missing = expected_count - len(seen)
+    details = {"expected": want, "seen": seen}
+    if not wrong and not missing:
+        return CheckResult(name, "pass", expected, f"{len(seen)} of {expected_count}: all equal", details=details)
+    reason = "; ".join(wrong[:8]) + (f" (+{len(wrong) - 8} more)" if len(wrong) > 8 else "")
+    if missing:
+        tail = f": {output.tail()}" if output is not None else ""
+        reason = "; ".join(x for x in (reason, f"{missing} of {expected_count} reported nothing{tail}") if x)
+    return CheckResult(name, "fail", expected, f"{len(wrong)} difference(s)", reason=reason, details=details)
 
 
 def _pingpong(run: _Run) -> CheckResult:
@@ -569,11 +425,13 @@ def _pingpong(run: _Run) -> CheckResult:
     name = "multinode: fi_pingpong"
     if run.nodes < 2:
         return CheckResult(name, "skip", reason="needs 2 nodes or more")
-    if not run.settings.has_libfabric:
+    comps = run.manifest.components
+    if "libfabric" not in comps and "efa" not in comps:
         return CheckResult(name, "skip", reason="the image has no libfabric (no libfabric or efa component)")
     server, client = run.members[0], run.members[1]
     provider, endpoint = "tcp", "msg"  # tcp has no dgram endpoint (fi_pingpong's default)
-    if run.settings.efa:
+    efa = comps.get("efa")
+    if efa is not None and efa.source == "installer" and run.manifest.runtime.efa_devices:
         probe = run.run(server, "ls /dev/infiniband/uverbs* >/dev/null 2>&1", timeout_s=10, label="efa-devices")
         if probe.rc == 0:
             provider, endpoint = "efa", "rdm"
@@ -582,7 +440,8 @@ def _pingpong(run: _Run) -> CheckResult:
     args = f"-p {provider} -e {endpoint}"
     limit = run.left(PINGPONG_TIMEOUT_S)
     started = time.monotonic()
-    server_id = run.spawn(server, f"exec fi_pingpong {args}", timeout_s=limit, label="pingpong-server")
+    containers = run.containers
+    server_id = containers.spawn(server.container, f"exec fi_pingpong {args}", timeout_s=limit, label="pp-server")
     hex_port = f"{PINGPONG_PORT:04X}"
     # Wait for the server's control socket (LISTEN is state 0A in /proc/net/tcp*) so the client can't race it.
     listening = run.run(
@@ -593,13 +452,17 @@ def _pingpong(run: _Run) -> CheckResult:
         label="pingpong-listen",
     )
     expected = f"fi_pingpong {args} completes between node-1 and node-2"
+
+    def server_result(wait_s: float) -> Exec:
+        return containers.wait(server.container, server_id, timeout_s=wait_s, label="pp-server", started=started)
+
     if listening.rc != 0:
-        srv = run.wait(server, server_id, timeout_s=1, label="pingpong-server", started=started)
+        srv = server_result(1)
         run.timings["pingpong_s"] = round(time.monotonic() - started, 3)
         reason = f"fi_pingpong server on node-1 never listened on port {PINGPONG_PORT} (exit {srv.rc}):\n{srv.tail()}"
         return CheckResult(name, "fail", expected, "no server", reason=reason, node="node-1,node-2")
     res = run.run(client, f"exec fi_pingpong {args} {server.name}", timeout_s=limit, label="pingpong-client")
-    srv = run.wait(server, server_id, timeout_s=10 if res.rc == 0 else 1, label="pingpong-server", started=started)
+    srv = server_result(10 if res.rc == 0 else 1)
     duration = time.monotonic() - started
     run.timings["pingpong_s"] = round(duration, 3)
     rows = [
@@ -646,40 +509,46 @@ def _pingpong(run: _Run) -> CheckResult:
 
 def run_multinode(
     image_ref: str,
-    manifest: dict[str, Any],
-    resolved: Resolved | None,
+    manifest: Manifest,
     nodes: int,
     *,
     client: docker.DockerClient | None = None,
     timeout_s: float = 180,
     sshd_wait_s: float = SSHD_WAIT_S,
-    stop_sshd_on: str | None = None,
 ) -> list[CheckResult]:
     """Start `nodes` containers of image_ref on a private network and check MPI and libfabric across them.
 
-    manifest: the image's /etc/imgbuild/manifest.json (`read_manifest`); its `mpirun`, `runtime`, `platform`
-    and `components.sshd` sections drive the run (resolved's recipe fills sections an older image lacks).
-    timeout_s bounds the whole check; sshd_wait_s how long node-1 waits for each node's sshd.
-    stop_sshd_on: a node name (node-2) whose sshd is killed right after start, to test the failure path.
+    manifest: the image's (`Manifest.parse` of its /etc/imgbuild/manifest.json); its `mpirun`, `runtime`,
+    `platform` and `components` drive the run. timeout_s bounds the whole check; sshd_wait_s how long node-1
+    waits for each node's sshd.
 
-    Returns per-node results (sshd, allreduce), overall ones (mpirun allreduce, fi_pingpong) and a last
-    "multinode: timings" result whose details hold the seconds spent in each phase. Containers, network and
-    keys are removed before it returns, also on errors; Ctrl-C raises `Interrupted` after cleaning up.
+    Returns per-node results (sshd, allreduce), overall ones (mpirun allreduce, rank and ssh environment,
+    fi_pingpong) and a last "multinode: timings" result whose details hold the seconds spent in each phase.
+    Containers, network and keys are removed before it returns, also on errors; Ctrl-C raises `Interrupted`
+    after cleaning up.
     """
     if nodes < 1:
         raise VerifyError(f"--nodes must be 1 or more, got {nodes}")
-    settings = Settings.from_manifest(manifest, resolved)
+    if not manifest.ssh_ports:
+        raise VerifyError("the image has no sshd component (components.sshd.ports): mpirun cannot reach peers")
     own_client = client is None
     if client is None:
         client = engine.connect()
     began = time.monotonic()
-    run = _Run(client, image_ref, settings, nodes, deadline=began + timeout_s)
+    info = engine.inspect_image(client, image_ref) or {}
+    env = dict(item.split("=", 1) for item in (info.get("Config") or {}).get("Env") or [] if "=" in item)
+    spec = run_spec(manifest.runtime, host_efa_devices())
+    runtimes = list((client.info().get("Runtimes") or {}).keys())
+    # On the run's own network (for_engine), and without GPUs: this check runs on CPUs.
+    spec, notes = for_engine(spec, runtimes=runtimes, has_gpu=False)
+    run = _Run(Containers(client), image_ref, manifest, spec, {**env, **dict(spec.env)}, nodes, began + timeout_s)
+    run.notes += notes
     results: list[CheckResult] = []
     try:
-        _checks(run, results, sshd_wait_s=sshd_wait_s, stop_sshd_on=stop_sshd_on)
-    except _API_ERRORS as exc:
+        _checks(run, results, sshd_wait_s=sshd_wait_s)
+    except ENGINE_ERRORS as exc:
         # Mid-run engine trouble (a container gone, the socket closed): a failure naming it, after what passed.
-        reason = f"the engine failed mid-run: {_last_line(str(exc))}"
+        reason = f"the engine failed mid-run: {engine.reason(exc)}"
         results.append(CheckResult("multinode: engine", "fail", "the engine answers", "an error", reason=reason))
     except KeyboardInterrupt:
         # The finally below removes everything before this propagates.
@@ -700,22 +569,22 @@ def run_multinode(
                 "fail",
                 "containers, network and keys removed",
                 ", ".join(leftovers),
-                reason=f"could not remove: {', '.join(leftovers)} (labelled {LABEL}={run.run_id})",
+                reason=f"could not remove: {', '.join(leftovers)} (labelled {LABEL}={run.containers.run_id})",
             )
         )
     results.append(_timings_result(run))
     return results
 
 
-def _checks(run: _Run, results: list[CheckResult], *, sshd_wait_s: float, stop_sshd_on: str | None) -> None:
+def _checks(run: _Run, results: list[CheckResult], *, sshd_wait_s: float) -> None:
     """The run's phases in order; each appends its results as it ends."""
     run.make_keys()
     t0 = time.monotonic()
     expected = f"{run.nodes} containers of {run.image_ref} running"
     try:
         failed = run.start()
-    except _API_ERRORS as exc:
-        reason = f"the engine refused: {_last_line(str(exc))}"
+    except ENGINE_ERRORS as exc:
+        reason = f"the engine refused: {engine.reason(exc)}"
         failed = [CheckResult("multinode: containers", "fail", expected, "not started", reason=reason)]
     run.timings["container_start_s"] = round(time.monotonic() - t0, 3)
     if failed:
@@ -731,11 +600,14 @@ def _checks(run: _Run, results: list[CheckResult], *, sshd_wait_s: float, stop_s
             details={"network": run.prefix, "containers": [m.container.name for m in run.members]},
         )
     )
-    if stop_sshd_on is not None:
-        _stop_sshd(run, stop_sshd_on)
     sshd = _sshd_check(run, min(sshd_wait_s, run.left(sshd_wait_s)))
     results += sshd
-    results += _allreduce(run, sshd_down=[r.node for r in sshd if r.status != "pass"])
+    sshd_down = [r.node for r in sshd if r.status != "pass"]
+    results += _allreduce(run, sshd_down=sshd_down)
+    if sshd_down:
+        results.append(CheckResult("multinode: ssh environment", "skip", reason="sshd not answering everywhere"))
+    else:
+        results.append(_ssh_env(run))
     results.append(_pingpong(run))
 
 
@@ -749,19 +621,6 @@ def _timings_result(run: _Run) -> CheckResult:
         found=found,
         duration_s=t.get("total_s", 0.0),
         details={**t, "nodes": run.nodes, "run": run.prefix, "notes": list(run.notes)},
-    )
-
-
-def _stop_sshd(run: _Run, node_name: str) -> None:
-    """Test hook: kill sshd on one node once the entrypoint has started it."""
-    node = next((m for m in run.members if m.name == node_name), None)
-    if node is None:
-        raise VerifyError(f"stop_sshd_on={node_name!r}: no such node (node-1..node-{run.nodes})")
-    run.run(
-        node,
-        'for i in $(seq 100); do [ -s /run/sshd.pid ] && break; sleep 0.1; done; kill "$(cat /run/sshd.pid)"',
-        timeout_s=15,
-        label="stop-sshd",
     )
 
 
@@ -798,29 +657,7 @@ def _keypair(folder: Path, *, comment: str) -> None:
     (folder / "authorized_keys").write_bytes(public.read_bytes())
 
 
-def _tar(files: dict[str, tuple[bytes, int]], *, base: str) -> bytes:
-    """A tar of files (relative names go under base, absolute ones stay), for put_archive at /."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        dirs = sorted({str(Path(p if p.startswith("/") else f"{base}/{p}").parent) for p in files})
-        for d in dirs:
-            info = tarfile.TarInfo(d.lstrip("/"))
-            info.type, info.mode = tarfile.DIRTYPE, 0o755 if d == base else 0o700
-            tar.addfile(info)
-        for path, (data, mode) in sorted(files.items()):
-            full = path if path.startswith("/") else f"{base}/{path}"
-            info = tarfile.TarInfo(full.lstrip("/"))
-            info.size, info.mode = len(data), mode
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
-
-
 def _engine_is_local(client: docker.DockerClient) -> bool:
     """Whether the engine sees this machine's folders (a local socket), so the key folder can be bind-mounted."""
     base = str(getattr(client.api, "base_url", ""))
     return base in ("http+docker://localhost", "http+docker://localunixsocket", "http+docker://localnpipe")
-
-
-def _last_line(text: str) -> str:
-    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
-    return lines[-1] if lines else text

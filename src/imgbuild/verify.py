@@ -1,10 +1,13 @@
 """`imgbuild verify`: prove that an image (or a machine) holds what its recipe's lock says.
 
 RECIPE -> its content-addressed image `imgbuild/<name>:lock-<digest12>`; IMAGE -> the recipe its label
-`io.imgbuild.recipe` names (and that recipe's lock when it is a shipped one). One container of the image is
-started through its entrypoint (so sshd starts), with the recipe's devices and GPUs when the host has them;
-the checks of `checks.py` run in it through pytest-testinfra, while a second, entrypoint-less container scans
-the image's own filesystem for keys. Both containers are removed whatever happens (errors, Ctrl-C).
+`io.imgbuild.recipe` names (and that recipe's lock when it is a shipped one). What to check comes from the
+image's own manifest (/etc/imgbuild/manifest.json, manifest.py): its components, their paths, its run profile;
+the lock only says what the manifest must hold (the `manifest` check). One container of the image is started
+through its entrypoint (so sshd starts), with the run profile's devices and GPUs when the host has them
+(runprofile.py); the checks of `checks.py` run in it through pytest-testinfra, while a second,
+entrypoint-less container scans the image's own filesystem for keys. Every container is removed whatever
+happens (errors, Ctrl-C; containers.py).
 
 `--host local|ssh://USER@HOST` runs the host-level checks (versions, fi_info, NCCL, plugin, GPU, torch) on a
 machine instead, against the recipe's lock.
@@ -14,34 +17,31 @@ This is an edge module: it talks to the Docker engine (docker-py) and to contain
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import shutil
 import sys
-import tarfile
 import threading
 import time
-import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import docker
 import docker.errors
-import docker.types
 
 from imgbuild import checks, engine, lock, recipe, render
+from imgbuild.containers import LABEL as LABEL_VERIFY
+from imgbuild.containers import Containers
 from imgbuild.errors import ImgbuildError, Interrupted, LockError, RecipeError, VerifyError
 from imgbuild.interrupts import sigint_deferred
+from imgbuild.manifest import MANIFEST_PATH, Manifest
 from imgbuild.report import CheckResult, failures
 from imgbuild.resolver import Resolved
-from imgbuild.runprofile import EFA_DEVICE_GLOB, host_efa_devices
+from imgbuild.runprofile import EFA_DEVICE_GLOB, RunSpec, for_engine, host_efa_devices, run_spec
 
 LABEL_RECIPE = "io.imgbuild.recipe"
-LABEL_VERIFY = "io.imgbuild.verify"
 READY_TIMEOUT_S = 60.0
 SCAN_TIMEOUT_S = 600
 
@@ -69,15 +69,14 @@ class Target:
     image: str | None
     recipe: str | None
     resolved: Resolved | None
-    expected_manifest: dict[str, Any] | None
+    expected_manifest: Manifest | None  # what the lock says the image's manifest holds
     note: str = ""  # why there is no lock to compare with, or where the expectations come from
 
 
-def expected_manifest(resolved: Resolved) -> dict[str, Any]:
-    """The manifest the lock renders (what /etc/imgbuild/manifest.json must hold)."""
-    plan = render.plan(resolved)
-    text = next(f.content for f in plan.files if f.path == "imgbuild/manifest.json")
-    return json.loads(text)
+def expected_manifest(resolved: Resolved) -> Manifest:
+    """The manifest the lock gives (what /etc/imgbuild/manifest.json must hold): no template is rendered."""
+    _, contribs = render.contributions(resolved)
+    return render._manifest(resolved, render.lock_digest(resolved), contribs)
 
 
 def looks_like_image(ref: str) -> bool:
@@ -132,15 +131,8 @@ def resolve_target(ref: str, client: docker.DockerClient | None) -> Target:
 
 
 def _image_labels(client: docker.DockerClient, ref: str) -> dict[str, str] | None:
-    try:
-        info = client.api.inspect_image(ref)
-    except docker.errors.NotFound:
-        return None
-    except docker.errors.APIError as exc:
-        if exc.status_code == 400:
-            return None
-        raise VerifyError(f"the engine failed to inspect {ref}: {exc.explanation or exc}") from exc
-    return dict((info.get("Config") or {}).get("Labels") or {})
+    info = engine.inspect_image(client, ref)
+    return None if info is None else dict((info.get("Config") or {}).get("Labels") or {})
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -251,9 +243,9 @@ def _verify_host(ref: str, host: str, *, expect_efa: bool, workers: int, timings
     ctx = checks.CheckContext(
         host=th,
         scope="host",
-        components=target.expected_manifest["components"],
+        components=target.expected_manifest.component_dicts(),
         manifest=found_manifest,
-        expected_manifest=target.expected_manifest,
+        expected_manifest=target.expected_manifest.as_data(),
         manifest_note=target.note,
         python=python,
         efa_devices=tuple(efa.out.split()),
@@ -270,7 +262,7 @@ def _verify_host(ref: str, host: str, *, expect_efa: bool, workers: int, timings
 
 
 def _host_manifest(ctx: checks.CheckContext) -> dict[str, Any] | None:
-    ran = ctx.run(f"cat {checks.MANIFEST_PATH}")
+    ran = ctx.run(f"cat {MANIFEST_PATH}")
     if not ran.ok:
         return None
     try:
@@ -293,131 +285,48 @@ def _permit_root_login(resolved: Resolved | None) -> str | None:
 class RunOptions:
     """How the verification container is started, and what that means for the checks."""
 
-    kwargs: dict[str, Any]
-    devices: tuple[str, ...]  # paths inside the container
-    efa_devices: tuple[str, ...]
+    spec: RunSpec
+    efa_devices: tuple[str, ...]  # the EFA devices among spec.devices (paths inside the container)
     gpu: bool
     gpu_reason: str
     notes: tuple[str, ...] = ()
 
 
 def run_options(
-    manifest: dict[str, Any], extra_devices: Sequence[str], runtimes: Sequence[str], *, has_gpu: bool | None = None
+    manifest: Manifest, extra_devices: Sequence[str], runtimes: Sequence[str], *, has_gpu: bool | None = None
 ) -> RunOptions:
-    """docker run options from the manifest's runtime profile and --device (network: the engine's default,
-    so a verification never takes the host's ports)."""
-    runtime = manifest.get("runtime") or {}
-    platform = manifest.get("platform") or {}
-    devices: list[str] = []
-    inside: list[str] = []
-    for spec in extra_devices:
-        parts = spec.split(":")
-        devices.append(spec)
-        inside.append(parts[1] if len(parts) > 1 and parts[1] else parts[0])
-    efa: list[str] = []
-    notes: list[str] = []
-    if runtime.get("efa_devices"):
-        efa = host_efa_devices()
-        for dev in efa:
-            if dev not in inside:
-                devices.append(f"{dev}:{dev}:rwm")
-                inside.append(dev)
-        if not efa:
-            notes.append("the recipe uses EFA devices; this host has none")
-    else:
-        efa = [d for d in inside if d.startswith("/dev/infiniband/uverbs")]
-    kwargs: dict[str, Any] = {"devices": devices} if devices else {}
+    """The image's run profile (`runprofile.run_spec`) with --device, for this engine and host (network: the
+    engine's default, so a verification never takes the host's ports)."""
+    efa = host_efa_devices() if manifest.runtime.efa_devices else []
+    spec = run_spec(manifest.runtime, efa, extra_devices)
     if has_gpu is None:
         has_gpu = os.path.exists("/dev/nvidia0")
-    wants_gpu = platform.get("accelerator") == "nvidia" or bool(runtime.get("gpus"))
+    spec, notes = for_engine(spec, runtimes=runtimes, has_gpu=has_gpu)
+    if manifest.runtime.efa_devices and not efa:
+        notes.append("the recipe uses EFA devices; this host has none")
+    wants_gpu = manifest.platform.accelerator == "nvidia" or bool(manifest.runtime.gpus)
     gpu = wants_gpu and has_gpu
-    if gpu:
-        kwargs["device_requests"] = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
-    reason = "no GPU on this host (/dev/nvidia0)" if wants_gpu else "the recipe is not for NVIDIA GPUs"
-    if runtime.get("runtime") == "habana":
-        if "habana" in runtimes:
-            kwargs["runtime"] = "habana"
-        else:
-            notes.append("the engine has no 'habana' runtime: started without it")
-    if runtime.get("env"):
-        kwargs["environment"] = dict(runtime["env"])
-    if runtime.get("cap_add"):
-        kwargs["cap_add"] = list(runtime["cap_add"])
-    if runtime.get("ipc"):
-        kwargs["ipc_mode"] = runtime["ipc"]
-    if runtime.get("shm_size"):
-        kwargs["shm_size"] = runtime["shm_size"]
-    if runtime.get("memlock_unlimited", True):
-        kwargs["ulimits"] = [docker.types.Ulimit(name="memlock", soft=-1, hard=-1)]
-    return RunOptions(kwargs, tuple(inside), tuple(efa), gpu, reason if not gpu else "", tuple(notes))
-
-
-class _Containers:
-    """The containers one verification starts; `remove_all` removes every one, by name if its id never came back."""
-
-    def __init__(self, client: docker.DockerClient) -> None:
-        self.client = client
-        self.run_id = uuid.uuid4().hex[:10]
-        self.names: list[str] = []
-        self._lock = threading.Lock()
-
-    def name(self, role: str) -> str:
-        name = f"imgbuild-verify-{self.run_id}-{role}"
-        with self._lock:
-            self.names.append(name)
-        return name
-
-    def remove_all(self) -> None:
-        with self._lock:
-            names = list(self.names)
-        for name in names:
-            with contextlib.suppress(docker.errors.NotFound):
-                try:
-                    self.client.api.remove_container(name, force=True, v=True)
-                except docker.errors.APIError as exc:
-                    if exc.status_code != 404 and "removal of container" not in str(exc):
-                        raise VerifyError(f"could not remove container {name}: {exc.explanation or exc}") from exc
-
-
-def read_image_file(client: docker.DockerClient, containers: _Containers, image: str, path: str) -> bytes | None:
-    """A file of the image, read from a created (never started) container; None when it is not there."""
-    name = containers.name("read")
-    try:
-        client.api.create_container(image, command=["/bin/true"], entrypoint=[], name=name,
-                                    labels={LABEL_VERIFY: containers.run_id})  # fmt: skip
-        try:
-            stream, _ = client.api.get_archive(name, path)
-        except docker.errors.NotFound:
-            return None
-        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
-            member = tar.next()
-            f = tar.extractfile(member) if member is not None else None
-            return f.read() if f is not None else None
-    finally:
-        with contextlib.suppress(docker.errors.APIError):
-            client.api.remove_container(name, force=True, v=True)
+    reason = "" if gpu else "no GPU on this host (/dev/nvidia0)" if wants_gpu else "the recipe is not for NVIDIA GPUs"
+    efa_inside = tuple(d for d in spec.devices_inside if d.startswith("/dev/infiniband/uverbs"))
+    return RunOptions(spec, efa_inside, gpu, reason, tuple(notes))
 
 
 class ImageScan(threading.Thread):
     """Scans the image's own filesystem for keys in a container with the entrypoint overridden (in background)."""
 
-    def __init__(self, client: docker.DockerClient, containers: _Containers, image: str) -> None:
+    def __init__(self, containers: Containers, image: str) -> None:
         super().__init__(name="imgbuild-verify-scan", daemon=True)
-        self.client, self.image, self.container_name = client, image, containers.name("scan")
-        self.run_id = containers.run_id
+        self.containers, self.image = containers, image
         self.outcome = checks.ImageScan(error="the scan did not finish")
         self.duration_s = 0.0
 
     def run(self) -> None:
         start = time.monotonic()
-        api = self.client.api
         try:
-            api.create_container(self.image, command=["-c", _SCAN_SCRIPT], entrypoint=["/bin/sh"],
-                                 name=self.container_name, labels={LABEL_VERIFY: self.run_id},
-                                 network_disabled=True)  # fmt: skip
-            api.start(self.container_name)
-            api.wait(self.container_name, timeout=SCAN_TIMEOUT_S)
-            out = api.logs(self.container_name, stdout=True, stderr=False).decode("utf-8", "replace")
+            _, out = self.containers.run_to_end(
+                self.image, ["-c", _SCAN_SCRIPT], "scan", timeout_s=SCAN_TIMEOUT_S, entrypoint=["/bin/sh"],
+                network_disabled=True,
+            )  # fmt: skip
             if "IMGBUILD-SCAN-DONE" not in out:
                 self.outcome = checks.ImageScan(error=f"the scan did not complete: {out[-300:]}")
             else:
@@ -426,8 +335,6 @@ class ImageScan(threading.Thread):
         except Exception as exc:  # reported as the check's failure, never lost in a thread
             self.outcome = checks.ImageScan(error=f"{type(exc).__name__}: {exc}")
         finally:
-            with contextlib.suppress(Exception):
-                api.remove_container(self.container_name, force=True, v=True)
             self.duration_s = round(time.monotonic() - start, 3)
 
     def result(self) -> checks.ImageScan:
@@ -458,6 +365,13 @@ def _wait_ready(client: docker.DockerClient, cid: str, timeout_s: float = READY_
         time.sleep(0.1)
 
 
+def image_manifest(containers: Containers, target: Target) -> Manifest | None:
+    """The image's /etc/imgbuild/manifest.json (None when it has none; a `VerifyError` when it is not valid)."""
+    assert target.image is not None
+    raw = containers.read_image_file(target.image, MANIFEST_PATH)
+    return None if raw is None else Manifest.parse(raw, target.image)
+
+
 def _verify_container(
     ref: str, *, devices: Sequence[str], expect_efa: bool, nodes: int, workers: int, timings: dict[str, float]
 ) -> VerifyReport:
@@ -468,7 +382,7 @@ def _verify_container(
                           hint=engine.SETUP_HINT)  # fmt: skip
     t = time.monotonic()
     client = engine.connect()
-    containers = _Containers(client)
+    containers = Containers(client)
     try:
         target = resolve_target(ref, client)
         assert target.image is not None
@@ -478,31 +392,37 @@ def _verify_container(
         timings["resolve_s"] = round(time.monotonic() - t, 3)
 
         t = time.monotonic()
-        raw = read_image_file(client, containers, target.image, checks.MANIFEST_PATH)
-        manifest = _parse_manifest(raw)
+        manifest = image_manifest(containers, target)
         timings["manifest_read_s"] = round(time.monotonic() - t, 3)
-        profile = target.expected_manifest or manifest or {}
+        # What to check and how to start: the image's manifest; an image without one (not built by imgbuild,
+        # or its manifest deleted) is checked against the lock, and fails the `manifest` check.
+        profile = manifest or target.expected_manifest
+        if profile is None:
+            raise VerifyError(f"{target.image} has no {MANIFEST_PATH} and no lock to compare with ({target.note})")
         runtimes = list((client.info().get("Runtimes") or {}).keys())
         opts = run_options(profile, devices, runtimes)
 
-        scan = ImageScan(client, containers, target.image)
+        scan = ImageScan(containers, target.image)
         scan.start()
 
         t = time.monotonic()
-        container, opts = _start(client, containers, target.image, opts)
+        try:
+            container, spec, memlock_note = containers.start(target.image, ["sleep", "infinity"], "main", opts.spec)
+        except docker.errors.APIError as exc:
+            raise VerifyError(f"cannot start a container of {target.image}: {engine.reason(exc)}") from exc
         not_ready = _wait_ready(client, container.id)
         timings["container_start_s"] = round(time.monotonic() - t, 3)
 
-        components = (target.expected_manifest or manifest or {}).get("components", {})
+        components = profile.component_dicts()
         ctx = checks.CheckContext(
             host=testinfra.get_host(f"docker://{container.id}"),
             scope="container",
             components=components,
-            manifest=manifest,
-            expected_manifest=target.expected_manifest,
+            manifest=manifest.as_data() if manifest is not None else None,
+            expected_manifest=target.expected_manifest.as_data() if target.expected_manifest is not None else None,
             manifest_note=target.note,
-            python=_image_python(components),
-            devices=opts.devices,
+            python=profile.python,
+            devices=spec.devices_inside,
             efa_devices=opts.efa_devices,
             expect_efa=expect_efa,
             gpu=opts.gpu,
@@ -526,73 +446,25 @@ def _verify_container(
     finally:
         t = time.monotonic()
         with sigint_deferred("the verification's containers"):
-            containers.remove_all()
+            left = containers.remove_all()
             client.close()
         timings["cleanup_s"] = round(time.monotonic() - t, 3)
+    if left:
+        raise VerifyError(f"could not remove {', '.join(left)} (labelled {LABEL_VERIFY}={containers.run_id})")
 
     if nodes > 1:
         t = time.monotonic()
-        results += _multinode(target, manifest, nodes)
+        if manifest is None:
+            results.append(CheckResult("multinode", "fail", f"{nodes} nodes", "not run",
+                                       f"the image has no {MANIFEST_PATH}: its mpirun line is unknown",
+                                       component="multinode"))  # fmt: skip
+        else:
+            from imgbuild import multinode
+
+            results += multinode.run_multinode(target.image, manifest, nodes)
         timings["multinode_s"] = round(time.monotonic() - t, 3)
-    notes = "; ".join(n for n in (target.note, *opts.notes) if n)
+    notes = "; ".join(n for n in (target.note, *opts.notes, memlock_note or "") if n)
     return VerifyReport(ref, target.image, target.recipe, "container", notes, results, timings)
-
-
-def _start(
-    client: docker.DockerClient, containers: _Containers, image: str, opts: RunOptions
-) -> tuple[Any, RunOptions]:
-    """Start the detached container (`sleep infinity` through the image's entrypoint).
-
-    A host that refuses memlock=unlimited (a rootless or nested engine) gets a second try without it, noted.
-    """
-    for attempt in (1, 2):
-        name = containers.name(f"main{attempt}")
-        try:
-            container = client.containers.run(
-                image, ["sleep", "infinity"], name=name, detach=True, labels={LABEL_VERIFY: containers.run_id},
-                **opts.kwargs,
-            )  # fmt: skip
-            return container, opts
-        except docker.errors.APIError as exc:
-            text = str(exc.explanation or exc)
-            if attempt == 1 and "rlimit" in text and "ulimits" in opts.kwargs:
-                with contextlib.suppress(docker.errors.APIError):
-                    client.api.remove_container(name, force=True, v=True)
-                kwargs = {k: v for k, v in opts.kwargs.items() if k != "ulimits"}
-                note = "this engine refuses memlock=unlimited: the container ran without it"
-                opts = replace(opts, kwargs=kwargs, notes=(*opts.notes, note))
-                continue
-            raise VerifyError(f"cannot start a container of {image}: {text}") from exc
-    raise AssertionError("unreachable")
-
-
-def _parse_manifest(raw: bytes | None) -> dict[str, Any] | None:
-    if raw is None:
-        return None
-    try:
-        data = json.loads(raw)
-    except json.JSONDecodeError:
-        return {"unreadable": raw[:200].decode("utf-8", "replace")}
-    return data if isinstance(data, dict) else None
-
-
-def _image_python(components: dict[str, dict[str, Any]]) -> str:
-    venv = components.get("python", {}).get("venv")
-    return f"{venv}/bin/python" if venv else "python3"
-
-
-def _multinode(target: Target, manifest: dict[str, Any] | None, nodes: int) -> list[CheckResult]:
-    """Hand over to the multi-node checks (imgbuild.multinode), imported only when asked for."""
-    try:
-        from imgbuild import multinode
-    except ImportError as exc:
-        if exc.name not in ("imgbuild.multinode", None):
-            raise
-        return [CheckResult("multinode", "fail", f"{nodes} nodes", "", "multi-node verification is not available "
-                            "in this imgbuild (no imgbuild.multinode module)", component="multinode")]  # fmt: skip
-    run: Callable[..., list[CheckResult]] = multinode.run_multinode
-    assert target.image is not None
-    return run(target.image, manifest or target.expected_manifest or {}, target.resolved, nodes)
 
 
 # --------------------------------------------------------------------------------------------------------------

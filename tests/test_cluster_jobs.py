@@ -1,0 +1,687 @@
+"""`imgbuild cluster job`: every engine's job for every shipped recipe validates against the operator's CRD
+(openAPIV3Schema, from the shared data) and Kubernetes' own schemas (kubernetes-validate, offline), sbatch scripts
+pass shellcheck, golden files, what each job must do about its operator, and (Docker) the cpu MPIJob run through
+an emulation of the MPI Operator's pods: its Secret, hostfile, environment and sshd-instead-of-entrypoint rule.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import shutil
+import subprocess
+import tarfile
+import time
+import uuid
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import typer
+import yaml
+from typer.testing import CliRunner
+
+from conftest import REPO
+from imgbuild import lock, recipe, render
+from imgbuild.cluster import jobs
+from imgbuild.errors import RecipeError
+from imgbuild.launch import for_manifest
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+K8S = DATA / "k8s"
+GOLDEN = REPO / "tests" / "golden" / "jobs"
+K8S_VERSION = "1.32"  # Kubernetes' schemas the pod templates are checked against (kubernetes-validate, bundled)
+
+SHIPPED = recipe.shipped_names()
+CRDS = {
+    jobs.Engine.mpijob: ("mpi-operator_kubeflow.org_mpijobs.yaml", "v2beta1"),
+    jobs.Engine.trainjob: ("trainer-v2.3.0_trainer.kubeflow.org_trainjobs.yaml", "v1alpha1"),
+    jobs.Engine.pytorchjob: ("training-operator-v1.9.4_kubeflow.org_pytorchjobs.yaml", "v1"),
+}
+TORCH_RUNTIME = "trainer-v2.3.0_runtime_torch_distributed.yaml"
+
+
+def k8s_file(name: str) -> Path:
+    path = K8S / name
+    if not path.is_file():
+        pytest.fail(f"shared data missing: {path} (the CRDs of ../shared/data/k8s, see its README.md)")
+    return path
+
+
+@cache
+def resolved(name: str) -> Any:
+    res, how = lock.resolved_for(recipe.load(name), lookup_torch=None)
+    assert how == "lock", f"{name} has no fresh lock: run `imgbuild lock {name}`"
+    return res
+
+
+def has_pytorch(name: str) -> bool:
+    return "pytorch" in resolved(name).pins
+
+
+def plan(recipe_name: str, engine: jobs.Engine | str, nodes: int = 2, /, **kw: Any) -> jobs.JobPlan:
+    return jobs.plan_job(resolved(recipe_name), engine, nodes, **kw)
+
+
+def obj(recipe_name: str, engine: jobs.Engine | str, nodes: int = 2, /, **kw: Any) -> dict[str, Any]:
+    return jobs.k8s_object(plan(recipe_name, engine, nodes, **kw))
+
+
+COMBOS = [
+    (name, engine)
+    for name in SHIPPED
+    for engine in jobs.Engine
+    if engine not in jobs.TORCH_ENGINES or has_pytorch(name)
+]
+K8S_COMBOS = [(n, e) for n, e in COMBOS if e is not jobs.Engine.slurm]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Schemas
+
+
+def _strict(schema: Any) -> Any:
+    """A CRD's structural schema as JSON Schema that refuses unknown fields, as the API server does under
+    `kubectl apply`'s default field validation (Strict), except where the CRD preserves unknown fields."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    if "properties" in schema:
+        out["properties"] = {k: _strict(v) for k, v in schema["properties"].items()}
+        if "additionalProperties" not in schema and not schema.get("x-kubernetes-preserve-unknown-fields"):
+            out["additionalProperties"] = False
+    if isinstance(schema.get("additionalProperties"), dict):
+        out["additionalProperties"] = _strict(schema["additionalProperties"])
+    if "items" in schema:
+        out["items"] = _strict(schema["items"])
+    for key in ("anyOf", "allOf", "oneOf"):
+        if key in schema:
+            out[key] = [_strict(s) for s in schema[key]]
+    return out
+
+
+@cache
+def crd(engine: jobs.Engine) -> dict[str, Any]:
+    file, version = CRDS[engine]
+    doc = yaml.safe_load(k8s_file(file).read_text())
+    for v in doc["spec"]["versions"]:
+        if v["name"] == version:
+            return dict(v["schema"]["openAPIV3Schema"])
+    pytest.fail(f"{file}: no version {version}")
+
+
+def validate_crd(engine: jobs.Engine, instance: dict[str, Any]) -> None:
+    schema = _strict(crd(engine))
+    errors = sorted(jsonschema.Draft4Validator(schema).iter_errors(instance), key=lambda e: list(e.path))
+    assert not errors, "\n".join(f"{'/'.join(map(str, e.path))}: {e.message}" for e in errors[:10])
+
+
+def validate_pod_template(template: dict[str, Any]) -> None:
+    import kubernetes_validate
+
+    doc = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "imgbuild"}, "template": template}
+    try:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        pytest.fail(f"pod template refused by Kubernetes {K8S_VERSION}'s schema: {exc}")
+
+
+def trainer_pod(job: dict[str, Any]) -> dict[str, Any]:
+    """The pod template Trainer makes of the torch-distributed runtime for a TrainJob: the trainer's image,
+    command, env and resources on the runtime's `node` container, then the TrainJob's runtimePatches."""
+    runtime = yaml.safe_load(k8s_file(TORCH_RUNTIME).read_text())
+    node = next(j for j in runtime["spec"]["template"]["spec"]["replicatedJobs"] if j["name"] == "node")
+    pod = node["template"]["spec"]["template"]
+    spec = pod["spec"]
+    trainer = job["spec"]["trainer"]
+    container = next(c for c in spec["containers"] if c["name"] == jobs.TRAINER_CONTAINER)
+    container.update(
+        image=trainer["image"], command=trainer["command"], env=trainer["env"], resources=trainer["resourcesPerNode"]
+    )
+    for patch in job["spec"]["runtimePatches"]:
+        for rj in patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]:
+            assert rj["name"] in {j["name"] for j in runtime["spec"]["template"]["spec"]["replicatedJobs"]}
+            pod_patch = rj["template"]["spec"]["template"]["spec"]
+            for cpatch in pod_patch.get("containers", []):
+                target = [c for c in spec["containers"] if c["name"] == cpatch["name"]]
+                assert target, f"runtimePatches name container {cpatch['name']!r}, which the runtime lacks"
+                for key, value in cpatch.items():
+                    if key != "name":
+                        target[0][key] = [*target[0].get(key, []), *value] if isinstance(value, list) else value
+            for key in ("volumes",):
+                spec[key] = [*spec.get(key, []), *pod_patch.get(key, [])]
+            if "nodeSelector" in pod_patch:
+                spec["nodeSelector"] = {**spec.get("nodeSelector", {}), **pod_patch["nodeSelector"]}
+    return dict(pod)
+
+
+def pod_templates(engine: jobs.Engine, job: dict[str, Any]) -> list[dict[str, Any]]:
+    if engine is jobs.Engine.mpijob:
+        return [r["template"] for r in job["spec"]["mpiReplicaSpecs"].values()]
+    if engine is jobs.Engine.pytorchjob:
+        return [r["template"] for r in job["spec"]["pytorchReplicaSpecs"].values()]
+    return [trainer_pod(job)]
+
+
+@pytest.mark.parametrize(("name", "engine"), K8S_COMBOS)
+def test_job_validates_against_the_crd_and_kubernetes(name: str, engine: jobs.Engine) -> None:
+    job = obj(name, engine)
+    validate_crd(engine, job)
+    for template in pod_templates(engine, job):
+        validate_pod_template(template)
+
+
+def test_the_validators_refuse_what_the_cluster_would() -> None:
+    """The strict CRD schema and Kubernetes' schema both catch a misspelt field and a wrong type."""
+    job = obj("a100", "mpijob")
+    job["spec"]["slotPerWorker"] = 8
+    with pytest.raises(AssertionError, match="slotPerWorker"):
+        validate_crd(jobs.Engine.mpijob, job)
+    job = obj("a100", "mpijob")
+    job["spec"]["slotsPerWorker"] = "8"
+    with pytest.raises(AssertionError, match="slotsPerWorker"):
+        validate_crd(jobs.Engine.mpijob, job)
+    template = obj("a100", "mpijob")["spec"]["mpiReplicaSpecs"]["Worker"]["template"]
+    template["spec"]["containers"][0]["readinesProbe"] = template["spec"]["containers"][0].pop("readinessProbe")
+    with pytest.raises(pytest.fail.Exception, match="readinesProbe"):
+        validate_pod_template(template)
+
+
+def test_the_only_cel_rules_on_create_hold() -> None:
+    """x-kubernetes-validations (CEL) are not JSON Schema: every rule of the three CRDs that applies on create
+    (no oldSelf) is listed here, and the rendered names satisfy it."""
+    rules: set[str] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            rules.update(r["rule"] for r in node.get("x-kubernetes-validations", []) if "oldSelf" not in r["rule"])
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    for engine in CRDS:
+        walk(crd(engine))
+    name_rules = {"self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')", "size(self.metadata.name) <= 63"}
+    other = {
+        "self == '' || self.matches('^[A-Za-z][A-Za-z0-9+.-]*://.+$')",  # initializer storageUri: unused
+        "self in ['trainer.kubeflow.org/trainjob-controller', 'kueue.x-k8s.io/multikueue']",  # managedBy: unused
+        "has(self.lastUpdatedTime)",  # status
+    }
+    assert rules == name_rules | other
+    for name in SHIPPED:
+        job_name = plan(name, "mpijob").name
+        assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", job_name) and len(job_name) <= 63
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Golden files and shellcheck
+
+
+def golden_path(name: str, engine: jobs.Engine) -> Path:
+    return GOLDEN / f"{name}.{engine.value}.{'sbatch' if engine is jobs.Engine.slurm else 'yaml'}"
+
+
+@pytest.mark.parametrize(("name", "engine"), COMBOS)
+def test_golden_job(name: str, engine: jobs.Engine, update_golden: bool) -> None:
+    text = jobs.render_job(resolved(name), engine, 2)
+    golden = golden_path(name, engine)
+    if update_golden:
+        golden.parent.mkdir(parents=True, exist_ok=True)
+        golden.write_text(text)
+    assert golden.exists(), f"no golden file: run pytest --update-golden and review {golden}"
+    assert text == golden.read_text(), f"{name} {engine.value}: rendered job differs from {golden} (--update-golden)"
+    assert text == jobs.render_job(resolved(name), engine, 2), "rendering is not deterministic"
+
+
+def test_no_golden_file_is_left_over() -> None:
+    expected = {golden_path(n, e).name for n, e in COMBOS}
+    assert {p.name for p in GOLDEN.iterdir()} <= expected
+
+
+def shellcheck() -> str:
+    exe = shutil.which("shellcheck")
+    if exe is None:
+        pytest.fail("shellcheck is not installed (apt-get install -y shellcheck; scripts/setup.sh)")
+    return exe
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+@pytest.mark.parametrize("pushed", [False, True])
+def test_sbatch_passes_shellcheck(name: str, pushed: bool) -> None:
+    image = "123456789012.dkr.ecr.us-east-1.amazonaws.com/imgbuild/x:lock-0123456789ab" if pushed else None
+    text = jobs.render_job(resolved(name), "slurm", 2, image=image)
+    proc = subprocess.run(
+        [shellcheck(), "--shell=bash", "--severity=style", "-"], input=text, capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = subprocess.run(["bash", "-n"], input=text, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_shellcheck_is_not_a_rubber_stamp() -> None:
+    text = jobs.render_job(resolved("cpu"), "slurm", 2).replace('"${IMAGE}"', "$IMAGE")
+    proc = subprocess.run([shellcheck(), "--shell=bash", "-"], input=text, capture_output=True, text=True, check=False)
+    assert proc.returncode != 0 and "SC2086" in proc.stdout
+
+
+# --------------------------------------------------------------------------------------------------------------
+# What each job does about its operator
+
+
+def container(template: dict[str, Any]) -> dict[str, Any]:
+    return template["spec"]["containers"][0]
+
+
+def env_of(c: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in c.get("env", [])}
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_mpijob_works_with_what_the_operator_does(name: str) -> None:
+    p = plan(name, "mpijob", 3)
+    job = jobs.k8s_object(p)
+    spec = job["spec"]
+    launcher = container(spec["mpiReplicaSpecs"]["Launcher"]["template"])
+    worker = container(spec["mpiReplicaSpecs"]["Worker"]["template"])
+    manifest, _ = jobs.image_manifest(resolved(name))
+    # The operator replaces a command-less worker's entrypoint with `sshd -De`: both run the image's entrypoint.
+    assert worker["command"] == launcher["command"] == ["/usr/local/bin/imgbuild-entrypoint"]
+    assert (REPO / "images" / "Dockerfile.j2").read_text().count('ENTRYPOINT ["/usr/local/bin/imgbuild-entrypoint"]')
+    # Keys: not mounted over /root/.ssh (read-only there) nor where the entrypoint reads keys from; the private key
+    # comes from the operator's Secret through IMGBUILD_SSH_PRIVATE_KEY, which the entrypoint installs.
+    assert spec["sshAuthMountPath"] not in ("/root/.ssh", "/run/imgbuild/ssh", "/opt/ml/input/data/ssh")
+    secret = {"secretKeyRef": {"name": f"{p.name}-ssh", "key": "ssh-privatekey"}}
+    assert env_of(worker)["IMGBUILD_SSH_PRIVATE_KEY"] == env_of(launcher)["IMGBUILD_SSH_PRIVATE_KEY"] == secret
+    files = {f.path: f.content.decode() for f in render.plan(resolved(name)).files}
+    assert "IMGBUILD_SSH_PRIVATE_KEY" in files["imgbuild/entrypoint.sh"]
+    # sshd's port: the readiness probe, and the image's ssh client config (which the operator's plm_rsh_args,
+    # "-o ConnectionAttempts=10", does not override).
+    port = manifest.ssh_ports[0]
+    assert worker["readinessProbe"]["tcpSocket"]["port"] == port
+    assert spec["launcherCreationPolicy"] == "WaitForWorkersReady"
+    assert re.search(rf"^Host \*\n(\s+.*\n)*?\s+Port {port}$", files["imgbuild/ssh_config"], re.MULTILINE)
+    # The launch line is launch.py's, with the operator's hostfile and every rank named (Open MPI 5 reads
+    # neither the operator's default hostfile nor its slot count).
+    argv = for_manifest(manifest).mpirun_argv(hostfile="/etc/mpi/hostfile", np=3 * manifest.slots, program=p.program)
+    assert launcher["args"] == argv
+    assert spec["slotsPerWorker"] == manifest.slots == p.slots
+    assert env_of(launcher)["PRTE_MCA_prte_keep_fqdn_hostnames"] == "1"
+    assert spec["mpiReplicaSpecs"]["Worker"]["replicas"] == 3
+    # /dev/shm in memory.
+    volumes = {v["name"]: v for v in spec["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["volumes"]}
+    mount = next(m for m in worker["volumeMounts"] if m["mountPath"] == "/dev/shm")
+    assert volumes[mount["name"]]["emptyDir"]["medium"] == "Memory"
+
+
+@pytest.mark.parametrize(
+    ("name", "instance_type", "resources"),
+    [
+        ("cpu", None, {"memory": "2Gi"}),
+        ("v100", None, {"nvidia.com/gpu": 8, "vpc.amazonaws.com/efa": 1, "hugepages-2Mi": "5120Mi", "memory": "32Gi"}),
+        ("a100", None, {"nvidia.com/gpu": 8, "vpc.amazonaws.com/efa": 4, "hugepages-2Mi": "5120Mi", "memory": "32Gi"}),
+        ("a100", "p4de.24xlarge", {"nvidia.com/gpu": 8, "vpc.amazonaws.com/efa": 4, "hugepages-2Mi": "5120Mi",
+                                   "memory": "32Gi"}),
+        ("h100", None, {"nvidia.com/gpu": 8, "vpc.amazonaws.com/efa": 32, "hugepages-2Mi": "5120Mi", "memory": "32Gi"}),
+        ("h100", "p5en.48xlarge", {"nvidia.com/gpu": 8, "vpc.amazonaws.com/efa": 16, "hugepages-2Mi": "5120Mi",
+                                   "memory": "32Gi"}),
+        ("h100", "p6-b200.48xlarge", {"nvidia.com/gpu": 8, "vpc.amazonaws.com/efa": 8, "hugepages-2Mi": "5120Mi",
+                                      "memory": "32Gi"}),
+        ("gaudi-1.15", None, {"habana.ai/gaudi": 8, "vpc.amazonaws.com/efa": 4, "hugepages-2Mi": "5120Mi",
+                              "memory": "32Gi"}),
+    ],
+)  # fmt: skip
+def test_worker_resources_follow_recipe_and_instance_type(
+    name: str, instance_type: str | None, resources: dict[str, Any]
+) -> None:
+    job = obj(name, "mpijob", instance_type=instance_type)
+    template = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]
+    assert container(template)["resources"] == {"limits": resources, "requests": resources}
+    wanted = instance_type or (resolved(name).recipe.platform.instance_types or [None])[0]
+    assert template["spec"].get("nodeSelector") == ({"node.kubernetes.io/instance-type": wanted} if wanted else None)
+
+
+def test_efa_for_an_unknown_instance_type_is_asked_for() -> None:
+    with pytest.raises(RecipeError, match=r"--instance-type: no EFA device count known for instance type 'g5\.48x"):
+        plan("a100", "mpijob", instance_type="g5.48xlarge")
+    p = plan("a100", "mpijob", instance_type="g5.48xlarge", efa=1)
+    assert p.efa == 1
+    none = obj("a100", "mpijob", instance_type="g5.48xlarge", efa=0)
+    limits = container(none["spec"]["mpiReplicaSpecs"]["Worker"]["template"])["resources"]["limits"]
+    assert "vpc.amazonaws.com/efa" not in limits and "hugepages-2Mi" not in limits
+
+
+def test_gaudi_gets_its_devices_from_the_device_plugin_not_the_run_profile() -> None:
+    worker = container(obj("gaudi-1.15", "mpijob")["spec"]["mpiReplicaSpecs"]["Worker"]["template"])
+    env = env_of(worker)
+    assert "HABANA_VISIBLE_DEVICES" not in env  # `all` would hand every Gaudi of the node to the pod
+    assert env["OMPI_MCA_btl_vader_single_copy_mechanism"] == "none"
+    assert worker["securityContext"] == {"capabilities": {"add": ["SYS_NICE"]}}
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_default_programs(name: str) -> None:
+    res = resolved(name)
+    manifest, _ = jobs.image_manifest(res)
+    p = plan(name, "mpijob", 4)
+    if "nccl_tests" in res.pins:
+        assert p.program == (f"{manifest.components['nccl_tests'].prefix}/all_reduce_perf", *jobs.NCCL_TESTS_ARGS)
+        assert "NCCL_DEBUG" in dict(p.env)
+    elif "mpi4py" in res.pins:
+        assert p.program[:2] == (manifest.python, "-c") and p.program[-1] == "4"
+        assert "has no nccl-tests" in p.program_about
+    else:
+        assert p.program == ("hostname",) and "neither nccl-tests nor mpi4py" in p.program_about
+    if has_pytorch(name):
+        t = plan(name, "trainjob", 4)
+        assert t.program[0] == "--no-python" and t.program[-2:] == (res.recipe.platform.accelerator, "4")
+
+
+def test_the_command_after_dashes_replaces_the_program() -> None:
+    job = obj("a100", "mpijob", command=["python3", "/opt/ml/code/train.py", "--epochs", "2"])
+    args = container(job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"])["args"]
+    assert args[-4:] == ["python3", "/opt/ml/code/train.py", "--epochs", "2"]
+    assert args[-8:-4] == ["-np", "16", "--hostfile", "/etc/mpi/hostfile"]
+    t = obj("a100", "trainjob", command=["/opt/ml/code/train.py", "--epochs", "2"])
+    assert t["spec"]["trainer"]["command"][-3:] == ["/opt/ml/code/train.py", "--epochs", "2"]
+
+
+@pytest.mark.parametrize("engine", jobs.TORCH_ENGINES)
+def test_torch_engines_refuse_recipes_without_pytorch(engine: jobs.Engine) -> None:
+    with pytest.raises(RecipeError, match=rf"recipe 'cpu' has no components.pytorch: the {engine.value} engine"):
+        plan("cpu", engine)
+
+
+@pytest.mark.parametrize("name", [n for n in SHIPPED if has_pytorch(n)])
+def test_torch_jobs_run_the_images_torchrun(name: str) -> None:
+    manifest, _ = jobs.image_manifest(resolved(name))
+    torchrun = list(for_manifest(manifest).torchrun)
+    t = obj(name, "trainjob", 3)
+    assert t["spec"]["runtimeRef"] == {
+        "apiGroup": "trainer.kubeflow.org",
+        "kind": "ClusterTrainingRuntime",
+        "name": "torch-distributed",
+    }
+    trainer = t["spec"]["trainer"]
+    assert trainer["command"][: len(torchrun)] == torchrun
+    assert trainer["numNodes"] == 3 and trainer["numProcPerNode"] == manifest.slots
+    # The runtime's container is the one patched (Trainer refuses a patch for a container the runtime lacks).
+    assert container(trainer_pod(t))["volumeMounts"] == [{"name": "dshm", "mountPath": "/dev/shm"}]
+    pj = obj(name, "pytorchjob", 3)["spec"]
+    assert pj["pytorchReplicaSpecs"]["Master"]["replicas"] == 1 and pj["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2
+    c = container(pj["pytorchReplicaSpecs"]["Master"]["template"])
+    assert c["name"] == "pytorch" and c["command"][: len(torchrun)] == torchrun
+    assert pj["nprocPerNode"] == str(manifest.slots)
+    assert "Worker" not in obj(name, "pytorchjob", 1)["spec"]["pytorchReplicaSpecs"]
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_sbatch_names_every_export_in_container_env(name: str) -> None:
+    text = jobs.render_job(resolved(name), "slurm", 3)
+    p = plan(name, "slurm", 3)
+    exported = set(re.findall(r"^export (\w+)", text, re.MULTILINE))
+    named = set(re.search(r"--container-env=(\S+)", text).group(1).split(",")) if exported else set()  # type: ignore[union-attr]
+    assert exported and exported == named
+    assert f"#SBATCH --nodes=3\n#SBATCH --ntasks-per-node={p.slots}\n" in text
+    assert "srun --mpi=pmix" in text and '--container-image="${IMAGE}"' in text
+    # The recipe's mpirun --mca settings reach the ranks srun starts as OMPI_MCA_* variables.
+    for key, value in jobs.mca_pairs(p.launch):
+        assert f"export OMPI_MCA_{key}=" in text, key
+        assert re.search(rf"^export OMPI_MCA_{key}=['\"]?{re.escape(value)}['\"]?$", text, re.MULTILINE)
+
+
+def test_pyxis_image_reference() -> None:
+    assert jobs.pyxis_image("123.dkr.ecr.us-east-1.amazonaws.com/imgbuild/a100:t") == (
+        "123.dkr.ecr.us-east-1.amazonaws.com#imgbuild/a100:t"
+    )
+    assert jobs.pyxis_image("localhost:5000/a:b") == "localhost:5000#a:b"
+    assert jobs.pyxis_image("nvcr.io/nvidia/pytorch:24.01-py3") == "nvcr.io#nvidia/pytorch:24.01-py3"
+    assert jobs.pyxis_image("ubuntu:22.04") == "ubuntu:22.04"
+    assert jobs.pyxis_image("imgbuild/a100:lock-1") == "imgbuild/a100:lock-1"
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"name": "Bad_Name"}, "job name 'Bad_Name': expected a DNS label"),
+        ({"name": "x" * 41}, "at most 40 characters"),
+        ({"memory": "lots"}, "--memory 'lots': expected a Kubernetes quantity"),
+        ({"nodes": 0}, "--nodes must be 1 or more"),
+    ],
+)
+def test_bad_input_is_named(kw: dict[str, Any], message: str) -> None:
+    nodes = kw.pop("nodes", 2)
+    with pytest.raises(RecipeError, match=re.escape(message)):
+        plan("cpu", "mpijob", nodes, **kw)
+
+
+def test_default_name_is_a_dns_label() -> None:
+    assert jobs.job_name("gaudi-1.15") == "imgbuild-gaudi-1-15"
+    assert jobs.job_name("My_Recipe" + "x" * 60).startswith("imgbuild-my-recipe") and len(jobs.job_name("a" * 99)) <= 40
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Command line
+
+
+@pytest.fixture(scope="module")
+def cli() -> typer.Typer:
+    app = typer.Typer()
+
+    @app.callback()
+    def cluster() -> None:
+        """Test mount of the command (cluster/cli.py registers it on the real sub-app)."""
+
+    app.command("job")(jobs.job_command)
+    return app
+
+
+def test_cli_renders_to_stdout_and_file(cli: typer.Typer, tmp_path: Path) -> None:
+    runner = CliRunner()
+    res = runner.invoke(cli, ["job", "a100", "--engine", "mpijob", "--nodes", "2"])
+    assert res.exit_code == 0, res.output
+    assert yaml.safe_load(res.stdout)["kind"] == "MPIJob"
+    assert res.stdout == jobs.render_job(resolved("a100"), "mpijob", 2)
+    out = tmp_path / "job.yaml"
+    uri = "123456789012.dkr.ecr.us-east-1.amazonaws.com/imgbuild/a100:v1"
+    args = ["job", "a100", "-e", "pytorchjob", "-n", "3", "--image", uri, "-o", str(out), "--", "train.py", "--lr", "1"]
+    res = runner.invoke(cli, args)
+    assert res.exit_code == 0, res.output
+    job = yaml.safe_load(out.read_text())
+    c = container(job["spec"]["pytorchReplicaSpecs"]["Master"]["template"])
+    assert c["image"] == uri and c["command"][-3:] == ["train.py", "--lr", "1"]
+
+
+def test_cli_refuses_clearly(cli: typer.Typer) -> None:
+    runner = CliRunner()
+    res = runner.invoke(cli, ["job", "cpu", "--engine", "trainjob"])
+    assert res.exit_code == RecipeError.exit_code
+    assert "recipe 'cpu' has no components.pytorch" in res.output
+    res = runner.invoke(cli, ["job", "cpu", "--engine", "kubejob"])
+    assert res.exit_code == 2 and "kubejob" in res.output
+    res = runner.invoke(cli, ["job", "cpu", "--nodes", "0"])
+    assert res.exit_code == 2
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The cpu MPIJob on an emulation of the MPI Operator (Docker)
+
+NAMESPACE = "default"
+
+
+def _operator_key() -> tuple[str, str]:
+    """A key pair as the operator makes it (newSSHAuthSecret): ECDSA P-521, the private half as PEM
+    'EC PRIVATE KEY' (x509.MarshalECPrivateKey), the public half as an authorized_keys line."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP521R1())
+    private = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()
+    ).decode()
+    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    return private, public.decode() + "\n"
+
+
+def _tar(files: dict[str, tuple[str, int]]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for path, (text, mode) in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(path.lstrip("/"))
+            info.size, info.mode = len(data), mode
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+class OperatorEmulation:
+    """Pods as the MPI Operator v2beta1 makes them from an MPIJob (pkg/controller/mpi_job_controller.go), as Docker
+    containers on one private network: the Secret's items (id_rsa, id_rsa.pub, authorized_keys) at
+    sshAuthMountPath with mode 0600 under /root/.ssh and the default 0644 elsewhere, `/usr/sbin/sshd -De` for a
+    worker container without command and args, the operator's environment appended after the job's, the hostfile
+    at /etc/mpi/hostfile, pod hostnames `<job>-worker-N` reachable as `<job>-worker-N.<job>.<ns>.svc`."""
+
+    def __init__(self, client: Any, job: dict[str, Any], image: str) -> None:
+        self.client, self.job, self.image = client, job, image
+        self.name = job["metadata"]["name"]
+        self.prefix = f"imgbuild-test-{uuid.uuid4().hex[:8]}"
+        self.private, self.public = _operator_key()
+        self.containers: list[Any] = []
+        self.network = client.networks.create(f"{self.prefix}-net", driver="bridge", internal=True)
+
+    def secret_files(self) -> dict[str, tuple[str, int]]:
+        mount = self.job["spec"].get("sshAuthMountPath", "/root/.ssh")
+        mode = 0o600 if mount == "/root/.ssh" else 0o644
+        return {
+            f"{mount}/id_rsa": (self.private, mode),
+            f"{mount}/id_rsa.pub": (self.public, mode),
+            f"{mount}/authorized_keys": (self.public, mode),
+        }
+
+    def env(self, c: dict[str, Any], operator_env: dict[str, str]) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for e in c.get("env", []):
+            if "value" in e:
+                out[e["name"]] = e["value"]
+            else:
+                ref = e["valueFrom"]["secretKeyRef"]
+                assert ref["name"] == f"{self.name}-ssh", f"{e['name']}: no such Secret {ref['name']}"
+                out[e["name"]] = {"ssh-privatekey": self.private, "ssh-publickey": self.public}[ref["key"]]
+        out.update(operator_env)  # appended after the job's: the operator's value wins
+        return out
+
+    def pod(self, role: str, hostname: str, operator_env: dict[str, str], extra: dict[str, tuple[str, int]]) -> Any:
+        template = self.job["spec"]["mpiReplicaSpecs"][role.capitalize()]["template"]
+        c = template["spec"]["containers"][0]
+        command, args = c.get("command"), c.get("args")
+        if role == "worker" and not command and not args:
+            command = ["/usr/sbin/sshd", "-De"]
+        shm = next((v["emptyDir"].get("sizeLimit") for v in template["spec"].get("volumes", []) if v["name"] == "dshm"),
+                   None)  # fmt: skip
+        container = self.client.containers.create(
+            self.image,
+            entrypoint=command,
+            command=args,
+            environment=self.env(c, operator_env),
+            hostname=hostname,
+            name=f"{self.prefix}-{hostname}",
+            network=self.network.name,
+            shm_size=shm.replace("Gi", "g").replace("Mi", "m") if shm else "64m",
+            labels={"imgbuild-test": self.prefix},
+        )
+        self.containers.append(container)
+        # The network alias the headless Service gives the pod.
+        self.network.disconnect(container)
+        self.network.connect(container, aliases=[hostname, f"{hostname}.{self.name}.{NAMESPACE}.svc"])
+        container.put_archive("/", _tar({**self.secret_files(), **extra}))
+        container.start()
+        return container
+
+    def worker(self, i: int) -> Any:
+        return self.pod("worker", f"{self.name}-worker-{i}", {"K_MPI_JOB_ROLE": "worker"}, {})
+
+    def launcher(self, workers: int) -> Any:
+        slots = self.job["spec"]["slotsPerWorker"]
+        hostfile = "".join(
+            f"{self.name}-worker-{i}.{self.name}.{NAMESPACE}.svc slots={slots}\n" for i in range(workers)
+        )
+        env = {
+            "K_MPI_JOB_ROLE": "launcher",
+            "OMPI_MCA_orte_keep_fqdn_hostnames": "true",
+            "OMPI_MCA_orte_default_hostfile": "/etc/mpi/hostfile",
+            "OMPI_MCA_plm_rsh_args": "-o ConnectionAttempts=10",
+            "OMPI_MCA_orte_set_default_slots": str(slots),
+            "NVIDIA_VISIBLE_DEVICES": "",
+            "NVIDIA_DRIVER_CAPABILITIES": "",
+        }
+        return self.pod("launcher", f"{self.name}-launcher", env, {"/etc/mpi/hostfile": (hostfile, 0o444)})
+
+    def ready(self, container: Any, port: int, timeout_s: float = 30) -> None:
+        """The readiness probe: a TCP connection to the port, from inside the pod."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            container.reload()
+            if container.status != "running":
+                pytest.fail(f"{container.name} stopped: {container.logs().decode(errors='replace')[-2000:]}")
+            probe = container.exec_run(["bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{port}"])
+            if probe.exit_code == 0:
+                return
+            time.sleep(0.5)
+        pytest.fail(
+            f"{container.name}: nothing listens on {port} after {timeout_s}s: {container.logs().decode()[-2000:]}"
+        )
+
+    def close(self) -> None:
+        for c in self.containers:
+            c.remove(force=True)
+        self.network.remove()
+
+
+@pytest.fixture
+def emulation(docker_client: Any, cpu_image: Any) -> Any:
+    made: list[OperatorEmulation] = []
+
+    def start(job: dict[str, Any]) -> OperatorEmulation:
+        e = OperatorEmulation(docker_client, job, cpu_image.image_id)
+        made.append(e)
+        return e
+
+    yield start
+    for e in made:
+        e.close()
+    assert not docker_client.containers.list(all=True, filters={"label": "imgbuild-test"}), "containers left behind"
+
+
+@pytest.mark.docker
+def test_cpu_mpijob_runs_across_the_operators_pods(emulation: Any) -> None:
+    p = plan("cpu", "mpijob", 2)
+    job = jobs.k8s_object(p)
+    port = p.manifest.ssh_ports[0]
+    e = emulation(job)
+    workers = [e.worker(i) for i in range(2)]
+    for w in workers:
+        e.ready(w, port)
+    launcher = e.launcher(2)
+    status = launcher.wait(timeout=180)
+    log = launcher.logs().decode(errors="replace")
+    assert status["StatusCode"] == 0, log[-4000:]
+    assert "imgbuild-mpi-check: 2 ranks on 2 hosts (imgbuild-cpu-worker-0, imgbuild-cpu-worker-1), 2 expected" in log
+    # The operator's key was installed by the entrypoint and sshd accepted it (the worker's output is sshd's log).
+    assert "Accepted publickey for root" in workers[0].logs().decode(errors="replace")
+
+
+@pytest.mark.docker
+def test_the_operators_defaults_would_not_start_our_image(emulation: Any) -> None:
+    """Why the job sets a command and moves the keys: with the operator's defaults (no command: `sshd -De`; keys at
+    /root/.ssh) the worker's sshd has no host keys and exits, so it never becomes ready."""
+    job = jobs.k8s_object(plan("cpu", "mpijob", 1))
+    worker = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    del worker["command"], worker["args"]
+    del job["spec"]["sshAuthMountPath"]
+    w = emulation(job).worker(0)
+    status = w.wait(timeout=60)
+    assert status["StatusCode"] != 0
+    assert "no hostkeys available" in w.logs().decode(errors="replace")

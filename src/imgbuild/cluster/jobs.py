@@ -56,7 +56,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-import yaml
 
 from imgbuild.errors import RecipeError
 
@@ -349,25 +348,28 @@ def k8s_object(job: JobPlan) -> dict[str, Any]:
     return {Engine.mpijob: _mpijob, Engine.trainjob: _trainjob, Engine.pytorchjob: _pytorchjob}[job.engine](job)
 
 
-class _Dumper(yaml.SafeDumper):
+@cache
+def _dumper() -> type:
     """SafeDumper writing multi-line strings (the check programs) as literal blocks, and no anchors: an object
-    used twice (the worker's environment) is written twice."""
+    used twice (the worker's environment) is written twice. yaml is imported here, not when the CLI starts."""
+    import yaml
 
-    def ignore_aliases(self, data: Any) -> bool:
-        return True
+    class Dumper(yaml.SafeDumper):
+        def ignore_aliases(self, data: Any) -> bool:
+            return True
 
+    def text(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
+        return dumper.represent_scalar("tag:yaml.org,2002:str", data, style="|" if "\n" in data else None)
 
-def _str(dumper: Any, data: str) -> Any:
-    style = "|" if "\n" in data else None
-    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
-
-
-_Dumper.add_representer(str, _str)
+    Dumper.add_representer(str, text)
+    return Dumper
 
 
 def dump_yaml(obj: Any) -> str:
     """YAML with sorted keys, block style, long lines kept whole."""
-    return yaml.dump(obj, Dumper=_Dumper, sort_keys=True, default_flow_style=False, width=10_000)
+    import yaml
+
+    return yaml.dump(obj, Dumper=_dumper(), sort_keys=True, default_flow_style=False, width=10_000)
 
 
 def _header(job: JobPlan) -> str:
@@ -708,13 +710,16 @@ def job_command(
     command: Annotated[
         list[str] | None,
         typer.Argument(
-            metavar="[-- COMMAND...]",
-            help="What the ranks run instead of the default (nccl-tests all_reduce_perf, else an MPI check); "
-            "for trainjob/pytorchjob, torchrun's program (a script and its arguments).",
+            metavar="COMMAND",
+            help="After `--`: what the ranks run instead of the default (nccl-tests all_reduce_perf, else an MPI "
+            "check); for trainjob/pytorchjob, torchrun's program (a script and its arguments).",
         ),
     ] = None,
     engine: Annotated[
-        Engine, typer.Option("--engine", "-e", help="mpijob | trainjob | pytorchjob | slurm.", case_sensitive=False)
+        Engine,
+        typer.Option(
+            "--engine", "-e", help="MPI Operator, Trainer v2, training-operator 1.9, or Slurm.", case_sensitive=False
+        ),
     ] = Engine.mpijob,
     nodes: Annotated[int, typer.Option("--nodes", "-n", min=1, help="Nodes (workers) the job runs on.")] = 2,
     image: Annotated[

@@ -94,7 +94,7 @@ def build(
     pull: bool = False,
     build_args: dict[str, str] | None = None,
     ca_bundle: Path | None = None,
-    progress: engine.Progress | None = None,
+    progress: engine.BuildProgress | None = None,
     log_dir: Path | None = None,
 ) -> BuildResult:
     """Build a recipe's image on the engine DOCKER_HOST names (or the local socket)."""

@@ -23,13 +23,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
+from imgbuild.paths import MANIFEST_PATH
 from imgbuild.report import CheckResult, Status
 
 Scope = Literal["container", "host"]
 BOTH: tuple[Scope, ...] = ("container", "host")
 CONTAINER: tuple[Scope, ...] = ("container",)
 
-MANIFEST_PATH = "/etc/imgbuild/manifest.json"
 CA_DIR = "/usr/local/share/ca-certificates/imgbuild"
 GPU_TIMEOUT_S = 240
 COMMAND_TIMEOUT_S = 60

@@ -20,7 +20,7 @@ from imgbuild.errors import LockError
 from imgbuild.recipe import LoadedRecipe, display
 from imgbuild.resolver import Resolved, TorchLookup, index_lookup, resolve
 
-LOCK_VERSION = 1
+LOCK_VERSION: Literal[1] = 1
 
 
 class Lock(BaseModel):

@@ -29,10 +29,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from imgbuild.errors import VerifyError
+from imgbuild.paths import MANIFEST_PATH
 from imgbuild.recipe import MpiRun, Platform, Runtime
 from imgbuild.schema import EnvName, Port
 
-MANIFEST_PATH = "/etc/imgbuild/manifest.json"
 SCHEMA: Literal[1] = 1
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+MANIFEST_PATH = "/etc/imgbuild/manifest.json"  # in every image: what render wrote and verify reads
+
 _PKG = Path(__file__).resolve().parent
 _REPO = _PKG.parent.parent
 

@@ -27,7 +27,7 @@ from imgbuild.components import (
     runtime_order,
 )
 from imgbuild.errors import RenderError
-from imgbuild.launch import launch_for
+from imgbuild.launch import for_manifest
 from imgbuild.lock import Lock
 from imgbuild.manifest import ComponentEntry, Manifest
 from imgbuild.resolver import Resolved
@@ -57,6 +57,7 @@ class BuildPlan:
     repository: str
     tags: tuple[str, ...]  # content-addressed first, then readable
     base_images: tuple[str, ...]
+    manifest: Manifest | None = None  # what /etc/imgbuild/manifest.json holds (also among `files`)
     disk_gb: float = BASE_BUILD_DISK_GB  # free disk the engine needs to build it (see build.check_disk)
 
     @property
@@ -173,8 +174,9 @@ def plan(resolved: Resolved) -> BuildPlan:
         labels=labels,
         lock_digest=digest,
         repository=f"imgbuild/{resolved.name}",
-        tags=(f"lock-{digest[:12]}", readable_tag(resolved)),
+        tags=(image_ref(resolved).rsplit(":", 1)[1], readable_tag(resolved)),
         base_images=tuple(bases),
+        manifest=manifest,
         disk_gb=BASE_BUILD_DISK_GB + sum(c.build_disk_gb for c in contribs.values()),
     )
 
@@ -270,6 +272,17 @@ def _labels(resolved: Resolved, digest: str) -> dict[str, str]:
     return labels
 
 
+def manifest(resolved: Resolved) -> Manifest:
+    """The manifest the image of `resolved` carries (no template is rendered)."""
+    _, contribs = contributions(resolved)
+    return _manifest(resolved, lock_digest(resolved), contribs)
+
+
+def image_ref(resolved: Resolved) -> str:
+    """The content-addressed reference of the image (`imgbuild/NAME:lock-<12 hex>`), as `plan` tags it."""
+    return f"imgbuild/{resolved.name}:lock-{lock_digest(resolved)[:12]}"
+
+
 def _manifest(resolved: Resolved, digest: str, contribs: dict[str, Contribution]) -> Manifest:
     r = resolved.recipe
     env_paths, env = image_env(resolved, contribs)
@@ -301,8 +314,7 @@ def _files(
     ]
     env = environment()
     options = {b.name: getattr(r.components, b.name) for b in REGISTRY}
-    launch = launch_for(r.mpirun, manifest.rank_env, ctx.python)
-    variables = {"r": r, "ctx": ctx, "pins": pins, "launch": launch, **options}
+    variables = {"r": r, "ctx": ctx, "pins": pins, "launch": for_manifest(manifest), "manifest": manifest, **options}
     for block in REGISTRY:
         if block.name in pins:
             for path, template, mode in block.files:

@@ -75,8 +75,7 @@ class Target:
 
 def expected_manifest(resolved: Resolved) -> Manifest:
     """The manifest the lock gives (what /etc/imgbuild/manifest.json must hold): no template is rendered."""
-    _, contribs = render.contributions(resolved)
-    return render._manifest(resolved, render.lock_digest(resolved), contribs)
+    return render.manifest(resolved)
 
 
 def looks_like_image(ref: str) -> bool:
@@ -88,9 +87,8 @@ def target_for_recipe(ref: str) -> Target:
     if loaded.recipe.abstract:
         raise RecipeError(f"{recipe.display(loaded.path)}: '{loaded.recipe.name}' is abstract (a parent): no image")
     resolved, how = lock.resolved_for(loaded)
-    plan = render.plan(resolved)
     note = "" if how == "lock" else f"{loaded.recipe.name} has no lock: compared with a fresh resolution"
-    return Target(ref, "recipe", plan.image_refs[0], resolved.name, resolved, expected_manifest(resolved), note)
+    return Target(ref, "recipe", render.image_ref(resolved), resolved.name, resolved, expected_manifest(resolved), note)
 
 
 def target_for_image(ref: str, labels: dict[str, str]) -> Target:

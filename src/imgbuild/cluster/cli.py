@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from imgbuild.cli.common import handled, out
+from imgbuild.cluster.jobs import job_command
 from imgbuild.errors import VerifyError
 
 if TYPE_CHECKING:
@@ -19,15 +20,17 @@ if TYPE_CHECKING:
 
 app = typer.Typer(
     name="cluster",
-    help="Judge what ran on a cluster: nccl-tests logs from EKS, Slurm or plain instances.",
+    help="Run the image where clusters run jobs (EKS, Slurm, ssh hosts) and judge nccl-tests logs.",
     no_args_is_help=True,
 )
 
 
 @app.callback()
 def cluster() -> None:
-    """Judge what ran on a cluster: nccl-tests logs from EKS, Slurm or plain instances."""
-    # A callback keeps `report` a subcommand (`imgbuild cluster report`) while it is the only one.
+    """Run the image where clusters run jobs (EKS, Slurm, ssh hosts) and judge nccl-tests logs."""
+
+
+app.command("job")(job_command)  # jobs.py imports only typer at the top: start-up stays light
 
 
 _STYLE = {"PASS": "green", "FAIL": "bold red", "WARN": "yellow", "SKIP": "dim"}

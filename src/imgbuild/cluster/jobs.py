@@ -169,11 +169,8 @@ def job_name(recipe_name: str) -> str:
 def image_manifest(resolved: Resolved) -> tuple[Manifest, str]:
     """The manifest the recipe's image carries (render writes it into the image) and the image's lock tag."""
     from imgbuild import render
-    from imgbuild.manifest import MANIFEST_PATH, Manifest
 
-    plan = render.plan(resolved)
-    content = next(f.content for f in plan.files if f.path == "imgbuild/manifest.json")
-    return Manifest.parse(content, f"{resolved.name} ({MANIFEST_PATH})"), plan.image_refs[0]
+    return render.manifest(resolved), render.image_ref(resolved)
 
 
 def plan_job(

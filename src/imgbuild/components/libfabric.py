@@ -88,7 +88,7 @@ def _fi_info(ctx: CheckContext) -> str | None:
             candidates.append("/opt/amazon/efa/bin/fi_info")
         return first_executable(ctx, candidates, "fi_info")
 
-    return ctx.once("fi_info", find)  # type: ignore[no-any-return]
+    return ctx.once("fi_info", find)
 
 
 @check("libfabric-version", "libfabric", "efa")

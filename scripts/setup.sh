@@ -4,7 +4,10 @@
 #      there is no init system to do it),
 #   2. debootstrap, iproute2 and openssh-client (ssh-keygen for the multi-node tests),
 #   3. this repository installed with `pip install -e ".[dev]"`,
-#   4. the base images, bootstrapped offline with debootstrap when the engine does not have them.
+#   4. the base images, bootstrapped offline with debootstrap when the engine does not have them,
+#   5. for the SageMaker local-mode test (tests/test_sagemaker_sdk.py): docker-compose from the distribution and
+#      the SageMaker Python SDK 2.x in a virtual environment of its own (it pins versions, e.g. packaging<25,
+#      that this project's environment must not be held to).
 # Idempotent: every step checks first and does nothing when its work is already done. Needs no TTY.
 #
 # Environment:
@@ -13,6 +16,8 @@
 #   IMGBUILD_SKIP_BASE=1   skip step 4
 #   IMGBUILD_MIRROR        Debian archive mirror for debootstrap (default: the tool's own default)
 #   DOCKERD_LOG            where a dockerd started here logs (default: /var/log/imgbuild-dockerd.log)
+#   IMGBUILD_SAGEMAKER_SDK_VENV  the SDK's virtual environment (default: /opt/imgbuild/sagemaker-sdk2; the
+#                          test reads the same variable with the same default)
 set -Eeuo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -20,6 +25,8 @@ PYTHON="${PYTHON:-python3}"
 BASE_IMAGES="${IMGBUILD_BASE_IMAGES:-debian:bookworm-slim}"
 DOCKERD_LOG="${DOCKERD_LOG:-/var/log/imgbuild-dockerd.log}"
 DOCKER_SOCK="/var/run/docker.sock"
+SDK_VENV="${IMGBUILD_SAGEMAKER_SDK_VENV:-/opt/imgbuild/sagemaker-sdk2}"
+SDK_REQUIREMENT="sagemaker>=2.257,<3"
 export DEBIAN_FRONTEND=noninteractive
 export PIP_ROOT_USER_ACTION=ignore
 
@@ -118,12 +125,13 @@ else
 fi
 
 # --- 2. host tools --------------------------------------------------------------------------------------
-step "host tools (debootstrap, iproute2, openssh-client, docker-registry)"
+step "host tools (debootstrap, iproute2, openssh-client, docker-registry, docker-compose)"
 missing=()
 have debootstrap || missing+=(debootstrap)
 have ip || missing+=(iproute2)
 have ssh-keygen || missing+=(openssh-client)
 have docker-registry || missing+=(docker-registry)  # a real registry for the push tests
+have docker-compose || missing+=(docker-compose)    # what SageMaker local mode starts the hosts with
 if ((${#missing[@]})); then
     apt_install "${missing[@]}"
     step_done "installed ${missing[*]}"
@@ -172,6 +180,28 @@ else
             step_done "bootstrapped"
         fi
     done
+fi
+
+# --- 5. SageMaker Python SDK for the local-mode test --------------------------------------------------------
+step "SageMaker Python SDK (${SDK_REQUIREMENT}) in ${SDK_VENV}"
+# The version, once what the test uses imports (the SDK prints a notice of its own on import: last line only).
+sdk_version() {
+    SAGEMAKER_SUPPRESS_V2_WARNING=1 "${SDK_VENV}/bin/python" -c 'import importlib.metadata, sagemaker.estimator, sagemaker.local
+print(importlib.metadata.version("sagemaker"))' 2>/dev/null | tail -n 1
+}
+version="$(sdk_version)" || version=""
+if [[ "${version}" == 2.* ]]; then
+    step_done "present: sagemaker ${version}"
+else
+    if [[ ! -x "${SDK_VENV}/bin/python" ]]; then
+        "${PYTHON}" -c 'import ensurepip' 2>/dev/null || apt_install python3-venv
+        mkdir -p "$(dirname "${SDK_VENV}")"
+        "${PYTHON}" -m venv "${SDK_VENV}"
+    fi
+    "${SDK_VENV}/bin/python" -m pip install --quiet --progress-bar off --disable-pip-version-check "${SDK_REQUIREMENT}"
+    version="$(sdk_version)" || version=""
+    [[ "${version}" == 2.* ]] || die "the SageMaker SDK is not importable from ${SDK_VENV} after pip install"
+    step_done "installed sagemaker ${version}"
 fi
 
 log "setup complete in $(($(date +%s) - T_START))s"

@@ -1,0 +1,67 @@
+"""One SageMaker training job in the SageMaker Python SDK's local mode, run as a user runs it (SDK 2.x:
+`sagemaker.estimator.Estimator` with `instance_type="local"`), kept off AWS: dummy credentials and a region in
+the boto session, code, channels and output as file:// paths, telemetry off.
+
+Run by tests/test_sagemaker_sdk.py with the interpreter that has the SDK (not this project's: see
+scripts/setup.sh). Prints one JSON line: {"raised": null or the exception's text}; the job's artifacts end up in
+--output (model.tar.gz, output.tar.gz) as the SDK leaves them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--image", required=True)
+    parser.add_argument("--hosts", type=int, required=True)
+    parser.add_argument("--code", required=True, help="folder with the program (SageMaker's source_dir)")
+    parser.add_argument("--program", required=True, help="the program's file name in --code (entry_point)")
+    parser.add_argument("--ssh", required=True, help="folder with the job's key pair: the `ssh` input channel")
+    parser.add_argument("--output", required=True, help="where the SDK puts model.tar.gz and output.tar.gz")
+    parser.add_argument("--root", required=True, help="local mode's container_root (its compose project folder)")
+    parser.add_argument("--env", action="append", default=[], help="NAME=VALUE for the job's environment")
+    args = parser.parse_args()
+
+    import boto3
+    from sagemaker.estimator import Estimator
+    from sagemaker.local import LocalSession
+
+    boto_session = boto3.Session(
+        aws_access_key_id="AKIAIMGBUILDTEST0000", aws_secret_access_key="imgbuild-test-not-a-secret",
+        region_name="us-east-1",
+    )  # fmt: skip
+    session = LocalSession(
+        boto_session=boto_session,
+        sagemaker_config={"SchemaVersion": "1.0", "SageMaker": {"PythonSDK": {"Modules": {"TelemetryOptOut": True}}}},
+    )
+    session.config = {"local": {"local_code": True, "container_root": args.root}}
+    estimator = Estimator(
+        image_uri=args.image,
+        role="arn:aws:iam::111111111111:role/imgbuild-test",
+        instance_count=args.hosts,
+        instance_type="local",
+        sagemaker_session=session,
+        entry_point=args.program,
+        source_dir=args.code,
+        output_path=f"file://{args.output}",
+        environment=dict(e.split("=", 1) for e in args.env),
+        disable_profiler=True,
+    )
+    raised = None
+    try:
+        estimator.fit({"ssh": f"file://{args.ssh}"}, wait=True, logs=True)
+    except Exception as exc:  # the job's failure, reported to the test as data
+        traceback.print_exc()
+        raised = f"{type(exc).__name__}: {exc}"
+    sys.stdout.flush()
+    print(json.dumps({"raised": raised}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

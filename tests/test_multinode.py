@@ -12,13 +12,14 @@ import json
 import os
 import subprocess
 import tempfile
+from pathlib import Path
 from typing import Any
 
 import docker
 import pytest
 
 from imgbuild import launch, lock, multinode, recipe, render
-from imgbuild.containers import Containers
+from imgbuild.containers import Containers, Exec
 from imgbuild.errors import Interrupted, VerifyError
 from imgbuild.manifest import MANIFEST_PATH, Manifest
 from imgbuild.recipe import MpiRun
@@ -122,6 +123,50 @@ def test_pingpong_table_parses() -> None:
     assert [(r[0], r[5], r[6]) for r in rows] == [("64", "0.02", "3446.50"), ("1m", "273.59", "3832.70")]
 
 
+NCCL_LOGS = Path(__file__).parents[2] / "shared" / "data" / "nccl-tests"
+
+
+def test_gpu_shares_are_disjoint_and_need_one_gpu_per_node() -> None:
+    assert multinode.gpu_shares(8, 2) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert multinode.gpu_shares(3, 2) == [[0], [1]]
+    assert multinode.gpu_shares(1, 2) == []
+    assert multinode.gpu_shares(0, 2) == []
+
+
+def _log(name: str) -> str:
+    path = NCCL_LOGS / name
+    if not path.is_file():
+        pytest.fail(f"{path} is missing: the tests read the shared nccl-tests logs from ../shared/data/nccl-tests")
+    return path.read_text(errors="replace")
+
+
+@pytest.mark.parametrize(
+    ("log", "expect_efa", "status", "why"),
+    [
+        ("dlami-docs_2x-p4d.24xlarge_nccl-2.23.4_ofi-1.13.2_efa_excerpt.log", True, "pass", ""),
+        # The plugin failed and NCCL fell back to sockets: a failure where EFA is expected ...
+        ("ec2-p4d.24xlarge_training_nccl-2.27.7_ofi-1.17.1_ofi-init-failed_socket-fallback.log", True, "fail",
+         "network: "),
+        # ... and only shown, not judged, where sockets are all there is (containers on one host).
+        ("eks-mpijob_2x-g4dn_socket_efa-disabled_excerpt.log", False, "pass", ""),
+    ],
+)  # fmt: skip
+def test_nccl_tests_are_judged_by_the_cluster_report(log: str, expect_efa: bool, status: str, why: str) -> None:
+    from imgbuild.cluster import report
+
+    text = _log(log)
+    rep = report.judge(report.parse(text), report.Expect(nodes=None), source=log)
+    res = multinode.nccl_tests_result("x", rep, Exec(0, text, 1.0), expect_efa=expect_efa, command="mpirun ...")
+    assert res.status == status, res.reason
+    assert why in res.reason
+    assert res.details["criteria"]["network"].split(":")[0] in ("PASS", "FAIL", "WARN")
+    if not expect_efa:
+        assert rep.verdict == "FAIL" and "network" in [c.name for c in rep.failed]  # judged away on purpose
+    # a run that did not end well fails whatever the log says
+    broken = multinode.nccl_tests_result("x", rep, Exec(1, text, 1.0), expect_efa=expect_efa, command="")
+    assert broken.status == "fail" and "all_reduce_perf exit 1" in broken.reason
+
+
 # --------------------------------------------------------------------------------------------------------
 # for real
 
@@ -185,9 +230,10 @@ def test_allreduce_environment_and_pingpong_pass(docker_client, image, nodes: in
     (overall,) = _by(results, f"multinode: mpirun allreduce ({nodes} nodes)")
     assert overall.status == "pass"
     manifest = _read_manifest(docker_client, image)
-    program = [manifest.python, multinode.PROGRAM, multinode.ENV_NAMES]
+    wdir = multinode.WORKDIR
+    program = [manifest.python, f"{wdir}/allreduce.py", f"{wdir}/env-names.json"]
     assert overall.details["argv"] == multinode.mpirun_argv(
-        manifest, hostfile=multinode.HOSTFILE, ranks=nodes, program=program, wdir=multinode.WORKDIR
+        manifest, hostfile=f"{wdir}/hostfile", ranks=nodes, program=program, wdir=wdir
     )
     assert "--mca btl tcp,self" in overall.details["command"] and "-x FI_PROVIDER" in overall.details["command"]
     # Every rank on every node, started by that line, and a plain ssh session on every node, see each variable
@@ -241,11 +287,10 @@ def test_train_runs_the_mpirun_line_verify_runs(docker_client, image) -> None:
 def test_sshd_down_on_one_node_names_it(docker_client, image, monkeypatch) -> None:
     check = multinode._sshd_check
 
-    def stop_sshd_on_node_2_first(run: Any, wait_s: float) -> list[CheckResult]:
-        (node,) = [m for m in run.members if m.name == "node-2"]
+    def stop_sshd_on_node_2_first(s: Any, wait_s: float) -> list[CheckResult]:
         stop = 'for i in $(seq 100); do [ -s /run/sshd.pid ] && break; sleep 0.1; done; kill "$(cat /run/sshd.pid)"'
-        assert run.containers.exec(node.container, stop, timeout_s=15, label="stop-sshd").rc == 0
-        return check(run, wait_s)
+        assert s.nodes.run(s.nodes.names.index("node-2"), stop, timeout_s=15, label="stop-sshd").rc == 0
+        return check(s, wait_s)
 
     monkeypatch.setattr(multinode, "_sshd_check", stop_sshd_on_node_2_first)
     results = _run(docker_client, image, 3, sshd_wait_s=4)
@@ -264,9 +309,10 @@ def test_sshd_down_on_one_node_names_it(docker_client, image, monkeypatch) -> No
 def test_ctrl_c_removes_everything(docker_client, image, monkeypatch) -> None:
     seen: list[str] = []
 
-    def interrupt(run: Any, **kw: Any) -> list[CheckResult]:
-        seen.append(run.prefix)
-        assert len(_leftovers(docker_client, run.prefix)) == 2 + 1 + 1  # containers, network, key folder
+    def interrupt(s: Any, **kw: Any) -> list[CheckResult]:
+        prefix = s.nodes.containers.prefix
+        seen.append(prefix)
+        assert len(_leftovers(docker_client, prefix)) == 2 + 1 + 1  # containers, network, key folder
         raise KeyboardInterrupt
 
     monkeypatch.setattr(multinode, "_allreduce", interrupt)

@@ -1,29 +1,45 @@
-"""`imgbuild verify RECIPE --nodes N`: N containers of an image on a private network, talking MPI over ssh.
+"""Checks across the nodes of a multi-node job, and `imgbuild verify RECIPE --nodes N` which runs them on N
+containers of an image on a private network.
 
-Everything comes from the image's manifest (manifest.py): the run profile (runprofile.py), the mpirun line
-(launch.py, the very line the image's SageMaker `train` runs), sshd's port, the slots per host and the Python.
-What a run does, and what it leaves behind (nothing):
+The checks (`run_checks`) run through a `Nodes` executor, which runs bash scripts on node K and copies files to
+every node: `DockerNodes` (docker exec into the containers of `verify --nodes`) or `imgbuild.cluster.live`'s
+ssh executor (`imgbuild cluster test`, containers already running on real hosts). Launchers always start on
+the first node. Everything comes from the image's manifest (manifest.py): the mpirun and torchrun lines
+(launch.py, the very lines the image's SageMaker `train` runs), sshd's port, the slots per host, the Python.
 
-1. a fresh ed25519 key pair made for this run only, in a temporary folder that is bind-mounted read-only at
-   /run/imgbuild/ssh in every container (the entrypoint installs it); the folder is removed at the end and the
-   private key never enters an image or a log;
-2. a private bridge network `imgbuild-verify-<run>` (internal: no way out) and containers
-   `imgbuild-verify-<run>-node-K` with hostname and network alias `node-K`, started with the image's run
-   profile (on the run's network, not the host's) and `sleep infinity` after the image's entrypoint;
-3. from node-1, `ssh -p PORT node-K true` until every node's sshd answers (bounded);
-4. the image's mpirun line across all nodes, running a small mpi4py allreduce in which rank r contributes r+1
+The checks, in order:
+
+1. from node 1, `ssh -p PORT NODE hostname` until every node's sshd answers (bounded);
+2. the image's mpirun line across all nodes, running a small mpi4py allreduce in which rank r contributes r+1
    and every rank checks the sum is n(n+1)/2, and prints every variable of the image's ENV (and the run
    profile's) as it sees it: they must all be what the image sets, on every rank of every node;
-5. from node-1, `ssh node-K env` for every node: a plain ssh session (what a rank started over ssh without
+3. from node 1, `ssh NODE env` for every node: a plain ssh session (what a rank started over ssh without
    mpirun's `-x` gets) must see the image's ENV as well;
-6. fi_pingpong between node-1 (server) and node-2 (client) over libfabric's tcp provider (efa where the image
-   has the EFA installer and the host has EFA devices), reporting the latency and bandwidth table.
+4. fi_pingpong between node 1 (server) and node 2 (client) over libfabric's tcp provider (efa where the image
+   has the EFA installer and the nodes have EFA devices), reporting the latency and bandwidth table;
+5. where the image has PyTorch: a DistributedDataParallel training (probes/ddp_train.py; gloo on CPUs, nccl on
+   GPUs) launched by the image's mpirun line, then by torchrun on every node (master: node 1); the model's
+   parameters must be identical on every rank afterwards; each launcher's time is reported;
+6. where the nodes have GPUs and the image has nccl-tests: all_reduce_perf across the nodes with the mpirun
+   line and NCCL_DEBUG=INFO, judged by `imgbuild.cluster.report` (results, NCCL version = the lock's, network).
+
+`verify --nodes` (`run_multinode`), and what it leaves behind (nothing):
+
+- a fresh ed25519 key pair made for this run only, in a temporary folder that is bind-mounted read-only at
+  /run/imgbuild/ssh in every container (the entrypoint installs it); the folder is removed at the end and the
+  private key never enters an image or a log;
+- a private bridge network `imgbuild-verify-<run>` (internal: no way out) and containers
+  `imgbuild-verify-<run>-node-K` with hostname and network alias `node-K`, started with the image's run
+  profile (on the run's network, not the host's) and `sleep infinity` after the image's entrypoint. On a host
+  with GPUs (and an image for them), each node gets its own share of the GPUs (NCCL refuses two ranks on one
+  GPU), and one rank per GPU at most.
 
 Containers, network and key folder are removed in a `finally`, also on errors and Ctrl-C (containers.py).
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import math
 import re
@@ -32,35 +48,50 @@ import shutil
 import subprocess
 import tempfile
 import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import docker
-
-from imgbuild import engine
+from imgbuild import probes
 from imgbuild.containers import LABEL, Containers, Exec
-from imgbuild.engine import ENGINE_ERRORS
 from imgbuild.errors import Interrupted, VerifyError
 from imgbuild.interrupts import sigint_deferred
 from imgbuild.launch import Launch, for_manifest
 from imgbuild.manifest import Manifest
 from imgbuild.report import CheckResult
-from imgbuild.runprofile import RunSpec, for_engine, host_efa_devices, run_spec
 
-__all__ = ["KEY_MOUNT", "WORKDIR", "mpirun_argv", "run_multinode"]
+if TYPE_CHECKING:
+    import docker
+
+    from imgbuild.runprofile import RunSpec
+
+__all__ = [
+    "KEY_MOUNT",
+    "WORKDIR",
+    "DockerNodes",
+    "Nodes",
+    "Session",
+    "gpu_shares",
+    "mpirun_argv",
+    "run_checks",
+    "run_multinode",
+]
 
 KEY_MOUNT = "/run/imgbuild/ssh"
 WORKDIR = "/tmp/imgbuild-verify"
-HOSTFILE = f"{WORKDIR}/hostfile"
-PROGRAM = f"{WORKDIR}/allreduce.py"
-ENV_NAMES = f"{WORKDIR}/env-names.json"
 PINGPONG_PORT = 47592  # fi_pingpong's default control port (its -B/-P)
+MASTER_PORT = 29500  # torchrun's (train's IMGBUILD_MASTER_PORT default)
 
 SSHD_WAIT_S = 30.0
 MPIRUN_TIMEOUT_S = 120.0
 PINGPONG_TIMEOUT_S = 60.0
+DDP_TIMEOUT_S = 300.0  # importing torch on a loaded 2-core machine takes a while
+NCCL_TESTS_TIMEOUT_S = 300.0
+NCCL_TESTS_ARGS = ("-b", "8", "-e", "1G", "-f", "2", "-g", "1")  # 1 GiB: the size published figures quote
+BASE_TIMEOUT_S = 180.0
 
 # Each rank prints one line the host parses, and its view of the variables named in argv[1] (a JSON list);
 # `sys.exit(3)` makes a wrong sum fail mpirun as well.
@@ -89,6 +120,7 @@ _ALLREDUCE_RE = re.compile(
 )
 _ENV_RE = re.compile(r"^IMGBUILD-ENV rank=(\d+) host=(\S+) (\{.*\})\s*$", re.MULTILINE)
 _SSHD_RE = re.compile(r"^SSHD-(READY|DOWN) (\S+) (\d+)(?: (.*))?$", re.MULTILINE)
+_DDP_RE = re.compile(r'^(\{"ddp": .*\})\s*$', re.MULTILINE)
 _PINGPONG_ROW_RE = re.compile(
     r"^\s*(\d+[kmg]?)\s+(\d+[kmg]?)\s+=?(\d+[kmg]?)\s+(\S+)\s+([\d.]+)s\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s*$",
     re.MULTILINE,
@@ -96,37 +128,114 @@ _PINGPONG_ROW_RE = re.compile(
 
 
 def mpirun_argv(manifest: Manifest, *, hostfile: str, ranks: int, program: list[str], wdir: str) -> list[str]:
-    """The mpirun command this check runs: the image's launch line (`train` renders the same one)."""
+    """The mpirun command these checks run: the image's launch line (`train` renders the same one)."""
     return for_manifest(manifest).mpirun_argv(hostfile=hostfile, np=ranks, program=program, wdir=wdir)
 
 
 # --------------------------------------------------------------------------------------------------------
-# the run
+# where the checks run: the node executor
+
+
+class Nodes(ABC):
+    """Runs bash scripts on the nodes of a run (node 0 is where launchers start) and copies files to them.
+
+    `names` are the nodes as node 0 reaches them (the hostfile's names, ssh's and torchrun's master address)."""
+
+    names: tuple[str, ...]
+
+    @abstractmethod
+    def run(self, k: int, script: str, *, timeout_s: float, label: str) -> Exec:
+        """Run bash `script` on node k for at most timeout_s seconds; its exit status and output."""
+
+    @abstractmethod
+    def spawn(self, k: int, script: str, *, timeout_s: float, label: str) -> Any:
+        """Start bash `script` on node k in the background; a handle for `wait`."""
+
+    @abstractmethod
+    def wait(self, handle: Any, *, timeout_s: float) -> Exec:
+        """The outcome of a spawned script (waiting until it ends, or gives up after its time limit)."""
+
+    @abstractmethod
+    def put_files(self, files: dict[str, tuple[bytes, int]]) -> None:
+        """Copy files (absolute path -> (content, mode)) to every node."""
+
+    def diagnose(self, k: int) -> str:
+        """What else to say when node k misbehaves (a container's log); empty when there is nothing."""
+        return ""
 
 
 @dataclass
-class _Node:
-    name: str  # node-K: hostname and network alias
-    container: Any  # docker.models.containers.Container
+class _Spawned:
+    container: Any
+    exec_id: str
+    label: str
+    started: float
+    timeout_s: float
+
+
+class DockerNodes(Nodes):
+    """The containers of `verify --nodes`, through `docker exec` (containers.py)."""
+
+    def __init__(self, containers: Containers, members: Sequence[tuple[str, Any]]) -> None:
+        self.containers = containers
+        self.names = tuple(name for name, _ in members)
+        self.members = [c for _, c in members]
+
+    def run(self, k: int, script: str, *, timeout_s: float, label: str) -> Exec:
+        return self.containers.exec(self.members[k], script, timeout_s=timeout_s, label=label)
+
+    def spawn(self, k: int, script: str, *, timeout_s: float, label: str) -> _Spawned:
+        started = time.monotonic()
+        exec_id = self.containers.spawn(self.members[k], script, timeout_s=timeout_s, label=label)
+        return _Spawned(self.members[k], exec_id, label, started, timeout_s)
+
+    def wait(self, handle: _Spawned, *, timeout_s: float) -> Exec:
+        return self.containers.wait(
+            handle.container, handle.exec_id, timeout_s=timeout_s, label=handle.label, started=handle.started
+        )
+
+    def put_files(self, files: dict[str, tuple[bytes, int]]) -> None:
+        for container in self.members:
+            self.containers.copy_in(container, files)
+
+    def diagnose(self, k: int) -> str:
+        return f"{self.names[k]} container log:\n{self.containers.logs(self.members[k])}"
+
+
+# --------------------------------------------------------------------------------------------------------
+# one run of the checks
 
 
 @dataclass
-class _Run:
-    containers: Containers
-    image_ref: str
+class Session:
+    """What the checks need: the nodes, the image's manifest and ENV, a deadline, and where results go.
+
+    image_env: what every rank and ssh session must see (the image's ENV and the run profile's env);
+    prefix: the check names' prefix ("multinode", "cluster"); gpus: whether the nodes have GPUs to use;
+    slots: ranks per node (the manifest's, or fewer where a node has fewer GPUs); expect_efa: EFA must carry
+    the traffic (the image has EFA and the nodes have its devices)."""
+
+    nodes: Nodes
     manifest: Manifest
-    spec: RunSpec
-    image_env: dict[str, str]  # what every rank and ssh session must see: the image's ENV and the profile's env
-    nodes: int
+    image_env: dict[str, str]
     deadline: float
+    prefix: str = "multinode"
+    workdir: str = WORKDIR
+    gpus: bool = False
+    slots: int | None = None
+    expect_efa: bool = False
+    master_port: int = MASTER_PORT
     timings: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    members: list[_Node] = field(default_factory=list)
-    key_dir: Path | None = None
+    hostnames: dict[str, str] = field(default_factory=dict)  # node name -> its own hostname (from the sshd check)
 
     @property
-    def prefix(self) -> str:
-        return self.containers.prefix
+    def n(self) -> int:
+        return len(self.nodes.names)
+
+    @property
+    def per_node(self) -> int:
+        return self.slots if self.slots is not None else self.manifest.slots
 
     @property
     def launch(self) -> Launch:
@@ -136,107 +245,111 @@ class _Run:
     def port(self) -> int:
         return self.manifest.ssh_ports[0]
 
+    @property
+    def has_torch(self) -> bool:
+        return "pytorch" in self.manifest.components
+
+    @property
+    def hostfile(self) -> str:
+        return f"{self.workdir}/hostfile"
+
+    @property
+    def program(self) -> str:
+        return f"{self.workdir}/allreduce.py"
+
+    @property
+    def env_names(self) -> str:
+        return f"{self.workdir}/env-names.json"
+
+    @property
+    def ddp_program(self) -> str:
+        return f"{self.workdir}/ddp_train.py"
+
+    def name(self, check: str) -> str:
+        return f"{self.prefix}: {check}"
+
     def left(self, cap: float) -> float:
         return max(1.0, min(cap, self.deadline - time.monotonic()))
 
-    def hostfile(self) -> str:
-        return "".join(f"node-{k} slots={self.manifest.slots}\n" for k in range(1, self.nodes + 1))
+    def hostfile_text(self) -> str:
+        return "".join(f"{name} slots={self.per_node}\n" for name in self.nodes.names)
 
-    def run(self, node: _Node, script: str, *, timeout_s: float, label: str) -> Exec:
-        return self.containers.exec(node.container, script, timeout_s=timeout_s, label=label)
-
-    # ---- setup
-
-    def make_keys(self) -> None:
-        self.key_dir = Path(tempfile.mkdtemp(prefix=f"{self.prefix}-keys-"))
-        _keypair(self.key_dir, comment=f"imgbuild-verify-{self.containers.run_id}")
-
-    def start(self) -> list[CheckResult]:
-        """Network and containers; a result for each node that did not come up."""
-        network = self.containers.network()
-        self.spec = self._start_node(1, network)
-        rest = list(range(2, self.nodes + 1))
-        if rest:
-            with ThreadPoolExecutor(max_workers=min(8, len(rest))) as pool:
-                list(pool.map(lambda k: self._start_node(k, network), rest))
-        failed = []
-        for node in sorted(self.members, key=lambda m: int(m.name.split("-")[1])):
-            node.container.reload()
-            if node.container.status != "running":
-                code = node.container.attrs.get("State", {}).get("ExitCode")
-                failed.append(
-                    CheckResult(
-                        name="multinode: container",
-                        status="fail",
-                        expected="running",
-                        found=f"{node.container.status} (exit code {code})",
-                        reason=f"{node.name} stopped right after start:\n{self.containers.logs(node.container)}",
-                        node=node.name,
-                    )
-                )
-        return failed
-
-    def _start_node(self, k: int, network: str) -> RunSpec:
-        """Start node-K with the run's files copied in; the spec it started with (memlock may be dropped)."""
-        assert self.key_dir is not None
-        name = f"node-{k}"
+    def files(self) -> dict[str, tuple[bytes, int]]:
+        """What the checks run, copied to every node before they start."""
         files = {
-            PROGRAM: (ALLREDUCE_PY.encode(), 0o644),
-            HOSTFILE: (self.hostfile().encode(), 0o644),
-            ENV_NAMES: (json.dumps(sorted(self.image_env)).encode(), 0o644),
+            self.program: (ALLREDUCE_PY.encode(), 0o644),
+            self.hostfile: (self.hostfile_text().encode(), 0o644),
+            self.env_names: (json.dumps(sorted(self.image_env)).encode(), 0o644),
         }
-        options: dict[str, Any] = {
-            "init": True,  # sshd daemonizes: something must reap its children
-            "hostname": name,
-            "network": network,
-            "networking_config": {network: self.containers.client.api.create_endpoint_config(aliases=[name])},
-        }
-        client = self.containers.client
-        dirs = {}
-        if _engine_is_local(client):
-            options["volumes"] = {str(self.key_dir): {"bind": KEY_MOUNT, "mode": "ro"}}
-        else:
-            dirs[KEY_MOUNT] = 0o700
-            # A remote engine can't see this machine's folders: copy the run's keys into the container instead
-            # (its writable layer, removed with it).
-            files |= {
-                f"{KEY_MOUNT}/{p.name}": (p.read_bytes(), p.stat().st_mode & 0o777)
-                for p in sorted(self.key_dir.iterdir())
-            }
-        container, spec, note = self.containers.start(
-            self.image_ref, ["sleep", "infinity"], name, self.spec, files=files, dirs=dirs, **options
-        )
-        if note:
-            self.notes.append(note)
-        self.members.append(_Node(name, container))
-        return spec
+        if self.has_torch:
+            files[self.ddp_program] = (probes.text("ddp_train.py").encode(), 0o644)
+        return files
 
-    def cleanup(self) -> list[str]:
-        """Remove everything this run made; returns what could not be removed."""
-        left = self.containers.remove_all()
-        if self.key_dir is not None:
-            shutil.rmtree(self.key_dir, ignore_errors=True)
-            if self.key_dir.exists():
-                left.append(f"key folder {self.key_dir}")
-        return left
+    def node_of(self, rank: int, host: str) -> str:
+        """The node a rank ran on: by the hostname it reported when that names one node, else by Open MPI's
+        default placement (the hostfile's slots filled in order)."""
+        owners = [name for name, h in self.hostnames.items() if h == host]
+        if len(owners) == 1:
+            return owners[0]
+        if host in self.nodes.names and not self.hostnames:
+            return host
+        return self.nodes.names[min(rank // max(1, self.per_node), self.n - 1)]
+
+
+def run_checks(s: Session, *, sshd_wait_s: float = SSHD_WAIT_S) -> list[CheckResult]:
+    """Every check of the module's docstring, in order, through the session's nodes."""
+    t = time.monotonic()
+    s.nodes.put_files(s.files())
+    s.timings["files_s"] = round(time.monotonic() - t, 3)
+    results = []
+    sshd = _sshd_check(s, min(sshd_wait_s, s.left(sshd_wait_s)))
+    results += sshd
+    down = [r.node for r in sshd if r.status != "pass"]
+    results += _allreduce(s, sshd_down=down)
+    if down:
+        results.append(CheckResult(s.name("ssh environment"), "skip", reason="sshd not answering everywhere"))
+    else:
+        results.append(_ssh_env(s))
+    results.append(_pingpong(s))
+    if s.has_torch:
+        results.append(_ddp_mpirun(s, sshd_down=down))
+        results.append(_ddp_torchrun(s, sshd_down=down))
+    results.append(_nccl_tests(s, sshd_down=down))
+    return results
+
+
+def timings_result(s: Session, run: str, nodes: int) -> CheckResult:
+    """The last result of a run: the seconds spent in each phase (and each launcher's DDP time)."""
+    t = s.timings
+    order = ("container_start_s", "sshd_ready_s", "mpirun_s", "pingpong_s", "ddp_mpirun_s", "ddp_torchrun_s",
+             "nccl_tests_s", "cleanup_s", "total_s")  # fmt: skip
+    found = ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {t[k]:.1f} s" for k in order if k in t)
+    return CheckResult(
+        s.name("timings"),
+        "pass",
+        found=found,
+        duration_s=t.get("total_s", 0.0),
+        details={**t, "nodes": nodes, "run": run, "notes": list(s.notes)},
+    )
 
 
 # --------------------------------------------------------------------------------------------------------
 # the checks
 
 
-def _sshd_check(run: _Run, wait_s: float) -> list[CheckResult]:
-    """From node-1, `ssh -p PORT node-K true` for every node in parallel, until it answers or wait_s passes."""
-    port = run.port
-    hosts = " ".join(m.name for m in run.members)
+def _sshd_check(s: Session, wait_s: float) -> list[CheckResult]:
+    """From node 1, `ssh -p PORT NODE hostname` for every node in parallel, until it answers or wait_s passes."""
+    port = s.port
+    hosts = " ".join(shlex.quote(name) for name in s.nodes.names)
     limit_ms = int(wait_s * 1000)
     script = f"""
 check() {{
     local h=$1 start now err
     start=$(date +%s%3N)
     while :; do
-        if err=$(ssh -p {port} -o BatchMode=yes -o ConnectTimeout=3 "$h" true 2>&1 </dev/null); then
-            echo "SSHD-READY $h $(( $(date +%s%3N) - start ))"; return
+        if err=$(ssh -p {port} -o BatchMode=yes -o ConnectTimeout=3 "$h" hostname 2>&1 </dev/null); then
+            echo "SSHD-READY $h $(( $(date +%s%3N) - start )) $(printf '%s' "$err" | tr -d '\\r' | tail -n1)"
+            return
         fi
         now=$(date +%s%3N)
         if (( now - start >= {limit_ms} )); then
@@ -248,37 +361,42 @@ check() {{
 for h in {hosts}; do check "$h" & done
 wait
 """
-    res = run.run(run.members[0], script, timeout_s=wait_s + 10, label="sshd")
-    run.timings["sshd_ready_s"] = round(res.duration_s, 3)
+    res = s.nodes.run(0, script, timeout_s=wait_s + 10, label="sshd")
+    s.timings["sshd_ready_s"] = round(res.duration_s, 3)
     seen = {m.group(2): m for m in _SSHD_RE.finditer(res.output)}
     results = []
-    for node in run.members:
-        m = seen.get(node.name)
-        expected = f"ssh -p {port} {node.name} true answers from node-1 within {wait_s:g} s"
+    first = s.nodes.names[0]
+    for k, node in enumerate(s.nodes.names):
+        m = seen.get(node)
+        expected = f"ssh -p {port} {node} answers from {first} within {wait_s:g} s"
         if m and m.group(1) == "READY":
+            hostname = (m.group(4) or "").strip()
+            if hostname:
+                s.hostnames[node] = hostname
             results.append(
                 CheckResult(
-                    name="multinode: sshd",
-                    status="pass",
+                    s.name("sshd"),
+                    "pass",
                     expected=expected,
-                    found=f"answered on port {port} after {int(m.group(3)) / 1000:.1f} s",
-                    node=node.name,
+                    found=f"answered on port {port} after {int(m.group(3)) / 1000:.1f} s (hostname {hostname})",
+                    node=node,
                     duration_s=int(m.group(3)) / 1000,
-                    details={"port": port},
+                    details={"port": port, "hostname": hostname},
                 )
             )
             continue
         last = (m.group(4) or "").strip() if m else ""
-        why = f"last ssh error: {last}" if last else f"node-1's check said nothing (exit {res.rc}): {res.tail()}"
+        why = f"last ssh error: {last}" if last else f"{first}'s check said nothing (exit {res.rc}): {res.tail()}"
+        more = s.nodes.diagnose(k)
         results.append(
             CheckResult(
-                name="multinode: sshd",
-                status="fail",
+                s.name("sshd"),
+                "fail",
                 expected=expected,
                 found="no answer",
-                reason=f"sshd on port {port} of {node.name} didn't answer within {wait_s:g} s ({why})\n"
-                f"{_sshd_state(run, node)}\n{node.name} container log:\n{run.containers.logs(node.container)}",
-                node=node.name,
+                reason=f"sshd on port {port} of {node} didn't answer within {wait_s:g} s ({why})\n"
+                f"{_sshd_state(s, k)}" + (f"\n{more}" if more else ""),
+                node=node,
                 duration_s=int(m.group(3)) / 1000 if m else res.duration_s,
                 details={"port": port, "last_error": last},
             )
@@ -286,63 +404,59 @@ wait
     return results
 
 
-def _sshd_state(run: _Run, node: _Node) -> str:
-    """Whether an sshd process runs on node, and the end of its log: what a user needs to see first."""
-    res = run.run(
-        node,
+def _sshd_state(s: Session, k: int) -> str:
+    """Whether an sshd process runs on node k, and the end of its log: what a user needs to see first."""
+    res = s.nodes.run(
+        k,
         "if grep -qx sshd /proc/[0-9]*/comm 2>/dev/null; then echo 'an sshd process is running';"
         " else echo 'no sshd process is running'; fi\n"
         "tail -n 5 /var/log/imgbuild-sshd.log 2>/dev/null | sed 's/^/sshd log: /'",
         timeout_s=10,
         label="sshd-state",
     )
-    return f"on {node.name}: {res.output.strip() or f'(no answer, exit {res.rc})'}"
+    return f"on {s.nodes.names[k]}: {res.output.strip() or f'(no answer, exit {res.rc})'}"
 
 
-def _allreduce(run: _Run, *, sshd_down: list[str]) -> list[CheckResult]:
-    """The image's mpirun line from node-1 across all nodes: one result per node, one overall, and the ranks'
+def _allreduce(s: Session, *, sshd_down: list[str]) -> list[CheckResult]:
+    """The image's mpirun line from node 1 across all nodes: one result per node, one overall, and the ranks'
     environment."""
-    n, slots = run.nodes, run.manifest.slots
+    n, slots = s.n, s.per_node
     ranks = n * slots
     want = ranks * (ranks + 1) // 2
-    overall_name = f"multinode: mpirun allreduce ({n} nodes)"
+    overall_name = s.name(f"mpirun allreduce ({n} nodes)")
     expected = f"{ranks} ranks on {n} nodes, each reporting sum == {want}"
     if sshd_down:
         why = f"sshd not answering on {', '.join(sshd_down)}"
         return [
-            *(CheckResult("multinode: allreduce", "skip", reason=why, node=m.name) for m in run.members),
+            *(CheckResult(s.name("allreduce"), "skip", reason=why, node=name) for name in s.nodes.names),
             CheckResult(overall_name, "fail", expected=expected, found="not run", reason=f"mpirun not started: {why}"),
-            CheckResult("multinode: rank environment", "skip", reason=why),
+            CheckResult(s.name("rank environment"), "skip", reason=why),
         ]
     argv = mpirun_argv(
-        run.manifest, hostfile=HOSTFILE, ranks=ranks, program=[run.manifest.python, PROGRAM, ENV_NAMES], wdir=WORKDIR
-    )
-    script = f"{run.launch.shell_defaults()}exec {shlex.join(argv)}"
-    limit = run.left(MPIRUN_TIMEOUT_S)
-    res = run.run(run.members[0], script, timeout_s=limit, label="mpirun")
-    run.timings["mpirun_s"] = round(res.duration_s, 3)
+        s.manifest, hostfile=s.hostfile, ranks=ranks, program=[s.manifest.python, s.program, s.env_names],
+        wdir=s.workdir,
+    )  # fmt: skip
+    script = f"{s.launch.shell_defaults()}exec {shlex.join(argv)}"
+    limit = s.left(MPIRUN_TIMEOUT_S)
+    res = s.nodes.run(0, script, timeout_s=limit, label="mpirun")
+    s.timings["mpirun_s"] = round(res.duration_s, 3)
     lines = [
-        (int(m.group(1)), int(m.group(2)), m.group(3), int(m.group(4)), int(m.group(5)))
+        (int(m.group(1)), int(m.group(2)), s.node_of(int(m.group(1)), m.group(3)), int(m.group(4)), m.group(3))
         for m in _ALLREDUCE_RE.finditer(res.output)
     ]
     results = []
-    for node in run.members:
-        mine = [ln for ln in lines if ln[2] == node.name]
+    for node in s.nodes.names:
+        mine = [ln for ln in lines if ln[2] == node]
         good = [ln for ln in mine if ln[1] == ranks and ln[3] == want]
-        node_expected = f"{slots} rank(s) on {node.name} report sum == {want}"
-        found = ", ".join(f"rank {r}: sum {got}" for r, _, _, got, _ in sorted(mine)) or "no output"
+        node_expected = f"{slots} rank(s) on {node} report sum == {want}"
+        found = ", ".join(f"rank {r}: sum {got} (host {h})" for r, _, _, got, h in sorted(mine)) or "no output"
         if len(good) == slots and len(mine) == slots:
-            results.append(CheckResult("multinode: allreduce", "pass", node_expected, found, node=node.name))
+            results.append(CheckResult(s.name("allreduce"), "pass", node_expected, found, node=node))
         else:
-            why = "a wrong sum" if mine else f"no allreduce line from {node.name}"
+            why = "a wrong sum" if mine else f"no allreduce line from {node}"
             results.append(
                 CheckResult(
-                    "multinode: allreduce",
-                    "fail",
-                    node_expected,
-                    found,
-                    reason=f"{why} (mpirun exit {res.rc})",
-                    node=node.name,
+                    s.name("allreduce"), "fail", node_expected, found, reason=f"{why} (mpirun exit {res.rc})", node=node
                 )
             )
     ok = res.rc == 0 and all(r.status == "pass" for r in results)
@@ -362,37 +476,38 @@ def _allreduce(run: _Run, *, sshd_down: list[str]) -> list[CheckResult]:
             found,
             reason=reason,
             duration_s=res.duration_s,
-            details={"command": shlex.join(argv), "argv": argv, "hostfile": run.hostfile(), "exit_code": res.rc},
+            details={"command": shlex.join(argv), "argv": argv, "hostfile": s.hostfile_text(), "exit_code": res.rc},
         )
     )
     seen = {
-        (m.group(2), int(m.group(1))): json.loads(m.group(3)) for m in _ENV_RE.finditer(res.output)
-    }  # (host, rank) -> {name: value}
-    results.append(_env_result(run, "multinode: rank environment", "every rank, launched by the image's mpirun "
-                               "line", {f"{host} rank {rank}": env for (host, rank), env in sorted(seen.items())},
+        (s.node_of(int(m.group(1)), m.group(2)), int(m.group(1))): json.loads(m.group(3))
+        for m in _ENV_RE.finditer(res.output)
+    }  # (node, rank) -> {name: value}
+    results.append(_env_result(s, s.name("rank environment"), "every rank, launched by the image's mpirun line",
+                               {f"{node} rank {rank}": env for (node, rank), env in sorted(seen.items())},
                                expected_count=ranks))  # fmt: skip
     return results
 
 
-def _ssh_env(run: _Run) -> CheckResult:
-    """From node-1, `ssh node-K env` for every node: plain ssh sessions see the image's ENV too."""
+def _ssh_env(s: Session) -> CheckResult:
+    """From node 1, `ssh NODE env` for every node: plain ssh sessions see the image's ENV too."""
     begin, end = "IMGBUILD-SSHENV-BEGIN", "IMGBUILD-SSHENV-END"
     script = "".join(
-        f"echo {begin} {m.name}; ssh -p {run.port} -o BatchMode=yes -o ConnectTimeout=5 {m.name} env </dev/null; "
-        f"echo {end} {m.name}\n"
-        for m in run.members
+        f"echo {begin} {name}; ssh -p {s.port} -o BatchMode=yes -o ConnectTimeout=5 {shlex.quote(name)} env "
+        f"</dev/null; echo {end} {name}\n"
+        for name in s.nodes.names
     )
-    res = run.run(run.members[0], script, timeout_s=run.left(30), label="ssh-env")
+    res = s.nodes.run(0, script, timeout_s=s.left(30), label="ssh-env")
     sessions: dict[str, dict[str, str | None]] = {}
     for m in re.finditer(rf"^{begin} (\S+)\n(.*?)^{end} \1$", res.output, re.MULTILINE | re.DOTALL):
         have = dict(line.split("=", 1) for line in m.group(2).splitlines() if "=" in line)
-        sessions[f"ssh {m.group(1)}"] = {name: have.get(name) for name in run.image_env}
-    return _env_result(run, "multinode: ssh environment", "an ssh session on every node", sessions,
-                       expected_count=run.nodes, output=res)  # fmt: skip
+        sessions[f"ssh {m.group(1)}"] = {name: have.get(name) for name in s.image_env}
+    return _env_result(s, s.name("ssh environment"), "an ssh session on every node", sessions,
+                       expected_count=s.n, output=res)  # fmt: skip
 
 
 def _env_result(
-    run: _Run,
+    s: Session,
     name: str,
     who: str,
     seen: dict[str, dict[str, str | None]],
@@ -401,7 +516,7 @@ def _env_result(
     output: Exec | None = None,
 ) -> CheckResult:
     """Every one of `seen` (who -> its variables) sees each variable exactly as the image sets it."""
-    want = run.image_env
+    want = s.image_env
     expected = f"{who} sees the image's {len(want)} variables ({', '.join(sorted(want))}) as the image sets them"
     wrong = [
         f"{where}: {var}={value if value is not None else '(unset)'}"
@@ -420,51 +535,40 @@ def _env_result(
     return CheckResult(name, "fail", expected, f"{len(wrong)} difference(s)", reason=reason, details=details)
 
 
-def _pingpong(run: _Run) -> CheckResult:
-    """fi_pingpong: server on node-1 in the background, client on node-2; pass when the client completes."""
-    name = "multinode: fi_pingpong"
-    if run.nodes < 2:
+def _pingpong(s: Session) -> CheckResult:
+    """fi_pingpong: server on node 1 in the background, client on node 2; pass when the client completes."""
+    name = s.name("fi_pingpong")
+    if s.n < 2:
         return CheckResult(name, "skip", reason="needs 2 nodes or more")
-    comps = run.manifest.components
+    comps = s.manifest.components
     if "libfabric" not in comps and "efa" not in comps:
         return CheckResult(name, "skip", reason="the image has no libfabric (no libfabric or efa component)")
-    server, client = run.members[0], run.members[1]
-    provider, endpoint = "tcp", "msg"  # tcp has no dgram endpoint (fi_pingpong's default)
-    efa = comps.get("efa")
-    if efa is not None and efa.source == "installer" and run.manifest.runtime.efa_devices:
-        probe = run.run(server, "ls /dev/infiniband/uverbs* >/dev/null 2>&1", timeout_s=10, label="efa-devices")
-        if probe.rc == 0:
-            provider, endpoint = "efa", "rdm"
-        else:
-            run.notes.append("the image has EFA but the host has no /dev/infiniband/uverbs*: fi_pingpong over tcp")
+    server, client = s.nodes.names[0], s.nodes.names[1]
+    where = f"{server},{client}"
+    provider, endpoint = ("efa", "rdm") if s.expect_efa else ("tcp", "msg")  # tcp has no dgram endpoint
     args = f"-p {provider} -e {endpoint}"
-    limit = run.left(PINGPONG_TIMEOUT_S)
+    limit = s.left(PINGPONG_TIMEOUT_S)
     started = time.monotonic()
-    containers = run.containers
-    server_id = containers.spawn(server.container, f"exec fi_pingpong {args}", timeout_s=limit, label="pp-server")
+    handle = s.nodes.spawn(0, f"exec fi_pingpong {args}", timeout_s=limit, label="pp-server")
     hex_port = f"{PINGPONG_PORT:04X}"
     # Wait for the server's control socket (LISTEN is state 0A in /proc/net/tcp*) so the client can't race it.
-    listening = run.run(
-        server,
+    listening = s.nodes.run(
+        0,
         f"for i in $(seq 200); do grep -qE ':{hex_port} [0-9A-F]+:[0-9A-F]+ 0A' /proc/net/tcp /proc/net/tcp6 "
         "2>/dev/null && exit 0; sleep 0.05; done; exit 1",
         timeout_s=15,
         label="pingpong-listen",
     )
-    expected = f"fi_pingpong {args} completes between node-1 and node-2"
-
-    def server_result(wait_s: float) -> Exec:
-        return containers.wait(server.container, server_id, timeout_s=wait_s, label="pp-server", started=started)
-
+    expected = f"fi_pingpong {args} completes between {server} and {client}"
     if listening.rc != 0:
-        srv = server_result(1)
-        run.timings["pingpong_s"] = round(time.monotonic() - started, 3)
-        reason = f"fi_pingpong server on node-1 never listened on port {PINGPONG_PORT} (exit {srv.rc}):\n{srv.tail()}"
-        return CheckResult(name, "fail", expected, "no server", reason=reason, node="node-1,node-2")
-    res = run.run(client, f"exec fi_pingpong {args} {server.name}", timeout_s=limit, label="pingpong-client")
-    srv = server_result(10 if res.rc == 0 else 1)
+        srv = s.nodes.wait(handle, timeout_s=1)
+        s.timings["pingpong_s"] = round(time.monotonic() - started, 3)
+        reason = f"fi_pingpong server on {server} never listened on port {PINGPONG_PORT} (exit {srv.rc}):\n{srv.tail()}"
+        return CheckResult(name, "fail", expected, "no server", reason=reason, node=where)
+    res = s.nodes.run(1, f"exec fi_pingpong {args} {shlex.quote(server)}", timeout_s=limit, label="pingpong-client")
+    srv = s.nodes.wait(handle, timeout_s=10 if res.rc == 0 else 1)
     duration = time.monotonic() - started
-    run.timings["pingpong_s"] = round(duration, 3)
+    s.timings["pingpong_s"] = round(duration, 3)
     rows = [
         {
             "bytes": m.group(1),
@@ -483,28 +587,265 @@ def _pingpong(run: _Run) -> CheckResult:
             f"{provider}: {first['bytes']} B {first['usec_per_xfer']:g} us/xfer, "
             f"{last['bytes']} B {last['mb_per_s']:g} MB/s"
         )
-        return CheckResult(name, "pass", expected, found, node="node-1,node-2", duration_s=duration, details=details)
+        return CheckResult(name, "pass", expected, found, node=where, duration_s=duration, details=details)
     if res.timed_out:
         reason = f"fi_pingpong client did not finish within {math.ceil(limit)} s:\n{res.tail()}"
     else:
         reason = (
-            f"fi_pingpong client on node-2 failed (exit {res.rc}):\n{res.tail()}\n"
-            f"server on node-1 (exit {srv.rc}):\n{srv.tail()}"
+            f"fi_pingpong client on {client} failed (exit {res.rc}):\n{res.tail()}\n"
+            f"server on {server} (exit {srv.rc}):\n{srv.tail()}"
         )
     return CheckResult(
-        name,
-        "fail",
-        expected,
-        f"exit {res.rc}, {len(rows)} rows",
-        reason=reason,
-        node="node-1,node-2",
-        duration_s=duration,
+        name, "fail", expected, f"exit {res.rc}, {len(rows)} rows", reason=reason, node=where, duration_s=duration,
         details=details,
+    )  # fmt: skip
+
+
+def _ddp_mpirun(s: Session, *, sshd_down: list[str]) -> CheckResult:
+    """ddp_train.py under the image's mpirun line, started on node 1 (as `train` starts it)."""
+    name = s.name("ddp (mpirun)")
+    if sshd_down:
+        return CheckResult(name, "fail", found="not run", reason=f"sshd not answering on {', '.join(sshd_down)}")
+    argv = mpirun_argv(
+        s.manifest, hostfile=s.hostfile, ranks=s.n * s.per_node, program=[s.manifest.python, s.ddp_program],
+        wdir=s.workdir,
+    )  # fmt: skip
+    limit = s.left(DDP_TIMEOUT_S)
+    res = s.nodes.run(0, f"{s.launch.shell_defaults()}exec {shlex.join(argv)}", timeout_s=limit, label="ddp-mpirun")
+    s.timings["ddp_mpirun_s"] = round(res.duration_s, 3)
+    return _ddp_result(s, name, "mpirun", [res], res.duration_s, limit, {"command": shlex.join(argv), "argv": argv})
+
+
+def _ddp_torchrun(s: Session, *, sshd_down: list[str]) -> CheckResult:
+    """ddp_train.py under torchrun on every node (node rank = position, master = node 1), as `train` runs it with
+    IMGBUILD_LAUNCHER=torchrun: the launch module's torchrun line."""
+    name = s.name("ddp (torchrun)")
+    if sshd_down:
+        return CheckResult(name, "fail", found="not run", reason=f"sshd not answering on {', '.join(sshd_down)}")
+    argvs = [
+        s.launch.torchrun_argv(
+            nnodes=s.n,
+            node_rank=k,
+            nproc_per_node=s.per_node,
+            master_addr=s.nodes.names[0],
+            master_port=s.master_port,
+            program=[s.ddp_program],
+        )
+        for k in range(s.n)
+    ]
+    limit = s.left(DDP_TIMEOUT_S)
+    started = time.monotonic()
+    defaults = s.launch.shell_defaults()
+    handles = [
+        s.nodes.spawn(
+            k,
+            f"{defaults}cd {shlex.quote(s.workdir)} && exec {shlex.join(argv)}",
+            timeout_s=limit,
+            label=f"ddp-torchrun-{k}",
+        )
+        for k, argv in enumerate(argvs)
+    ]
+    outs = [s.nodes.wait(h, timeout_s=limit) for h in handles]
+    duration = time.monotonic() - started
+    s.timings["ddp_torchrun_s"] = round(duration, 3)
+    return _ddp_result(s, name, "torchrun", outs, duration, limit, {"commands": [shlex.join(a) for a in argvs]})
+
+
+def _ddp_result(
+    s: Session, name: str, launcher: str, outs: list[Exec], duration: float, limit: float, details: dict[str, Any]
+) -> CheckResult:
+    """Pass when every process exited 0 and rank 0 (on node 1) says the parameters agree on all ranks of all nodes."""
+    ranks = s.n * s.per_node
+    expected = f"{ranks} ranks on {s.n} nodes train {launcher}-launched DDP; parameters identical on every rank"
+    m = _DDP_RE.search(outs[0].output)
+    data: dict[str, Any] = json.loads(m.group(1)) if m else {}
+    details = {**details, "result": data, "exit_codes": [o.rc for o in outs]}
+    bad = [(s.nodes.names[k], o) for k, o in enumerate(outs) if o.rc != 0]
+    hosts = data.get("hosts") or []
+    if not bad and data.get("ddp") == "ok" and data.get("world_size") == ranks and len(hosts) == s.n:
+        found = (
+            f"{ranks} ranks, {data.get('backend')}, parameters identical after {data.get('steps')} steps; "
+            f"{duration:.1f} s ({data.get('seconds')} s in torch.distributed)"
+        )
+        return CheckResult(name, "pass", expected, found, duration_s=duration, details=details)
+    if bad:
+        where, o = bad[0]
+        if o.timed_out:
+            reason = f"{launcher} on {where} did not finish within {math.ceil(limit)} s; last lines:\n{o.tail()}"
+        else:
+            reason = f"{launcher} on {where} failed (exit {o.rc}); last lines:\n{o.tail()}"
+        found = f"exit {o.rc} on {where}"
+    elif not data:
+        reason, found = f"rank 0 printed no result; last lines:\n{outs[0].tail()}", "no result"
+    elif data.get("ddp") != "ok":
+        reason, found = f"parameter checksums differ across ranks: {data.get('checksums')}", "parameters differ"
+    else:
+        found = f"{data.get('world_size')} ranks on {len(hosts)} hosts"
+        reason = f"expected {ranks} ranks on {s.n} hosts, the training ran on {', '.join(hosts) or 'none'}"
+    return CheckResult(name, "fail", expected, found, reason=reason, duration_s=duration, details=details)
+
+
+def _nccl_tests(s: Session, *, sshd_down: list[str]) -> CheckResult:
+    """nccl-tests' all_reduce_perf across the nodes with the image's mpirun line, judged by cluster.report."""
+    name = s.name("nccl-tests all_reduce_perf")
+    if not s.gpus:
+        return CheckResult(name, "skip", reason="no GPUs on the nodes (or the image is not for NVIDIA GPUs)")
+    comp = s.manifest.components.get("nccl_tests")
+    if comp is None:
+        return CheckResult(name, "skip", reason="the image has no nccl_tests component")
+    if sshd_down:
+        return CheckResult(name, "fail", found="not run", reason=f"sshd not answering on {', '.join(sshd_down)}")
+    from imgbuild.cluster import report
+
+    binary = f"{comp.prefix or '/opt/nccl-tests'}/all_reduce_perf"
+    ranks = s.n * s.per_node
+    argv = mpirun_argv(s.manifest, hostfile=s.hostfile, ranks=ranks, wdir=s.workdir,
+                       program=["env", "NCCL_DEBUG=INFO", binary, *NCCL_TESTS_ARGS])  # fmt: skip
+    limit = s.left(NCCL_TESTS_TIMEOUT_S)
+    res = s.nodes.run(0, f"{s.launch.shell_defaults()}exec {shlex.join(argv)}", timeout_s=limit, label="nccl-tests")
+    s.timings["nccl_tests_s"] = round(res.duration_s, 3)
+    types = s.manifest.platform.instance_types
+    nccl = s.manifest.components.get("nccl")
+    ofi = s.manifest.components.get("aws_ofi_nccl")
+    expect = report.Expect(
+        instance_type=types[0] if len(types) == 1 and s.expect_efa else None,
+        nodes=s.n,
+        nccl_version=nccl.version if nccl is not None else None,
+        aws_ofi_nccl_version=ofi.version if ofi is not None and s.expect_efa else None,
     )
+    rep = report.judge(report.parse(res.output), expect, source=f"all_reduce_perf on {', '.join(s.nodes.names)}")
+    return nccl_tests_result(name, rep, res, expect_efa=s.expect_efa, command=shlex.join(argv))
+
+
+def nccl_tests_result(name: str, rep: Any, res: Exec, *, expect_efa: bool, command: str) -> CheckResult:
+    """A check result from a cluster.report verdict. Without EFA to expect (containers on one host, or instances
+    without EFA devices), the 'network' criterion is shown, not judged: sockets are all there is."""
+    judged = [c for c in rep.criteria if expect_efa or c.name != "network"]
+    failed = [c for c in judged if c.status == "FAIL"]
+    warned = [c for c in judged if c.status == "WARN"]
+    rows = {c.name: f"{c.status}: {c.found}" for c in rep.criteria}
+    efa = ", EFA, the published bus bandwidth" if expect_efa else ""
+    expected = f"all_reduce_perf: #wrong 0, the image's NCCL{efa}"
+    details = {"command": command, "exit_code": res.rc, "verdict": rep.verdict, "criteria": rows}
+    big = [r for t in rep.log.tables for r in t.rows]
+    found = f"{rep.verdict}; {', '.join(rep.log.network.used) or 'network not named'}; " + (
+        f"{big[-1].out_of_place.busbw:g} GB/s bus bandwidth at {big[-1].size} B" if big else "no results"
+    )
+    if res.rc != 0 or failed:
+        why = "; ".join(f"{c.name}: {c.reason}" for c in failed)
+        if res.rc != 0:
+            why = "; ".join(x for x in (f"all_reduce_perf exit {res.rc}: {res.tail()}", why) if x)
+        return CheckResult(name, "fail", expected, found, reason=why, duration_s=res.duration_s, details=details)
+    note = "; ".join(f"to check: {c.name}: {c.reason}" for c in warned)
+    return CheckResult(name, "pass", expected, found, reason=note, duration_s=res.duration_s, details=details)
 
 
 # --------------------------------------------------------------------------------------------------------
-# entry point
+# verify --nodes: the containers
+
+
+def host_gpus(pattern: str = "/dev/nvidia[0-9]*") -> int:
+    """How many NVIDIA GPUs this host has (its /dev/nvidiaN devices)."""
+    return len([p for p in glob.glob(pattern) if re.fullmatch(r".*/nvidia\d+", p)])
+
+
+def gpu_shares(gpus: int, nodes: int) -> list[list[int]]:
+    """The GPUs each of `nodes` containers on one host gets: disjoint equal shares (NCCL refuses two ranks on one
+    GPU); empty when there are fewer GPUs than nodes."""
+    per = gpus // nodes
+    return [list(range(k * per, (k + 1) * per)) for k in range(nodes)] if per else []
+
+
+@dataclass
+class _Run:
+    """The containers of one `verify --nodes` run, until they are running (then `DockerNodes` takes over)."""
+
+    containers: Containers
+    image_ref: str
+    spec: RunSpec
+    nodes: int
+    shares: list[list[int]]  # the GPUs of each node (empty: no GPUs)
+    notes: list[str] = field(default_factory=list)
+    members: list[tuple[str, Any]] = field(default_factory=list)  # (node-K, container)
+    key_dir: Path | None = None
+
+    @property
+    def prefix(self) -> str:
+        return self.containers.prefix
+
+    def make_keys(self) -> None:
+        self.key_dir = Path(tempfile.mkdtemp(prefix=f"{self.prefix}-keys-"))
+        _keypair(self.key_dir, comment=f"imgbuild-verify-{self.containers.run_id}")
+
+    def start(self) -> list[CheckResult]:
+        """Network and containers; a result for each node that did not come up."""
+        network = self.containers.network()
+        self.spec = self._start_node(1, network)
+        rest = list(range(2, self.nodes + 1))
+        if rest:
+            with ThreadPoolExecutor(max_workers=min(8, len(rest))) as pool:
+                list(pool.map(lambda k: self._start_node(k, network), rest))
+        self.members.sort(key=lambda m: int(m[0].split("-")[1]))
+        failed = []
+        for name, container in self.members:
+            container.reload()
+            if container.status != "running":
+                code = container.attrs.get("State", {}).get("ExitCode")
+                failed.append(
+                    CheckResult(
+                        name="multinode: container",
+                        status="fail",
+                        expected="running",
+                        found=f"{container.status} (exit code {code})",
+                        reason=f"{name} stopped right after start:\n{self.containers.logs(container)}",
+                        node=name,
+                    )
+                )
+        return failed
+
+    def _start_node(self, k: int, network: str) -> RunSpec:
+        """Start node-K with the run's keys; the spec it started with (memlock may be dropped)."""
+        import docker.types
+
+        assert self.key_dir is not None
+        name = f"node-{k}"
+        options: dict[str, Any] = {
+            "init": True,  # sshd daemonizes: something must reap its children
+            "hostname": name,
+            "network": network,
+            "networking_config": {network: self.containers.client.api.create_endpoint_config(aliases=[name])},
+        }
+        if self.shares:
+            ids = [str(i) for i in self.shares[k - 1]]
+            options["device_requests"] = [docker.types.DeviceRequest(device_ids=ids, capabilities=[["gpu"]])]
+        files: dict[str, tuple[bytes, int]] = {}
+        dirs = {}
+        if _engine_is_local(self.containers.client):
+            options["volumes"] = {str(self.key_dir): {"bind": KEY_MOUNT, "mode": "ro"}}
+        else:
+            dirs[KEY_MOUNT] = 0o700
+            # A remote engine can't see this machine's folders: copy the run's keys into the container instead
+            # (its writable layer, removed with it).
+            files = {
+                f"{KEY_MOUNT}/{p.name}": (p.read_bytes(), p.stat().st_mode & 0o777)
+                for p in sorted(self.key_dir.iterdir())
+            }
+        container, spec, note = self.containers.start(
+            self.image_ref, ["sleep", "infinity"], name, self.spec, files=files, dirs=dirs, **options
+        )
+        if note:
+            self.notes.append(note)
+        self.members.append((name, container))
+        return spec
+
+    def cleanup(self) -> list[str]:
+        """Remove everything this run made; returns what could not be removed."""
+        left = self.containers.remove_all()
+        if self.key_dir is not None:
+            shutil.rmtree(self.key_dir, ignore_errors=True)
+            if self.key_dir.exists():
+                left.append(f"key folder {self.key_dir}")
+        return left
 
 
 def run_multinode(
@@ -513,20 +854,26 @@ def run_multinode(
     nodes: int,
     *,
     client: docker.DockerClient | None = None,
-    timeout_s: float = 180,
+    timeout_s: float | None = None,
     sshd_wait_s: float = SSHD_WAIT_S,
+    gpus: int | None = None,
 ) -> list[CheckResult]:
-    """Start `nodes` containers of image_ref on a private network and check MPI and libfabric across them.
+    """Start `nodes` containers of image_ref on a private network and run `run_checks` across them.
 
     manifest: the image's (`Manifest.parse` of its /etc/imgbuild/manifest.json); its `mpirun`, `runtime`,
-    `platform` and `components` drive the run. timeout_s bounds the whole check; sshd_wait_s how long node-1
-    waits for each node's sshd.
+    `platform` and `components` drive the run. timeout_s bounds the whole check (default: 180 s, plus 600 s
+    for the PyTorch trainings and 300 s for nccl-tests where they run); sshd_wait_s how long node-1 waits for
+    each node's sshd; gpus: the host's GPU count (default: its /dev/nvidiaN devices).
 
     Returns per-node results (sshd, allreduce), overall ones (mpirun allreduce, rank and ssh environment,
-    fi_pingpong) and a last "multinode: timings" result whose details hold the seconds spent in each phase.
-    Containers, network and keys are removed before it returns, also on errors; Ctrl-C raises `Interrupted`
-    after cleaning up.
+    fi_pingpong, DDP per launcher, nccl-tests) and a last "multinode: timings" result whose details hold the
+    seconds spent in each phase. Containers, network and keys are removed before it returns, also on errors;
+    Ctrl-C raises `Interrupted` after cleaning up.
     """
+    from imgbuild import engine
+    from imgbuild.engine import ENGINE_ERRORS
+    from imgbuild.runprofile import for_engine, host_efa_devices, run_spec
+
     if nodes < 1:
         raise VerifyError(f"--nodes must be 1 or more, got {nodes}")
     if not manifest.ssh_ports:
@@ -539,13 +886,56 @@ def run_multinode(
     env = dict(item.split("=", 1) for item in (info.get("Config") or {}).get("Env") or [] if "=" in item)
     spec = run_spec(manifest.runtime, host_efa_devices())
     runtimes = list((client.info().get("Runtimes") or {}).keys())
-    # On the run's own network (for_engine), and without GPUs: this check runs on CPUs.
+    wants_gpu = manifest.platform.accelerator == "nvidia" or bool(manifest.runtime.gpus)
+    count = host_gpus() if gpus is None else gpus
+    shares = gpu_shares(count, nodes) if wants_gpu else []
+    # On the run's own network (for_engine); GPUs only as disjoint shares (_Run._start_node), never all of them.
     spec, notes = for_engine(spec, runtimes=runtimes, has_gpu=False)
-    run = _Run(Containers(client), image_ref, manifest, spec, {**env, **dict(spec.env)}, nodes, began + timeout_s)
+    if wants_gpu and count and not shares:
+        notes.append(f"{count} GPU(s) for {nodes} nodes: the nodes run without GPUs (one GPU per node at least)")
+    slots = min(manifest.slots, len(shares[0])) if shares else manifest.slots
+    if timeout_s is None:
+        timeout_s = BASE_TIMEOUT_S + (2 * DDP_TIMEOUT_S if "pytorch" in manifest.components else 0)
+        timeout_s += NCCL_TESTS_TIMEOUT_S if shares and "nccl_tests" in manifest.components else 0
+    run = _Run(Containers(client), image_ref, spec, nodes, shares)
     run.notes += notes
+    session: Session | None = None
     results: list[CheckResult] = []
+    timings: dict[str, float] = {}
     try:
-        _checks(run, results, sshd_wait_s=sshd_wait_s)
+        run.make_keys()
+        t0 = time.monotonic()
+        expected = f"{nodes} containers of {image_ref} running"
+        try:
+            failed = run.start()
+        except ENGINE_ERRORS as exc:
+            reason = f"the engine refused: {engine.reason(exc)}"
+            failed = [CheckResult("multinode: containers", "fail", expected, "not started", reason=reason)]
+        timings["container_start_s"] = round(time.monotonic() - t0, 3)
+        if failed:
+            results += failed
+        else:
+            results.append(
+                CheckResult(
+                    "multinode: containers",
+                    "pass",
+                    expected,
+                    f"{nodes} running on network {run.prefix}"
+                    + (f", GPUs {'; '.join(','.join(map(str, g)) for g in shares)}" if shares else ""),
+                    duration_s=timings["container_start_s"],
+                    details={"network": run.prefix, "containers": [c.name for _, c in run.members]},
+                )
+            )
+            session = Session(
+                DockerNodes(run.containers, run.members),
+                manifest,
+                {**env, **dict(run.spec.env)},
+                began + timeout_s,
+                gpus=bool(shares),
+                slots=slots,
+                timings=timings,
+            )
+            results += run_checks(session, sshd_wait_s=sshd_wait_s)
     except ENGINE_ERRORS as exc:
         # Mid-run engine trouble (a container gone, the socket closed): a failure naming it, after what passed.
         reason = f"the engine failed mid-run: {engine.reason(exc)}"
@@ -557,11 +947,12 @@ def run_multinode(
         t1 = time.monotonic()
         with sigint_deferred("the multi-node check's containers"):
             leftovers = run.cleanup()
-        run.timings["cleanup_s"] = round(time.monotonic() - t1, 3)
-        run.timings["total_s"] = round(time.monotonic() - began, 3)
+        timings["cleanup_s"] = round(time.monotonic() - t1, 3)
+        timings["total_s"] = round(time.monotonic() - began, 3)
         if own_client:
             client.close()
-    results += [CheckResult("multinode: note", "skip", reason=note) for note in run.notes]
+    all_notes = [*run.notes, *(session.notes if session else [])]
+    results += [CheckResult("multinode: note", "skip", reason=note) for note in all_notes]
     if leftovers:
         results.append(
             CheckResult(
@@ -572,56 +963,10 @@ def run_multinode(
                 reason=f"could not remove: {', '.join(leftovers)} (labelled {LABEL}={run.containers.run_id})",
             )
         )
-    results.append(_timings_result(run))
+    final = session or Session(DockerNodes(run.containers, []), manifest, {}, 0.0, timings=timings)
+    final.notes = all_notes
+    results.append(timings_result(final, run.prefix, nodes))
     return results
-
-
-def _checks(run: _Run, results: list[CheckResult], *, sshd_wait_s: float) -> None:
-    """The run's phases in order; each appends its results as it ends."""
-    run.make_keys()
-    t0 = time.monotonic()
-    expected = f"{run.nodes} containers of {run.image_ref} running"
-    try:
-        failed = run.start()
-    except ENGINE_ERRORS as exc:
-        reason = f"the engine refused: {engine.reason(exc)}"
-        failed = [CheckResult("multinode: containers", "fail", expected, "not started", reason=reason)]
-    run.timings["container_start_s"] = round(time.monotonic() - t0, 3)
-    if failed:
-        results += failed
-        return
-    results.append(
-        CheckResult(
-            "multinode: containers",
-            "pass",
-            expected,
-            f"{run.nodes} running on network {run.prefix}",
-            duration_s=run.timings["container_start_s"],
-            details={"network": run.prefix, "containers": [m.container.name for m in run.members]},
-        )
-    )
-    sshd = _sshd_check(run, min(sshd_wait_s, run.left(sshd_wait_s)))
-    results += sshd
-    sshd_down = [r.node for r in sshd if r.status != "pass"]
-    results += _allreduce(run, sshd_down=sshd_down)
-    if sshd_down:
-        results.append(CheckResult("multinode: ssh environment", "skip", reason="sshd not answering everywhere"))
-    else:
-        results.append(_ssh_env(run))
-    results.append(_pingpong(run))
-
-
-def _timings_result(run: _Run) -> CheckResult:
-    t = run.timings
-    order = ("container_start_s", "sshd_ready_s", "mpirun_s", "pingpong_s", "cleanup_s", "total_s")
-    found = ", ".join(f"{k.removesuffix('_s')} {t[k]:.1f} s" for k in order if k in t)
-    return CheckResult(
-        "multinode: timings",
-        "pass",
-        found=found,
-        duration_s=t.get("total_s", 0.0),
-        details={**t, "nodes": run.nodes, "run": run.prefix, "notes": list(run.notes)},
-    )
 
 
 # --------------------------------------------------------------------------------------------------------

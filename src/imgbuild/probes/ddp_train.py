@@ -3,7 +3,7 @@
 Runs unchanged under the image's two launchers:
 - torchrun (c10d rendezvous): RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT come from torchrun;
 - mpirun (the recipe's launch line, as `train` runs it): ranks from OMPI_COMM_WORLD_*; rank 0 picks a free port
-  and its address, and mpi4py broadcasts them, so nothing has to be agreed on beforehand.
+  and its address (`own_address`), and mpi4py broadcasts them, so nothing has to be agreed on beforehand.
 The backend is nccl where CUDA is available, else gloo. Every rank trains on its own data for STEPS steps; DDP
 averages the gradients, so afterwards the model's parameters must be identical on every rank: each rank's
 parameter checksum is gathered, and rank 0 prints one JSON line with the result. Exit 0 only when all agree.
@@ -36,15 +36,33 @@ def rendezvous():
             with socket.socket() as s:
                 s.bind(("", 0))
                 port = s.getsockname()[1]
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-                # The address peers reach this host by (no packet is sent by connect on UDP).
-                probe.connect((os.environ.get("IMGBUILD_PEER", "192.0.2.1"), 9))
-                address = probe.getsockname()[0]
-            endpoint = (address, port)
+            endpoint = (own_address(), port)
         address, port = comm.bcast(endpoint, root=0)
         local = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0"))
         return comm.Get_rank(), comm.Get_size(), local, f"tcp://{address}:{port}", "mpirun"
     sys.exit("ddp_train: neither torchrun's RANK/MASTER_ADDR nor mpirun's OMPI_COMM_WORLD_RANK is set")
+
+
+def own_address():
+    """The address the other ranks reach this host by: IMGBUILD_MASTER_ADDR when set, else the source address of
+    the default route (no packet is sent by connect on UDP), else what this host's name resolves to (a private
+    network without a way out has no default route; its hosts resolve each other's names)."""
+    given = os.environ.get("IMGBUILD_MASTER_ADDR")
+    if given:
+        return given
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("192.0.2.1", 9))  # TEST-NET-1: any routable address will do
+            return probe.getsockname()[0]
+    except OSError:
+        pass
+    address = socket.gethostbyname(socket.gethostname())
+    if address.startswith("127."):
+        sys.exit(
+            f"ddp_train: no default route and this host's name resolves to {address}: set IMGBUILD_MASTER_ADDR "
+            "to the address the other hosts reach this one by"
+        )
+    return address
 
 
 def nccl_version():

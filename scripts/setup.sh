@@ -125,13 +125,14 @@ else
 fi
 
 # --- 2. host tools --------------------------------------------------------------------------------------
-step "host tools (debootstrap, iproute2, openssh-client, docker-registry, docker-compose)"
+step "host tools (debootstrap, iproute2, openssh-client, docker-registry, docker-compose, shellcheck)"
 missing=()
 have debootstrap || missing+=(debootstrap)
 have ip || missing+=(iproute2)
 have ssh-keygen || missing+=(openssh-client)
 have docker-registry || missing+=(docker-registry)  # a real registry for the push tests
 have docker-compose || missing+=(docker-compose)    # what SageMaker local mode starts the hosts with
+have shellcheck || missing+=(shellcheck)            # the rendered sbatch scripts and train are shellchecked
 if ((${#missing[@]})); then
     apt_install "${missing[@]}"
     step_done "installed ${missing[*]}"

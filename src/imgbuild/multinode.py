@@ -48,12 +48,11 @@ import shutil
 import subprocess
 import tempfile
 import time
-from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from imgbuild import probes
 from imgbuild.containers import LABEL, Containers, Exec
@@ -136,32 +135,27 @@ def mpirun_argv(manifest: Manifest, *, hostfile: str, ranks: int, program: list[
 # where the checks run: the node executor
 
 
-class Nodes(ABC):
+class Nodes(Protocol):
     """Runs bash scripts on the nodes of a run (node 0 is where launchers start) and copies files to them.
 
     `names` are the nodes as node 0 reaches them (the hostfile's names, ssh's and torchrun's master address)."""
 
     names: tuple[str, ...]
 
-    @abstractmethod
     def run(self, k: int, script: str, *, timeout_s: float, label: str) -> Exec:
         """Run bash `script` on node k for at most timeout_s seconds; its exit status and output."""
 
-    @abstractmethod
     def spawn(self, k: int, script: str, *, timeout_s: float, label: str) -> Any:
         """Start bash `script` on node k in the background; a handle for `wait`."""
 
-    @abstractmethod
     def wait(self, handle: Any, *, timeout_s: float) -> Exec:
         """The outcome of a spawned script (waiting until it ends, or gives up after its time limit)."""
 
-    @abstractmethod
     def put_files(self, files: dict[str, tuple[bytes, int]]) -> None:
         """Copy files (absolute path -> (content, mode)) to every node."""
 
     def diagnose(self, k: int) -> str:
         """What else to say when node k misbehaves (a container's log); empty when there is nothing."""
-        return ""
 
 
 @dataclass

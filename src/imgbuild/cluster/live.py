@@ -1,0 +1,399 @@
+"""`imgbuild cluster test --hosts H1,H2[,...]`: the multi-node checks on containers already running on hosts.
+
+The containers were started by the user on each host (`imgbuild run RECIPE`: the recipe's run profile, host
+network, the job's ssh keys installed by the entrypoint). From this machine, imgbuild reaches each of them over
+ssh on the image's sshd port (`SshNodes`, one connection per host kept open for the run) and runs the very
+checks of `imgbuild verify --nodes` (multinode.run_checks) from the first host: every node's sshd reached from
+it, the image's mpirun line across the hosts (allreduce, every rank's environment), plain ssh sessions'
+environment, fi_pingpong, the DDP training under mpirun and torchrun where the image has PyTorch, and
+nccl-tests' all_reduce_perf judged by cluster.report where the hosts have GPUs.
+
+What the run needs from the hosts: ssh from this machine to each container as `--user` (root) with `--ssh-key`
+(or ssh's own defaults), and ssh between the containers with the job's key (what mpirun needs anyway). It
+leaves nothing behind: its files go to /tmp/imgbuild-cluster-<run> on each host, removed at the end. Host keys
+are made when a container starts, so they are trusted on first use for this run only (a known_hosts file of
+the run's own), as mpirun between the containers does.
+
+This is an edge module: it runs the OpenSSH client.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import secrets
+import shlex
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from imgbuild.cli.common import handled, out
+from imgbuild.errors import VerifyError
+
+if TYPE_CHECKING:
+    from imgbuild.containers import Exec
+    from imgbuild.manifest import Manifest
+    from imgbuild.report import CheckResult
+    from imgbuild.verify import VerifyReport
+
+DEFAULT_PORT = 3022  # imgbuild's sshd default (components.sshd.ports)
+CONNECT_TIMEOUT_S = 10
+CONNECT_WAIT_S = 30.0
+KILL_GRACE_S = 5
+
+
+@dataclass
+class _Spawned:
+    proc: subprocess.Popen[bytes]
+    started: float
+    timeout_s: float
+
+
+class SshNodes:
+    """The hosts of a live check, reached from this machine over ssh (a `multinode.Nodes` executor).
+
+    hosts: the names (or addresses) this machine and the first host reach the others by; they are the hostfile's
+    names too. One master connection per host (OpenSSH's ControlMaster) carries every command of the run."""
+
+    def __init__(self, hosts: list[str], *, port: int, user: str, key: Path | None) -> None:
+        self.names = tuple(hosts)
+        self.port, self.user, self.key = port, user, key
+        self.dir = Path(tempfile.mkdtemp(prefix="imgbuild-cluster-ssh-"))
+        self.known_hosts = self.dir / "known_hosts"
+        exe = shutil.which("ssh")
+        if exe is None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise VerifyError(
+                "the OpenSSH client (ssh) is not installed on this machine", hint="apt-get install openssh-client"
+            )
+        self.exe = exe
+
+    def _argv(self, host: str, *extra: str) -> list[str]:
+        argv = [
+            self.exe, "-p", str(self.port), "-l", self.user,
+            "-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}", "-o", "LogLevel=ERROR",
+            "-o", "StrictHostKeyChecking=accept-new", "-o", f"UserKnownHostsFile={self.known_hosts}",
+            "-o", f"ControlPath={self.dir}/%C", "-o", "ServerAliveInterval=15",
+        ]  # fmt: skip
+        if self.key is not None:
+            argv += ["-i", str(self.key), "-o", "IdentitiesOnly=yes"]
+        return [*argv, *extra, host]
+
+    def connect(self, wait_s: float = CONNECT_WAIT_S) -> list[tuple[str, str]]:
+        """Open the master connection to every host, trying again for up to wait_s seconds (a container that has
+        just started makes its host keys first); (host, ssh's last error) for each that could not be reached."""
+        deadline = time.monotonic() + wait_s
+        pending = list(self.names)
+        errors: dict[str, str] = {}
+        while True:
+            procs = [
+                (h, subprocess.Popen(self._argv(h, "-M", "-N", "-f", "-o", "ControlPersist=yes"),
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+                for h in pending
+            ]  # fmt: skip
+            for host, proc in procs:
+                try:
+                    _, err = proc.communicate(timeout=CONNECT_TIMEOUT_S + 20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    _, err = proc.communicate()
+                    err = err or b"timed out"
+                if proc.returncode == 0:
+                    errors.pop(host, None)
+                else:
+                    errors[host] = err.decode(errors="replace").strip() or f"ssh exit {proc.returncode}"
+            pending = [h for h in pending if h in errors]
+            if not pending or time.monotonic() >= deadline:
+                return [(h, errors[h]) for h in pending]
+            time.sleep(0.5)
+
+    def close(self) -> None:
+        """Close the master connections and remove the run's ssh folder (its known_hosts)."""
+        for host in self.names:
+            subprocess.run(self._argv(host, "-O", "exit"), stdin=subprocess.DEVNULL, capture_output=True,
+                           timeout=15, check=False)  # fmt: skip
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _command(self, script: str, timeout_s: float) -> str:
+        limit = max(1, math.ceil(timeout_s))
+        return f"timeout -k {KILL_GRACE_S} {limit} bash -c {shlex.quote(script)} 2>&1"
+
+    def spawn(self, k: int, script: str, *, timeout_s: float, label: str) -> _Spawned:
+        argv = [*self._argv(self.names[k]), self._command(script, timeout_s)]
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        return _Spawned(proc, time.monotonic(), timeout_s)
+
+    def wait(self, handle: _Spawned, *, timeout_s: float) -> Exec:
+        from imgbuild.containers import Exec
+
+        give_up = handle.started + math.ceil(handle.timeout_s) + KILL_GRACE_S + 10
+        rc: int | None
+        try:
+            output, _ = handle.proc.communicate(timeout=max(0.1, give_up - time.monotonic()))
+            rc = handle.proc.returncode
+        except subprocess.TimeoutExpired:
+            handle.proc.kill()
+            output, _ = handle.proc.communicate()
+            rc = None
+        return Exec(rc, (output or b"").decode(errors="replace"), time.monotonic() - handle.started)
+
+    def run(self, k: int, script: str, *, timeout_s: float, label: str) -> Exec:
+        return self.wait(self.spawn(k, script, timeout_s=timeout_s, label=label), timeout_s=timeout_s)
+
+    def put_files(self, files: dict[str, tuple[bytes, int]]) -> None:
+        from imgbuild.containers import _tar  # the same archive docker's put_archive takes
+
+        data = _tar(files, {})
+        for host in self.names:
+            proc = subprocess.run([*self._argv(host), "tar -x -C / -f -"], input=data, capture_output=True,
+                                  timeout=60, check=False)  # fmt: skip
+            if proc.returncode != 0:
+                why = proc.stderr.decode(errors="replace").strip()
+                raise VerifyError(f"cannot copy the check's files to {host}: {why or f'ssh exit {proc.returncode}'}")
+
+    def diagnose(self, k: int) -> str:
+        return ""
+
+
+# --------------------------------------------------------------------------------------------------------
+# the run
+
+
+def run_live(
+    hosts: list[str],
+    *,
+    port: int | None = None,
+    user: str = "root",
+    key: Path | None = None,
+    expected: Manifest | None = None,
+    master_port: int | None = None,
+    timeout_s: float | None = None,
+) -> VerifyReport:
+    """The multi-node checks on the containers running on `hosts` (see the module's docstring).
+
+    port: their sshd port (default: the expected manifest's, else 3022); expected: the manifest of the image that
+    should be running (a recipe's lock, or a local image's), else the first host's is the reference.
+    Returns a VerifyReport ("cluster: ..." results, then timings); a `VerifyError` when no host can be reached."""
+    from imgbuild import multinode
+    from imgbuild.report import CheckResult
+    from imgbuild.verify import VerifyReport
+
+    if not hosts:
+        raise VerifyError("--hosts: expected one host or more, e.g. --hosts 10.0.0.1,10.0.0.2")
+    if len(set(hosts)) != len(hosts):
+        raise VerifyError(f"--hosts: {','.join(hosts)} names a host twice")
+    port = port or (expected.ssh_ports[0] if expected is not None and expected.ssh_ports else DEFAULT_PORT)
+    began = time.monotonic()
+    timings: dict[str, float] = {}
+    nodes = SshNodes(hosts, port=port, user=user, key=key)
+    run_id = secrets.token_hex(5)
+    workdir = f"/tmp/imgbuild-cluster-{run_id}"
+    results: list[CheckResult] = []
+    session = None
+    try:
+        t = time.monotonic()
+        unreachable = nodes.connect()
+        timings["connect_s"] = round(time.monotonic() - t, 3)
+        if unreachable:
+            raise VerifyError(
+                "cannot reach " + "; ".join(f"{h} ({why})" for h, why in unreachable) + f" over ssh on port {port} "
+                f"as {user}",
+                hint="start the image's container on each host (imgbuild run RECIPE), with this machine's public key "
+                "authorized (--ssh-key names the private one)",
+            )
+        manifest, image_results, probe = _inspect(nodes, expected)
+        results += image_results
+        if manifest is None:
+            return VerifyReport(",".join(hosts), None, None, f"ssh -p {port}", "", results, timings)
+        wants_gpu = manifest.platform.accelerator == "nvidia" or bool(manifest.runtime.gpus)
+        gpus = probe["gpus"] if wants_gpu else 0
+        slots = min(manifest.slots, gpus) if gpus else manifest.slots
+        expect_efa = "efa" in manifest.components and probe["efa_devices"] > 0
+        if timeout_s is None:
+            timeout_s = multinode.BASE_TIMEOUT_S + 2 * multinode.DDP_TIMEOUT_S + multinode.NCCL_TESTS_TIMEOUT_S
+        session = multinode.Session(
+            nodes,
+            manifest,
+            probe["env"],
+            began + timeout_s,
+            prefix="cluster",
+            workdir=workdir,
+            gpus=gpus > 0,
+            slots=slots,
+            expect_efa=expect_efa,
+            master_port=master_port or multinode.MASTER_PORT,
+            timings=timings,
+        )
+        if "efa" in manifest.components and not expect_efa:
+            session.notes.append(f"the image has EFA, {hosts[0]} has no /dev/infiniband/uverbs*: tcp instead")
+        if wants_gpu and not gpus:
+            session.notes.append(f"{hosts[0]} has no GPU (/dev/nvidia*): the checks run on CPUs")
+        results += multinode.run_checks(session)
+    finally:
+        t = time.monotonic()
+        with contextlib.suppress(subprocess.SubprocessError, OSError):
+            for k in range(len(hosts)):
+                nodes.run(k, f"rm -rf {shlex.quote(workdir)}", timeout_s=15, label="cleanup")
+        nodes.close()
+        timings["cleanup_s"] = round(time.monotonic() - t, 3)
+        timings["total_s"] = round(time.monotonic() - began, 3)
+    assert session is not None
+    results += [CheckResult("cluster: note", "skip", reason=note) for note in session.notes]
+    results.append(multinode.timings_result(session, ",".join(hosts), len(hosts)))
+    name = manifest.recipe
+    return VerifyReport(",".join(hosts), None, name, f"ssh -p {port} {user}@{hosts[0]}", "", results, timings)
+
+
+_PROBE = r"""
+echo "IMGBUILD-MANIFEST $(base64 -w0 /etc/imgbuild/manifest.json 2>/dev/null)"
+echo "IMGBUILD-ENVIRON $(base64 -w0 /proc/1/environ 2>/dev/null)"
+echo "IMGBUILD-GPUS $(ls /dev | grep -cE '^nvidia[0-9]+$')"
+echo "IMGBUILD-EFA $(ls /dev/infiniband 2>/dev/null | grep -c '^uverbs')"
+"""
+
+
+def _inspect(nodes: SshNodes, expected: Manifest | None) -> tuple[Manifest | None, list[CheckResult], dict[str, Any]]:
+    """Every host's image manifest (all the same, and the expected one), and the first host's environment, GPUs
+    and EFA devices."""
+    import base64
+
+    from imgbuild.manifest import Manifest
+    from imgbuild.paths import MANIFEST_PATH
+    from imgbuild.report import CheckResult
+
+    seen: dict[str, Manifest | str] = {}
+    probe: dict[str, Any] = {}
+    for k, host in enumerate(nodes.names):
+        res = nodes.run(k, _PROBE, timeout_s=30, label="probe")
+        fields = {
+            line.partition(" ")[0]: line.partition(" ")[2]
+            for line in res.output.splitlines()
+            if line.startswith("IMGBUILD-")
+        }
+        raw = base64.b64decode(fields.get("IMGBUILD-MANIFEST", "").strip() or b"")
+        if not raw:
+            seen[host] = f"no {MANIFEST_PATH} (exit {res.rc}): {res.tail(3)}"
+            continue
+        try:
+            seen[host] = Manifest.parse(raw, f"{host}:{nodes.port}")
+        except VerifyError as exc:
+            seen[host] = exc.message
+        if k == 0:
+            pid1 = base64.b64decode(fields.get("IMGBUILD-ENVIRON", "").strip() or b"").decode(errors="replace")
+            probe["environ"] = dict(item.split("=", 1) for item in pid1.split("\0") if "=" in item)
+            probe["gpus"] = int(fields.get("IMGBUILD-GPUS", "0").strip() or 0)
+            probe["efa_devices"] = int(fields.get("IMGBUILD-EFA", "0").strip() or 0)
+    first = seen[nodes.names[0]]
+    reference = expected if expected is not None else (first if isinstance(first, Manifest) else None)
+    want = f"lock {reference.lock_digest[:12]} ({reference.recipe})" if reference is not None else "an imgbuild image"
+    results = []
+    for host, m in seen.items():
+        if isinstance(m, str):
+            results.append(CheckResult("cluster: image", "fail", want, "no manifest", reason=m, node=host))
+        elif reference is not None and m.lock_digest != reference.lock_digest:
+            found = f"lock {m.lock_digest[:12]} ({m.recipe})"
+            why = "not the image expected" if expected is not None else f"not the image {nodes.names[0]} runs"
+            results.append(CheckResult("cluster: image", "fail", want, found, reason=why, node=host))
+        else:
+            results.append(CheckResult("cluster: image", "pass", want, f"lock {m.lock_digest[:12]}", node=host))
+    if any(r.status == "fail" for r in results) or not isinstance(first, Manifest):
+        return None, results, probe
+    # What every rank and ssh session must see: the container's own environment (the image's ENV and what
+    # `docker run -e` set, as its first process holds it), for the variables the image sets and the profile's.
+    environ: dict[str, str] = probe.get("environ", {})
+    names = [*first.rank_env, *sorted(first.runtime.env)]
+    probe["env"] = {name: environ[name] for name in names if name in environ}
+    return first, results, probe
+
+
+# --------------------------------------------------------------------------------------------------------
+# the command
+
+
+@handled
+def cluster_test_command(
+    hosts: Annotated[
+        str,
+        typer.Option(
+            "--hosts",
+            metavar="H1,H2[,...]",
+            help="The hosts running the image's container (imgbuild run), in order: the first runs the "
+            "launchers. Names or addresses this machine and the first host reach them by.",
+        ),
+    ],
+    port: Annotated[
+        int | None, typer.Option("--port", min=1, max=65535, help="Their sshd port (default: the recipe's; 3022).")
+    ] = None,
+    recipe_ref: Annotated[
+        str | None, typer.Option("--recipe", metavar="RECIPE", help="The recipe whose image must be running.")
+    ] = None,
+    image: Annotated[
+        str | None, typer.Option("--image", metavar="IMAGE", help="A local image whose manifest must be running.")
+    ] = None,
+    ssh_key: Annotated[
+        Path | None,
+        typer.Option("--ssh-key", metavar="FILE", help="Private key for ssh to the hosts (default: ssh's own)."),
+    ] = None,
+    user: Annotated[str, typer.Option("--user", help="The user to log in as.")] = "root",
+    master_port: Annotated[
+        int | None, typer.Option("--master-port", min=1, max=65535, help="torchrun's port on the first host (29500).")
+    ] = None,
+    junit: Annotated[Path | None, typer.Option("--junit", help="Write JUnit XML here.")] = None,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Write the results and timings as JSON.")] = None,
+) -> None:
+    """Check a running cluster: from the first host, over ssh, the environment, MPI, PyTorch DDP (mpirun and
+    torchrun) and nccl-tests (where there are GPUs) across the hosts, with the launch line `train` uses.
+    Exit 11 when a check fails."""
+    from imgbuild import verify
+    from imgbuild.cli.verify import render_table
+
+    if recipe_ref and image:
+        raise typer.BadParameter("give --recipe or --image, not both", param_hint="'--recipe' / '--image'")
+    names = [h.strip() for h in hosts.split(",") if h.strip()]
+    if ssh_key is not None and not ssh_key.is_file():
+        raise typer.BadParameter(f"{ssh_key}: no such file", param_hint="'--ssh-key'")
+    expected = _expected(recipe_ref, image)
+    report = run_live(names, port=port, user=user, key=ssh_key, expected=expected, master_port=master_port)
+    render_table(report, out())
+    try:
+        if junit is not None:
+            verify.write_junit(report, junit)
+        if json_path is not None:
+            verify.write_json(report, json_path)
+    except OSError as exc:
+        raise VerifyError(f"cannot write the report: {exc}") from None
+    if report.failed:
+        raise VerifyError(f"{len(report.failed)} of {len(report.results)} checks failed: "
+                          + ", ".join(sorted({r.name for r in report.failed})))  # fmt: skip
+
+
+def _expected(recipe_ref: str | None, image: str | None) -> Manifest | None:
+    """The manifest the running image must have: the recipe's lock, or a local image's own; None: no expectation."""
+    from imgbuild import verify
+
+    if recipe_ref:
+        target = verify.target_for_recipe(recipe_ref)
+        return target.expected_manifest
+    if image:
+        from imgbuild import engine
+        from imgbuild.containers import Containers
+
+        client = engine.connect()
+        containers = Containers(client)
+        try:
+            target = verify.resolve_target(image, client)
+            manifest = verify.image_manifest(containers, target)
+        finally:
+            containers.remove_all()
+            client.close()
+        if manifest is None:
+            raise VerifyError(f"{image} has no {json.dumps('/etc/imgbuild/manifest.json')}: not an imgbuild image")
+        return manifest
+    return None

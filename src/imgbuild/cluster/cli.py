@@ -11,6 +11,7 @@ import typer
 
 from imgbuild.cli.common import handled, out
 from imgbuild.cluster.jobs import job_command
+from imgbuild.cluster.live import cluster_test_command
 from imgbuild.errors import VerifyError
 
 if TYPE_CHECKING:
@@ -31,6 +32,7 @@ def cluster() -> None:
 
 
 app.command("job")(job_command)  # jobs.py imports only typer at the top: start-up stays light
+app.command("test")(cluster_test_command)  # so does live.py
 
 
 _STYLE = {"PASS": "green", "FAIL": "bold red", "WARN": "yellow", "SKIP": "dim"}

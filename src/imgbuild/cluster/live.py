@@ -175,10 +175,12 @@ def run_live(
     expected: Manifest | None = None,
     master_port: int | None = None,
     timeout_s: float | None = None,
+    connect_wait_s: float = CONNECT_WAIT_S,
 ) -> VerifyReport:
     """The multi-node checks on the containers running on `hosts` (see the module's docstring).
 
-    port: their sshd port (default: the expected manifest's, else 3022); expected: the manifest of the image that
+    port: their sshd port (default: the expected manifest's, else 3022); connect_wait_s: how long to keep trying
+    to reach a host that refuses (a container that has just started); expected: the manifest of the image that
     should be running (a recipe's lock, or a local image's), else the first host's is the reference.
     Returns a VerifyReport ("cluster: ..." results, then timings); a `VerifyError` when no host can be reached."""
     from imgbuild import multinode
@@ -199,7 +201,7 @@ def run_live(
     session = None
     try:
         t = time.monotonic()
-        unreachable = nodes.connect()
+        unreachable = nodes.connect(connect_wait_s)
         timings["connect_s"] = round(time.monotonic() - t, 3)
         if unreachable:
             raise VerifyError(

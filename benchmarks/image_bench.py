@@ -1,0 +1,119 @@
+"""Image benchmark for the cpu and pytorch recipes (prints figures; asserts only what must hold): build time,
+image size, rebuild after a late bump (the sshd port; the PyTorch layer must come from the cache, checked on the
+build's step log), `imgbuild verify` time, and the 2-node DDP time per launcher (`verify --nodes 2`'s trainings).
+
+    python benchmarks/image_bench.py                 # cold build of cpu, cached build of pytorch
+    python benchmarks/image_bench.py --cold pytorch  # also pytorch from scratch: ~4 GB of wheels, ~18 GB disk
+
+Needs a running engine and the base image (scripts/setup.sh); downloads trust IMGBUILD_CA_BUNDLE.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from imgbuild import build, engine, multinode, verify
+from imgbuild.containers import Containers
+from imgbuild.manifest import MANIFEST_PATH, Manifest
+
+RECIPES = ("cpu", "pytorch")
+# The layer that must not be rebuilt (downloaded again) by a late bump: the largest download of each recipe.
+HEAVY_STEP = {"cpu": re.compile(r"pip install nvidia-nccl"), "pytorch": re.compile(r"pip install torch==")}
+_STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
+
+
+def timed_build(ref: str, *, nocache: bool = False) -> tuple[float, build.BuildResult]:
+    t0 = time.monotonic()
+    result = build.build(ref, nocache=nocache, ca_bundle=build.ca_bundle_from(None))
+    return time.monotonic() - t0, result
+
+
+def cached_steps(log: Path) -> dict[str, bool]:
+    """Each step's instruction -> whether the engine took it from its cache (from the build's saved log)."""
+    steps: dict[str, bool] = {}
+    current = None
+    for line in log.read_text(errors="replace").splitlines():
+        m = _STEP.match(line)
+        if m:
+            current = m.group(3)
+            steps[current] = False
+        elif current is not None and line.strip() == "---> Using cache":
+            steps[current] = True
+    return steps
+
+
+def manifest_of(client: object, image: str) -> Manifest:
+    containers = Containers(client)  # type: ignore[arg-type]
+    try:
+        raw = containers.read_image_file(image, MANIFEST_PATH)
+    finally:
+        containers.remove_all()
+    if raw is None:
+        raise SystemExit(f"{image} has no {MANIFEST_PATH}")
+    return Manifest.parse(raw, image)
+
+
+def bench(name: str, cold: bool, tmp: Path) -> dict[str, str]:
+    client = engine.connect()
+    row: dict[str, str] = {"recipe": name}
+    seconds, result = timed_build(name, nocache=cold)
+    row["build"] = f"{seconds:.1f} s ({'cold, --no-cache' if cold else 'cached'}; {result.steps_run}/" + (
+        f"{result.steps_total} steps run)"
+    )
+    image = result.refs[0]
+    row["size"] = f"{client.images.get(result.image_id).attrs['Size'] / 1e9:.2f} GB"
+
+    # A late bump: the sshd port. Only the layers after the sshd one run again.
+    child = tmp / f"bench-{name}-sshd.yaml"
+    child.write_text(f"extends: {name}\ncomponents:\n  sshd: {{ports: [3023]}}\n")
+    seconds, bumped = timed_build(str(child))
+    steps = cached_steps(bumped.log_path)
+    heavy = [s for s in steps if HEAVY_STEP[name].search(s)]
+    if len(heavy) != 1 or not steps[heavy[0]]:
+        raise SystemExit(f"{name}: the late bump rebuilt the heavy layer {heavy} (log {bumped.log_path})")
+    row["late bump"] = f"{seconds:.1f} s ({bumped.steps_run}/{bumped.steps_total} steps run; '{heavy[0][:40]}' cached)"
+    for ref in bumped.refs:
+        client.images.remove(ref, noprune=False)
+
+    t0 = time.monotonic()
+    report = verify.verify(image)
+    row["verify"] = f"{time.monotonic() - t0:.1f} s ({report.counts()['pass']} passed, {len(report.failed)} failed)"
+
+    results = multinode.run_multinode(image, manifest_of(client, image), 2, client=client)
+    t = next(r for r in results if r.name == "multinode: timings").details
+    bad = [r.name for r in results if r.status == "fail"]
+    if "ddp_mpirun_s" in t:
+        row["2-node DDP"] = f"mpirun {t['ddp_mpirun_s']:.1f} s, torchrun {t['ddp_torchrun_s']:.1f} s"
+    else:
+        row["2-node DDP"] = f"no PyTorch (mpirun allreduce {t.get('mpirun_s', 0):.1f} s)"
+    row["verify --nodes 2 part"] = f"{t['total_s']:.1f} s" + (f" FAILED: {', '.join(bad)}" if bad else "")
+    client.close()
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cold", action="append", choices=RECIPES, default=None,
+                        help="recipes to build with --no-cache (default: cpu)")  # fmt: skip
+    args = parser.parse_args()
+    cold = set(args.cold or ["cpu"])
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="imgbuild-bench-") as tmp:
+        for name in RECIPES:
+            rows.append(bench(name, name in cold, Path(tmp)))
+    for row in rows:
+        print(row.pop("recipe"))
+        for key, value in row.items():
+            print(f"  {key:22} {value}")
+    print(f"engine: {os.environ.get('DOCKER_HOST', 'local socket')}; CPUs: {os.cpu_count()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -163,11 +163,9 @@ step_done "installed into $("${PYTHON}" -c 'import sys; print(sys.prefix)')"
 if [[ "${IMGBUILD_SKIP_BASE:-0}" == 1 ]]; then
     log "==> base images: skipped (IMGBUILD_SKIP_BASE=1)"
 else
-    # `imgbuild base bootstrap` once the CLI has it; the module entry point takes the same arguments.
+    # The console script when it is on PATH, else the same CLI through the interpreter it was installed into.
     bootstrap_cmd=(imgbuild base bootstrap)
-    if ! have imgbuild || ! imgbuild base bootstrap --help >/dev/null 2>&1; then
-        bootstrap_cmd=("${PYTHON}" -m imgbuild.bootstrap)
-    fi
+    have imgbuild || bootstrap_cmd=("${PYTHON}" -m imgbuild.cli base bootstrap)
     mirror_args=()
     [[ -n "${IMGBUILD_MIRROR:-}" ]] && mirror_args=(--mirror "${IMGBUILD_MIRROR}")
     for image in ${BASE_IMAGES}; do

@@ -135,3 +135,12 @@ def test_version_imports_neither_pydantic_nor_rich() -> None:
 def test_cluster_group_is_mounted() -> None:
     result = run("cluster", "--help")
     assert result.exit_code == 0 and "report" in result.stdout
+
+
+def test_recipe_text_is_not_read_as_markup(tmp_path) -> None:  # noqa: ANN001
+    """A description with rich markup characters is shown as it is (no MarkupError, exit 0)."""
+    path = tmp_path / "m.yaml"
+    path.write_text('extends: cpu\ndescription: "[/bold] x [red]y"\n')
+    result = CliRunner().invoke(app, ["show", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "[/bold] x [red]y" in result.output

@@ -17,6 +17,7 @@ from typing import Any
 
 from imgbuild import __version__, context, engine, lock, paths, recipe, render
 from imgbuild.errors import BuildError, ImgbuildError
+from imgbuild.progress import BuildProgress
 from imgbuild.resolver import Resolved
 
 
@@ -94,7 +95,7 @@ def build(
     pull: bool = False,
     build_args: dict[str, str] | None = None,
     ca_bundle: Path | None = None,
-    progress: engine.BuildProgress | None = None,
+    progress: BuildProgress | None = None,
     log_dir: Path | None = None,
 ) -> BuildResult:
     """Build a recipe's image on the engine DOCKER_HOST names (or the local socket)."""

@@ -40,11 +40,12 @@ def list_(as_json: Annotated[bool, typer.Option("--json", help="Machine-readable
     if as_json:
         out().print_json(json.dumps(rows))
         return
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table("recipe", "accelerator", "lock", "description", box=None)
     for row in rows:
-        table.add_row(row["name"], row["accelerator"], row["lock"], row["description"])
+        table.add_row(*(escape(str(row[k])) for k in ("name", "accelerator", "lock", "description")))
     out().print(table)
 
 
@@ -70,10 +71,12 @@ def show(
         }
         out().print_json(json.dumps(data))
         return
+    from rich.markup import escape
     from rich.table import Table
 
     warn(res)
-    out().print(f"[bold]{res.name}[/bold]  {res.recipe.description}")
+    # Recipe text is shown as it is, never read as rich markup ("[/bold]" in a description is text).
+    out().print(f"[bold]{escape(res.name)}[/bold]  {escape(res.recipe.description)}")
     out().print(
         f"file: {recipe.display(loaded.path)}  (pins from {'the lock' if how == 'lock' else 'a fresh resolution'})"
     )
@@ -81,7 +84,7 @@ def show(
     out().print(f"tags: {', '.join(plan.image_refs)}")
     table = Table("component", "version", "source", "why", box=None)
     for name, pin in res.pins.items():
-        table.add_row(name, pin.version or "-", pin.source, pin.origin)
+        table.add_row(*(escape(v) for v in (name, pin.version or "-", pin.source, pin.origin)))
     out().print(table)
 
 

@@ -137,7 +137,7 @@ def test_cluster_group_is_mounted() -> None:
     assert result.exit_code == 0 and "report" in result.stdout
 
 
-def test_recipe_text_is_not_read_as_markup(tmp_path) -> None:  # noqa: ANN001
+def test_recipe_text_is_not_read_as_markup(tmp_path) -> None:
     """A description with rich markup characters is shown as it is (no MarkupError, exit 0)."""
     path = tmp_path / "m.yaml"
     path.write_text('extends: cpu\ndescription: "[/bold] x [red]y"\n')

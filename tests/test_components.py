@@ -3,6 +3,7 @@ something else; a mode that should render and renders nothing is an error, never
 
 from __future__ import annotations
 
+import json
 import typing
 from pathlib import Path
 
@@ -20,7 +21,7 @@ TEST_RECIPES = REPO / "tests" / "recipes"
 EXTRA = sorted(p.stem for p in TEST_RECIPES.glob("*.yaml"))
 
 
-def _resolved(name: str):  # noqa: ANN202
+def _resolved(name: str):
     if name in SHIPPED:
         resolved, how = resolved_for(recipe.load(name), lookup_torch=None)
         assert how == "lock"
@@ -28,7 +29,7 @@ def _resolved(name: str):  # noqa: ANN202
     return resolve(recipe.load(TEST_RECIPES / f"{name}.yaml"), lookup_torch=None)
 
 
-def _accepted_sources(block) -> set[str]:  # noqa: ANN001
+def _accepted_sources(block) -> set[str]:
     """The `source` values the block's options accept (its Literal), or its pins' one source."""
     field = block.options.model_fields.get("source")
     if field is None:
@@ -116,3 +117,24 @@ def test_each_block_has_its_template_next_to_its_module() -> None:
     for block in REGISTRY:
         if any(how == "fragment" for how in block.modes.values()):
             assert (Path(render.TEMPLATE_DIR) / f"{block.name}.j2").is_file(), block.name
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_mpi4py_pip_builds_and_verifies(docker_client, tmp_path: Path) -> None:
+    """`mpi4py: {source: pip}` really installs mpi4py at that version, compiled against Debian's Open MPI:
+    the image builds, and `imgbuild verify` (mpi4py-version among its checks) passes."""
+    from typer.testing import CliRunner
+
+    from imgbuild import build
+    from imgbuild.cli import app
+
+    path = TEST_RECIPES / "mpi4py-pip.yaml"
+    result = build.build(str(path), ca_bundle=build.ca_bundle_from(None))
+    assert result.image_id
+    out = tmp_path / "verify.json"
+    run = CliRunner().invoke(app, ["verify", str(path), "--json", str(out)])
+    assert run.exit_code == 0, run.output
+    report = json.loads(out.read_text())
+    mpi4py = next(c for c in report["results"] if c["name"] == "mpi4py-version")
+    assert mpi4py["status"] == "pass" and mpi4py["found"] == "4.0.3", mpi4py

@@ -12,28 +12,21 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
 from imgbuild import compat
-from imgbuild.components import Pin
 from imgbuild.errors import LockError
 from imgbuild.recipe import LoadedRecipe, display
-from imgbuild.resolver import Resolved, TorchLookup, index_lookup, resolve
+from imgbuild.resolver import Pinned, Resolved, TorchLookup, index_lookup, resolve
 
 LOCK_VERSION: Literal[1] = 1
 
 
-class Lock(BaseModel):
-    """What a lock file holds: the recipe's digest, the base image reference, every pin, the warnings."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
+class Lock(Pinned):
+    """What a lock file holds: a resolution's decisions under the recipe's name."""
 
     lock_version: Literal[1] = LOCK_VERSION
     recipe: str
-    recipe_digest: str
-    base_ref: str
-    pins: dict[str, Pin]
-    warnings: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, resolved: Resolved) -> Lock:

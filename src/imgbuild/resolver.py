@@ -20,16 +20,21 @@ from imgbuild.recipe import LoadedRecipe, Recipe
 __all__ = ["Pin", "Resolved", "TorchLookup", "index_lookup", "resolve"]
 
 
-class Resolved(BaseModel):
-    """A recipe with every component pinned (what the lock file holds)."""
+class Pinned(BaseModel):
+    """What a resolution decides: the merged recipe's digest, the base image reference, every pin, warnings."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    recipe: Recipe
     recipe_digest: str
     base_ref: str
     pins: dict[str, Pin]
     warnings: tuple[str, ...] = ()
+
+
+class Resolved(Pinned):
+    """A recipe with every component pinned (what the lock file holds, with the recipe itself)."""
+
+    recipe: Recipe
 
     @property
     def name(self) -> str:

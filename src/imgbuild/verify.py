@@ -475,33 +475,20 @@ def write_json(report: VerifyReport, path: Path) -> None:
 
 def junit_xml(report: VerifyReport) -> str:
     """JUnit XML: one testcase per check, <failure> / <skipped> with the reason, expected and found."""
-    import xml.etree.ElementTree as ET
+    from imgbuild.report import junit_xml as junit_suite
 
-    counts = report.counts()
-    total = report.timings.get("total_s", sum(r.duration_s for r in report.results))
-    suites = ET.Element("testsuites", name="imgbuild verify")
-    suite = ET.SubElement(
-        suites, "testsuite", name=f"imgbuild verify {report.target}", tests=str(len(report.results)),
-        failures=str(counts["fail"]), errors="0", skipped=str(counts["skip"]), time=f"{total:.3f}",
-    )  # fmt: skip
-    props = ET.SubElement(suite, "properties")
-    for key, text in (("image", report.image), ("recipe", report.recipe), ("where", report.where)):
-        ET.SubElement(props, "property", name=key, value=str(text or ""))
-    for key, seconds in sorted(report.timings.items()):
-        ET.SubElement(props, "property", name=f"timing.{key}", value=str(seconds))
-    for r in report.results:
-        name = f"{r.name} [{r.node}]" if r.node else r.name
-        case = ET.SubElement(suite, "testcase", classname=f"imgbuild.verify.{r.component or 'image'}", name=name,
-                             time=f"{r.duration_s:.3f}")  # fmt: skip
-        text = f"expected: {r.expected}\nfound: {r.found}\n{r.reason}".strip()
-        if r.status == "fail":
-            ET.SubElement(case, "failure", message=r.reason or "failed", type="VerifyFailure").text = text
-        elif r.status == "skip":
-            ET.SubElement(case, "skipped", message=r.reason or "skipped")
-        else:
-            ET.SubElement(case, "system-out").text = text
-    ET.indent(suites)
-    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
+    where = (("image", report.image), ("recipe", report.recipe), ("where", report.where))
+    properties = [(key, str(text or "")) for key, text in where]
+    properties += [(f"timing.{key}", str(seconds)) for key, seconds in sorted(report.timings.items())]
+    return junit_suite(
+        "imgbuild verify",
+        report.target,
+        report.results,
+        classname="imgbuild.verify",
+        failure_type="VerifyFailure",
+        properties=properties,
+        time_s=report.timings.get("total_s"),
+    )
 
 
 def write_junit(report: VerifyReport, path: Path) -> None:

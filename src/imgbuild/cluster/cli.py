@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from imgbuild.cli.common import handled, out
 from imgbuild.cluster.jobs import job_command
 from imgbuild.cluster.live import cluster_test_command
 from imgbuild.errors import VerifyError
@@ -66,6 +65,8 @@ def report_command(
 ) -> None:
     """Say whether an nccl-tests run used EFA, loaded the expected NCCL, got correct results and reached the bus
     bandwidth published for its instance type and node count. Exit 0 on PASS or WARN, 11 on FAIL."""
+    from imgbuild.cli.common import handled  # not at the top: imgbuild.cli imports this module
+
     handled(_report)(log, instance_type, nodes, nccl_version, plot, json_path, junit)
 
 
@@ -80,6 +81,7 @@ def _report(
 ) -> None:
     from pydantic import ValidationError
 
+    from imgbuild.cli.common import out
     from imgbuild.cluster import report
 
     text, source = _read(log)

@@ -1,0 +1,316 @@
+"""The Kubernetes objects of a cluster job (`k8s_object(plan)`, `k8s_text(plan)`): an MPIJob, a TrainJob or a
+PyTorchJob for the image of a `JobPlan` (jobplan.py), as YAML with a comment header saying how to apply and follow it.
+
+- `mpijob`: Kubeflow MPI Operator, `kubeflow.org/v2beta1` MPIJob. What the operator does to pods, and how the job
+  copes with it:
+  - a worker whose container has no command runs `/usr/sbin/sshd -De` instead of the image's entrypoint, and our
+    images have no host keys until the entrypoint makes them: workers (and the launcher) run the entrypoint;
+  - the operator's key pair is mounted at `sshAuthMountPath`, by default /root/.ssh (read-only, so the
+    entrypoint could not install keys there) and elsewhere with mode 0644 (which ssh-keygen and ssh refuse for a
+    private key). The job mounts it at SSH_AUTH_MOUNT, which the entrypoint does not read, and hands the private
+    key to the entrypoint in IMGBUILD_SSH_PRIVATE_KEY from the operator's Secret (`<name>-ssh`): the entrypoint
+    installs it in /root/.ssh (0700/0600, as sshd's StrictModes wants) and authorizes its public half;
+  - ssh must reach sshd on the recipe's port (3022), and the operator sets its own OMPI_MCA_plm_rsh_args (after
+    any of ours): the port comes from the image's /etc/ssh/ssh_config.d/imgbuild.conf (`Port`), which no
+    plm_rsh_args replaces;
+  - Open MPI 5 ignores the operator's OMPI_MCA_orte_* variables (its default hostfile among them) and silently
+    runs every rank on the launcher: the launch line names the hostfile (/etc/mpi/hostfile) and `-np` itself,
+    and PRTE_MCA_prte_keep_fqdn_hostnames keeps the workers' names resolvable for Open MPI 5 as the operator's
+    OMPI_MCA_orte_keep_fqdn_hostnames does for Open MPI 4;
+  - the launcher starts once every worker's sshd answers (`launcherCreationPolicy: WaitForWorkersReady` and a
+    readiness probe on sshd's port).
+  Per worker: the recipe's devices (`nvidia.com/gpu`, `habana.ai/gaudi`), `vpc.amazonaws.com/efa` by instance
+  type, 2 MiB hugepages (the EFA provider's buffers), memory, a memory-backed /dev/shm, the instance type as node
+  selector; `slotsPerWorker` = devices per node.
+- `trainjob`: Kubeflow Trainer v2 TrainJob on the `torch-distributed` ClusterTrainingRuntime; `pytorchjob`:
+  `kubeflow.org/v1` PyTorchJob (training-operator 1.9). Both run the image's torchrun (`launch.torchrun`), whose
+  node count, rank and master come from the PET_* variables the operators set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import cache
+from typing import Any
+
+from imgbuild.cluster.jobplan import Engine, JobPlan
+
+# The image (images/Dockerfile.j2, images/files/entrypoint.sh.j2).
+ENTRYPOINT = "/usr/local/bin/imgbuild-entrypoint"
+SSHD_LOG = "/var/log/imgbuild-sshd.log"  # where the entrypoint's sshd logs (`sshd -E`)
+
+# The MPI Operator (kubeflow/mpi-operator pkg/controller/mpi_job_controller.go).
+MPI_OPERATOR_HOSTFILE = "/etc/mpi/hostfile"
+SSH_AUTH_MOUNT = "/run/mpi-operator/ssh"  # not /root/.ssh, and not a folder the entrypoint reads keys from
+SSH_KEY_SECRET_SUFFIX = "-ssh"  # the operator's Secret `<job>-ssh`, type kubernetes.io/ssh-auth
+SSH_KEY_SECRET_KEY = "ssh-privatekey"
+
+# Kubeflow Trainer v2 and training-operator 1.9.
+TRAINER_RUNTIME = "torch-distributed"
+TRAINER_CONTAINER = "node"  # the runtime's container and replicated job
+PYTORCHJOB_CONTAINER = "pytorch"  # the name training-operator looks for
+PYTORCHJOB_PORT = ("pytorchjob-port", 23456)
+
+# Kubernetes resources.
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
+DEVICE_RESOURCE = {"nvidia": "nvidia.com/gpu", "gaudi": "habana.ai/gaudi"}
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+HUGEPAGES = ("hugepages-2Mi", "5120Mi")  # libfabric's EFA provider allocates its buffers from 2 MiB hugepages
+SHM_MOUNT = {"name": "dshm", "mountPath": "/dev/shm"}
+
+
+def k8s_object(job: JobPlan) -> dict[str, Any]:
+    """The Kubernetes object of a job (not for slurm)."""
+    if job.engine is Engine.slurm:
+        raise ValueError("a slurm job is a script, not a Kubernetes object")
+    return {Engine.mpijob: _mpijob, Engine.trainjob: _trainjob, Engine.pytorchjob: _pytorchjob}[job.engine](job)
+
+
+def k8s_text(job: JobPlan) -> str:
+    """The job's object as YAML under a comment header: what it is, what it runs, how to apply and follow it."""
+    return _header(job) + dump_yaml(k8s_object(job))
+
+
+@cache
+def _dumper() -> type:
+    """SafeDumper writing multi-line strings (the check programs) as literal blocks, and no anchors: an object
+    used twice (the worker's environment) is written twice. yaml is imported here, not when the CLI starts."""
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        def ignore_aliases(self, data: Any) -> bool:
+            return True
+
+    def text(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
+        return dumper.represent_scalar("tag:yaml.org,2002:str", data, style="|" if "\n" in data else None)
+
+    Dumper.add_representer(str, text)
+    return Dumper
+
+
+def dump_yaml(obj: Any) -> str:
+    """YAML with sorted keys, block style, long lines kept whole."""
+    import yaml
+
+    return yaml.dump(obj, Dumper=_dumper(), sort_keys=True, default_flow_style=False, width=10_000)
+
+
+def _header(job: JobPlan) -> str:
+    kind = {
+        Engine.mpijob: "MPIJob (kubeflow.org/v2beta1, Kubeflow MPI Operator)",
+        Engine.trainjob: f"TrainJob (trainer.kubeflow.org/v1alpha1, Kubeflow Trainer v2, runtime {TRAINER_RUNTIME})",
+        Engine.pytorchjob: "PyTorchJob (kubeflow.org/v1, Kubeflow training-operator 1.9)",
+    }[job.engine]
+    shape = f"{job.nodes} node(s)" + (f" of {job.instance_type}" if job.instance_type else "")
+    lines = [
+        f"{kind} for imgbuild recipe '{job.recipe}': {shape}, {job.slots} process(es) per node.",
+        f"Runs {job.program_about}.",
+        f"Apply: kubectl apply -f FILE; follow: {_follow(job)}",
+        *_image_note(job),
+    ]
+    if job.engine is Engine.mpijob:
+        lines.append(
+            "Workers run the image's entrypoint (host keys, the operator's key from its Secret, sshd on "
+            f"{_ssh_port(job)}), not the operator's `sshd -De`; the launcher names the hostfile and -np itself."
+        )
+    return "".join(f"# {line}\n" for line in lines)
+
+
+def _follow(job: JobPlan) -> str:
+    report = "imgbuild cluster report" + (f" --instance-type {job.instance_type}" if job.instance_type else "")
+    report += f" --nodes {job.nodes}"
+    pod = {
+        Engine.mpijob: f"job/{job.name}-launcher",
+        Engine.trainjob: f"-l jobset.sigs.k8s.io/jobset-name={job.name}",
+        Engine.pytorchjob: f"{job.name}-master-0",
+    }[job.engine]
+    logs = f"kubectl logs -f {pod}"
+    if job.program[0].endswith("all_reduce_perf"):
+        return f"{logs} | {report}"
+    return logs
+
+
+def _image_note(job: JobPlan) -> list[str]:
+    if job.image_pushed:
+        return [f"Image: {job.image}"]
+    return [
+        f"Image: {job.image}, the local build's tag: push it (imgbuild push {job.recipe}) and render with "
+        "--image URI so that the cluster can pull it."
+    ]
+
+
+def _ssh_port(job: JobPlan) -> int:
+    return job.manifest.ssh_ports[0]  # plan_job refuses an mpijob for an image without sshd
+
+
+# ---- Kubernetes pieces shared by the three operators
+
+
+def _env(pairs: Sequence[tuple[str, str]], *extra: dict[str, Any]) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in pairs]
+    items += extra
+    return sorted(items, key=lambda e: e["name"])
+
+
+def _resources(job: JobPlan) -> dict[str, Any]:
+    """Requests = limits (hugepages require it): devices, EFA, hugepages with EFA, memory."""
+    wanted: dict[str, Any] = {}
+    device = DEVICE_RESOURCE.get(job.accelerator) if job.devices else None
+    if device:
+        wanted[device] = job.devices
+    if job.efa:
+        wanted[EFA_RESOURCE] = job.efa
+        wanted[HUGEPAGES[0]] = HUGEPAGES[1]
+    wanted["memory"] = job.memory
+    return {"limits": dict(wanted), "requests": dict(wanted)}
+
+
+def _shm_volume(job: JobPlan) -> dict[str, Any]:
+    """NCCL and Open MPI's shared-memory transports need more than the container runtime's 64 MB /dev/shm."""
+    empty_dir: dict[str, Any] = {"medium": "Memory"}
+    if job.shm_size_limit:
+        empty_dir["sizeLimit"] = job.shm_size_limit
+    return {"name": "dshm", "emptyDir": empty_dir}
+
+
+def _security(job: JobPlan) -> dict[str, Any]:
+    return {"securityContext": {"capabilities": {"add": list(job.capabilities)}}} if job.capabilities else {}
+
+
+def _node_selector(job: JobPlan) -> dict[str, Any]:
+    return {"nodeSelector": {INSTANCE_TYPE_LABEL: job.instance_type}} if job.instance_type else {}
+
+
+def _container(job: JobPlan, name: str, **fields: Any) -> dict[str, Any]:
+    return {"name": name, "image": job.image, "imagePullPolicy": "IfNotPresent", **fields}
+
+
+# ---- mpijob
+
+
+def _mpijob(job: JobPlan) -> dict[str, Any]:
+    port = _ssh_port(job)
+    key = {
+        "name": "IMGBUILD_SSH_PRIVATE_KEY",
+        "valueFrom": {"secretKeyRef": {"name": job.name + SSH_KEY_SECRET_SUFFIX, "key": SSH_KEY_SECRET_KEY}},
+    }
+    # Open MPI 5 (PRRTE) reads neither the operator's OMPI_MCA_orte_* variables nor its default hostfile.
+    launcher_env = [*job.env, ("PRTE_MCA_prte_keep_fqdn_hostnames", "1")]
+    argv = job.launch.mpirun_argv(hostfile=MPI_OPERATOR_HOSTFILE, np=job.nodes * job.slots, program=list(job.program))
+    launcher = _container(job, "launcher", command=[ENTRYPOINT], args=argv, env=_env(launcher_env, key))
+    # The worker keeps sshd's log on its output and ends at once when the operator deletes it.
+    wait = f"trap 'exit 0' TERM; tail -F {SSHD_LOG} & wait"
+    worker = _container(
+        job,
+        "worker",
+        command=[ENTRYPOINT],
+        args=["bash", "-c", wait],
+        env=_env(job.env, key),
+        readinessProbe={"tcpSocket": {"port": port}, "periodSeconds": 2},
+        resources=_resources(job),
+        volumeMounts=[SHM_MOUNT],
+        **_security(job),
+    )
+    return {
+        "apiVersion": "kubeflow.org/v2beta1",
+        "kind": "MPIJob",
+        "metadata": {"name": job.name},
+        "spec": {
+            "slotsPerWorker": job.slots,
+            "mpiImplementation": "OpenMPI",
+            "launcherCreationPolicy": "WaitForWorkersReady",
+            "sshAuthMountPath": SSH_AUTH_MOUNT,
+            "runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": 0},
+            "mpiReplicaSpecs": {
+                "Launcher": {
+                    "replicas": 1,
+                    "restartPolicy": "Never",
+                    "template": {"spec": {"containers": [launcher]}},
+                },
+                "Worker": {
+                    "replicas": job.nodes,
+                    "restartPolicy": "Never",
+                    "template": {
+                        "spec": {"containers": [worker], "volumes": [_shm_volume(job)], **_node_selector(job)}
+                    },
+                },
+            },
+        },
+    }
+
+
+# ---- trainjob and pytorchjob
+
+
+def _torchrun(job: JobPlan) -> list[str]:
+    """The image's torchrun (launch.py); nodes, node rank and master come from the operators' PET_* variables."""
+    return [*job.launch.torchrun, *job.program]
+
+
+def _trainjob(job: JobPlan) -> dict[str, Any]:
+    container_patch = {"name": TRAINER_CONTAINER, "volumeMounts": [SHM_MOUNT], **_security(job)}
+    pod_patch = {"containers": [container_patch], "volumes": [_shm_volume(job)], **_node_selector(job)}
+    return {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {"name": job.name},
+        "spec": {
+            "runtimeRef": {
+                "apiGroup": "trainer.kubeflow.org",
+                "kind": "ClusterTrainingRuntime",
+                "name": TRAINER_RUNTIME,
+            },
+            "trainer": {
+                "image": job.image,
+                "command": _torchrun(job),
+                "env": _env(job.env),
+                "numNodes": job.nodes,
+                "numProcPerNode": job.slots,
+                "resourcesPerNode": _resources(job),
+            },
+            "runtimePatches": [
+                {
+                    "manager": "imgbuild",
+                    "trainingRuntimeSpec": {
+                        "template": {
+                            "spec": {
+                                "replicatedJobs": [
+                                    {
+                                        "name": TRAINER_CONTAINER,
+                                        "template": {"spec": {"template": {"spec": pod_patch}}},
+                                    }
+                                ]
+                            }
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def _pytorchjob(job: JobPlan) -> dict[str, Any]:
+    container = _container(
+        job,
+        PYTORCHJOB_CONTAINER,
+        command=_torchrun(job),
+        env=_env(job.env),
+        ports=[{"name": PYTORCHJOB_PORT[0], "containerPort": PYTORCHJOB_PORT[1]}],
+        resources=_resources(job),
+        volumeMounts=[SHM_MOUNT],
+        **_security(job),
+    )
+    template = {"spec": {"containers": [container], "volumes": [_shm_volume(job)], **_node_selector(job)}}
+    replicas: dict[str, Any] = {"Master": {"replicas": 1, "restartPolicy": "Never", "template": template}}
+    if job.nodes > 1:
+        replicas["Worker"] = {"replicas": job.nodes - 1, "restartPolicy": "Never", "template": template}
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": job.name},
+        "spec": {
+            "nprocPerNode": str(job.slots),
+            "runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": 0},
+            "pytorchReplicaSpecs": replicas,
+        },
+    }

@@ -43,23 +43,13 @@ def png(rep: Report) -> bytes:
         for n, check in enumerate(sorted(rep.bandwidth, key=lambda c: c.size)):
             # Each published figure as a short level one octave either side of its size, its pass floor beneath.
             span = (check.size / 2, check.size * 2)
-            # Legend entries once: matplotlib leaves out labels that start with an underscore.
-            ax.hlines(
-                check.published,
-                *span,
-                colors="black",
-                linestyles="--",
-                lw=1.2,
-                label=f"published, {where}" if n == 0 else "_published",
+            levels = (
+                (check.published, "black", "--", f"published, {where}"),
+                (check.floor, "grey", ":", f"pass floor (-{rep.tolerance:.0%})"),
             )
-            ax.hlines(
-                check.floor,
-                *span,
-                colors="grey",
-                linestyles=":",
-                lw=1.2,
-                label=f"pass floor (-{rep.tolerance:.0%})" if n == 0 else "_floor",
-            )
+            for level, colour, style, label in levels:
+                # Legend entries once: matplotlib leaves out labels that start with an underscore.
+                ax.hlines(level, *span, colors=colour, linestyles=style, lw=1.2, label=label if n == 0 else "_")
             ax.plot([check.size], [check.published], "o", color="black", zorder=3)
         ax.set_xscale("log", base=2)
         ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: human_size(int(x)) if x >= 1 else ""))

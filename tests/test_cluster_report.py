@@ -303,6 +303,15 @@ def test_validation_off_warns() -> None:
     assert res.status == "WARN" and "-c 0" in res.reason
 
 
+def test_old_table_reports_the_largest_error_of_either_half() -> None:
+    lines = shared_log(P4D_OLD).splitlines()
+    i = next(k for k, line in enumerate(lines) if line.split()[1:2] == [str(GIB)])
+    cols = lines[i].split()
+    lines[i] = "  ".join([*cols[:8], "1e-07", *cols[9:12], "3e-04"])  # 1 GiB: least out-of-place, most in-place
+    res = by_name(report("\n".join(lines)))["results"]
+    assert res.status == "PASS" and res.found.endswith("max error 0.0003"), res.found
+
+
 def test_header_without_rows_fails() -> None:
     lines = shared_log(G7E).splitlines()
     header = next(i for i, line in enumerate(lines) if "#wrong" in line)

@@ -276,10 +276,8 @@ def _results(tables: tuple[ResultTable, ...]) -> list[Criterion]:
                 )
             )
         elif t.layout == "error":
-            worst = max((r.out_of_place.error or 0.0, r.in_place.error or 0.0) for r in t.rows)
-            out.append(
-                crit("PASS", f"{oob}; max error {max(worst):g}", f"{len(t.rows)} sizes, no out-of-bounds values")
-            )
+            worst = max(max(r.out_of_place.error or 0.0, r.in_place.error or 0.0) for r in t.rows)
+            out.append(crit("PASS", f"{oob}; max error {worst:g}", f"{len(t.rows)} sizes, no out-of-bounds values"))
         else:
             out.append(crit("PASS", f"#wrong 0 at {len(t.rows)} sizes; {oob}", "every size validated"))
     return out

@@ -9,6 +9,7 @@ tests/test_pytorch_image.py (it builds that image).
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -128,14 +129,18 @@ def test_the_cli_fails_naming_what_broke(cpu_image: Any, running: Any, tmp_path:
     data = json.loads(out.read_text())
     assert data["ok"] and data["recipe"] == "cpu"
     assert any(x["name"] == "cluster: mpirun allreduce (2 nodes)" and x["status"] == "pass" for x in data["results"])
-    # sshd's SetEnv is the environment ssh sessions (and mpirun's remote ranks) get: change FI_PROVIDER on node 2.
-    r.exec(1, """sed -i 's/FI_PROVIDER="tcp"/FI_PROVIDER="sockets"/' $(grep -rl 'FI_PROVIDER="tcp"' /etc/ssh/)""")
-    changed = r.exec(1, "grep -rho 'FI_PROVIDER=[^ ]*' /etc/ssh/ | head -1")
-    if "sockets" not in changed:
-        pytest.fail(f"could not change FI_PROVIDER in node 2's sshd configuration: {changed!r}")
+    # sshd's SetEnv is the environment ssh sessions (and mpirun's remote daemons) get: change one on node 2.
+    # (sshd reads its configuration again on SIGHUP; sessions already open keep theirs)
+    r.exec(1, """sed -i 's/PYTHONUNBUFFERED="1"/PYTHONUNBUFFERED="0"/' $(grep -rl 'PYTHONUNBUFFERED=' /etc/ssh/) && """
+              'kill -HUP "$(cat /run/sshd.pid)" && sleep 1')  # fmt: skip
+    changed = r.exec(1, "grep -rho 'PYTHONUNBUFFERED=[^ ]*' /etc/ssh/ | head -1")
+    if '"0"' not in changed:
+        pytest.fail(f"could not change PYTHONUNBUFFERED in node 2's sshd configuration: {changed!r}")
+    t0 = time.monotonic()
     bad = CliRunner().invoke(app, args)
     assert bad.exit_code == 11, bad.output
-    assert "cluster: ssh environment" in bad.output
+    assert "1 of 12 checks failed: cluster: ssh environment" in " ".join(bad.output.split()), bad.output
+    assert time.monotonic() - t0 < 60
     # Another recipe's image expected: each host is named.
     other = CliRunner().invoke(app, ["cluster", "test", "--hosts", ",".join(r.hosts), "--ssh-key", str(r.key),
                                      "--recipe", "pytorch"])  # fmt: skip
@@ -143,7 +148,7 @@ def test_the_cli_fails_naming_what_broke(cpu_image: Any, running: Any, tmp_path:
 
 
 def test_hosts_are_checked_before_anything_runs(tmp_path: Path) -> None:
-    runner = CliRunner()
+    runner = CliRunner(env={"COLUMNS": "300"})
     twice = runner.invoke(app, ["cluster", "test", "--hosts", "a,a", "--port", "3022"])
     assert twice.exit_code == 11 and "names a host twice" in twice.output
     both = runner.invoke(app, ["cluster", "test", "--hosts", "a", "--recipe", "cpu", "--image", "x:1"])

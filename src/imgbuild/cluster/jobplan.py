@@ -87,6 +87,11 @@ class JobPlan:
     manifest: Manifest
     launch: Launch
 
+    @property
+    def runs_all_reduce_perf(self) -> bool:
+        """Whether the ranks run nccl-tests' all_reduce_perf, whose log `imgbuild cluster report` judges."""
+        return self.program[0].endswith("all_reduce_perf")
+
 
 def efa_devices(instance_type: str) -> int | None:
     """EFA devices an instance type has (None: not in the table)."""

@@ -125,7 +125,7 @@ def _follow(job: JobPlan) -> str:
         Engine.pytorchjob: f"{job.name}-master-0",
     }[job.engine]
     logs = f"kubectl logs -f {pod}"
-    if job.program[0].endswith("all_reduce_perf"):
+    if job.runs_all_reduce_perf:
         return f"{logs} | {report}"
     return logs
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import Literal
 
 from imgbuild.cluster.report import Report, human_size
 from imgbuild.errors import VerifyError
@@ -43,7 +44,7 @@ def png(rep: Report) -> bytes:
         for n, check in enumerate(sorted(rep.bandwidth, key=lambda c: c.size)):
             # Each published figure as a short level one octave either side of its size, its pass floor beneath.
             span = (check.size / 2, check.size * 2)
-            levels = (
+            levels: tuple[tuple[float, str, Literal["--", ":"], str], ...] = (
                 (check.published, "black", "--", f"published, {where}"),
                 (check.floor, "grey", ":", f"pass floor (-{rep.tolerance:.0%})"),
             )

@@ -73,7 +73,7 @@ def sbatch(job: JobPlan) -> str:
         "# pyxis does not run the image's ENTRYPOINT (no sshd is needed: srun starts every rank through PMIx), and",
         "# the image's ENV wins over this script's exports unless --container-env names them: it names them all.",
         f"# Submit: sbatch THIS; follow: tail -f {job.name}-JOBID.out"
-        + (f" | imgbuild cluster report --nodes {job.nodes}" if job.program[0].endswith("all_reduce_perf") else ""),
+        + (f" | imgbuild cluster report --nodes {job.nodes}" if job.runs_all_reduce_perf else ""),
         f"#SBATCH --job-name={job.name}",
         f"#SBATCH --nodes={job.nodes}",
         f"#SBATCH --ntasks-per-node={job.slots}",

@@ -19,8 +19,8 @@ import typer
 
 from imgbuild import __version__
 from imgbuild.cli import build, publish, recipes, run, verify
-from imgbuild.cli.common import err
 from imgbuild.cluster.cli import app as cluster_app
+from imgbuild.console import err
 
 __all__ = ["app", "main"]
 

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from imgbuild.cli.common import RecipeArg, err, handled, out, resolved
+from imgbuild.console import RecipeArg, err, handled, out, resolved
 
 base_app = typer.Typer(help="Base images built offline from a Debian or Ubuntu archive.", no_args_is_help=True)
 

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from imgbuild.cli.common import err, handled, out
+from imgbuild.console import err, handled, out
 
 
 def register(app: typer.Typer) -> None:

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from imgbuild.cli.common import RecipeArg, err, handled, out, resolved, warn
+from imgbuild.console import RecipeArg, err, handled, out, resolved, warn
 
 
 def register(app: typer.Typer) -> None:

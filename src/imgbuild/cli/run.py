@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from imgbuild.cli.common import RecipeArg, handled, out, resolved, warn
+from imgbuild.console import RecipeArg, handled, out, resolved, warn
 from imgbuild.errors import EngineError
 
 

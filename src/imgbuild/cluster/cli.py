@@ -65,7 +65,7 @@ def report_command(
 ) -> None:
     """Say whether an nccl-tests run used EFA, loaded the expected NCCL, got correct results and reached the bus
     bandwidth published for its instance type and node count. Exit 0 on PASS or WARN, 11 on FAIL."""
-    from imgbuild.cli.common import handled  # not at the top: imgbuild.cli imports this module
+    from imgbuild.console import handled
 
     handled(_report)(log, instance_type, nodes, nccl_version, plot, json_path, junit)
 
@@ -81,8 +81,8 @@ def _report(
 ) -> None:
     from pydantic import ValidationError
 
-    from imgbuild.cli.common import out
     from imgbuild.cluster import report
+    from imgbuild.console import out
 
     text, source = _read(log)
     try:

@@ -112,7 +112,7 @@ def job_command(
 ) -> None:
     """Render a ready-to-apply job for the recipe's image: an MPIJob, a TrainJob, a PyTorchJob or an sbatch script
     that runs nccl-tests' all_reduce_perf (or COMMAND) across the nodes."""
-    from imgbuild.cli.common import handled
+    from imgbuild.console import handled
 
     handled(_job)(recipe, list(command or ()), engine, nodes, image, instance_type, efa, memory, name, output)
 
@@ -130,7 +130,7 @@ def _job(
     output: Path | None,
 ) -> None:
     from imgbuild import lock, recipe
-    from imgbuild.cli.common import err, warn
+    from imgbuild.console import err, warn
 
     loaded = recipe.load(ref).concrete()
     resolved, _ = lock.resolved_for(loaded, lookup_torch=None)

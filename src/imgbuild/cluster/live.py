@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from imgbuild.cli.common import handled, out
+from imgbuild.console import handled, out
 from imgbuild.errors import VerifyError
 
 if TYPE_CHECKING:

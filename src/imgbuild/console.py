@@ -1,4 +1,4 @@
-"""What every command shares: the two consoles, the error handler, the RECIPE argument and its resolution.
+"""What every command (imgbuild.cli, imgbuild.cluster) shares: the consoles, the error handler, the RECIPE argument.
 
 Kept light on purpose: every command module imports it when `imgbuild` starts, so rich and the recipe model are
 imported only when a command first prints or loads a recipe (`imgbuild --version` needs neither).

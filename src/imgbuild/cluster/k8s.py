@@ -34,10 +34,10 @@ from functools import cache
 from typing import Any
 
 from imgbuild.cluster.jobplan import Engine, JobPlan
+from imgbuild.components.sshd import SSHD_LOG
 
 # The image (images/Dockerfile.j2, images/files/entrypoint.sh.j2).
 ENTRYPOINT = "/usr/local/bin/imgbuild-entrypoint"
-SSHD_LOG = "/var/log/imgbuild-sshd.log"  # where the entrypoint's sshd logs (`sshd -E`)
 
 # The MPI Operator (kubeflow/mpi-operator pkg/controller/mpi_job_controller.go).
 MPI_OPERATOR_HOSTFILE = "/etc/mpi/hostfile"

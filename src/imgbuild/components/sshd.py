@@ -19,6 +19,7 @@ from imgbuild.report import CheckResult
 from imgbuild.schema import Port, Strict
 
 SSHD_WAIT_S = 10
+SSHD_LOG = "/var/log/imgbuild-sshd.log"  # where the entrypoint's sshd logs (`sshd -E`); train and verify read it
 
 
 class Sshd(Strict):
@@ -135,7 +136,7 @@ def sshd_listening(ctx: CheckContext) -> CheckResult:
     found = ",".join(map(str, sorted(listening))) or "nothing"
     if not ports <= listening:
         missing = ",".join(map(str, sorted(ports - listening)))
-        log = ctx.run("tail -n 5 /var/log/imgbuild-sshd.log 2>/dev/null")
+        log = ctx.run(f"tail -n 5 {SSHD_LOG} 2>/dev/null")
         why = f"; sshd log: {' | '.join(log.out.strip().splitlines())}" if log.out.strip() else ""
         return fail(f"nothing listens on {missing}{why}", expected, found)
     return passed(expected, found)

@@ -20,7 +20,6 @@ This is an edge module: it runs the OpenSSH client.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import secrets
 import shlex
@@ -199,6 +198,7 @@ def run_live(
     workdir = f"/tmp/imgbuild-cluster-{run_id}"
     results: list[CheckResult] = []
     session = None
+    unreachable: list[tuple[str, str]] = []
     try:
         t = time.monotonic()
         unreachable = nodes.connect(connect_wait_s)
@@ -240,8 +240,9 @@ def run_live(
         results += multinode.run_checks(session)
     finally:
         t = time.monotonic()
+        down = {h for h, _ in unreachable}
         with contextlib.suppress(subprocess.SubprocessError, OSError):
-            for k in range(len(hosts)):
+            for k in (k for k, h in enumerate(hosts) if h not in down):
                 nodes.run(k, f"rm -rf {shlex.quote(workdir)}", timeout_s=15, label="cleanup")
         nodes.close()
         timings["cleanup_s"] = round(time.monotonic() - t, 3)
@@ -396,6 +397,8 @@ def _expected(recipe_ref: str | None, image: str | None) -> Manifest | None:
             containers.remove_all()
             client.close()
         if manifest is None:
-            raise VerifyError(f"{image} has no {json.dumps('/etc/imgbuild/manifest.json')}: not an imgbuild image")
+            from imgbuild.paths import MANIFEST_PATH
+
+            raise VerifyError(f"{image} has no {MANIFEST_PATH}: not an imgbuild image")
         return manifest
     return None

@@ -73,10 +73,9 @@ def test_other_launcher_ifname_default_and_the_recipes_own_mca() -> None:
     assert argv[argv.index("oob_tcp_if_exclude") - 1 :][:3] == ["--mca", "oob_tcp_if_exclude", "lo,docker0"]
     assert [argv[i + 1] for i, a in enumerate(argv) if a == "-x"] == ["PATH", "LD_LIBRARY_PATH", "NCCL_SOCKET_IFNAME"]
     assert "--wdir" not in argv
-    assert line.torchrun_argv(nnodes=2, node_rank=1, nproc_per_node=8, master_addr="algo-1", master_port=29500,
-                              program=["t.py"]) == [
-        "python3", "-m", "torch.distributed.run", "--nnodes=2", "--node_rank=1", "--nproc_per_node=8",
-        "--master_addr=algo-1", "--master_port=29500", "t.py",
+    assert line.torchrun_argv(nnodes=2, nproc_per_node=8, endpoint="algo-1:29500", run_id="job", program=["t.py"]) == [
+        "python3", "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=8", "--rdzv-backend=c10d",
+        "--rdzv-endpoint=algo-1:29500", "--rdzv-id=job", "t.py",
     ]  # fmt: skip
     # The recipe's NCCL_SOCKET_IFNAME is a default: the job's interface (set before) wins.
     defaults = line.shell_defaults()

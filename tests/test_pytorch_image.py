@@ -166,5 +166,6 @@ def test_cluster_test_trains_over_ssh(docker_client: Any, pytorch_image: Any) ->
     for launcher in ("mpirun", "torchrun"):
         ddp = done[f"cluster: ddp ({launcher})"]
         assert ddp.status == "pass" and ddp.details["result"]["hosts"] == ["node-1", "node-2"]
-    assert done["cluster: ddp (torchrun)"].details["commands"][0].split().count(f"--master_addr={r.hosts[0]}") == 1
+    torchrun = done["cluster: ddp (torchrun)"].details["commands"][0].split()
+    assert "--rdzv-backend=c10d" in torchrun and torchrun.count(f"--rdzv-endpoint={r.hosts[0]}:29500") == 1
     assert done["cluster: nccl-tests all_reduce_perf"].status == "skip"  # no GPU here

@@ -49,20 +49,34 @@ class Launch:
         """The whole mpirun command for `np` ranks on the hosts of `hostfile` (what train runs)."""
         return [*self.mpirun, "-np", str(np), "--hostfile", hostfile, *(["--wdir", wdir] if wdir else []), *program]
 
-    def torchrun_argv(
-        self, *, nnodes: int, node_rank: int, nproc_per_node: int, master_addr: str, master_port: int,
-        program: Sequence[str],
-    ) -> list[str]:  # fmt: skip
-        """The whole torchrun command of one host (`--no-python` first in `program` for a non-Python one)."""
+    @staticmethod
+    def torchrun_options(*, nnodes: int | str, nproc_per_node: int | str, endpoint: str, run_id: str) -> list[str]:
+        """torchrun's options for one job: c10d rendezvous at `endpoint` (HOST:PORT of the first host, whose agent
+        hosts the store); node ranks are assigned by the rendezvous."""
         return [
-            *self.torchrun,
             f"--nnodes={nnodes}",
-            f"--node_rank={node_rank}",
             f"--nproc_per_node={nproc_per_node}",
-            f"--master_addr={master_addr}",
-            f"--master_port={master_port}",
-            *program,
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={endpoint}",
+            f"--rdzv-id={run_id}",
         ]
+
+    def torchrun_argv(
+        self, *, nnodes: int, nproc_per_node: int, endpoint: str, run_id: str, program: Sequence[str]
+    ) -> list[str]:
+        """The whole torchrun command of one host (`--no-python` first in `program` for a non-Python one)."""
+        options = self.torchrun_options(nnodes=nnodes, nproc_per_node=nproc_per_node, endpoint=endpoint, run_id=run_id)
+        return [*self.torchrun, *options, *program]
+
+    def torchrun_shell(self) -> str:
+        """The torchrun options as `train` writes them: the same options, with the job's shell variables."""
+        options = self.torchrun_options(
+            nnodes="${#hosts[@]}",
+            nproc_per_node="${slots}",
+            endpoint="${leader}:${IMGBUILD_MASTER_PORT:-29500}",
+            run_id="${TRAINING_JOB_NAME:-imgbuild}",
+        )
+        return " ".join(f'"{option}"' for option in options)
 
     def mpirun_lines(self) -> list[str]:
         """The fixed part shell-quoted, one option with its values per line (for a bash array)."""

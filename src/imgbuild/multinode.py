@@ -219,6 +219,7 @@ class Session:
     slots: int | None = None
     expect_efa: bool = False
     master_port: int = MASTER_PORT
+    run_id: str = "imgbuild"  # torchrun's rendezvous id (c10d), one per run
     timings: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     hostnames: dict[str, str] = field(default_factory=dict)  # node name -> its own hostname (from the sshd check)
@@ -619,13 +620,12 @@ def _ddp_torchrun(s: Session, *, sshd_down: list[str]) -> CheckResult:
     argvs = [
         s.launch.torchrun_argv(
             nnodes=s.n,
-            node_rank=k,
             nproc_per_node=s.per_node,
-            master_addr=s.nodes.names[0],
-            master_port=s.master_port,
+            endpoint=f"{s.nodes.names[0]}:{s.master_port}",
+            run_id=s.run_id,
             program=[s.ddp_program],
         )
-        for k in range(s.n)
+        for _ in range(s.n)
     ]
     limit = s.left(DDP_TIMEOUT_S)
     started = time.monotonic()
@@ -927,6 +927,7 @@ def run_multinode(
                 began + timeout_s,
                 gpus=bool(shares),
                 slots=slots,
+                run_id=f"imgbuild-{run.containers.run_id}",
                 timings=timings,
             )
             results += run_checks(session, sshd_wait_s=sshd_wait_s)

@@ -64,3 +64,18 @@ def cpu_image(docker_client):
     from imgbuild import build
 
     return build.build("cpu", ca_bundle=build.ca_bundle_from(None))
+
+
+def read_manifest(client, image: str):
+    """The image's manifest, read through the container helper (as verify reads it)."""
+    from imgbuild.containers import Containers
+    from imgbuild.manifest import Manifest
+    from imgbuild.paths import MANIFEST_PATH
+
+    containers = Containers(client)
+    try:
+        raw = containers.read_image_file(image, MANIFEST_PATH)
+    finally:
+        assert containers.remove_all() == []
+    assert raw is not None
+    return Manifest.parse(raw, image)

@@ -17,23 +17,13 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from conftest import read_manifest
 from imgbuild import multinode
 from imgbuild.cli import app
 from imgbuild.cluster import live
 from imgbuild.containers import Containers
-from imgbuild.manifest import MANIFEST_PATH, Manifest
 from imgbuild.report import CheckResult, failures
 from imgbuild.runprofile import for_engine, run_spec
-
-
-def read_manifest(client: Any, image: str) -> Manifest:
-    containers = Containers(client)
-    try:
-        raw = containers.read_image_file(image, MANIFEST_PATH)
-    finally:
-        assert containers.remove_all() == []
-    assert raw is not None
-    return Manifest.parse(raw, image)
 
 
 class Running:

@@ -18,10 +18,11 @@ from typing import Any
 import docker
 import pytest
 
+from conftest import read_manifest
 from imgbuild import launch, lock, multinode, recipe, render
-from imgbuild.containers import Containers, Exec
+from imgbuild.containers import Exec
 from imgbuild.errors import Interrupted, VerifyError
-from imgbuild.manifest import MANIFEST_PATH, Manifest
+from imgbuild.manifest import Manifest
 from imgbuild.recipe import MpiRun
 from imgbuild.report import CheckResult, failures
 
@@ -181,19 +182,8 @@ def _by(results: list[CheckResult], name: str) -> list[CheckResult]:
     return [r for r in results if r.name == name]
 
 
-def _read_manifest(client: docker.DockerClient, image: str) -> Manifest:
-    """The image's manifest, read through the container helper (as verify reads it)."""
-    containers = Containers(client)
-    try:
-        raw = containers.read_image_file(image, MANIFEST_PATH)
-    finally:
-        assert containers.remove_all() == []
-    assert raw is not None
-    return Manifest.parse(raw, image)
-
-
 def _run(client: docker.DockerClient, image: str, nodes: int, **kw: Any) -> list[CheckResult]:
-    results = multinode.run_multinode(image, _read_manifest(client, image), nodes, client=client, **kw)
+    results = multinode.run_multinode(image, read_manifest(client, image), nodes, client=client, **kw)
     timings = _by(results, "multinode: timings")
     assert len(timings) == 1
     prefix = timings[0].details["run"]
@@ -228,7 +218,7 @@ def test_allreduce_environment_and_pingpong_pass(docker_client, image, nodes: in
     assert all(f"sum {want}" in r.found for r in per_node)
     (overall,) = _by(results, f"multinode: mpirun allreduce ({nodes} nodes)")
     assert overall.status == "pass"
-    manifest = _read_manifest(docker_client, image)
+    manifest = read_manifest(docker_client, image)
     wdir = multinode.WORKDIR
     program = [manifest.python, f"{wdir}/allreduce.py", f"{wdir}/env-names.json"]
     assert overall.details["argv"] == multinode.mpirun_argv(
@@ -276,7 +266,7 @@ def test_train_runs_the_mpirun_line_verify_runs(docker_client, image) -> None:
     lines = [ln for ln in out.decode().splitlines() if ln.startswith("IMGBUILD-ARGV ")]
     assert len(lines) == 1, out.decode()
     ran = ["mpirun", *json.loads(lines[0].split(" ", 1)[1])]
-    manifest = _read_manifest(docker_client, image)
+    manifest = read_manifest(docker_client, image)
     program = [manifest.python, "/opt/ml/code/job.py"]
     assert ran == multinode.mpirun_argv(manifest, hostfile="/tmp/hosts", ranks=1, program=program, wdir="/opt/ml/code")
 
@@ -316,7 +306,7 @@ def test_ctrl_c_removes_everything(docker_client, image, monkeypatch) -> None:
 
     monkeypatch.setattr(multinode, "_allreduce", interrupt)
     with pytest.raises(Interrupted):
-        multinode.run_multinode(image, _read_manifest(docker_client, image), 2, client=docker_client)
+        multinode.run_multinode(image, read_manifest(docker_client, image), 2, client=docker_client)
     assert seen and _leftovers(docker_client, seen[0]) == []
 
 

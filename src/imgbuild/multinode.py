@@ -60,6 +60,7 @@ from imgbuild.errors import Interrupted, VerifyError
 from imgbuild.interrupts import sigint_deferred
 from imgbuild.launch import Launch, for_manifest
 from imgbuild.manifest import Manifest
+from imgbuild.paths import SSHD_LOG
 from imgbuild.report import CheckResult
 
 if TYPE_CHECKING:
@@ -405,7 +406,7 @@ def _sshd_state(s: Session, k: int) -> str:
         k,
         "if grep -qx sshd /proc/[0-9]*/comm 2>/dev/null; then echo 'an sshd process is running';"
         " else echo 'no sshd process is running'; fi\n"
-        "tail -n 5 /var/log/imgbuild-sshd.log 2>/dev/null | sed 's/^/sshd log: /'",
+        f"tail -n 5 {SSHD_LOG} 2>/dev/null | sed 's/^/sshd log: /'",
         timeout_s=10,
         label="sshd-state",
     )

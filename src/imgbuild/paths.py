@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 MANIFEST_PATH = "/etc/imgbuild/manifest.json"  # in every image: what render wrote and verify reads
+SSHD_LOG = "/var/log/imgbuild-sshd.log"  # where the entrypoint's sshd logs (`sshd -E`); train and verify read it
 
 _PKG = Path(__file__).resolve().parent
 _REPO = _PKG.parent.parent

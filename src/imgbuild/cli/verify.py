@@ -46,6 +46,13 @@ def verify_command(
     from imgbuild import verify
 
     report = verify.verify(ref, host=host, devices=device or [], expect_efa=expect_efa, nodes=nodes)
+    finish(report, junit, json_path)
+
+
+def finish(report: VerifyReport, junit: Path | None, json_path: Path | None) -> None:
+    """Show the report, write JUnit / JSON where asked, and end with exit 11 naming the failed checks."""
+    from imgbuild import verify
+
     render_table(report, out())
     try:
         if junit is not None:
@@ -55,7 +62,7 @@ def verify_command(
     except OSError as exc:
         raise VerifyError(f"cannot write the report: {exc}") from None
     if report.failed:
-        names = ", ".join(r.name for r in report.failed)
+        names = ", ".join(dict.fromkeys(r.name for r in report.failed))
         raise VerifyError(f"{len(report.failed)} of {len(report.results)} checks failed: {names}")
 
 

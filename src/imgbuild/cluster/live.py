@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from imgbuild.console import handled, out
+from imgbuild.console import handled
 from imgbuild.errors import VerifyError
 
 if TYPE_CHECKING:
@@ -354,8 +354,7 @@ def cluster_test_command(
     """Check a running cluster: from the first host, over ssh, the environment, MPI, PyTorch DDP (mpirun and
     torchrun) and nccl-tests (where there are GPUs) across the hosts, with the launch line `train` uses.
     Exit 11 when a check fails."""
-    from imgbuild import verify
-    from imgbuild.cli.verify import render_table
+    from imgbuild.cli.verify import finish
 
     if recipe_ref and image:
         raise typer.BadParameter("give --recipe or --image, not both", param_hint="'--recipe' / '--image'")
@@ -363,18 +362,9 @@ def cluster_test_command(
     if ssh_key is not None and not ssh_key.is_file():
         raise typer.BadParameter(f"{ssh_key}: no such file", param_hint="'--ssh-key'")
     expected = _expected(recipe_ref, image)
-    report = run_live(names, port=port, user=user, key=ssh_key, expected=expected, master_port=master_port)
-    render_table(report, out())
-    try:
-        if junit is not None:
-            verify.write_junit(report, junit)
-        if json_path is not None:
-            verify.write_json(report, json_path)
-    except OSError as exc:
-        raise VerifyError(f"cannot write the report: {exc}") from None
-    if report.failed:
-        raise VerifyError(f"{len(report.failed)} of {len(report.results)} checks failed: "
-                          + ", ".join(sorted({r.name for r in report.failed})))  # fmt: skip
+    finish(
+        run_live(names, port=port, user=user, key=ssh_key, expected=expected, master_port=master_port), junit, json_path
+    )
 
 
 def _expected(recipe_ref: str | None, image: str | None) -> Manifest | None:

@@ -15,11 +15,11 @@ from pydantic import field_validator
 
 from imgbuild.checks import CONTAINER, CheckContext, check, fail, passed
 from imgbuild.components._core import Block, Context, Contribution, Pin, Resolution
+from imgbuild.paths import SSHD_LOG
 from imgbuild.report import CheckResult
 from imgbuild.schema import Port, Strict
 
 SSHD_WAIT_S = 10
-SSHD_LOG = "/var/log/imgbuild-sshd.log"  # where the entrypoint's sshd logs (`sshd -E`); train and verify read it
 
 
 class Sshd(Strict):

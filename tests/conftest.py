@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+# Public upstream data the tests check against (CRDs, real nccl-tests logs), each with its source.
+UPSTREAM = REPO / "tests" / "data" / "upstream"
 SHIPPED = ["a100", "cpu", "gaudi-1.15", "h100", "pytorch", "v100"]
 
 

@@ -23,13 +23,13 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
-from conftest import REPO
+from conftest import REPO, UPSTREAM
 from imgbuild import lock, recipe, render
 from imgbuild.cluster import jobs
 from imgbuild.errors import RecipeError
 from imgbuild.launch import for_manifest
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = UPSTREAM
 K8S = DATA / "k8s"
 GOLDEN = REPO / "tests" / "golden" / "jobs"
 K8S_VERSION = "1.32"  # Kubernetes' schemas the pod templates are checked against (kubernetes-validate, bundled)
@@ -46,7 +46,7 @@ TORCH_RUNTIME = "trainer-v2.3.0_runtime_torch_distributed.yaml"
 def k8s_file(name: str) -> Path:
     path = K8S / name
     if not path.is_file():
-        pytest.fail(f"shared data missing: {path} (the CRDs of ../shared/data/k8s, see its README.md)")
+        pytest.fail(f"shared data missing: {path} (the CRDs in tests/data/upstream/k8s, see its README.md)")
     return path
 
 

@@ -12,13 +12,14 @@ import jsonschema
 import pytest
 from typer.testing import CliRunner
 
+from conftest import UPSTREAM
 from imgbuild.cluster import expected
 from imgbuild.cluster.cli import app
 from imgbuild.cluster.report import Expect, Report, judge, junit_xml, parse, report, to_json
 from imgbuild.errors import VerifyError
 
-# ../shared/data/nccl-tests beside the repository (in CI too): real logs with their sources in its README.
-DATA = Path(__file__).parents[2] / "shared" / "data" / "nccl-tests"
+# tests/data/upstream/nccl-tests: real logs (copies of the shared data) with their sources in its README.
+DATA = UPSTREAM / "nccl-tests"
 GIB = 1024**3
 runner = CliRunner()
 
@@ -26,7 +27,7 @@ runner = CliRunner()
 def shared_log(name: str) -> str:
     path = DATA / name
     if not path.is_file():
-        pytest.fail(f"{path} is missing: the tests read the shared nccl-tests logs from ../shared/data/nccl-tests")
+        pytest.fail(f"{path} is missing: the tests read the nccl-tests logs from tests/data/upstream/nccl-tests")
     return path.read_text()
 
 
@@ -134,7 +135,7 @@ def by_name(rep: Report) -> dict[str, object]:
 def test_every_shared_log_has_a_case() -> None:
     logs = {p.name for p in DATA.glob("*.log")}
     if not logs:
-        pytest.fail(f"no logs in {DATA}: the tests read the shared nccl-tests logs from ../shared/data/nccl-tests")
+        pytest.fail(f"no logs in {DATA}: the tests read the nccl-tests logs from tests/data/upstream/nccl-tests")
     assert logs == set(CASES), "a shared log without an expected verdict here, or a case without its log"
 
 

@@ -12,13 +12,12 @@ import json
 import os
 import subprocess
 import tempfile
-from pathlib import Path
 from typing import Any
 
 import docker
 import pytest
 
-from conftest import read_manifest
+from conftest import UPSTREAM, read_manifest
 from imgbuild import launch, lock, multinode, recipe, render
 from imgbuild.containers import Exec
 from imgbuild.errors import Interrupted, VerifyError
@@ -123,7 +122,7 @@ def test_pingpong_table_parses() -> None:
     assert [(r[0], r[5], r[6]) for r in rows] == [("64", "0.02", "3446.50"), ("1m", "273.59", "3832.70")]
 
 
-NCCL_LOGS = Path(__file__).parents[2] / "shared" / "data" / "nccl-tests"
+NCCL_LOGS = UPSTREAM / "nccl-tests"
 
 
 def test_gpu_shares_are_disjoint_and_need_one_gpu_per_node() -> None:
@@ -136,7 +135,7 @@ def test_gpu_shares_are_disjoint_and_need_one_gpu_per_node() -> None:
 def _log(name: str) -> str:
     path = NCCL_LOGS / name
     if not path.is_file():
-        pytest.fail(f"{path} is missing: the tests read the shared nccl-tests logs from ../shared/data/nccl-tests")
+        pytest.fail(f"{path} is missing: the tests read the nccl-tests logs from tests/data/upstream/nccl-tests")
     return path.read_text(errors="replace")
 
 

@@ -2,7 +2,7 @@
 
 A pure function, no I/O, that never fails: what a log does not say stays empty. report.py judges what it finds.
 
-What the parser understands, from the logs in ../shared/data/nccl-tests:
+What the parser understands, from the logs in tests/data/upstream/nccl-tests:
 - line prefixes: Open MPI's `--tag-output` (`[1,0]<stdout>:`) and `srun -l` (`0: `), also indented;
 - both result tables: nccl-tests before 2.13 (`redop`, then `time algbw busbw error` twice) and since
   (`redop root`, then `time algbw busbw #wrong` twice); out-of-place first, in-place second; NCCL INFO lines

@@ -18,7 +18,7 @@ import docker
 import pytest
 
 from conftest import UPSTREAM, read_manifest
-from imgbuild import launch, lock, multinode, recipe, render
+from imgbuild import launch, lock, multinode, nodechecks, recipe, render
 from imgbuild.containers import Exec
 from imgbuild.errors import Interrupted, VerifyError
 from imgbuild.manifest import Manifest
@@ -44,7 +44,7 @@ def train_of(name: str) -> str:
 
 def test_the_mpirun_line_comes_from_the_manifest() -> None:
     m = manifest_of("cpu")
-    argv = multinode.mpirun_argv(m, hostfile="/h", ranks=3, program=["/opt/venv/bin/python", "/s.py"], wdir="/w")
+    argv = nodechecks.mpirun_argv(m, hostfile="/h", ranks=3, program=["/opt/venv/bin/python", "/s.py"], wdir="/w")
     assert argv == [
         "mpirun", "--allow-run-as-root",
         "--mca", "btl", "tcp,self", "--mca", "pml", "ob1",
@@ -118,7 +118,7 @@ def test_pingpong_table_parses() -> None:
         "64      10      =10      1.2k        0.07s      0.02    3446.50       0.00\n"
         "1m      10      =10      20m         0.08s    273.59    3832.70       0.00\n"
     )
-    rows = multinode._PINGPONG_ROW_RE.findall(out)
+    rows = nodechecks._PINGPONG_ROW_RE.findall(out)
     assert [(r[0], r[5], r[6]) for r in rows] == [("64", "0.02", "3446.50"), ("1m", "273.59", "3832.70")]
 
 
@@ -155,14 +155,14 @@ def test_nccl_tests_are_judged_by_the_cluster_report(log: str, expect_efa: bool,
 
     text = _log(log)
     rep = report.judge(report.parse(text), report.Expect(nodes=None), source=log)
-    res = multinode.nccl_tests_result("x", rep, Exec(0, text, 1.0), expect_efa=expect_efa, command="mpirun ...")
+    res = nodechecks.nccl_tests_result("x", rep, Exec(0, text, 1.0), expect_efa=expect_efa, command="mpirun ...")
     assert res.status == status, res.reason
     assert why in res.reason
     assert res.details["criteria"]["network"].split(":")[0] in ("PASS", "FAIL", "WARN")
     if not expect_efa:
         assert rep.verdict == "FAIL" and "network" in [c.name for c in rep.failed]  # judged away on purpose
     # a run that did not end well fails whatever the log says
-    broken = multinode.nccl_tests_result("x", rep, Exec(1, text, 1.0), expect_efa=expect_efa, command="")
+    broken = nodechecks.nccl_tests_result("x", rep, Exec(1, text, 1.0), expect_efa=expect_efa, command="")
     assert broken.status == "fail" and "all_reduce_perf exit 1" in broken.reason
 
 
@@ -218,9 +218,9 @@ def test_allreduce_environment_and_pingpong_pass(docker_client, image, nodes: in
     (overall,) = _by(results, f"multinode: mpirun allreduce ({nodes} nodes)")
     assert overall.status == "pass"
     manifest = read_manifest(docker_client, image)
-    wdir = multinode.WORKDIR
+    wdir = nodechecks.WORKDIR
     program = [manifest.python, f"{wdir}/allreduce.py", f"{wdir}/env-names.json"]
-    assert overall.details["argv"] == multinode.mpirun_argv(
+    assert overall.details["argv"] == nodechecks.mpirun_argv(
         manifest, hostfile=f"{wdir}/hostfile", ranks=nodes, program=program, wdir=wdir
     )
     assert "--mca btl tcp,self" in overall.details["command"] and "-x FI_PROVIDER" in overall.details["command"]
@@ -267,20 +267,20 @@ def test_train_runs_the_mpirun_line_verify_runs(docker_client, image) -> None:
     ran = ["mpirun", *json.loads(lines[0].split(" ", 1)[1])]
     manifest = read_manifest(docker_client, image)
     program = [manifest.python, "/opt/ml/code/job.py"]
-    assert ran == multinode.mpirun_argv(manifest, hostfile="/tmp/hosts", ranks=1, program=program, wdir="/opt/ml/code")
+    assert ran == nodechecks.mpirun_argv(manifest, hostfile="/tmp/hosts", ranks=1, program=program, wdir="/opt/ml/code")
 
 
 @pytest.mark.docker
 @pytest.mark.slow
 def test_sshd_down_on_one_node_names_it(docker_client, image, monkeypatch) -> None:
-    check = multinode._sshd_check
+    check = nodechecks._sshd_check
 
     def stop_sshd_on_node_2_first(s: Any, wait_s: float) -> list[CheckResult]:
         stop = 'for i in $(seq 100); do [ -s /run/sshd.pid ] && break; sleep 0.1; done; kill "$(cat /run/sshd.pid)"'
         assert s.nodes.run(s.nodes.names.index("node-2"), stop, timeout_s=15, label="stop-sshd").rc == 0
         return check(s, wait_s)
 
-    monkeypatch.setattr(multinode, "_sshd_check", stop_sshd_on_node_2_first)
+    monkeypatch.setattr(nodechecks, "_sshd_check", stop_sshd_on_node_2_first)
     results = _run(docker_client, image, 3, sshd_wait_s=4)
     bad = [r for r in failures(results) if r.name == "multinode: sshd"]
     assert [r.node for r in bad] == ["node-2"]
@@ -303,7 +303,7 @@ def test_ctrl_c_removes_everything(docker_client, image, monkeypatch) -> None:
         assert len(_leftovers(docker_client, prefix)) == 2 + 1 + 1  # containers, network, key folder
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(multinode, "_allreduce", interrupt)
+    monkeypatch.setattr(nodechecks, "_allreduce", interrupt)
     with pytest.raises(Interrupted):
         multinode.run_multinode(image, read_manifest(docker_client, image), 2, client=docker_client)
     assert seen and _leftovers(docker_client, seen[0]) == []

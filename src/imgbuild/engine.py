@@ -9,6 +9,9 @@ Docker failures never escape as raw tracebacks: they become `EngineError` (engin
 a request), `BuildError` (the build failed), `BaseImageMissing` or `Interrupted` (Ctrl-C). `engine_error` is
 the one translator from a docker-py / requests failure to an `EngineError`, for this module and every other
 that calls the engine; `inspect_image` is the one image lookup ("no such image" is None, not an error).
+
+One module of about 530 lines: a build's stream parsing, its failure report and the sweep of the containers a
+cancelled build leaves are one conversation with the build API, sharing one private `_StreamState`.
 """
 
 from __future__ import annotations

@@ -22,6 +22,9 @@ for the tag is fetched over the registry HTTP API (``GET /v2/<name>/manifests/<t
 and the same image (its manifest digest is one of the image's RepoDigests, or its config digest is the local
 image id): "already published", a success. Present and different: a `PushError`. ECR's own refusal ("tag
 invalid: ... already exists") is read the same way.
+
+One module of about 510 lines: tagging, the push stream, retries and the immutable-tag check are the steps of
+one `Publisher.push_ref`, sharing the publisher's client, destination and progress.
 """
 
 from __future__ import annotations

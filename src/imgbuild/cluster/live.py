@@ -3,7 +3,7 @@
 The containers were started by the user on each host (`imgbuild run RECIPE`: the recipe's run profile, host
 network, the job's ssh keys installed by the entrypoint). From this machine, imgbuild reaches each of them over
 ssh on the image's sshd port (`SshNodes`, one connection per host kept open for the run) and runs the very
-checks of `imgbuild verify --nodes` (multinode.run_checks) from the first host: every node's sshd reached from
+checks of `imgbuild verify --nodes` (nodechecks.run_checks) from the first host: every node's sshd reached from
 it, the image's mpirun line across the hosts (allreduce, every rank's environment), plain ssh sessions'
 environment, fi_pingpong, the DDP training under mpirun and torchrun where the image has PyTorch, and
 nccl-tests' all_reduce_perf judged by cluster.report where the hosts have GPUs.
@@ -56,7 +56,7 @@ class _Spawned:
 
 
 class SshNodes:
-    """The hosts of a live check, reached from this machine over ssh (a `multinode.Nodes` executor).
+    """The hosts of a live check, reached from this machine over ssh (a `nodechecks.Nodes` executor).
 
     hosts: the names (or addresses) this machine and the first host reach the others by; they are the hostfile's
     names too. One master connection per host (OpenSSH's ControlMaster) carries every command of the run."""
@@ -182,7 +182,7 @@ def run_live(
     to reach a host that refuses (a container that has just started); expected: the manifest of the image that
     should be running (a recipe's lock, or a local image's), else the first host's is the reference.
     Returns a VerifyReport ("cluster: ..." results, then timings); a `VerifyError` when no host can be reached."""
-    from imgbuild import multinode
+    from imgbuild import nodechecks
     from imgbuild.report import CheckResult
     from imgbuild.verify import VerifyReport
 
@@ -219,8 +219,8 @@ def run_live(
         slots = min(manifest.slots, gpus) if gpus else manifest.slots
         expect_efa = "efa" in manifest.components and probe["efa_devices"] > 0
         if timeout_s is None:
-            timeout_s = multinode.BASE_TIMEOUT_S + 2 * multinode.DDP_TIMEOUT_S + multinode.NCCL_TESTS_TIMEOUT_S
-        session = multinode.Session(
+            timeout_s = nodechecks.BASE_TIMEOUT_S + 2 * nodechecks.DDP_TIMEOUT_S + nodechecks.NCCL_TESTS_TIMEOUT_S
+        session = nodechecks.Session(
             nodes,
             manifest,
             probe["env"],
@@ -230,14 +230,14 @@ def run_live(
             gpus=gpus > 0,
             slots=slots,
             expect_efa=expect_efa,
-            master_port=master_port or multinode.MASTER_PORT,
+            master_port=master_port or nodechecks.MASTER_PORT,
             timings=timings,
         )
         if "efa" in manifest.components and not expect_efa:
             session.notes.append(f"the image has EFA, {hosts[0]} has no /dev/infiniband/uverbs*: tcp instead")
         if wants_gpu and not gpus:
             session.notes.append(f"{hosts[0]} has no GPU (/dev/nvidia*): the checks run on CPUs")
-        results += multinode.run_checks(session)
+        results += nodechecks.run_checks(session)
     finally:
         t = time.monotonic()
         down = {h for h, _ in unreachable}
@@ -249,7 +249,7 @@ def run_live(
         timings["total_s"] = round(time.monotonic() - began, 3)
     assert session is not None
     results += [CheckResult("cluster: note", "skip", reason=note) for note in session.notes]
-    results.append(multinode.timings_result(session, ",".join(hosts), len(hosts)))
+    results.append(nodechecks.timings_result(session, ",".join(hosts), len(hosts)))
     name = manifest.recipe
     return VerifyReport(",".join(hosts), None, name, f"ssh -p {port} {user}@{hosts[0]}", "", results, timings)
 

@@ -325,3 +325,17 @@ def test_a_missing_image_is_a_clear_failure(docker_client) -> None:
     (bad,) = failures(results)
     assert bad.name == "multinode: containers" and "absent" in bad.reason
     assert _leftovers(docker_client, results[-1].details["run"]) == []
+
+
+def test_rank_lines_that_mpirun_joined_are_split() -> None:
+    """mpirun can forward two ranks' lines joined without a newline: both are still read."""
+    from imgbuild.nodechecks import _ALLREDUCE_RE, _ENV_RE, _rank_lines
+
+    joined = (
+        "IMGBUILD-ALLREDUCE rank=0 size=3 host=a sum=6 expected=6IMGBUILD-ALLREDUCE rank=2 size=3 host=c sum=6 "
+        'expected=6\nIMGBUILD-ENV rank=1 host=b {"A": "1"}IMGBUILD-ENV rank=0 host=a {}\n'
+    )
+    text = _rank_lines(joined)
+    assert [m.group(1) for m in _ALLREDUCE_RE.finditer(text)] == ["0", "2"]
+    assert [m.group(3) for m in _ENV_RE.finditer(text)] == ['{"A": "1"}', "{}"]
+    assert _rank_lines(text) == text

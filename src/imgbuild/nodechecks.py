@@ -91,6 +91,15 @@ sys.exit(0 if total == want else 3)
 _ALLREDUCE_RE = re.compile(
     r"^IMGBUILD-ALLREDUCE rank=(\d+) size=(\d+) host=(\S+) sum=(-?\d+) expected=(\d+)\s*$", re.MULTILINE
 )
+# mpirun forwards each rank's output in pieces: two ranks' lines can arrive joined ("...expected=6IMGBUILD-...").
+_MARKS_RE = re.compile(r"(?<!\n)(?=IMGBUILD-(?:ENV|ALLREDUCE) rank=)")
+
+
+def _rank_lines(output: str) -> str:
+    """The ranks' marker lines, each on a line of its own."""
+    return _MARKS_RE.sub("\n", output)
+
+
 _ENV_RE = re.compile(r"^IMGBUILD-ENV rank=(\d+) host=(\S+) (\{.*\})\s*$", re.MULTILINE)
 _SSHD_RE = re.compile(r"^SSHD-(READY|DOWN) (\S+) (\d+)(?: (.*))?$", re.MULTILINE)
 _DDP_RE = re.compile(r'^(\{"ddp": .*\})\s*$', re.MULTILINE)
@@ -371,9 +380,10 @@ def _allreduce(s: Session, *, sshd_down: list[str]) -> list[CheckResult]:
     limit = s.left(MPIRUN_TIMEOUT_S)
     res = s.nodes.run(0, script, timeout_s=limit, label="mpirun")
     s.timings["mpirun_s"] = round(res.duration_s, 3)
+    output = _rank_lines(res.output)
     lines = [
         (int(m.group(1)), int(m.group(2)), s.node_of(int(m.group(1)), m.group(3)), int(m.group(4)), m.group(3))
-        for m in _ALLREDUCE_RE.finditer(res.output)
+        for m in _ALLREDUCE_RE.finditer(output)
     ]
     results = []
     for node in s.nodes.names:
@@ -412,7 +422,7 @@ def _allreduce(s: Session, *, sshd_down: list[str]) -> list[CheckResult]:
     )
     seen = {
         (s.node_of(int(m.group(1)), m.group(2)), int(m.group(1))): json.loads(m.group(3))
-        for m in _ENV_RE.finditer(res.output)
+        for m in _ENV_RE.finditer(output)
     }  # (node, rank) -> {name: value}
     results.append(_env_result(s, s.name("rank environment"), "every rank, launched by the image's mpirun line",
                                {f"{node} rank {rank}": env for (node, rank), env in sorted(seen.items())},

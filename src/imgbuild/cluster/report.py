@@ -2,7 +2,7 @@
 
 Pure functions, no I/O: `judge(log, expect)` -> `Report` from what nccllog.py's `parse(text)` read, and the
 report's outputs (`junit_xml`, `to_json`). cli.py reads the log and writes the outputs; plot.py draws.
-`parse` and `ParsedLog` stay importable from here (multinode and the CLI call `report.parse`).
+`parse` and `ParsedLog` stay importable from here (nodechecks and the CLI call `report.parse`).
 """
 
 from __future__ import annotations

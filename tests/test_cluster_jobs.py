@@ -669,8 +669,12 @@ def test_cpu_mpijob_runs_across_the_operators_pods(emulation: Any) -> None:
     log = launcher.logs().decode(errors="replace")
     assert status["StatusCode"] == 0, log[-4000:]
     assert "imgbuild-mpi-check: 2 ranks on 2 hosts (imgbuild-cpu-worker-0, imgbuild-cpu-worker-1), 2 expected" in log
-    # The operator's key was installed by the entrypoint and sshd accepted it (the worker's output is sshd's log).
-    assert "Accepted publickey for root" in workers[0].logs().decode(errors="replace")
+    # The operator's key was installed by the entrypoint and sshd accepted it (the worker's output is sshd's log,
+    # followed by `tail -F`, which may print it a moment after mpirun is done).
+    deadline = time.monotonic() + 15
+    while "Accepted publickey for root" not in (seen := workers[0].logs().decode(errors="replace")):
+        assert time.monotonic() < deadline, seen
+        time.sleep(0.5)
 
 
 @pytest.mark.docker

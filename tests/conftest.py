@@ -3,9 +3,15 @@ elsewhere they skip with the reason."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
+import subprocess
+import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -81,3 +87,135 @@ def read_manifest(client, image: str):
         assert containers.remove_all() == []
     assert raw is not None
     return Manifest.parse(raw, image)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# A simulated SageMaker job (test_sagemaker, test_pytorch_image)
+
+
+@dataclass
+class Host:
+    name: str
+    container_id: str
+    model: Path
+    output: Path
+
+
+@dataclass
+class Job:
+    client: Any
+    network: str
+    hosts: list[Host] = field(default_factory=list)
+
+    def wait(self, host: Host, timeout: float) -> int:
+        return int(self.client.api.wait(host.container_id, timeout=timeout)["StatusCode"])
+
+    def logs(self, host: Host) -> str:
+        return self.client.api.logs(host.container_id).decode(errors="replace")
+
+
+def ssh_key_pair(client: Any, image: str, where: Path) -> Path:
+    """A fresh ed25519 key pair for one job (ssh-keygen here, else the image's)."""
+    where.mkdir()
+    if shutil.which("ssh-keygen"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "imgbuild-test", "-f",
+                        str(where / "id_ed25519")], check=True)  # fmt: skip
+    else:
+        client.containers.run(
+            image, ["-c", "ssh-keygen -q -t ed25519 -N '' -C imgbuild-test -f /k/id_ed25519 && chmod 644 /k/*"],
+            entrypoint="bash", volumes={str(where): {"bind": "/k", "mode": "rw"}}, remove=True,
+        )  # fmt: skip
+    return where
+
+
+@pytest.fixture
+def sagemaker_job(docker_client: Any, tmp_path: Path, request: pytest.FixtureRequest) -> Any:
+    """Starts a simulated SageMaker job (`docker run IMAGE train` on each host, with its resourceconfig.json, the
+    /opt/ml tree and an ssh key channel, as SageMaker does); its containers and network are removed whatever
+    happens. `start(image, count, ...)`; `script` becomes /opt/ml/code/<program>."""
+    created: list[str] = []
+    networks: list[str] = []
+
+    def cleanup() -> None:
+        import docker.errors
+
+        for cid in created:
+            with contextlib.suppress(docker.errors.APIError):  # already gone
+                docker_client.api.remove_container(cid, force=True)
+        for net in networks:
+            with contextlib.suppress(docker.errors.APIError):
+                docker_client.api.remove_network(net)
+
+    request.addfinalizer(cleanup)
+
+    def start(
+        image: str,
+        count: int,
+        *,
+        absent: tuple[str, ...] = (),
+        script: str,
+        program: str = "job.py",
+        keys: str = "channel",
+        args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+        interface: str = "eth0",
+        isolated: bool = False,
+    ) -> Job:
+        """`interface` is resourceconfig's network_interface_name; `isolated` gives the hosts no network at all
+        (no default route), for one-host jobs."""
+        network = f"imgbuild-sm-{uuid.uuid4().hex[:10]}"
+        docker_client.api.create_network(network, driver="bridge", labels={"io.imgbuild.test": "sagemaker"})
+        networks.append(network)
+        job = Job(docker_client, network)
+        names = [f"algo-{i}" for i in range(1, count + 1)]
+        code = tmp_path / "code"
+        code.mkdir()
+        (code / program).write_text(script)
+        key_dir = ssh_key_pair(docker_client, image, tmp_path / "ssh")
+        environment = {"IMGBUILD_PEER_TIMEOUT": "60", **(env or {})}
+        if not args:
+            environment["SAGEMAKER_PROGRAM"] = program
+        if keys == "env":
+            environment["IMGBUILD_SSH_PRIVATE_KEY"] = (key_dir / "id_ed25519").read_text()
+            environment["IMGBUILD_AUTHORIZED_KEYS"] = (key_dir / "id_ed25519.pub").read_text().strip()
+        for name in (n for n in names if n not in absent):
+            root = tmp_path / name
+            config, model, output = root / "config", root / "model", root / "output"
+            for d in (config, model, output):
+                d.mkdir(parents=True)
+            resource = {"current_host": name, "hosts": names, "network_interface_name": interface}
+            (config / "resourceconfig.json").write_text(json.dumps(resource))
+            binds = {
+                str(config): {"bind": "/opt/ml/input/config", "mode": "ro"},
+                str(code): {"bind": "/opt/ml/code", "mode": "ro"},
+                str(model): {"bind": "/opt/ml/model", "mode": "rw"},
+                str(output): {"bind": "/opt/ml/output", "mode": "rw"},
+            }
+            if keys == "channel":
+                binds[str(key_dir)] = {"bind": "/opt/ml/input/data/ssh", "mode": "ro"}
+            elif keys == "dir":
+                binds[str(key_dir)] = {"bind": "/run/job-keys", "mode": "ro"}
+                environment["IMGBUILD_SSH_DIR"] = "/run/job-keys"
+            container = docker_client.api.create_container(
+                image,
+                command=["train", *args],
+                name=f"{network}-{name}",
+                hostname=name,
+                environment=environment,
+                labels={"io.imgbuild.test": "sagemaker"},
+                host_config=docker_client.api.create_host_config(
+                    binds=binds, network_mode="none" if isolated else network
+                ),
+                networking_config=None
+                if isolated
+                else docker_client.api.create_networking_config(
+                    {network: docker_client.api.create_endpoint_config(aliases=[name])}
+                ),
+            )
+            created.append(container["Id"])
+            job.hosts.append(Host(name, container["Id"], model, output))
+        for host in job.hosts:
+            docker_client.api.start(host.container_id)
+        return job
+
+    return start

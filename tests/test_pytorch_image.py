@@ -8,10 +8,7 @@ fails these tests instead of skipping them.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import shutil
-import subprocess
 import uuid
 from pathlib import Path
 from typing import Any
@@ -22,6 +19,7 @@ from typer.testing import CliRunner
 from imgbuild import probes
 from imgbuild.cli import app
 from imgbuild.report import CheckResult, failures
+from test_sagemaker import explain
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -81,70 +79,25 @@ def test_verify_nodes_trains_with_both_launchers(pytorch_image: Any, tmp_path: P
 # SageMaker: `docker run IMAGE train` on two hosts, each with its resourceconfig.json, running ddp_train.py
 
 
-def ssh_keys(where: Path) -> Path:
-    where.mkdir()
-    exe = shutil.which("ssh-keygen")
-    if exe is None:
-        pytest.fail("ssh-keygen is not installed (openssh-client)")
-    subprocess.run([exe, "-q", "-t", "ed25519", "-N", "", "-C", "imgbuild-test", "-f", str(where / "id_ed25519")],
-                   check=True)  # fmt: skip
-    return where
-
-
 @pytest.mark.parametrize("launcher", ["mpirun", "torchrun"])
-def test_sagemaker_job_trains_ddp_with_each_launcher(
-    docker_client: Any, pytorch_image: Any, tmp_path: Path, launcher: str
-) -> None:
-    image = str(pytorch_image.refs[0])
-    network = f"imgbuild-smddp-{uuid.uuid4().hex[:10]}"
-    hosts = ["algo-1", "algo-2"]
-    code = tmp_path / "code"
-    code.mkdir()
-    (code / "ddp_train.py").write_text(probes.text("ddp_train.py"))
-    keys = ssh_keys(tmp_path / "ssh")
-    env = {"SAGEMAKER_PROGRAM": "ddp_train.py", "IMGBUILD_LAUNCHER": launcher, "IMGBUILD_PEER_TIMEOUT": "120"}
-    created: list[str] = []
-    docker_client.api.create_network(network, driver="bridge", labels={"io.imgbuild.test": "sagemaker-ddp"})
-    try:
-        for name in hosts:
-            config = tmp_path / name / "config"
-            config.mkdir(parents=True)
-            resource = {"current_host": name, "hosts": hosts, "network_interface_name": "eth0"}
-            (config / "resourceconfig.json").write_text(json.dumps(resource))
-            binds = {
-                str(config): {"bind": "/opt/ml/input/config", "mode": "ro"},
-                str(code): {"bind": "/opt/ml/code", "mode": "ro"},
-                str(keys): {"bind": "/opt/ml/input/data/ssh", "mode": "ro"},
-            }
-            container = docker_client.api.create_container(
-                image, command=["train"], name=f"{network}-{name}", hostname=name, environment=env,
-                labels={"io.imgbuild.test": "sagemaker-ddp"},
-                host_config=docker_client.api.create_host_config(binds=binds, network_mode=network),
-                networking_config=docker_client.api.create_networking_config(
-                    {network: docker_client.api.create_endpoint_config(aliases=[name])}
-                ),
-            )  # fmt: skip
-            created.append(container["Id"])
-        for cid in created:
-            docker_client.api.start(cid)
-        codes = [int(docker_client.api.wait(cid, timeout=600)["StatusCode"]) for cid in created]
-        logs = [docker_client.api.logs(cid).decode(errors="replace") for cid in created]
-        shown = "\n".join(f"---- {h}\n{log}" for h, log in zip(hosts, logs, strict=True))
-        assert codes == [0, 0], shown
-        lines = [ln for ln in logs[0].splitlines() if ln.startswith('{"ddp"')]
-        assert len(lines) == 1, shown
-        result = json.loads(lines[0])
-        assert result["ddp"] == "ok" and result["launcher"] == launcher, shown
-        assert result["world_size"] == 2 and result["hosts"] == hosts
-        assert f"launcher {launcher}" in logs[0]
-    finally:
-        import docker.errors
-
-        for cid in created:
-            with contextlib.suppress(docker.errors.APIError):
-                docker_client.api.remove_container(cid, force=True)
-        with contextlib.suppress(docker.errors.APIError):
-            docker_client.api.remove_network(network)
+def test_sagemaker_job_trains_ddp_with_each_launcher(sagemaker_job: Any, pytorch_image: Any, launcher: str) -> None:
+    job = sagemaker_job(
+        str(pytorch_image.refs[0]),
+        2,
+        script=probes.text("ddp_train.py"),
+        program="ddp_train.py",
+        env={"IMGBUILD_LAUNCHER": launcher, "IMGBUILD_PEER_TIMEOUT": "120"},
+    )
+    codes = [job.wait(host, 600) for host in job.hosts]
+    logs = [job.logs(host) for host in job.hosts]
+    shown = explain(job)
+    assert codes == [0, 0], shown
+    lines = [ln for ln in logs[0].splitlines() if ln.startswith('{"ddp"')]
+    assert len(lines) == 1, shown
+    result = json.loads(lines[0])
+    assert result["ddp"] == "ok" and result["launcher"] == launcher, shown
+    assert result["world_size"] == 2 and result["hosts"] == [h.name for h in job.hosts]
+    assert f"launcher {launcher}" in logs[0]
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -128,3 +128,52 @@ def test_digest_changes_with_parent(recipe_dir: Path) -> None:
     before = recipe.load(child).digest
     parent.write_text(CPU_LIKE + "env: {X: '1'}\n")
     assert recipe.load(child).digest != before
+
+
+TRICKY = """\
+description: >-
+  folded
+  text
+released: 2024-01-01
+flags: [yes, no, on, "off", 0o17, 0x1f, 1e3, ~, null]
+nested: {a: {b: [1, {c: 'x: y'}]}}
+empty: {}
+"""
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        *sorted(Path(recipe.paths.recipes_dir()).glob("*.yaml")),
+        *sorted((Path(__file__).parent / "recipes").glob("*.yaml")),
+    ],
+    ids=lambda p: p.name,
+)
+def test_libyaml_and_guarded_loader_read_recipes_alike(path: Path) -> None:
+    """Recipes are read by libyaml when they hold no anchor, alias or deep nesting (start-up), else by the guarded
+    pure-Python loader: both must give the same value and the same line for every key."""
+    assert recipe._CLoader is not None, "PyYAML without libyaml: the fast path is not tested"
+    text = path.read_text()
+    assert recipe._plain(text)
+    results = []
+    for loader_class in (recipe._CLoader, recipe._Loader):
+        loader = loader_class(text)
+        try:
+            node = loader.get_single_node()
+            results.append((loader.construct_document(node), recipe._line_map(node)))
+        finally:
+            loader.dispose()
+    assert results[0] == results[1]
+
+
+def test_libyaml_reads_the_tricky_scalars_as_the_guarded_loader_does(tmp_path: Path) -> None:
+    test_libyaml_and_guarded_loader_read_recipes_alike(write(tmp_path, "tricky.yaml", TRICKY))
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["a: &x 1\n", "a: 1\nb: *x\n", "[" * (recipe.MAX_DEPTH + 1) + "]" * (recipe.MAX_DEPTH + 1) + "\n"],
+    ids=["anchor", "alias", "deep"],
+)
+def test_documents_libyaml_must_not_compose_go_to_the_guarded_loader(text: str) -> None:
+    assert not recipe._plain(text)

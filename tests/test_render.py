@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -187,3 +189,39 @@ def test_manifest_lists_the_images_env_names() -> None:
     manifest = json.loads(next(f.content for f in plan.files if f.path == "imgbuild/manifest.json"))
     for name in ("PATH", "LD_LIBRARY_PATH", "NCCL_HOME", "NCCL_NET_PLUGIN", "OMPI_ALLOW_RUN_AS_ROOT"):
         assert name in manifest["image_env"]
+
+
+@pytest.fixture
+def fresh_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
+    """A state folder of its own, and the Jinja environment built again (it is cached per process)."""
+    state = tmp_path / "state"
+    monkeypatch.setenv("IMGBUILD_STATE_DIR", str(state))
+    render.environment.cache_clear()
+    yield state
+    render.environment.cache_clear()
+
+
+def test_compiled_templates_are_kept_and_an_edited_template_is_compiled_again(
+    fresh_environment: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    images = tmp_path / "images"
+    shutil.copytree(REPO / "images", images)
+    monkeypatch.setenv("IMGBUILD_IMAGES_DIR", str(images))
+    first = plan_of("cpu").dockerfile
+    cached = sorted((fresh_environment / "jinja").iterdir())
+    assert cached, "no compiled template was kept"
+    render.environment.cache_clear()
+    assert plan_of("cpu").dockerfile == first  # rendered from the kept code
+    skeleton = images / "Dockerfile.j2"
+    skeleton.write_text(skeleton.read_text() + "# edited after the cache was written\n")
+    render.environment.cache_clear()
+    assert plan_of("cpu").dockerfile == first + "# edited after the cache was written\n"
+
+
+def test_compiled_templates_are_never_read_from_a_folder_others_can_write(fresh_environment: Path) -> None:
+    folder = fresh_environment / "jinja"
+    folder.mkdir(parents=True)
+    folder.chmod(0o777)
+    assert render._bytecode_cache() is None
+    folder.chmod(0o700)
+    assert render._bytecode_cache() is not None

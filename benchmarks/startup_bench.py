@@ -1,5 +1,5 @@
 """Start-up benchmark (prints figures; asserts nothing): the wall time of the quick commands, each run N times
-as a fresh process, with the floor under them (the interpreter alone, and the interpreter importing typer).
+as a fresh process, with the floor under them (the interpreter alone, importing typer, and a one-command typer app parsing an argument).
 The CPU time (user + system) of each run is printed too: on a busy machine it moves much less than wall time.
 
     python benchmarks/startup_bench.py            # 15 runs of each
@@ -23,9 +23,23 @@ import sys
 import tempfile
 import time
 
+# A typer app of one command taking one argument: since typer 0.29, parsing any parameter builds a pydantic
+# TypeAdapter for it (pydantic imported, schemas built), so this, not `import typer`, is the floor under every
+# imgbuild command that takes an argument.
+ONE_ARGUMENT_APP = """
+import typer
+app = typer.Typer()
+@app.command()
+def show(name: str, json: bool = False) -> None:
+    print(name)
+@app.command()
+def other() -> None: ...
+app()
+"""
 FLOOR = {
     "python -c pass": [sys.executable, "-c", "pass"],
     "python -c 'import typer'": [sys.executable, "-c", "import typer"],
+    "typer app: show ARG": [sys.executable, "-c", ONE_ARGUMENT_APP, "show", "cpu"],
 }
 COMMANDS = ["--version", "list", "show cpu", "render cpu"]
 

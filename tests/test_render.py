@@ -225,3 +225,12 @@ def test_compiled_templates_are_never_read_from_a_folder_others_can_write(fresh_
     assert render._bytecode_cache() is None
     folder.chmod(0o700)
     assert render._bytecode_cache() is not None
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_references_without_templates_are_the_plans(name: str) -> None:
+    """`show` and `run` name the image by render.image_refs / image_ref, which render no template."""
+    resolved, _ = resolved_for(recipe.load(name), lookup_torch=None)
+    plan = render.plan(resolved)
+    assert render.image_refs(resolved) == plan.image_refs
+    assert render.image_ref(resolved) == plan.image_refs[0]

@@ -11,9 +11,7 @@ import os
 import shlex
 from dataclasses import dataclass, replace
 from functools import cache
-from typing import Any
-
-import jinja2
+from typing import TYPE_CHECKING, Any
 
 from imgbuild import compat, paths
 from imgbuild.components import (
@@ -32,6 +30,9 @@ from imgbuild.launch import for_manifest
 from imgbuild.lock import Lock
 from imgbuild.manifest import ComponentEntry, Manifest
 from imgbuild.resolver import Resolved
+
+if TYPE_CHECKING:
+    import jinja2
 
 BASE_BUILD_DISK_GB = 2.0  # an image without big blocks: the base, OS packages, small downloads
 CA_DIR = "imgbuild/ca"  # what `--ca-bundle` adds to the context; copied into builder stages only
@@ -73,6 +74,8 @@ def _bytecode_cache() -> jinja2.BytecodeCache | None:
     again. The entries are code this process will run: none is read from a folder this user does not own or that
     others can write to (IMGBUILD_STATE_DIR set to a shared folder); there, or where the folder cannot be made,
     templates are compiled each time, as without a cache."""
+    import jinja2
+
     folder = paths.state_dir() / "jinja"
     try:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -86,7 +89,10 @@ def _bytecode_cache() -> jinja2.BytecodeCache | None:
 
 @cache
 def environment() -> jinja2.Environment:
-    """The one Jinja environment: StrictUndefined, so a missing variable is an error, not an empty string."""
+    """The one Jinja environment: StrictUndefined, so a missing variable is an error, not an empty string.
+    jinja2 is imported here, not at the top: `show` and `run` need the image's references, not its templates."""
+    import jinja2
+
     env = jinja2.Environment(
         # images/ holds the Dockerfile skeleton and the files it copies; each block's fragments sit next to its
         # module (imgbuild/components/<name>.j2) and load as components/<name>.j2.
@@ -176,6 +182,8 @@ def contributions(resolved: Resolved) -> tuple[Context, dict[str, Contribution]]
 
 def plan(resolved: Resolved) -> BuildPlan:
     """Render the Dockerfile and the context files of a resolved recipe."""
+    import jinja2
+
     ctx, contribs = contributions(resolved)
     digest = lock_digest(resolved)
     labels = _labels(resolved, digest)
@@ -193,8 +201,8 @@ def plan(resolved: Resolved) -> BuildPlan:
         files=tuple(sorted(files, key=lambda f: f.path)),
         labels=labels,
         lock_digest=digest,
-        repository=f"imgbuild/{resolved.name}",
-        tags=(image_ref(resolved).rsplit(":", 1)[1], readable_tag(resolved)),
+        repository=repository(resolved),
+        tags=tuple(ref.rsplit(":", 1)[1] for ref in image_refs(resolved)),
         base_images=tuple(bases),
         manifest=manifest,
         disk_gb=BASE_BUILD_DISK_GB + sum(c.build_disk_gb for c in contribs.values()),
@@ -204,6 +212,8 @@ def plan(resolved: Resolved) -> BuildPlan:
 def _fragments(resolved: Resolved, ctx: Context) -> dict[str, dict[str, str]]:
     """Each pinned block's rendered `builder` and `runtime` fragments; a source mode that should render and
     renders nothing (or a mode the block doesn't declare) is an error, never an empty layer."""
+    import jinja2
+
     r, pins = resolved.recipe, resolved.pins
     out: dict[str, dict[str, str]] = {}
     for block in REGISTRY:
@@ -298,9 +308,20 @@ def manifest(resolved: Resolved) -> Manifest:
     return _manifest(resolved, lock_digest(resolved), contribs)
 
 
+def repository(resolved: Resolved) -> str:
+    """The local repository of the image: `imgbuild/NAME`."""
+    return f"imgbuild/{resolved.name}"
+
+
 def image_ref(resolved: Resolved) -> str:
     """The content-addressed reference of the image (`imgbuild/NAME:lock-<12 hex>`), as `plan` tags it."""
-    return f"imgbuild/{resolved.name}:lock-{lock_digest(resolved)[:12]}"
+    return f"{repository(resolved)}:lock-{lock_digest(resolved)[:12]}"
+
+
+def image_refs(resolved: Resolved) -> list[str]:
+    """Every reference `plan` tags the image with, without rendering a template: `image_ref`, then the readable
+    tag (`readable_tag`)."""
+    return [image_ref(resolved), f"{repository(resolved)}:{readable_tag(resolved)}"]
 
 
 def _manifest(resolved: Resolved, digest: str, contribs: dict[str, Contribution]) -> Manifest:

@@ -58,14 +58,14 @@ def show(
     from imgbuild import recipe, render
 
     loaded, res, how = resolved(ref)
-    plan = render.plan(res)
+    refs = render.image_refs(res)
     if as_json:
         data = {
             "recipe": res.name,
             "file": recipe.display(loaded.path),
             "from": how,
             "base": res.base_ref,
-            "image": plan.image_refs,
+            "image": refs,
             "components": {k: v.model_dump() for k, v in res.pins.items()},
             "warnings": list(res.warnings),
         }
@@ -81,7 +81,7 @@ def show(
         f"file: {recipe.display(loaded.path)}  (pins from {'the lock' if how == 'lock' else 'a fresh resolution'})"
     )
     out().print(f"base: {res.base_ref}")
-    out().print(f"tags: {', '.join(plan.image_refs)}")
+    out().print(f"tags: {', '.join(refs)}")
     table = Table("component", "version", "source", "why", box=None)
     for name, pin in res.pins.items():
         table.add_row(*(escape(v) for v in (name, pin.version or "-", pin.source, pin.origin)))

@@ -42,7 +42,7 @@ def run(
 
     _, res, _ = resolved(ref)
     warn(res)
-    image_ref = image or render.plan(res).image_refs[0]
+    image_ref = image or render.image_ref(res)
     argv = runprofile.docker_run_args(
         res,
         image_ref,

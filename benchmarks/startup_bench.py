@@ -1,5 +1,6 @@
 """Start-up benchmark (prints figures; asserts nothing): the wall time of the quick commands, each run N times
-as a fresh process, with the floor under them (the interpreter alone, importing typer, and a one-command typer app parsing an argument).
+as a fresh process, with the floor under them (the interpreter alone, importing typer, and a one-command typer
+app parsing an argument).
 The CPU time (user + system) of each run is printed too: on a busy machine it moves much less than wall time.
 
     python benchmarks/startup_bench.py            # 15 runs of each

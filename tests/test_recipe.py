@@ -157,12 +157,8 @@ def test_libyaml_and_guarded_loader_read_recipes_alike(path: Path) -> None:
     assert recipe._plain(text)
     results = []
     for loader_class in (recipe._CLoader, recipe._Loader):
-        loader = loader_class(text)
-        try:
-            node = loader.get_single_node()
-            results.append((loader.construct_document(node), recipe._line_map(node)))
-        finally:
-            loader.dispose()
+        node, value = recipe._read(loader_class, text)
+        results.append((value, recipe._line_map(node)))
     assert results[0] == results[1]
 
 

@@ -351,27 +351,28 @@ def _plain(text: str) -> bool:
     return True
 
 
-def _compose(text: str) -> tuple[yaml.Node | None, Any]:
-    """A document's root node (for the line of each key) and its value."""
-    if _CLoader is not None:
-        try:
-            if _plain(text):
-                fast = _CLoader(text)
-                try:
-                    node = fast.get_single_node()
-                    return node, fast.construct_document(node) if node is not None else None
-                finally:
-                    fast.dispose()
-        except yaml.YAMLError:
-            pass  # not thrown away: _Loader reads the document again just below and reports what is wrong
-    # Anything libyaml refused, or would not be given, is read by _Loader: its errors (and their lines and
-    # wording, which byte offsets from libyaml would not give) are the ones recipes have always had.
-    loader = _Loader(text)  # its reader refuses control characters at once
+def _read(loader_class: type[yaml.SafeLoader] | type[yaml.CSafeLoader], text: str) -> tuple[yaml.Node | None, Any]:
+    """`text`'s root node (for the line of each key) and its value, as `loader_class` reads them."""
+    loader = loader_class(text)
     try:
         node = loader.get_single_node()
         return node, loader.construct_document(node) if node is not None else None
     finally:
         loader.dispose()
+
+
+def _compose(text: str) -> tuple[yaml.Node | None, Any]:
+    """A document's root node (for the line of each key) and its value."""
+    if _CLoader is not None:
+        try:
+            if _plain(text):
+                return _read(_CLoader, text)
+        except yaml.YAMLError:
+            pass  # not thrown away: _Loader reads the document again just below and reports what is wrong
+    # Anything libyaml refused, or would not be given, is read by _Loader: its errors (and their lines and
+    # wording, which byte offsets from libyaml would not give) are the ones recipes have always had. Its reader
+    # refuses control characters at once.
+    return _read(_Loader, text)
 
 
 def _parse(path: Path, label: str) -> tuple[dict[str, Any], dict[tuple[str, ...], int]]:

@@ -202,7 +202,7 @@ def plan(resolved: Resolved) -> BuildPlan:
         labels=labels,
         lock_digest=digest,
         repository=repository(resolved),
-        tags=tuple(ref.rsplit(":", 1)[1] for ref in image_refs(resolved)),
+        tags=tags(resolved, digest),
         base_images=tuple(bases),
         manifest=manifest,
         disk_gb=BASE_BUILD_DISK_GB + sum(c.build_disk_gb for c in contribs.values()),
@@ -313,15 +313,24 @@ def repository(resolved: Resolved) -> str:
     return f"imgbuild/{resolved.name}"
 
 
+def lock_tag(digest: str) -> str:
+    """The content-addressed tag of an image whose lock has sha256 `digest`: `lock-<12 hex>`."""
+    return f"lock-{digest[:12]}"
+
+
+def tags(resolved: Resolved, digest: str) -> tuple[str, str]:
+    """The image's tags, as `plan` gives them: the content-addressed one, then the readable one."""
+    return lock_tag(digest), readable_tag(resolved)
+
+
 def image_ref(resolved: Resolved) -> str:
     """The content-addressed reference of the image (`imgbuild/NAME:lock-<12 hex>`), as `plan` tags it."""
-    return f"{repository(resolved)}:lock-{lock_digest(resolved)[:12]}"
+    return f"{repository(resolved)}:{lock_tag(lock_digest(resolved))}"
 
 
 def image_refs(resolved: Resolved) -> list[str]:
-    """Every reference `plan` tags the image with, without rendering a template: `image_ref`, then the readable
-    tag (`readable_tag`)."""
-    return [image_ref(resolved), f"{repository(resolved)}:{readable_tag(resolved)}"]
+    """Every reference `plan` tags the image with, without rendering a template."""
+    return [f"{repository(resolved)}:{tag}" for tag in tags(resolved, lock_digest(resolved))]
 
 
 def _manifest(resolved: Resolved, digest: str, contribs: dict[str, Contribution]) -> Manifest:

@@ -71,12 +71,15 @@ def test_layers_ordered_by_change_rate(name: str) -> None:
 
 
 def test_compiled_parts_in_builder_only() -> None:
-    text = plan_of("v100").dockerfile
+    from imgbuild.resolver import resolve
+
+    resolved = resolve(recipe.load(REPO / "tests" / "recipes" / "ofi-release.yaml"), lookup_torch=None)
+    text = render.plan(resolved).dockerfile
     builder, runtime = text.split("# ---- runtime")
     for tool in ("make ", "./configure", "curl ", "pip install", "gpg "):
         assert tool in builder and tool not in runtime, tool
     assert "build-essential" not in runtime
-    assert "-gencode=arch=compute_70,code=sm_70" in builder
+    assert "-gencode=arch=compute_80,code=sm_80" in builder
     assert "rm -rf /opt/amazon/ofi-nccl" in runtime  # one plugin only: the release build
 
 
@@ -234,3 +237,28 @@ def test_references_without_templates_are_the_plans(name: str) -> None:
     plan = render.plan(resolved)
     assert render.image_refs(resolved) == plan.image_refs
     assert render.image_ref(resolved) == plan.image_refs[0]
+
+
+def _efa_runs(text: str) -> list[str]:
+    return [line.split("efa_installer.sh ", 1)[1] for line in text.splitlines() if "./efa_installer.sh " in line]
+
+
+def test_efa_installer_flags_on_an_ngc_base(recipe_dir: Path) -> None:
+    """EFA >= 1.48 on an nvidia/cuda base takes it for an NGC image: `--disable-build-ngc` (else rdma-core is
+    skipped and libfabric1-aws's `ibverbs-providers >= 59` fails) wherever the plugin comes from, `--disable-ngc`
+    only when the image uses the installer's plugin; older installers and other bases get neither."""
+    from imgbuild.resolver import resolve
+
+    def runs(text: str) -> list[str]:
+        path = recipe_dir / "r.yaml"
+        path.write_text(text)
+        return _efa_runs(render.plan(resolve(recipe.load(path), lookup_torch=None)).dockerfile)
+
+    h100 = _efa_runs(plan_of("h100").dockerfile)
+    assert h100 and all(r.endswith("--mpi=openmpi4 --disable-build-ngc --disable-ngc \\") for r in h100), h100
+    assert all("--disable-build-ngc --disable-ngc" in r for r in _efa_runs(plan_of("v100").dockerfile))
+    assert all("ngc" not in r for r in _efa_runs(plan_of("a100").dockerfile))  # EFA 1.43.2
+    built = runs("extends: h100\ncomponents:\n  aws_ofi_nccl: {source: release, version: 1.21.1}\n")
+    assert built and all(r.endswith("--disable-build-ngc \\") for r in built), built
+    other_base = runs("extends: pytorch\ncomponents:\n  efa: {version: 1.50.0}\n")  # debian:bookworm-slim
+    assert other_base and all("ngc" not in r for r in other_base), other_base

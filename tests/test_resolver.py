@@ -28,7 +28,7 @@ def resolve_error(d: Path, text: str, **kwargs) -> str:
     [
         ("cpu", {"nccl": "2.21.5", "openmpi": "4.1.4", "libfabric": "1.17.0", "python": "3.11"}),
         ("a100", {"nccl": "2.27.5", "pytorch": "2.9.1", "aws_ofi_nccl": "1.16.3", "efa": "1.43.2"}),
-        ("v100", {"nccl": "2.26.2", "pytorch": "2.7.1", "aws_ofi_nccl": "1.14.2", "cuda": "12.6.3"}),
+        ("v100", {"nccl": "2.26.2", "pytorch": "2.7.1", "aws_ofi_nccl": "1.21.1", "efa": "1.50.0", "cuda": "12.6.3"}),
         ("h100", {"nccl": "2.29.7", "pytorch": "2.13.0", "aws_ofi_nccl": "1.21.1", "cuda": "13.0.1"}),
         ("gaudi-1.15", {"gaudi": "1.15.1", "pytorch": "2.2.0", "efa": "1.29.0", "openmpi": "4.1.6"}),
     ],
@@ -206,3 +206,25 @@ def test_an_index_that_cannot_answer_is_exit_7(recipe_dir: Path) -> None:
     ) as err:
         resolve(recipe.load(recipe_dir / "t.yaml"), lookup_torch=refused)
     assert err.value.exit_code == 7
+
+
+def test_plugin_1_16_3_was_tested_with_nccl_2_27_7(recipe_dir: Path) -> None:
+    """aws-ofi-nccl 1.16.3 (EFA 1.43.2's) names NCCL 2.27.7 in its release notes; 1.16.0 named 2.27.5."""
+    nccl_2_27_7 = "extends: a100\ncomponents:\n  pytorch: null\n  nccl: {source: build, version: 2.27.7}\n"
+    resolved = resolve_text(recipe_dir, nccl_2_27_7)
+    assert resolved.pins["aws_ofi_nccl"].details["tested_nccl"] == "2.27.7"
+    msg = resolve_error(recipe_dir, nccl_2_27_7 + "  aws_ofi_nccl: {source: release, version: 1.16.0}\n")
+    assert "aws-ofi-nccl 1.16.0 was tested with NCCL up to 2.27.5; NCCL 2.27.7 is newer" in msg
+
+
+def test_built_plugin_older_than_the_installers_libfabric(recipe_dir: Path) -> None:
+    """A plugin built from its release runs on the EFA installer's libfabric: refused when the release was tested
+    only with older ones (1.14.x: libfabric 2.1; EFA 1.50.0: 2.6.0amzn1.0), a warning when a side is unknown."""
+    built = "extends: v100\ncomponents:\n  aws_ofi_nccl: {source: release, version: 1.14.2}\n"
+    msg = resolve_error(recipe_dir, built)
+    assert "aws-ofi-nccl 1.14.2 was tested with libfabric up to 2.1.0; EFA installer 1.50.0 brings libfabric " in msg
+    assert "use source: efa" in msg
+    old_v100 = resolve_text(recipe_dir, built + "  efa: {version: 1.47.0}\n")  # what v100 shipped before
+    assert any("EFA installer 1.47.0's libfabric is not in the shipped tables" in w for w in old_v100.warnings)
+    same = resolve_text(recipe_dir, "extends: a100\ncomponents:\n  aws_ofi_nccl: {source: release, version: 1.16.3}\n")
+    assert not [w for w in same.warnings if "libfabric" in w]

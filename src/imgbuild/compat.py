@@ -7,6 +7,7 @@ source; the resolver treats them as facts, so correct them here when a source sa
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from packaging.version import Version
@@ -55,8 +56,9 @@ def torch_wheel_has_arch(torch: str, cuda: str, arch: str) -> bool:
     return True
 
 
-# aws-ofi-nccl release series -> the newest NCCL it was tested with. From 1.10.0 on it keeps backward
-# compatibility down to NCCL 2.17.1.
+# aws-ofi-nccl release series (or one release, where its notes name another NCCL than the series' first) -> the
+# newest NCCL it was tested with (its RELEASENOTES.md). From 1.10.0 on it keeps backward compatibility down to NCCL
+# 2.17.1. 1.16.0 names NCCL 2.27.5, 1.16.1 names 2.27.6 and 1.16.3 (what EFA 1.43.2 bundles) names 2.27.7.
 PLUGIN_TESTED_NCCL: dict[str, str] = {
     "1.9": "2.21.5",
     "1.10": "2.21.5",
@@ -64,12 +66,37 @@ PLUGIN_TESTED_NCCL: dict[str, str] = {
     "1.13": "2.23.4",
     "1.14": "2.26.2",
     "1.16": "2.27.5",
+    "1.16.1": "2.27.6",
+    "1.16.3": "2.27.7",
     "1.17": "2.28.7",
     "1.18": "2.29.2",
     "1.20": "2.30.4",
     "1.21": "2.31.2",
 }
 PLUGIN_OLDEST_NCCL = "2.17.1"
+
+# aws-ofi-nccl release (or series) -> the newest libfabric its release notes say it was tested with. A plugin
+# built from its release against an EFA installer whose libfabric is newer than that is untested (the resolver
+# refuses it: the installer's own plugin is tested with its own libfabric). 1.14.x: libfabric 2.1 (issue 15);
+# 1.16.0: 2.1.0amzn3.0; 1.16.3: 2.1.0amzn5.0; 1.19.2: 2.4.0amzn3.0; 1.21.1: 2.6.0amzn1.0.
+PLUGIN_TESTED_LIBFABRIC: dict[str, str] = {
+    "1.14": "2.1.0",
+    "1.16": "2.1.0amzn3.0",
+    "1.16.3": "2.1.0amzn5.0",
+    "1.19.2": "2.4.0amzn3.0",
+    "1.21.1": "2.6.0amzn1.0",
+}
+
+
+def for_release(table: dict[str, str], version: str) -> str | None:
+    """A per-plugin table's entry for `version`: the release's own row, else its series' (major.minor) row."""
+    return table.get(version) or table.get(".".join(version.split(".")[:2]))
+
+
+def libfabric_release(version: str) -> tuple[int, int, int]:
+    """A libfabric version's release number: 2.6.0amzn1.0 -> (2, 6, 0) (AWS's `amznN` builds of one release)."""
+    parts = [int(p) for p in re.findall(r"\d+", version.split("amzn")[0])[:3]]
+    return (*parts, *[0] * (3 - len(parts)))  # type: ignore[return-value]
 
 
 def plugin_tag(version: str) -> str:
@@ -91,14 +118,28 @@ class EfaRelease:
 _UBUNTU = ("ubuntu22.04", "ubuntu24.04")
 EFA: dict[str, EfaRelease] = {
     "1.51.0": EfaRelease("1.22.0", "2.7.0amzn2.0", (*_UBUNTU, "debian12")),
-    "1.50.0": EfaRelease("1.21.1", None, (*_UBUNTU, "debian11", "debian12")),
+    "1.50.0": EfaRelease("1.21.1", "2.6.0amzn1.0", (*_UBUNTU, "debian11", "debian12")),
     "1.47.0": EfaRelease(None, None, (*_UBUNTU, "debian11", "debian12")),
     "1.44.0": EfaRelease(None, None, (*_UBUNTU, "debian11", "debian12")),
-    "1.43.2": EfaRelease("1.16.3", None, (*_UBUNTU, "debian11", "debian12")),
+    "1.43.2": EfaRelease("1.16.3", "2.1.0amzn5.0", (*_UBUNTU, "debian11", "debian12")),  # libfabric: 1.43.1's
     "1.29.0": EfaRelease(None, None, ("ubuntu20.04", "ubuntu22.04", "debian11", "debian12")),
 }
 EFA_KEY_FINGERPRINT = "4E9091BCBB97A96B26B15E59A05480B1DD2D3CCC"
 EFA_CONTAINER_FLAGS = ("-y", "--skip-kmod", "--skip-limit-conf", "--no-verify")
+
+# From 1.48.0 the installer takes an nvidia/cuda base (Docker Hub's nvidia/cuda is NGC's nvcr.io/nvidia/cuda) for
+# an "NGC build image": it skips rdma-core, so libfabric1-aws fails its `ibverbs-providers >= 59` dependency
+# (`--disable-build-ngc` turns that off), and it skips its NCCL plugin (`--disable-ngc`). AWS's nccl-tests
+# Dockerfile passes both (awslabs/awsome-distributed-ai PR #1153, micro-benchmarks/nccl-tests). Which bases the
+# installer takes for NGC is inferred from those Dockerfiles (nvidia/cuda and nvcr.io/nvidia/* images), not read
+# in the installer.
+EFA_NGC_DETECTION = "1.48.0"
+NGC_BASE_IMAGES = ("nvidia/cuda", "docker.io/nvidia/cuda", "nvcr.io/nvidia/cuda")
+
+
+def ngc_base(image: str) -> bool:
+    """Whether the EFA installer (1.48+) takes a base image of this name (no tag) for an NGC build image."""
+    return image in NGC_BASE_IMAGES or image.startswith("nvcr.io/nvidia/")
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ RUN mkdir -p /opt/imgbuild-dist \
 # The builder needs libfabric and Open MPI too, to compile against them.
 RUN cd /opt/imgbuild-dist/aws-efa-installer \
  && apt-get update \
- && ./efa_installer.sh -y --skip-kmod --skip-limit-conf --no-verify --mpi=openmpi4 --disable-ngc \
+ && ./efa_installer.sh -y --skip-kmod --skip-limit-conf --no-verify --mpi=openmpi4 --disable-build-ngc --disable-ngc \
  && rm -rf /var/lib/apt/lists/*
 
 # GDRCopy 2.5.1: the user-space library only (the gdrdrv kernel module belongs to the host).
@@ -97,7 +97,7 @@ RUN apt-get update \
 COPY --from=builder /opt/imgbuild-dist/aws-efa-installer /tmp/aws-efa-installer
 RUN cd /tmp/aws-efa-installer \
  && apt-get update \
- && ./efa_installer.sh -y --skip-kmod --skip-limit-conf --no-verify --mpi=openmpi4 --disable-ngc \
+ && ./efa_installer.sh -y --skip-kmod --skip-limit-conf --no-verify --mpi=openmpi4 --disable-build-ngc --disable-ngc \
  && cd / \
  && rm -rf /tmp/aws-efa-installer /var/lib/apt/lists/*
 

@@ -63,7 +63,7 @@ def resolve(p: AwsOfiNccl, rs: Resolution) -> Pin:
             raise rs.fail(f"{key}.version", "required for source: release")
         version, origin = p.version, "recipe"
         details = {"prefix": p.prefix, "tag": compat.plugin_tag(p.version)}
-    tested = compat.PLUGIN_TESTED_NCCL.get(_mm(version))
+    tested = compat.for_release(compat.PLUGIN_TESTED_NCCL, version)
     if tested is None:
         raise rs.fail(
             f"{key}.version",
@@ -83,8 +83,32 @@ def resolve(p: AwsOfiNccl, rs: Resolution) -> Pin:
             f"aws-ofi-nccl {version} supports NCCL {compat.PLUGIN_OLDEST_NCCL} and later, got {nccl.version}",
         )
     details["tested_nccl"] = tested
+    if p.source == "release":
+        _libfabric_rule(version, efa.version, rs)
     _gdrcopy_rule(version, rs)
     return Pin(version=version, source=p.source, origin=origin, details=details)
+
+
+def _libfabric_rule(version: str, efa_version: str, rs: Resolution) -> None:
+    """A plugin built from its release runs on the EFA installer's libfabric: refused when that libfabric is newer
+    than any the release was tested with (compat.PLUGIN_TESTED_LIBFABRIC); a warning when either is unknown."""
+    release = compat.EFA.get(efa_version)
+    efa_libfabric = release.libfabric if release else None
+    tested = compat.for_release(compat.PLUGIN_TESTED_LIBFABRIC, version)
+    if efa_libfabric is None or tested is None:
+        unknown = f"EFA installer {efa_version}'s libfabric" if efa_libfabric is None else "its tested libfabric"
+        rs.warnings.append(
+            f"aws-ofi-nccl {version} is built against the EFA installer's libfabric, but {unknown} is not in the "
+            "shipped tables: unchecked"
+        )
+        return
+    if compat.libfabric_release(efa_libfabric) > compat.libfabric_release(tested):
+        raise rs.fail(
+            "components.aws_ofi_nccl.version / components.efa.version",
+            f"aws-ofi-nccl {version} was tested with libfabric up to {tested}; EFA installer {efa_version} "
+            f"brings libfabric {efa_libfabric}",
+            hint="use source: efa (the installer's own plugin, tested with its libfabric) or a newer plugin release",
+        )
 
 
 def _gdrcopy_rule(version: str, rs: Resolution) -> None:

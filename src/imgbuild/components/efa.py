@@ -89,10 +89,17 @@ def efa_flags(resolved: object) -> str:
     flags = [*compat.EFA_CONTAINER_FLAGS, f"--mpi={e.mpi}"]
     if e.minimal:
         flags.append("--minimal")
-    plugin = resolved.pins.get("aws_ofi_nccl")  # type: ignore[attr-defined]
-    if plugin is not None and plugin.source == "efa" and compat.Version(e.version) >= compat.Version("1.48.0"):
-        flags.append("--disable-ngc")  # 1.48+ skips the NCCL plugin on bases it takes for NGC images
+    flags += ngc_flags(e.version, r.base.image, resolved.pins.get("aws_ofi_nccl"))  # type: ignore[attr-defined]
     return " ".join(flags)
+
+
+def ngc_flags(version: str, base_image: str, plugin: Pin | None) -> list[str]:
+    """THE rule for the installer's NGC detection (compat.EFA_NGC_DETECTION): from 1.48 on an nvidia/cuda base,
+    `--disable-build-ngc` (else rdma-core is skipped and libfabric1-aws's dependencies fail, whatever the plugin's
+    source) and, when the image uses the installer's plugin, `--disable-ngc` (else the plugin is skipped)."""
+    if compat.Version(version) < compat.Version(compat.EFA_NGC_DETECTION) or not compat.ngc_base(base_image):
+        return []
+    return ["--disable-build-ngc", *(["--disable-ngc"] if plugin is not None and plugin.source == "efa" else [])]
 
 
 BLOCK = Block(

@@ -1,12 +1,16 @@
-"""The published bus bandwidth figures `imgbuild cluster report` judges nccl-tests runs against.
+"""The published bus bandwidth figures `imgbuild cluster report` judges nccl-tests runs against, and which sizes
+are judged on which instance types.
 
 The figures live in `bandwidth.yaml` next to this module (one row per instance type, node count and message size,
-each with its source and the NCCL that produced it) so that a new published run is a data change reviewed like
-one. This module only loads and checks that file.
+each with its source and the NCCL that produced it; one rule per instance family saying from which size bus
+bandwidth is judged and how far a job must run, with the why) so that a new published run is a data change reviewed
+like one. This module loads and checks that file; `max_judged_size(instance_type)` tells the job generators how far
+all_reduce_perf must run (`-e`) for the report to judge it.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 from pathlib import Path
 
@@ -43,12 +47,34 @@ class Figure(_Strict):
     note: str = ""
 
 
+class Judging(_Strict):
+    """Which sizes are judged on the instance families it names (shell-style patterns on the part of the instance
+    type before the dot: `p5`, `p6*`)."""
+
+    families: tuple[str, ...] = Field(min_length=1)
+    judged_from: int = Field(gt=0, description="bytes: figures at smaller sizes are shown, not judged")
+    run_to: int = Field(gt=0, description="bytes: how far a job must run all_reduce_perf (-e) to be judged")
+    why: str = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _run_reaches_judged(self) -> Judging:
+        if self.run_to < self.judged_from:
+            raise ValueError(f"run_to {self.run_to} is below judged_from {self.judged_from}: never judged")
+        return self
+
+    def matches(self, instance_type: str) -> bool:
+        family = instance_type.split(".", 1)[0]
+        return any(fnmatch.fnmatchcase(family, pattern) for pattern in self.families)
+
+
 class Table(_Strict):
-    """The whole file: which collective the figures are for, the tolerance and why, and the figures."""
+    """The whole file: which collective the figures are for, the tolerance and why, which sizes are judged where,
+    and the figures."""
 
     collective: str
     tolerance: float = Field(gt=0, lt=1)
     tolerance_why: str = Field(min_length=1)
+    judging: tuple[Judging, ...] = Field(min_length=1)
     figures: tuple[Figure, ...]
 
     @model_validator(mode="after")
@@ -63,6 +89,34 @@ class Table(_Strict):
                 )
             seen.add(key)
         return self
+
+    @model_validator(mode="after")
+    def _every_type_judged(self) -> Table:
+        if self.judging[-1].families != ("*",):
+            raise ValueError("judging: the last rule must be for every family (families: ['*'])")
+        for t in self.instance_types():
+            rule = self.judging_for(t)
+            if not any(f.size >= rule.judged_from for f in self.figures if f.instance_type == t):
+                raise ValueError(
+                    f"{t}: every figure is below its judged size ({rule.judged_from} bytes): it could never be judged"
+                )
+        return self
+
+    def judging_for(self, instance_type: str) -> Judging:
+        """The first rule whose families match the instance type (the last rule matches every family)."""
+        return next(r for r in self.judging if r.matches(instance_type))
+
+    def judged(self, figures: tuple[Figure, ...]) -> tuple[Figure, ...]:
+        """The figures a run is judged by: those at or above their instance type's judged size."""
+        return tuple(f for f in figures if f.size >= self.judging_for(f.instance_type).judged_from)
+
+    def max_judged_size(self, instance_type: str | None) -> int:
+        """The size (bytes) a run must reach for every figure of its instance type to be judged: the rule's `run_to`,
+        or the largest judged figure when a published run went further. Unknown type: the default rule's."""
+        if instance_type is None:
+            return self.judging[-1].run_to
+        rule = self.judging_for(instance_type)
+        return max([rule.run_to, *(f.size for f in self.judged(self.figures) if f.instance_type == instance_type)])
 
     def for_run(self, instance_type: str, nodes: int) -> tuple[Figure, ...]:
         """The figures for this instance type and node count, smallest size first (empty when none)."""
@@ -98,3 +152,10 @@ def load(path: Path = TABLE_PATH) -> Table:
 def shipped() -> Table:
     """The table that ships with imgbuild (read once)."""
     return load(TABLE_PATH)
+
+
+def max_judged_size(instance_type: str | None) -> int:
+    """How far (bytes) all_reduce_perf must run (`-e`) on `instance_type` for `imgbuild cluster report` to judge
+    every published figure for it: 16 GiB on p5 and later (bus bandwidth still climbs past 1 GiB there), 2 GiB on
+    p4de (its published run went that far), 1 GiB elsewhere and when the type is unknown (None)."""
+    return shipped().max_judged_size(instance_type)

@@ -273,3 +273,130 @@ def test_engine_unreachable_hint_is_for_an_installed_user(tmp_path: Path) -> Non
     assert "Docker engine" in hint and "DOCKER_HOST" in hint and "imgbuild doctor" in hint
     assert hint.count("scripts/setup.sh") == 1 and re.search(r"from a checkout[^;]*scripts/setup\.sh", hint), hint
     assert "Traceback" not in proc.stderr
+
+
+# --- as CI and scripts run it: `python -m imgbuild` in a subprocess, stdout a pipe (or a terminal) -----------
+
+COLOUR_VARS = ("FORCE_COLOR", "NO_COLOR", "TERM", "TTY_COMPATIBLE", "COLUMNS", "LINES", "CI")
+
+
+def cli_env(**overrides: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in COLOUR_VARS}
+    env.update(overrides)
+    return env
+
+
+def imgbuild(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "imgbuild", *args], capture_output=True, text=True, env=cli_env(**env), check=False
+    )
+
+
+def test_python_dash_m_imgbuild() -> None:
+    proc = imgbuild("--version")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("imgbuild ")
+    proc = imgbuild("render", "a10")
+    assert proc.returncode == RecipeError.exit_code and "no recipe named 'a10'" in proc.stderr
+
+
+COLOUR_SETTINGS = [
+    {"FORCE_COLOR": "0"},  # what both workflows set
+    {"FORCE_COLOR": "1"},
+    {"FORCE_COLOR": "1", "TERM": "dumb"},
+    {"FORCE_COLOR": "true", "TERM": "xterm-256color"},
+    {"NO_COLOR": "1"},
+    {"TTY_COMPATIBLE": "1"},
+    {},
+]
+
+
+@pytest.mark.parametrize("env", COLOUR_SETTINGS, ids=lambda e: " ".join(f"{k}={v}" for k, v in e.items()) or "plain")
+@pytest.mark.parametrize("args", [["list", "--json"], ["show", "cpu", "--json"]])
+def test_json_is_plain_json_whatever_the_colour_settings(args: list[str], env: dict[str, str]) -> None:
+    proc = imgbuild(*args, **env)
+    assert proc.returncode == 0, proc.stderr
+    assert "\x1b" not in proc.stdout, proc.stdout[:200]
+    json.loads(proc.stdout)
+
+
+def _on_a_tty(args: list[str], columns: int, **env: str) -> str:
+    """What `imgbuild ARGS` prints with stdout a terminal `columns` wide."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    main, secondary = pty.openpty()
+    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "imgbuild", *args], stdout=secondary, stderr=subprocess.PIPE, env=cli_env(**env)
+    )
+    os.close(secondary)
+    chunks = []
+    while True:
+        try:
+            data = os.read(main, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(main)
+    assert proc.wait(timeout=60) == 0, proc.stderr.read() if proc.stderr else ""
+    return b"".join(chunks).decode().replace("\r\n", "\n")
+
+
+@pytest.mark.parametrize("env", [{"FORCE_COLOR": "1"}, {"TERM": "xterm-256color"}, {"FORCE_COLOR": "0"}])
+def test_json_on_a_terminal_is_plain_json(env: dict[str, str]) -> None:
+    text = _on_a_tty(["list", "--json"], 100, **env)
+    assert "\x1b" not in text
+    assert {r["name"] for r in json.loads(text)} == set(SHIPPED)
+
+
+def _rows(stdout: str) -> dict[str, str]:
+    """Each table line by its first word."""
+    return {line.split()[0]: line for line in stdout.splitlines() if line.strip()}
+
+
+@pytest.mark.parametrize("env", [{"FORCE_COLOR": "0"}, {"FORCE_COLOR": "1", "TERM": "dumb"}, {}])
+def test_tables_in_a_pipe_are_not_wrapped(env: dict[str, str]) -> None:
+    """A table written to a pipe or a CI log keeps each row on one line (no 80-column cells)."""
+    descriptions = {r["name"]: r["description"] for r in json.loads(imgbuild("list", "--json").stdout)}
+    assert max(len(d) for d in descriptions.values()) > 50, "a description long enough to be wrapped at 80"
+    proc = imgbuild("list", **env)
+    assert proc.returncode == 0, proc.stderr
+    rows = _rows(proc.stdout)
+    for name, description in descriptions.items():
+        assert description in rows[name], f"row {name} wrapped:\n{proc.stdout}"
+    assert "\x1b" not in proc.stdout or env.get("FORCE_COLOR") == "1"
+
+    pins = json.loads(imgbuild("show", "pytorch", "--json").stdout)["components"]
+    proc = imgbuild("show", "pytorch", **env)
+    rows = _rows(proc.stdout)
+    for name, pin in pins.items():
+        assert pin["origin"] in rows[name], f"row {name} wrapped:\n{proc.stdout}"
+
+
+def test_tables_use_columns_when_set() -> None:
+    proc = imgbuild("list", COLUMNS="60", FORCE_COLOR="0")
+    assert proc.returncode == 0, proc.stderr
+    assert max(len(line.rstrip()) for line in proc.stdout.splitlines()) <= 60
+
+
+def test_tables_on_a_terminal_use_its_width() -> None:
+    wide = _on_a_tty(["list"], 200, FORCE_COLOR="0")
+    narrow = _on_a_tty(["list"], 70, FORCE_COLOR="0")
+    assert max(len(line.rstrip()) for line in narrow.splitlines()) <= 70
+    assert len(narrow.splitlines()) > len(wide.splitlines())
+
+
+def test_engine_unreachable_hint_is_for_an_installed_user(tmp_path: Path) -> None:
+    """The hint says what to do without a checkout (start an engine, DOCKER_HOST); the repo's script only as
+    'from a checkout'."""
+    proc = imgbuild("build", "cpu", DOCKER_HOST=f"unix://{tmp_path}/no-such.sock", FORCE_COLOR="0")
+    assert proc.returncode == 8, proc.stderr
+    hint = next(line for line in proc.stderr.splitlines() if line.startswith("hint: "))
+    assert "Docker engine" in hint and "DOCKER_HOST" in hint and "imgbuild doctor" in hint
+    assert hint.count("scripts/setup.sh") == 1 and re.search(r"from a checkout[^;]*scripts/setup\.sh", hint), hint
+    assert "Traceback" not in proc.stderr

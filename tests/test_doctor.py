@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import io
+import json
+import os
+import re
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -10,6 +15,7 @@ from rich.console import Console
 
 from imgbuild import doctor
 from imgbuild.doctor import Check, failed, render_table, run_checks
+from imgbuild.errors import DoctorError
 
 
 def _by_name(checks: list[Check]) -> dict[str, Check]:
@@ -220,3 +226,51 @@ def test_render_table():
     text = out.getvalue()
     for word in ("check", "status", "detail", "needed by", "engine", "Docker 20.10", "missing", "a, b"):
         assert word in text
+
+
+# --- `imgbuild doctor` as users run it --------------------------------------------------------------------
+
+
+def _doctor(*args: str, sock: str) -> subprocess.CompletedProcess[str]:
+    dropped = ("COLUMNS", "NO_COLOR", "DOCKER_TLS_VERIFY", "DOCKER_CONTEXT")
+    env = {k: v for k, v in os.environ.items() if k not in dropped}
+    env.update(DOCKER_HOST=f"unix://{sock}", FORCE_COLOR="0")
+    return subprocess.run(
+        [sys.executable, "-m", "imgbuild", "doctor", *args], capture_output=True, text=True, env=env, check=False
+    )
+
+
+def test_doctor_json_has_the_table_findings_and_its_exit_code(tmp_path):
+    sock = str(tmp_path / "no-engine.sock")
+    proc = _doctor("cpu", "--json", sock=sock)
+    assert proc.returncode == DoctorError.exit_code, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["recipes"] == ["cpu"] and data["ok"] is False and data["failed"] == ["engine"]
+    checks = {c["name"]: c for c in data["checks"]}
+    assert checks["engine"]["status"] == "missing" and sock in checks["engine"]["detail"]
+    assert checks["base image debian:bookworm-slim"] == {
+        "name": "base image debian:bookworm-slim",
+        "status": "warn",
+        "detail": "unknown: the engine cannot be reached",
+        "needed_by": ["cpu"],
+    }
+    assert "missing for all: engine" in proc.stderr
+
+    table = _doctor("cpu", sock=sock)
+    assert table.returncode == DoctorError.exit_code
+    rows = {line.split("│")[1].strip(): line for line in table.stdout.splitlines() if line.count("│") > 2}
+    assert set(rows) - {"check"} == set(checks), table.stdout
+    for name, check in checks.items():
+        assert check["status"] in rows[name] and check["detail"] in rows[name], f"{name}:\n{table.stdout}"
+
+
+def test_engine_check_hint_is_for_an_installed_user(monkeypatch):
+    monkeypatch.setenv("DOCKER_HOST", "tcp://127.0.0.1:1")
+
+    def refuse() -> Any:
+        raise ConnectionRefusedError("Connection refused")
+
+    engine = _by_name(run_checks(base_images={}, runtimes_needed={}, client_factory=refuse))["engine"]
+    assert "install and start a Docker engine" in engine.detail and "DOCKER_HOST" in engine.detail
+    assert engine.detail.count("scripts/setup.sh") == 1
+    assert re.search(r"from a checkout[^;)]*scripts/setup\.sh", engine.detail), engine.detail

@@ -7,9 +7,11 @@ imported only when a command first prints or loads a recipe (`imgbuild --version
 from __future__ import annotations
 
 import functools
+import json
 import os
+import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TextIO, TypeVar
 
 import typer
 
@@ -26,20 +28,72 @@ F = TypeVar("F", bound=Callable[..., Any])
 RecipeArg = Annotated[str, typer.Argument(help="A shipped recipe's name (see `imgbuild list`) or a YAML file.")]
 
 
+# The width of a table written to a pipe or a CI log without COLUMNS: wide enough that no row is wrapped (a table
+# takes the width its cells need, never this whole width).
+UNWRAPPED_WIDTH = 10_000
+_OFF = ("0", "false", "no", "off")
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # no isatty, or closed
+        return False
+
+
+def width_for(stream: TextIO) -> int:
+    """The width tables on `stream` are laid out for: COLUMNS when set, the terminal's width on a TTY, otherwise
+    UNWRAPPED_WIDTH (a pipe or a CI log: a row stays on one line)."""
+    columns = os.environ.get("COLUMNS", "").strip()
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    if _isatty(stream):
+        try:
+            return os.get_terminal_size(stream.fileno()).columns or 80
+        except (AttributeError, ValueError, OSError):
+            return 80
+    return UNWRAPPED_WIDTH
+
+
+def _console(stderr: bool) -> Console:
+    """A console for stdout or stderr with the width `width_for` gives (TERM=dumb or FORCE_COLOR do not bring
+    back rich's 80 columns). FORCE_COLOR=0 (or false/no/off: what CI sets to ask for no colour) means no colour
+    and no escape sequences, and whether the stream is a terminal is then its own answer; NO_COLOR and other
+    FORCE_COLOR values are rich's."""
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    lines = os.environ.get("LINES", "").strip()
+    options: dict[str, Any] = {
+        "stderr": stderr,
+        "highlight": False,
+        "soft_wrap": True,
+        "width": width_for(stream),
+        "height": int(lines) if lines.isdigit() and int(lines) > 0 else 25,
+    }
+    force_color = os.environ.get("FORCE_COLOR")
+    if force_color is not None and force_color.strip().lower() in _OFF:
+        options.update(color_system=None, force_terminal=_isatty(stream))
+    return Console(**options)
+
+
 @functools.cache
 def out() -> Console:
     """The console for results (stdout)."""
-    from rich.console import Console
-
-    return Console(highlight=False, soft_wrap=True)
+    return _console(stderr=False)
 
 
 @functools.cache
 def err() -> Console:
     """The console for progress, warnings and errors (stderr)."""
-    from rich.console import Console
+    return _console(stderr=True)
 
-    return Console(stderr=True, highlight=False, soft_wrap=True)
+
+def print_json(data: Any) -> None:
+    """`data` as JSON on stdout, indented, exactly as json.dumps writes it: no colour, no escape sequences and no
+    wrapping whatever FORCE_COLOR, NO_COLOR, TERM or the terminal say (a program reads it)."""
+    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
 
 
 def handled(fn: F) -> F:

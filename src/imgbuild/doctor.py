@@ -21,6 +21,10 @@ Status = Literal["ok", "missing", "warn", "info"]
 
 LOW_DISK_BYTES = 30 * 1024**3  # a CUDA training image and its build cache take tens of GB
 ENGINE_CHECK = "engine"
+ENGINE_HINT = (
+    "install and start a Docker engine, or set DOCKER_HOST to one that answers; "
+    "from a checkout of imgbuild, scripts/setup.sh does the first"
+)
 
 RUNTIME_HINTS = {
     "nvidia": "install nvidia-container-toolkit, then `nvidia-ctk runtime configure --runtime=docker`",
@@ -78,7 +82,7 @@ def _engine_checks(client_factory: Callable[[], Any]) -> tuple[Any | None, dict[
         return (
             None,
             {},
-            [Check(ENGINE_CHECK, "missing", detail + " (run scripts/setup.sh, or start dockerd)")],
+            [Check(ENGINE_CHECK, "missing", f"{detail} ({ENGINE_HINT})")],
         )
     driver = info.get("Driver", "?")
     checks = [
@@ -235,6 +239,20 @@ def render_table(checks: Iterable[Check], console: Any) -> None:
             Text(", ".join(c.needed_by)),
         )
     console.print(table)
+
+
+def to_json(checks: Iterable[Check], bad: Iterable[Check], recipes: Iterable[str]) -> dict[str, Any]:
+    """`imgbuild doctor --json`: the recipes checked for, every check as the table shows it (name, status, detail,
+    needed_by), and `failed`, the names of the checks that stop them (non-empty: exit 13)."""
+    bad_names = [c.name for c in bad]
+    return {
+        "recipes": list(recipes),
+        "ok": not bad_names,
+        "failed": bad_names,
+        "checks": [
+            {"name": c.name, "status": c.status, "detail": c.detail, "needed_by": list(c.needed_by)} for c in checks
+        ],
+    }
 
 
 def failed(checks: Iterable[Check], wanted_recipes: set[str] | None) -> list[Check]:

@@ -48,7 +48,11 @@ __all__ = [
 ]
 
 DEFAULT_SOCKET = "unix:///var/run/docker.sock"
-SETUP_HINT = "run `scripts/setup.sh` to install and start an engine, or `imgbuild doctor` to see what is missing"
+SETUP_HINT = (
+    "install and start a Docker engine on this machine (e.g. `sudo systemctl start docker`), or set DOCKER_HOST to "
+    "one that answers (ssh://USER@HOST, tcp://HOST:2376 with DOCKER_TLS_VERIFY=1); `imgbuild doctor` shows what "
+    "is missing (from a checkout of imgbuild, `scripts/setup.sh` installs and starts one)"
+)
 BOOTSTRAP_HINT = "imgbuild base bootstrap {image}  (builds it from a Debian/Ubuntu archive)"
 
 LOG_TAIL_LINES = 30

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from imgbuild.console import RecipeArg, err, handled, out, resolved
+from imgbuild.console import RecipeArg, err, handled, out, print_json, resolved
 
 base_app = typer.Typer(help="Base images built offline from a Debian or Ubuntu archive.", no_args_is_help=True)
 
@@ -87,6 +87,9 @@ def doctor(
     refs: Annotated[
         list[str] | None, typer.Argument(help="Recipes to check for (default: every shipped recipe).")
     ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="The findings as JSON on stdout (the same as the table; same exit code).")
+    ] = False,
 ) -> None:
     """Check the engine, base images, container runtimes and host devices the recipes need."""
     from imgbuild import doctor as doc
@@ -111,8 +114,11 @@ def doctor(
             runtimes.setdefault("nvidia", []).append(r.name)
             devices.setdefault("nvidia-gpu", []).append(r.name)
     checks = doc.run_checks(base_images=bases, runtimes_needed=runtimes, devices_needed=devices)
-    doc.render_table(checks, out())
     bad = doc.failed(checks, set(names) if refs else None)
+    if as_json:
+        print_json(doc.to_json(checks, bad, names))
+    else:
+        doc.render_table(checks, out())
     if bad:
         raise DoctorError(
             f"missing for {', '.join(sorted({n for c in bad for n in c.needed_by} or {'all'}))}: "

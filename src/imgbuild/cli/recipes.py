@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from imgbuild.console import RecipeArg, err, handled, out, resolved, warn
+from imgbuild.console import RecipeArg, err, handled, out, print_json, resolved, warn
 
 
 def register(app: typer.Typer) -> None:
@@ -38,7 +37,7 @@ def list_(as_json: Annotated[bool, typer.Option("--json", help="Machine-readable
         rows.append({"name": name, "accelerator": r.platform.accelerator, "lock": state,
                      "description": r.description})  # fmt: skip
     if as_json:
-        out().print_json(json.dumps(rows))
+        print_json(rows)
         return
     from rich.markup import escape
     from rich.table import Table
@@ -69,7 +68,7 @@ def show(
             "components": {k: v.model_dump() for k, v in res.pins.items()},
             "warnings": list(res.warnings),
         }
-        out().print_json(json.dumps(data))
+        print_json(data)
         return
     from rich.markup import escape
     from rich.table import Table

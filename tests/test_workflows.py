@@ -4,9 +4,14 @@ self-hosted runners for GPU and Gaudi, and only `imgbuild` commands and matrix k
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import shlex
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -62,6 +67,7 @@ def test_ci_jobs() -> None:
     lint = "\n".join(str(s.get("run", "")) for s in steps(jobs["lint"]))
     assert "ruff check" in lint and "ruff format --check" in lint and "mypy" in lint
     assert "check-jsonschema --builtin-schema vendor.github-workflows" in lint
+    assert "actionlint" in lint
     unit = "\n".join(str(s.get("run", "")) for s in steps(jobs["unit"]))
     assert 'pytest -p no:cacheprovider -m "not docker' in unit
     render = "\n".join(str(s.get("run", "")) for s in steps(jobs["render"]))
@@ -87,11 +93,10 @@ def test_publish_triggers_and_oidc() -> None:
     assert job["runs-on"] == "${{ matrix.runs_on }}"
     assert job["permissions"] == {"contents": "read", "id-token": "write"}
     creds = uses(job, "aws-actions/configure-aws-credentials")
-    assert creds["uses"].endswith("@v4")
     assert "AWS_ROLE_ARN" in creds["with"]["role-to-assume"] and "aws-region" in creds["with"]
     assert not {"aws-access-key-id", "aws-secret-access-key"} & set(creds["with"]), "OIDC only: no stored keys"
     login = uses(job, "aws-actions/amazon-ecr-login")
-    assert login["uses"].endswith("@v2") and login["id"] == "ecr"
+    assert login["id"] == "ecr"
     order = [s.get("name", s.get("uses", "")) for s in steps(job)]
     assert order.index("build") < order.index("verify") < order.index("push to ECR")
     push = next(s for s in steps(job) if s.get("name") == "push to ECR")
@@ -125,3 +130,64 @@ def test_workflows_call_existing_commands(name: str) -> None:
     called = set(re.findall(r"\bimgbuild ([a-z][a-z-]*)", run_text(name)))
     missing = called - known_commands()
     assert not missing, f"{name} calls imgbuild commands that do not exist: {sorted(missing)}"
+
+
+def test_actionlint() -> None:
+    """actionlint (with shellcheck on every `run:`): among others, actions on a runtime GitHub is removing (node20,
+    removal scheduled for 2026-09) and inputs an action does not have."""
+    exe = shutil.which("actionlint")
+    if exe is None:
+        pytest.fail("actionlint is not installed (pip install -e '.[dev]' brings it)")
+    if shutil.which("shellcheck") is None:
+        pytest.fail("shellcheck is not installed (scripts/setup.sh installs it): actionlint would skip `run:` scripts")
+    proc = subprocess.run(
+        [exe, "-oneline", *(str(WORKFLOWS / name) for name in FILES)], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+USES_LINE = re.compile(r"^\s*(?:-\s+)?uses:\s*(?P<ref>\S+)(?P<rest>.*)$")
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_third_party_actions_are_pinned_by_commit(name: str) -> None:
+    """Anything not under actions/ runs at a full commit SHA, with the release it is in a comment (`# vX.Y.Z`): a
+    tag can be moved by whoever controls that repository."""
+    lines = [m for line in (WORKFLOWS / name).read_text().splitlines() if (m := USES_LINE.match(line))]
+    assert lines, f"{name} uses no action?"
+    for m in lines:
+        action, _, ref = m["ref"].partition("@")
+        if action.startswith(("actions/", "./")):
+            continue
+        assert re.fullmatch(r"[0-9a-f]{40}", ref), f"{name}: {m['ref']} is not pinned by a full commit SHA"
+        assert re.fullmatch(r"\s+# v\d+\.\d+\.\d+", m["rest"]), f"{name}: {m['ref']} lacks its '# vX.Y.Z' comment"
+
+
+def test_ci_run_passes_its_arguments_to_pytest(tmp_path: Path) -> None:
+    """ci.yml's `.ci/run -m "not gpu" --junitxml=...` reaches pytest: the real .ci/run and scripts/test.sh, in a
+    copy of the tree whose setup and interpreter only record what they were given."""
+    (tmp_path / ".ci").mkdir()
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(REPO / ".ci" / "run", tmp_path / ".ci" / "run")
+    shutil.copy(REPO / "scripts" / "test.sh", tmp_path / "scripts" / "test.sh")
+    (tmp_path / "scripts" / "setup.sh").write_text("exit 0\n")
+    (tmp_path / "scripts" / "ca-env.sh").write_text("")
+    calls = tmp_path / "calls.jsonl"
+    python = tmp_path / "python"
+    python.write_text(
+        "#!/bin/sh\n"
+        f"exec {shlex.quote(sys.executable)} -c 'import json, sys; print(json.dumps(sys.argv[1:]))' \"$@\""
+        f" >> {shlex.quote(str(calls))}\n"
+    )
+    python.chmod(0o755)
+    line = next(s for s in run_text("ci.yml").splitlines() if ".ci/run" in s)
+    args = shlex.split(line.split(".ci/run", 1)[1])
+    assert args, "ci.yml passes pytest options to .ci/run"
+    proc = subprocess.run(
+        ["bash", str(tmp_path / ".ci" / "run"), *args],
+        env={**os.environ, "PYTHON": str(python)}, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    pytest_calls = [c for c in map(json.loads, calls.read_text().splitlines()) if c[:2] == ["-m", "pytest"]]
+    assert len(pytest_calls) == 1
+    assert pytest_calls[0][-len(args) :] == args, f"pytest got {pytest_calls[0]}, ci.yml gave {args}"

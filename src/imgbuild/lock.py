@@ -7,8 +7,11 @@ whose pins were edited by hand (they no longer follow from the recipe by the res
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
+import tempfile
 from pathlib import Path
 from typing import Literal
 
@@ -58,15 +61,40 @@ def dumps(resolved: Resolved) -> str:
 
 
 def write(loaded: LoadedRecipe, resolved: Resolved) -> Path:
+    """Write the lock beside its recipe, atomically: readers (and other `imgbuild lock` runs of the same recipe)
+    see the old lock or the new one, never a part of either."""
     path = lock_path(loaded)
-    tmp = path.with_name(path.name + ".tmp")
     try:
-        tmp.write_text(dumps(resolved))
-        tmp.replace(path)
+        write_atomic(path, dumps(resolved))
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise LockError(f"{display(path)}: cannot write the lock: {exc.strerror}") from None
+        raise LockError(f"{display(path)}: cannot write the lock: {exc.strerror or exc}") from None
     return path
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Replace `path` with `text` through a temporary file created exclusively (O_EXCL, a name no one can
+    predict) in the same folder, then renamed over it: a symlink planted beside the file is never followed, and
+    parallel writers each rename a whole file of their own. The file gets the mode a plain open() would give
+    it (0666 less the umask), not mkstemp's 0600. A symlink at `path` itself is replaced, not written through."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _umask() -> int:
+    """The process's umask (read back by setting it: a lock is written from the CLI's one thread)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def read(loaded: LoadedRecipe) -> Resolved | None:

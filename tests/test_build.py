@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -154,3 +155,53 @@ def test_a_build_the_disk_cannot_hold_is_refused_with_the_figures() -> None:
     build.check_disk(None, plan, free_bytes=40_000_000_000)  # enough: no error
     small = render.plan(resolved_for(recipe.load("cpu"), lookup_torch=None)[0])
     assert small.disk_gb < 5
+
+
+@pytest.mark.slow
+def test_sigterm_cancels_like_ctrl_c_and_exits_143(tmp_path: Path, docker_client, cpu_image) -> None:
+    """SIGTERM (timeout, docker stop, a cancelled CI job) mid-build: the build is cancelled, none of its containers
+    and no context folder are left, exit 143."""
+    import docker.errors
+
+    p = user_recipe(tmp_path, "extends: cpu\nos: {packages: [ca-certificates, iproute2, procps, less]}\n")
+    tmp, state = tmp_path / "tmp", tmp_path / "state"
+    tmp.mkdir()
+    env = {**os.environ, "CI": "1", "TMPDIR": str(tmp), "IMGBUILD_STATE_DIR": str(state)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "imgbuild.cli", "build", str(p), "--no-cache"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    seen = ""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        seen += line
+        if "apt-get update" in line and "[step" in line:
+            break
+    else:
+        proc.kill()
+        pytest.fail(f"the build never reached its apt step:\n{seen[-2000:]}")
+    assert list(tmp.glob("imgbuild-context-*")), "the build context should be in TMPDIR while the build runs"
+    time.sleep(2)
+    proc.send_signal(signal.SIGTERM)
+    rest, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 143, seen + rest
+    assert "build cancelled" in rest and "Traceback" not in rest
+    assert list(tmp.iterdir()) == []  # no context folder
+    log = "".join(f.read_text() for f in (state / "logs").glob("*.log"))
+    ids = set(re.findall(r"Running in ([0-9a-f]{12})", log))
+    assert ids, log[-2000:]
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        left = set()
+        for cid in ids:
+            try:
+                docker_client.containers.get(cid)
+                left.add(cid)
+            except docker.errors.NotFound:
+                pass
+        if not left:
+            break
+        time.sleep(0.5)
+    assert left == set()

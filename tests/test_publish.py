@@ -466,10 +466,52 @@ def test_matrix_cli_json_is_one_line() -> None:
     assert [r["recipe"] for r in json.loads(one.stdout)["include"]] == ["cpu"]
 
 
-def test_push_cli_bad_registry_exit_code() -> None:
+def flat(text: str) -> str:
+    """Output with its whitespace and box-drawing characters taken out (click's error box wraps lines)."""
+    return "".join(ch for ch in text if not ch.isspace() and not "\u2500" <= ch <= "\u257f").lower()
+
+
+def test_push_cli_bad_registry_is_a_usage_error() -> None:
     result = CliRunner().invoke(cli_app(), ["push", "cpu", "--registry", "nohost"])
-    assert result.exit_code == PushError.exit_code
-    assert "registry host" in result.output
+    assert result.exit_code == 2, result.output
+    assert "registryhost" in flat(result.output)
+
+
+SECRET = "Hunter2SECRET"
+WITH_CREDENTIALS = [
+    f"bob:{SECRET}@127.0.0.1:5000/team",
+    f"https://bob:{SECRET}@Registry.Example.com/a",
+    f"{SECRET}@localhost",
+    f"bob:p@ss/{SECRET}@127.0.0.1:5000",  # '@' and '/' in the password
+    f"bob:{SECRET}@123456789012.dkr.ecr.us-east-1.amazonaws.com/ml",  # an ECR host too
+]
+
+
+@pytest.mark.parametrize("value", WITH_CREDENTIALS)
+@pytest.mark.parametrize("how", ["option", "env"])
+def test_push_refuses_credentials_in_the_registry_without_repeating_them(value: str, how: str) -> None:
+    """A password in --registry or IMGBUILD_REGISTRY: a usage error (exit 2) with the `docker login` hint, and no
+    part of the password (in any case) on stdout or stderr."""
+    from imgbuild.cli import app
+
+    args, env = (
+        (["push", "cpu", "--registry", value], {})
+        if how == "option"
+        else (["push", "cpu"], {"IMGBUILD_REGISTRY": value})
+    )
+    result = CliRunner().invoke(app, args, env=env)
+    assert result.exit_code == 2, result.output
+    text = flat(result.stdout + result.stderr)
+    assert "dockerlogin" in text and "credentials" in text
+    assert SECRET.lower() not in text and "hunter" not in text
+    assert "traceback" not in text
+
+
+def test_publish_library_refuses_credentials_without_repeating_them() -> None:
+    with pytest.raises(PushError) as info:
+        publish.publish("cpu", WITH_CREDENTIALS[0], client=FakeClient(FakeAPI()))  # type: ignore[arg-type]
+    assert SECRET.lower() not in str(info.value).lower()
+    assert info.value.hint and "docker login" in info.value.hint
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -707,6 +749,42 @@ def test_registry_killed_mid_push(docker_client, pinned_cpu, tmp_path: Path) -> 
     assert sleeps == [1.0, 2.0, 4.0], observer.log.getvalue()
     assert reg.host in info.value.message and "gave up after 4 attempts" in info.value.message
     assert local_tags(docker_client, reg.host) == []
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_sigterm_mid_push_removes_the_temporary_tags_and_exits_143(docker_client, pinned_cpu, tmp_path: Path) -> None:
+    """SIGTERM (timeout, docker stop, a cancelled CI job) while `imgbuild push` uploads: the re-tags under the
+    registry are removed as after Ctrl-C, exit 143."""
+    import signal
+    import sys
+
+    reg = LocalRegistry(tmp_path / "stopped-push").start()  # empty: every layer has to be uploaded
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "imgbuild.cli", "push", "cpu", "--registry", reg.host],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "CI": "1"},
+    )  # fmt: skip
+    assert proc.stdout is not None
+    seen = ""
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            seen += line
+            if line.startswith("pushing ") or not line:
+                break
+        assert line.startswith("pushing "), seen
+        assert local_tags(docker_client, reg.host), "the re-tag should exist while the push runs"
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 143, seen + rest
+        assert "interrupted" in rest and "Traceback" not in rest
+        assert local_tags(docker_client, reg.host) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        untag_all(docker_client, reg.host)
+        reg.stop()
 
 
 @pytest.mark.docker

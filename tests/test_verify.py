@@ -524,3 +524,49 @@ def test_devices_passed_in_are_visible(cpu_image: Any, docker_client: Any) -> No
     (dev,) = [r for r in report.results if r.name == "devices"]
     assert (dev.status, dev.expected) == ("pass", "/dev/imgbuild-null")
     assert report.ok and _leftovers(docker_client, cpu_image.refs[0]) == []
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_sigterm_mid_verify_removes_what_it_started_and_exits_143(
+    cpu_image: Any, docker_client: Any, tmp_path: Path, nodes: int
+) -> None:
+    """SIGTERM while verify's containers run (with --nodes 2: the multi-node phase, its network and key folder):
+    all of it is removed, exit 143."""
+    import signal
+    import time
+
+    label = verify.LABEL_VERIFY
+    before = {c.id for c in docker_client.containers.list(all=True, filters={"label": label})}
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "CI": "1", "TMPDIR": str(tmp)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "imgbuild.cli", "verify", "cpu", "--nodes", str(nodes)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )  # fmt: skip
+    runs: set[str] = set()
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            mine = [c for c in docker_client.containers.list(all=True, filters={"label": label}) if c.id not in before]
+            if len(mine) >= nodes:
+                runs = {c.labels[label] for c in mine}
+                break
+            time.sleep(0.05)
+        assert runs, f"no verify container appeared (exit {proc.poll()})"
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=90)
+        assert proc.returncode == 143, output
+        assert "Traceback" not in output and "unexpected error" not in output
+        assert list(tmp.iterdir()) == []  # multinode's key folder
+        for run in runs:
+            assert docker_client.containers.list(all=True, filters={"label": f"{label}={run}"}) == [], run
+            assert docker_client.networks.list(filters={"label": f"{label}={run}"}) == [], run
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for run in runs:  # a failed run's leftovers must not disturb other tests
+            for c in docker_client.containers.list(all=True, filters={"label": f"{label}={run}"}):
+                c.remove(force=True)

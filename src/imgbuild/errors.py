@@ -91,3 +91,9 @@ class Interrupted(ImgbuildError):
     """The user pressed Ctrl-C; what was started has been cleaned up."""
 
     exit_code = 130
+
+
+class Terminated(Interrupted):
+    """SIGTERM stopped the command (`timeout`, `docker stop`, a cancelled CI job); cleaned up as after Ctrl-C."""
+
+    exit_code = 143  # 128 + SIGTERM, what a shell reports for a process SIGTERM ended

@@ -26,6 +26,7 @@ from imgbuild.engine import reason
 from imgbuild.errors import PushError
 
 __all__ = [
+    "CREDENTIALS_HINT",
     "LOGIN_HINT",
     "MANIFEST_TYPES",
     "Destination",
@@ -80,8 +81,21 @@ class Destination:
         return f"{self.host}/{self.prefix}" if self.prefix else self.host
 
 
+CREDENTIALS_HINT = (
+    "leave USER:PASSWORD@ out of the address and run `docker login HOST` once (credentials go to "
+    "~/.docker/config.json or a credential helper); for Amazon ECR, --ecr takes your AWS credentials"
+)
+
+
 def parse_registry(value: str) -> Destination:
-    """``HOST[:PORT][/PREFIX]`` (a leading https:// is dropped) -> Destination."""
+    """``HOST[:PORT][/PREFIX]`` (a leading https:// is dropped) -> Destination.
+
+    An address with credentials (``USER:PASSWORD@HOST``) is refused without repeating any of it: a password on a
+    command line or in IMGBUILD_REGISTRY would reach shell history, process lists and CI logs, and the engine takes
+    credentials from ``docker login`` only."""
+    if "@" in value:
+        raise PushError("the registry address holds credentials (USER:PASSWORD@HOST); imgbuild takes none there "
+                        "and does not repeat them", hint=CREDENTIALS_HINT)  # fmt: skip
     text = value.strip().removeprefix("https://").removeprefix("http://").strip("/")
     host, _, prefix = text.partition("/")
     if not host or not _DOMAIN_RE.match(host):

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from imgbuild.console import RecipeArg, err, handled, out, print_json, resolved
+from imgbuild.interrupts import terminable
 
 base_app = typer.Typer(help="Base images built offline from a Debian or Ubuntu archive.", no_args_is_help=True)
 
@@ -21,6 +22,7 @@ def register(app: typer.Typer) -> None:
 
 
 @handled
+@terminable
 def build_(
     ref: RecipeArg,
     tag: Annotated[list[str] | None, typer.Option("--tag", "-t", help="Extra image reference(s) to tag.")] = None,

@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from imgbuild.console import err, handled, out
+from imgbuild.interrupts import terminable
 
 
 def register(app: typer.Typer) -> None:
@@ -18,7 +19,23 @@ def register(app: typer.Typer) -> None:
     app.command("matrix")(matrix_)
 
 
+def _registry_value(value: str | None) -> str | None:
+    """--registry / IMGBUILD_REGISTRY must be HOST[/PREFIX] without credentials: else a usage error (exit 2) before
+    anything is contacted, naming no part of a password."""
+    if value is None:
+        return None
+    from imgbuild.errors import PushError
+    from imgbuild.registry import parse_registry
+
+    try:
+        parse_registry(value)
+    except PushError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    return value
+
+
 @handled
+@terminable
 def push(
     what: Annotated[
         str, typer.Argument(metavar="RECIPE|IMAGE", help="A recipe (its lock-derived tags) or a local image.")
@@ -30,6 +47,7 @@ def push(
             "-r",
             envvar="IMGBUILD_REGISTRY",
             metavar="HOST[/PREFIX]",
+            callback=_registry_value,
             help="Registry host and optional path prefix, e.g. 127.0.0.1:5000/team. With --ecr it may be left "
             "out: your account's ECR registry in the current region.",
         ),

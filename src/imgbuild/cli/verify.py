@@ -9,6 +9,7 @@ import typer
 
 from imgbuild.console import handled, out
 from imgbuild.errors import VerifyError
+from imgbuild.interrupts import terminable
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -24,6 +25,7 @@ def register(app: typer.Typer) -> None:
 
 
 @handled
+@terminable
 def verify_command(
     ref: Annotated[
         str, typer.Argument(metavar="RECIPE|IMAGE", help="A recipe (name or YAML file) or an image reference.")

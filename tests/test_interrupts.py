@@ -1,0 +1,128 @@
+"""SIGTERM in `terminable` commands (build, push, verify) takes Ctrl-C's cleanup path and ends with exit 143.
+
+These run the real CLI in-process with the command's work replaced by one that signals itself; the Docker tests
+(test_build, test_verify, test_publish: `test_sigterm_*`) send SIGTERM to real `imgbuild` processes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import REPO
+from imgbuild import build, interrupts, publish, verify
+from imgbuild.cli import app
+from imgbuild.errors import Interrupted, Terminated
+
+runner = CliRunner()
+
+
+class Fallback(Exception):
+    """What SIGTERM raises in this test process outside a terminable command (so no test can kill pytest)."""
+
+
+@pytest.fixture(autouse=True)
+def fallback_handler() -> Iterator[Any]:
+    def handler(signum: int, frame: Any) -> None:
+        raise Fallback
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    yield handler
+    assert signal.getsignal(signal.SIGTERM) is handler, "the command did not put the SIGTERM handler back"
+    signal.signal(signal.SIGTERM, previous)
+
+
+def sigterm_self() -> None:
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(5)  # the handler raises before this ends
+    raise AssertionError("SIGTERM did not stop the command")
+
+
+COMMANDS = [
+    (build, "build", ["build", "cpu"]),
+    (publish, "publish", ["push", "cpu", "--registry", "127.0.0.1:5000"]),
+    (verify, "verify", ["verify", "cpu"]),
+]
+
+
+@pytest.mark.parametrize(("module", "name", "args"), COMMANDS, ids=[c[1] for c in COMMANDS])
+def test_sigterm_before_anything_started_exits_143(module: Any, name: str, args: list[str], monkeypatch) -> None:
+    monkeypatch.setattr(module, name, lambda *a, **k: sigterm_self())
+    result = runner.invoke(app, args)
+    assert result.exit_code == Terminated.exit_code == 143, result.output
+    assert "terminated (SIGTERM)" in result.stderr
+
+
+@pytest.mark.parametrize(("module", "name", "args"), COMMANDS, ids=[c[1] for c in COMMANDS])
+def test_sigterm_takes_the_ctrl_c_cleanup_path(module: Any, name: str, args: list[str], monkeypatch) -> None:
+    """The command's own `except KeyboardInterrupt` cleanup runs (a second SIGTERM meanwhile does not cut it
+    short), and its Interrupted becomes exit 143 with the cleanup's message."""
+    cleaned: list[str] = []
+
+    def work(*a: Any, **k: Any) -> None:
+        try:
+            sigterm_self()
+        except KeyboardInterrupt:
+            os.kill(os.getpid(), signal.SIGTERM)  # `docker stop` again, or a CI runner's second signal
+            time.sleep(0.2)
+            cleaned.append("containers")
+            raise Interrupted("cancelled; nothing left behind") from None
+
+    monkeypatch.setattr(module, name, work)
+    result = runner.invoke(app, args)
+    assert cleaned == ["containers"]
+    assert result.exit_code == 143, result.output
+    assert "cancelled; nothing left behind" in result.stderr
+
+
+def test_sigterm_while_cleaning_up_waits_for_the_cleanup_then_stops(monkeypatch) -> None:
+    """A SIGTERM that arrives during a normal cleanup (`sigint_deferred`) is held, then stops the command."""
+    done: list[str] = []
+
+    def work(*a: Any, **k: Any) -> None:
+        with interrupts.sigint_deferred("the build's containers"):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)
+            done.append("removed")
+        done.append("carried on")
+
+    monkeypatch.setattr(build, "build", work)
+    result = runner.invoke(app, ["build", "cpu"])
+    assert done == ["removed"]
+    assert result.exit_code == 143, result.output
+    assert "still removing the build's containers" in result.stderr
+
+
+def test_ctrl_c_still_exits_130(monkeypatch) -> None:
+    def work(*a: Any, **k: Any) -> None:
+        raise Interrupted("build cancelled; no containers left behind")
+
+    monkeypatch.setattr(build, "build", work)
+    result = runner.invoke(app, ["build", "cpu"])
+    assert result.exit_code == 130, result.output
+
+
+def test_other_commands_keep_their_sigterm_handler(fallback_handler: Any, tmp_path: Path, monkeypatch) -> None:
+    """Only build, push and verify turn SIGTERM into a cleanup; `lock`, for one, leaves the handler alone."""
+    from imgbuild import lock
+
+    seen: list[Any] = []
+    original = lock.write
+
+    def write(*a: Any, **k: Any) -> Any:
+        seen.append(signal.getsignal(signal.SIGTERM))
+        return original(*a, **k)
+
+    shutil.copy(REPO / "recipes" / "cpu.yaml", tmp_path / "cpu.yaml")
+    monkeypatch.setattr(lock, "write", write)
+    result = runner.invoke(app, ["lock", str(tmp_path / "cpu.yaml"), "--offline"])
+    assert result.exit_code == 0, result.output
+    assert seen == [fallback_handler]

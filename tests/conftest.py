@@ -160,9 +160,10 @@ def sagemaker_job(docker_client: Any, tmp_path: Path, request: pytest.FixtureReq
         env: dict[str, str] | None = None,
         interface: str = "eth0",
         isolated: bool = False,
+        files: dict[str, str] | None = None,
     ) -> Job:
         """`interface` is resourceconfig's network_interface_name; `isolated` gives the hosts no network at all
-        (no default route), for one-host jobs."""
+        (no default route), for one-host jobs; `files` are more files of /opt/ml/code (relative path -> text)."""
         network = f"imgbuild-sm-{uuid.uuid4().hex[:10]}"
         docker_client.api.create_network(network, driver="bridge", labels={"io.imgbuild.test": "sagemaker"})
         networks.append(network)
@@ -171,6 +172,9 @@ def sagemaker_job(docker_client: Any, tmp_path: Path, request: pytest.FixtureReq
         code = tmp_path / "code"
         code.mkdir()
         (code / program).write_text(script)
+        for rel, text in (files or {}).items():
+            (code / rel).parent.mkdir(parents=True, exist_ok=True)
+            (code / rel).write_text(text)
         key_dir = ssh_key_pair(docker_client, image, tmp_path / "ssh")
         environment = {"IMGBUILD_PEER_TIMEOUT": "60", **(env or {})}
         if not args:

@@ -73,9 +73,12 @@ def test_other_launcher_ifname_default_and_the_recipes_own_mca() -> None:
     assert argv[argv.index("oob_tcp_if_exclude") - 1 :][:3] == ["--mca", "oob_tcp_if_exclude", "lo,docker0"]
     assert [argv[i + 1] for i, a in enumerate(argv) if a == "-x"] == ["PATH", "LD_LIBRARY_PATH", "NCCL_SOCKET_IFNAME"]
     assert "--wdir" not in argv
-    assert line.torchrun_argv(nnodes=2, nproc_per_node=8, endpoint="algo-1:29500", run_id="job", program=["t.py"]) == [
+    torchrun = line.torchrun_argv(
+        nnodes=2, nproc_per_node=8, endpoint="algo-1:29500", run_id="job", local_addr="algo-2", program=["t.py"]
+    )
+    assert torchrun == [
         "python3", "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=8", "--rdzv-backend=c10d",
-        "--rdzv-endpoint=algo-1:29500", "--rdzv-id=job", "t.py",
+        "--rdzv-endpoint=algo-1:29500", "--rdzv-id=job", "--local-addr=algo-2", "t.py",
     ]  # fmt: skip
     # The recipe's NCCL_SOCKET_IFNAME is a default: the job's interface (set before) wins.
     defaults = line.shell_defaults()

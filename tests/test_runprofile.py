@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 from pathlib import Path
 from typing import Any
@@ -104,7 +105,8 @@ def image_of(name: str) -> str:
     return render.plan(resolved(name)).image_refs[0]
 
 
-def test_run_print_gaudi(app: typer.Typer) -> None:
+def test_run_print_gaudi(app: typer.Typer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runprofile, "engine_runtimes", lambda: ["runc", "habana"])  # a Gaudi host's engine
     result = runner.invoke(app, ["run", "gaudi-1.15", "--print"])
     assert result.exit_code == 0, result.output
     assert result.stdout == f"docker run --rm {HABANA} --ulimit memlock=-1:-1 {image_of('gaudi-1.15')}\n"
@@ -118,6 +120,48 @@ def test_run_print_with_a_command(app: typer.Typer) -> None:
     )
     result = runner.invoke(app, ["run", "cpu", "--print", "--image", "registry.example/x:1"])
     assert result.stdout.rstrip().endswith(" registry.example/x:1")
+
+
+@pytest.mark.parametrize(
+    ("runtimes", "gpu", "kept", "note"),
+    [
+        (["runc"], True, False, "the engine has no 'nvidia' runtime: started without --gpus all"),
+        (["runc", "nvidia"], False, False, "no GPU on this host (/dev/nvidia0): started without --gpus all"),
+        (["runc", "nvidia"], True, True, None),
+        (None, False, True, None),  # no engine to ask: the recipe's whole profile, to paste on a GPU host
+    ],
+)
+def test_run_print_gpus_only_where_the_engine_can_give_them(
+    app: typer.Typer,
+    monkeypatch: pytest.MonkeyPatch,
+    runtimes: list[str] | None,
+    gpu: bool,
+    kept: bool,
+    note: str | None,
+) -> None:
+    """`imgbuild run` and verify share one rule (runprofile.for_host): Docker refuses `--gpus` without NVIDIA's
+    runtime, so it is passed only where the engine has it and the host has a GPU (the engine is faked here)."""
+    monkeypatch.setattr(runprofile, "engine_runtimes", lambda: runtimes)
+    monkeypatch.setattr(runprofile, "host_has_gpu", lambda device=runprofile.GPU_DEVICE: gpu)
+    result = runner.invoke(app, ["run", "pytorch", "--print"])
+    assert result.exit_code == 0, result.output
+    assert ("--gpus all" in result.stdout) is kept, result.stdout
+    assert (note in result.stderr) if note else "--gpus" not in result.stderr, result.stderr
+
+
+@pytest.mark.docker
+def test_run_on_this_engine_has_no_gpu_request(
+    app: typer.Typer, cpu_image: Any, recipe_dir: Path, docker_client: Any
+) -> None:
+    """This engine has no nvidia runtime: `imgbuild run` leaves `--gpus` out, and Docker starts the container."""
+    assert "nvidia" not in (docker_client.info().get("Runtimes") or {})
+    result = runner.invoke(app, ["run", "pytorch", "--print"])
+    assert result.exit_code == 0 and "--gpus" not in result.stdout, result.output
+    mine = recipe_dir / "mine.yaml"  # pytorch's profile (gpus: all) without memlock, on the cpu image
+    mine.write_text("extends: pytorch\nruntime: {memlock_unlimited: false}\n")
+    result = runner.invoke(app, ["run", str(mine), "--image", cpu_image.refs[0], "--", "true"])
+    assert result.exit_code == 0, result.output
+    assert "started without --gpus all" in result.stderr
 
 
 def test_run_unknown_recipe(app: typer.Typer) -> None:
@@ -154,3 +198,46 @@ def test_cli_arguments_and_docker_py_options_are_one_profile(name: str) -> None:
     assert (f"--shm-size={kwargs['shm_size']}" in args) if "shm_size" in kwargs else not any("shm" in a for a in args)
     cli = runprofile.docker_run_args(resolved(name), "IMG", [], host_devices=devices)
     assert cli == ["docker", "run", "--rm", *args, "IMG"]
+
+
+def test_gdrcopy_images_ask_for_gdrdrv_where_the_host_has_it(app: typer.Typer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gdrcopy block's one rule: the image's ENV enables the toolkit's injection (NVIDIA_GDRCOPY=enabled),
+    and the run profile passes /dev/gdrdrv only where the host has it (a missing device stops `docker run`)."""
+
+    def manifest_of(name: str) -> tuple[str, dict[str, Any]]:
+        plan = render.plan(resolved(name))
+        raw = next(f.content for f in plan.files if f.path == "imgbuild/manifest.json")
+        return plan.dockerfile, json.loads(raw)
+
+    dockerfile, manifest = manifest_of("a100")
+    assert '    NVIDIA_GDRCOPY="enabled" \\\n' in dockerfile
+    assert manifest["runtime"]["host_devices"] == ["/dev/gdrdrv"] and "NVIDIA_GDRCOPY" in manifest["image_env"]
+    dockerfile, manifest = manifest_of("cpu")  # no gdrcopy
+    assert manifest["runtime"]["host_devices"] == [] and "NVIDIA_GDRCOPY" not in dockerfile
+    monkeypatch.setattr(runprofile, "engine_runtimes", lambda: None)
+    assert not runprofile.device_present("/dev/gdrdrv")  # this host: no gdrdrv module
+    result = runner.invoke(app, ["run", "a100", "--print"])
+    assert result.exit_code == 0 and "gdrdrv" not in result.stdout, result.output
+    monkeypatch.setattr(runprofile, "device_present", lambda path: path == "/dev/gdrdrv")  # a host with gdrdrv
+    result = runner.invoke(app, ["run", "a100", "--print"])
+    assert result.exit_code == 0 and " --device=/dev/gdrdrv " in result.stdout, result.output
+    result = runner.invoke(app, ["run", "cpu", "--print"])
+    assert "gdrdrv" not in result.stdout
+
+
+def test_verify_reports_gdrdrv() -> None:
+    """verify's gdrcopy-device check, on this host (no /dev/gdrdrv): skipped with the reason; failed when the
+    device was passed to the container yet is missing in it."""
+    import testinfra
+
+    from imgbuild import checks
+    from imgbuild.components import gdrcopy
+
+    host = testinfra.get_host("local://")
+    ctx = checks.CheckContext(host=host, scope="host", components={"gdrcopy": {"version": "2.5.1"}})
+    result = gdrcopy.gdrcopy_device(ctx)
+    assert result.status == "skip" and "no /dev/gdrdrv: the host has no gdrdrv module loaded" in result.reason
+    passed_in = checks.CheckContext(host=host, scope="host", components={}, devices=("/dev/gdrdrv",))
+    assert gdrcopy.gdrcopy_device(passed_in).status == "fail"
+    null = checks.CheckContext(host=host, scope="host", components={})
+    assert gdrcopy.GDRDRV == "/dev/gdrdrv" and gdrcopy.gdrcopy_device(null).status in {"skip", "pass"}

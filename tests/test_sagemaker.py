@@ -378,3 +378,42 @@ def wait_for_container_log(client: Any, container_id: str, text: str, timeout: f
     while text not in (log := client.api.logs(container_id).decode(errors="replace")):
         assert time.monotonic() < deadline, f"no {text!r} within {timeout}s\n{log}"
         time.sleep(0.3)
+
+
+# `python -m torch.distributed.run` run from /opt/ml/code (train's working folder, first on sys.path under -m)
+# imports this torch: it prints the options train gave torchrun instead of starting anything.
+FAKE_TORCHRUN = {
+    "torch/__init__.py": "",
+    "torch/distributed/__init__.py": "",
+    # It stays up a while: a host that ended at once would take its sshd with it before the other one saw it.
+    "torch/distributed/run.py": (
+        'import json, sys, time\nprint("IMGBUILD-ARGV " + json.dumps(sys.argv[1:]), flush=True)\ntime.sleep(20)\n'
+    ),
+}
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_torchrun_publishes_the_hosts_sagemaker_name(sm_job: Any, docker_client: Any, cpu_image: Any) -> None:
+    """IMGBUILD_LAUNCHER=torchrun on two SageMaker hosts: each host's torchrun line is the launch module's, with
+    `--local-addr` = its resourceconfig.json `current_host` (rank 0 publishes it as the rendezvous master; the
+    container's own hostname need not resolve on SageMaker)."""
+    from imgbuild import launch
+    from imgbuild.manifest import Manifest
+    from imgbuild.paths import MANIFEST_PATH
+
+    job = sm_job(2, script="", files=FAKE_TORCHRUN, env={"IMGBUILD_LAUNCHER": "torchrun"})
+    leader, workers, _ = finish(job, 120)
+    logs = explain(job)
+    assert leader == 0 and workers == [0], logs
+    raw = docker_client.containers.run(cpu_image.refs[0], ["cat", MANIFEST_PATH], remove=True, entrypoint=[])
+    manifest = Manifest.parse(raw, cpu_image.refs[0])
+    for host in job.hosts:
+        lines = [ln for ln in job.logs(host).splitlines() if ln.startswith("IMGBUILD-ARGV ")]
+        assert len(lines) == 1, logs
+        ran = json.loads(lines[0].split(" ", 1)[1])
+        options = launch.Launch.torchrun_options(
+            nnodes=2, nproc_per_node=manifest.slots, endpoint="algo-1:29500", run_id="imgbuild", local_addr=host.name
+        )
+        assert ran[: len(options)] == options, (host.name, ran)
+        assert ran[len(options) :] == ["/opt/ml/code/job.py"], (host.name, ran)

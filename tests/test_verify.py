@@ -271,7 +271,8 @@ def test_run_options_follow_the_runtime_profile(monkeypatch: pytest.MonkeyPatch)
     manifest = manifest_with(platform={"accelerator": "nvidia", "gpu_arch": "sm_80"},
                              runtime={"efa_devices": True, "gpus": "all", "ipc": "host", "env": {"A": "1"},
                                       "runtime": "habana", "memlock_unlimited": True})  # fmt: skip
-    opts = verify.run_options(manifest, ["/dev/fuse", "/dev/infiniband/uverbs1"], runtimes=["runc"], has_gpu=True)
+    opts = verify.run_options(manifest, ["/dev/fuse", "/dev/infiniband/uverbs1"], runtimes=["runc", "nvidia"],
+                              has_gpu=True)  # fmt: skip
     order = (
         "/dev/infiniband/uverbs0",
         "/dev/infiniband/uverbs1",
@@ -290,6 +291,10 @@ def test_run_options_follow_the_runtime_profile(monkeypatch: pytest.MonkeyPatch)
     cli = runprofile.run_spec(manifest.runtime, verify.host_efa_devices(), ["/dev/fuse", "/dev/infiniband/uverbs1"])
     assert cli.devices == opts.spec.devices
     assert cli.docker_args()[cli.docker_args().index("--gpus") :][:2] == ["--gpus", "all"]
+    # A GPU host whose engine lacks the nvidia runtime: Docker would refuse --gpus (the rule `imgbuild run` uses)
+    no_toolkit = verify.run_options(manifest, [], runtimes=["runc"], has_gpu=True)
+    assert "device_requests" not in no_toolkit.spec.docker_py()
+    assert "the engine has no 'nvidia' runtime: started without --gpus all" in no_toolkit.notes
     cpu = verify.run_options(manifest_with(), [], [], has_gpu=True)
     assert not cpu.gpu and cpu.gpu_reason == "the recipe is not for NVIDIA GPUs" and not cpu.spec.devices
     assert cpu.spec.docker_py()["shm_size"] == "1g"

@@ -50,22 +50,37 @@ class Launch:
         return [*self.mpirun, "-np", str(np), "--hostfile", hostfile, *(["--wdir", wdir] if wdir else []), *program]
 
     @staticmethod
-    def torchrun_options(*, nnodes: int | str, nproc_per_node: int | str, endpoint: str, run_id: str) -> list[str]:
-        """torchrun's options for one job: c10d rendezvous at `endpoint` (HOST:PORT of the first host, whose agent
-        hosts the store); node ranks are assigned by the rendezvous."""
+    def torchrun_options(
+        *, nnodes: int | str, nproc_per_node: int | str, endpoint: str, run_id: str, local_addr: str
+    ) -> list[str]:
+        """torchrun's options for one host of a job: c10d rendezvous at `endpoint` (HOST:PORT of the first host,
+        whose agent hosts the store); node ranks are assigned by the rendezvous. `local_addr` is this host's name
+        as the others reach it (the list `endpoint` comes from): the address rank 0's agent publishes as the
+        master's, which is otherwise `socket.getfqdn()` (on SageMaker the container's hostname is not the name
+        the other hosts resolve; resourceconfig.json's `current_host` is)."""
         return [
             f"--nnodes={nnodes}",
             f"--nproc_per_node={nproc_per_node}",
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint={endpoint}",
             f"--rdzv-id={run_id}",
+            f"--local-addr={local_addr}",
         ]
 
     def torchrun_argv(
-        self, *, nnodes: int, nproc_per_node: int, endpoint: str, run_id: str, program: Sequence[str]
+        self,
+        *,
+        nnodes: int,
+        nproc_per_node: int,
+        endpoint: str,
+        run_id: str,
+        local_addr: str,
+        program: Sequence[str],
     ) -> list[str]:
         """The whole torchrun command of one host (`--no-python` first in `program` for a non-Python one)."""
-        options = self.torchrun_options(nnodes=nnodes, nproc_per_node=nproc_per_node, endpoint=endpoint, run_id=run_id)
+        options = self.torchrun_options(
+            nnodes=nnodes, nproc_per_node=nproc_per_node, endpoint=endpoint, run_id=run_id, local_addr=local_addr
+        )
         return [*self.torchrun, *options, *program]
 
     def torchrun_shell(self) -> str:
@@ -75,6 +90,7 @@ class Launch:
             nproc_per_node="${slots}",
             endpoint="${leader}:${IMGBUILD_MASTER_PORT:-29500}",
             run_id="${TRAINING_JOB_NAME:-imgbuild}",
+            local_addr="${current_host}",  # resourceconfig.json's current_host (one host without it: hostname)
         )
         return " ".join(f'"{option}"' for option in options)
 

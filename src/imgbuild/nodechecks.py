@@ -569,9 +569,10 @@ def _ddp_torchrun(s: Session, *, sshd_down: list[str]) -> CheckResult:
             nproc_per_node=s.per_node,
             endpoint=f"{s.nodes.names[0]}:{s.master_port}",
             run_id=s.run_id,
+            local_addr=s.nodes.names[k],  # the name the other nodes reach node k by, as the endpoint's
             program=[s.ddp_program],
         )
-        for _ in range(s.n)
+        for k in range(s.n)
     ]
     limit = s.left(DDP_TIMEOUT_S)
     started = time.monotonic()

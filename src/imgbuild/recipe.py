@@ -133,6 +133,9 @@ class Runtime(Strict):
     network: Literal["host"] | None = None
     ipc: Literal["host"] | None = None
     efa_devices: bool = False
+    # Device nodes passed only where the host has them (`imgbuild run`, verify); blocks add theirs (gdrcopy:
+    # /dev/gdrdrv) to the image manifest's copy of this section.
+    host_devices: tuple[Annotated[str, AfterValidator(matching(r"/dev/[A-Za-z0-9._/-]+", "a /dev path"))], ...] = ()
     shm_size: (
         Annotated[str, AfterValidator(matching(r"\d+[bkmg]?", "a size such as 1g, 512m or 1073741824"))] | None
     ) = None

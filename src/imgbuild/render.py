@@ -29,6 +29,7 @@ from imgbuild.errors import RenderError
 from imgbuild.launch import for_manifest
 from imgbuild.lock import Lock
 from imgbuild.manifest import ComponentEntry, Manifest
+from imgbuild.recipe import Runtime
 from imgbuild.resolver import Resolved
 
 if TYPE_CHECKING:
@@ -346,8 +347,16 @@ def _manifest(resolved: Resolved, digest: str, contribs: dict[str, Contribution]
         env=dict(sorted(r.env.items())),
         image_env=tuple(sorted([*(name for name, paths in env_paths.items() if paths), *env])),
         mpirun=r.mpirun,
-        runtime=r.runtime,
+        runtime=runtime_profile(r.runtime, contribs),
     )
+
+
+def runtime_profile(runtime: Runtime, contribs: dict[str, Contribution]) -> Runtime:
+    """The recipe's `runtime:` section with the device nodes the blocks give containers where the host has them."""
+    extra = [d for c in contribs.values() for d in c.host_devices]
+    if not extra:
+        return runtime
+    return runtime.model_copy(update={"host_devices": tuple(dict.fromkeys([*runtime.host_devices, *extra]))})
 
 
 def _files(

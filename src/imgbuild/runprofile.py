@@ -18,9 +18,10 @@ note), and verification containers never take the host's network (`network=None`
 from __future__ import annotations
 
 import glob
+import os
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,11 @@ if TYPE_CHECKING:
 
 EFA_DEVICE_GLOB = "/dev/infiniband/uverbs*"
 DEFAULT_SHM_SIZE = "1g"
+
+
+def device_present(path: str) -> bool:
+    """Whether this host has the device node `path`."""
+    return os.path.exists(path)
 
 
 def host_efa_devices(pattern: str = EFA_DEVICE_GLOB) -> list[str]:
@@ -107,16 +113,26 @@ class RunSpec:
         return kwargs
 
 
-def run_spec(runtime: Runtime, host_devices: Sequence[str], extra_devices: Sequence[str] = ()) -> RunSpec:
+def run_spec(
+    runtime: Runtime,
+    host_devices: Sequence[str],
+    extra_devices: Sequence[str] = (),
+    *,
+    exists: Callable[[str], bool] | None = None,
+) -> RunSpec:
     """THE rule: a recipe's (or an image manifest's) `runtime:` section on a host with these EFA devices.
 
     `host_devices`: the host's EFA devices (`host_efa_devices`), added only when the profile wants EFA.
     `extra_devices`: devices the user asked for (`--device`), first; an EFA device among them is not repeated.
+    The profile's `host_devices` (gdrcopy's /dev/gdrdrv) are added where the host has them (`exists`, default
+    `device_present`): a device
+    the host lacks would stop Docker from starting the container.
     """
     devices = list(extra_devices)
-    if runtime.efa_devices:
-        inside = {_inside(d) for d in devices}
-        devices += [dev for dev in host_devices if dev not in inside]
+    present = exists or device_present
+    wanted = [*(host_devices if runtime.efa_devices else ()), *(d for d in runtime.host_devices if present(d))]
+    inside = {_inside(d) for d in devices}
+    devices += [dev for dev in dict.fromkeys(wanted) if dev not in inside]
     return RunSpec(
         runtime=runtime.runtime,
         env=tuple(sorted(runtime.env.items())),
@@ -130,23 +146,52 @@ def run_spec(runtime: Runtime, host_devices: Sequence[str], extra_devices: Seque
     )
 
 
-def for_engine(spec: RunSpec, *, runtimes: Sequence[str], has_gpu: bool) -> tuple[RunSpec, list[str]]:
-    """The spec a verification starts on this engine and host: its own network (never the host's), no GPU
-    request without a GPU, no runtime the engine lacks. Returns the spec and a note for each thing left out."""
+GPU_DEVICE = "/dev/nvidia0"
+
+
+def host_has_gpu(device: str = GPU_DEVICE) -> bool:
+    """Whether this host has an NVIDIA GPU (its first device node)."""
+    return os.path.exists(device)
+
+
+def for_host(spec: RunSpec, *, runtimes: Sequence[str], has_gpu: bool) -> tuple[RunSpec, list[str]]:
+    """THE rule for what the engine and host can give a container (`imgbuild run` and verification alike): no
+    runtime the engine lacks, and `--gpus` only on a host with a GPU whose engine has the `nvidia` runtime (Docker
+    serves `--gpus` through NVIDIA's container toolkit, which `nvidia-ctk runtime configure` registers as that
+    runtime; without it Docker refuses to start the container). Returns the spec and a note for each thing left
+    out."""
     notes = []
     if spec.runtime and spec.runtime not in runtimes:
         notes.append(f"the engine has no '{spec.runtime}' runtime: started without it")
-    return replace(
-        spec,
-        network=None,
-        gpus=spec.gpus if has_gpu else None,
-        runtime=spec.runtime if spec.runtime in runtimes else None,
-    ), notes
+    gpus = spec.gpus if has_gpu and "nvidia" in runtimes else None
+    if spec.gpus and gpus is None:
+        why = f"no GPU on this host ({GPU_DEVICE})" if not has_gpu else "the engine has no 'nvidia' runtime"
+        notes.append(f"{why}: started without --gpus {spec.gpus}")
+    return replace(spec, gpus=gpus, runtime=spec.runtime if spec.runtime in runtimes else None), notes
+
+
+def for_engine(spec: RunSpec, *, runtimes: Sequence[str], has_gpu: bool) -> tuple[RunSpec, list[str]]:
+    """The spec a verification starts on this engine and host: `for_host`, on its own network (never the
+    host's)."""
+    spec, notes = for_host(spec, runtimes=runtimes, has_gpu=has_gpu)
+    return replace(spec, network=None), notes
 
 
 def without_memlock(spec: RunSpec) -> RunSpec:
     """The spec for an engine that refuses memlock=unlimited (rootless, or no CAP_SYS_RESOURCE)."""
     return replace(spec, memlock_unlimited=False)
+
+
+def _profile_of(source: Resolved | LoadedRecipe | Recipe) -> Runtime:
+    """The run profile: a resolved recipe's as its image's manifest has it (with the blocks' host devices), else
+    the recipe's `runtime:` section."""
+    from imgbuild.resolver import Resolved
+
+    if isinstance(source, Resolved):
+        from imgbuild import render
+
+        return render.manifest(source).runtime
+    return _recipe_of(source).runtime
 
 
 def _recipe_of(source: Resolved | LoadedRecipe | Recipe) -> Recipe:
@@ -164,14 +209,37 @@ def docker_run_args(
     *,
     host_devices: list[str],
     interactive: bool = False,
+    engine: tuple[Sequence[str], bool] | None = None,
+    notes: list[str] | None = None,
 ) -> list[str]:
     """The whole `docker run` command (argv, starting with "docker") for a container of the recipe's image.
 
     `host_devices` are the host's EFA devices (see `host_efa_devices`); they are added only when the recipe's
-    runtime wants EFA. `interactive` (stdin is a terminal) adds `-it`.
+    runtime wants EFA. `interactive` (stdin is a terminal) adds `-it`. `engine` (the engine's runtimes, whether
+    the host has a GPU) adapts the profile to them (`for_host`, a note in `notes` for each thing left out); None
+    (no engine to ask) keeps it whole.
     """
-    spec = run_spec(_recipe_of(source).runtime, host_devices)
+    spec = run_spec(_profile_of(source), host_devices)
+    if engine is not None:
+        spec, left_out = for_host(spec, runtimes=engine[0], has_gpu=engine[1])
+        if notes is not None:
+            notes += left_out
     return ["docker", "run", "--rm", *(["-it"] if interactive else []), *spec.docker_args(), image_ref, *cmd]
+
+
+def engine_runtimes() -> list[str] | None:
+    """The container runtimes of the engine `docker` talks to (DOCKER_HOST), None when it cannot be asked."""
+    from imgbuild import engine
+    from imgbuild.errors import EngineError
+
+    try:
+        client = engine.connect()
+        try:
+            return list((client.info().get("Runtimes") or {}).keys())
+        finally:
+            client.close()
+    except (EngineError, OSError, ValueError):
+        return None
 
 
 def command_line(argv: Sequence[str]) -> str:

@@ -18,7 +18,6 @@ This is an edge module: it talks to the Docker engine (docker-py) and to contain
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 import threading
@@ -39,7 +38,7 @@ from imgbuild.interrupts import sigint_deferred
 from imgbuild.manifest import MANIFEST_PATH, Manifest
 from imgbuild.report import CheckResult, failures
 from imgbuild.resolver import Resolved
-from imgbuild.runprofile import EFA_DEVICE_GLOB, RunSpec, for_engine, host_efa_devices, run_spec
+from imgbuild.runprofile import EFA_DEVICE_GLOB, RunSpec, for_engine, host_efa_devices, host_has_gpu, run_spec
 
 LABEL_RECIPE = "io.imgbuild.recipe"
 READY_TIMEOUT_S = 60.0
@@ -298,7 +297,7 @@ def run_options(
     efa = host_efa_devices() if manifest.runtime.efa_devices else []
     spec = run_spec(manifest.runtime, efa, extra_devices)
     if has_gpu is None:
-        has_gpu = os.path.exists("/dev/nvidia0")
+        has_gpu = host_has_gpu()
     spec, notes = for_engine(spec, runtimes=runtimes, has_gpu=has_gpu)
     if manifest.runtime.efa_devices and not efa:
         notes.append("the recipe uses EFA devices; this host has none")

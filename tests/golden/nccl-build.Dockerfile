@@ -125,6 +125,7 @@ ENV LD_LIBRARY_PATH=/opt/amazon/efa/lib:/opt/amazon/openmpi/lib:/opt/gdrcopy/lib
 ENV NCCL_HOME="/opt/nccl" \
     NCCL_NET_PLUGIN="ofi" \
     NCCL_SOCKET_IFNAME="^lo,docker" \
+    NVIDIA_GDRCOPY="enabled" \
     OMPI_ALLOW_RUN_AS_ROOT="1" \
     OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1" \
     PYTHONUNBUFFERED="1"

@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from imgbuild.console import RecipeArg, handled, out, resolved, warn
+from imgbuild.console import RecipeArg, err, handled, out, resolved, warn
 from imgbuild.errors import EngineError
 
 
@@ -43,13 +43,21 @@ def run(
     _, res, _ = resolved(ref)
     warn(res)
     image_ref = image or render.image_ref(res)
+    # What the engine and host cannot give (a GPU request without the nvidia runtime, a runtime it lacks) is left
+    # out with a note, as verify does (runprofile.for_host); an engine that can't be asked gets the whole profile.
+    runtimes = runprofile.engine_runtimes()
+    notes: list[str] = []
     argv = runprofile.docker_run_args(
         res,
         image_ref,
         cmd or [],
         host_devices=runprofile.host_efa_devices(),
         interactive=sys.stdin.isatty(),
+        engine=None if runtimes is None else (runtimes, runprofile.host_has_gpu()),
+        notes=notes,
     )
+    for note in notes:
+        err().print(f"note: {note}", markup=False, highlight=False)
     if print_only:
         out().print(runprofile.command_line(argv), markup=False, emoji=False, highlight=False)
         return

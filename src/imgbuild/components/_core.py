@@ -53,6 +53,8 @@ class Contribution:
     ld_library_path: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     manifest: dict[str, Any] = field(default_factory=dict)
+    # Device nodes a container of the image is given where the host has them (the manifest's runtime.host_devices).
+    host_devices: list[str] = field(default_factory=list)
     # The builder compiles against libfabric / Open MPI, so the EFA installer must run in the builder too.
     needs_fabric_in_builder: bool = False
     # Free disk the engine needs for this block's layers while they are written and committed.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import shlex
 
-from imgbuild.checks import CheckContext, check, fail, passed
+from imgbuild.checks import CheckContext, check, fail, passed, skip
 from imgbuild.components._core import Block, Context, Contribution, Pin, Resolution
 from imgbuild.report import CheckResult
 from imgbuild.schema import AbsPath, Strict, pin_validator
@@ -32,10 +32,24 @@ def resolve(g: GdrCopy, rs: Resolution) -> Pin:
     return Pin(version=g.version, source="release", origin="recipe", details={"prefix": g.prefix})
 
 
+# The library needs the host's gdrdrv device in the container. ONE rule, contributed here: the image's ENV sets
+# NVIDIA_GDRCOPY=enabled, which the NVIDIA container toolkit (>= 1.15) reads from the container's environment (image
+# ENV included) to inject /dev/gdrdrv (NVIDIA/gdrcopy#291; the runtime's feature-gated modifier,
+# nvidia-container-toolkit internal/modifier/gated.go). Where the host has no gdrdrv the toolkit's GDRCopy
+# discoverer finds no device and adds nothing, without an error (internal/discover/gdrcopy_test.go: "empty rootfs
+# returns no devices"), so containers still start there. `imgbuild run` and verify also pass `--device
+# /dev/gdrdrv` where the host has it (runtime.host_devices; plain `--gpus` through runc has no gated modifier);
+# CDI edits replace a device of the same path, so the two don't clash. On Kubernetes the pods get the variable
+# from the image ENV; pyxis/enroot's nvidia hook binds /dev/gdrdrv itself for compute containers (nofail).
+GDRDRV = "/dev/gdrdrv"
+
+
 def contribute(pin: Pin, ctx: Context) -> Contribution:
     c = Contribution(name="gdrcopy")
     c.builder_packages |= {"curl", "ca-certificates", "build-essential"}
     c.ld_library_path.append(f"{pin.details['prefix']}/lib")
+    c.env["NVIDIA_GDRCOPY"] = "enabled"
+    c.host_devices.append(GDRDRV)
     return c
 
 
@@ -60,3 +74,14 @@ def gdrcopy_library(ctx: CheckContext) -> CheckResult:
     if missing:
         return fail(f"{lib}: {', '.join(missing)} not found", expected="resolves", found=lib)
     return passed(lib, "resolves")
+
+
+@check("gdrcopy-device", "gdrcopy")
+def gdrcopy_device(ctx: CheckContext) -> CheckResult:
+    """/dev/gdrdrv (the host's gdrdrv module) is in the container: passed where the host has it, else skipped."""
+    ran = ctx.run(f"test -c {GDRDRV} && echo present || echo absent")
+    if "present" in ran.out:
+        return passed(GDRDRV, "present")
+    if GDRDRV in ctx.devices:
+        return fail(f"{GDRDRV} was passed to the container but is not a character device in it", GDRDRV, "missing")
+    return skip(f"no {GDRDRV}: the host has no gdrdrv module loaded, so GDRCopy is not used here", GDRDRV)

@@ -87,6 +87,13 @@ class DoctorError(ImgbuildError):
     exit_code = 13
 
 
+class OutputError(ImgbuildError):
+    """A file the user asked for (a report's JSON, JUnit or plot) could not be written; names the path. Not 11: that
+    code means the thing checked failed, and a full disk or a missing folder says nothing about it."""
+
+    exit_code = 14
+
+
 class Interrupted(ImgbuildError):
     """The user pressed Ctrl-C; what was started has been cleaned up."""
 

@@ -11,9 +11,11 @@ import typer
 
 from imgbuild.cluster.jobs import job_command
 from imgbuild.cluster.live import cluster_test_command
-from imgbuild.errors import VerifyError
+from imgbuild.errors import OutputError, VerifyError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from rich.console import Console
 
     from imgbuild.cluster.report import Report
@@ -38,6 +40,12 @@ _STYLE = {"PASS": "green", "FAIL": "bold red", "WARN": "yellow", "SKIP": "dim"}
 _OPTION = {"instance_type": "--instance-type", "nodes": "--nodes", "nccl_version": "--nccl-version"}
 # Rows of the result table shown on the terminal: the large sizes, where the network is measured.
 _SHOWN_FROM = 64 * 1024 * 1024
+# What a terminal shows of a log of any shape (thousands of tables, a table of 40000 rows): the JSON and JUnit
+# files carry everything.
+_SHOWN_CRITERIA = 40
+_SHOWN_TABLES = 8
+_SHOWN_ROWS = 16
+_NAMED_FAILURES = 6
 
 
 @app.command("report")
@@ -64,7 +72,8 @@ def report_command(
     ] = None,
 ) -> None:
     """Say whether an nccl-tests run used EFA, loaded the expected NCCL, got correct results and reached the bus
-    bandwidth published for its instance type and node count. Exit 0 on PASS or WARN, 11 on FAIL."""
+    bandwidth published for its instance type and node count. Exit 0 on PASS or WARN, 11 on FAIL, 14 when a file
+    asked for (--json, --junit, --plot) could not be written (11 still wins on FAIL)."""
     from imgbuild.console import handled
 
     handled(_report)(log, instance_type, nodes, nccl_version, plot, json_path, junit)
@@ -95,16 +104,40 @@ def _report(
         ) from None
     rep = report.judge(report.parse(text), expect, source=source)
     render(rep, out())
-    if json_path is not None:
-        _write(json_path, report.to_json(rep).encode())
-    if junit is not None:
-        _write(junit, report.junit_xml(rep).encode())
-    if plot is not None:
+    # Every output is tried, whichever fails first; the verdict's exit code wins over an output's, so that a FAIL
+    # never reads as a tooling error.
+    problems = []
+    for path, make in _outputs(rep, json_path, junit, plot):
+        try:
+            _write(path, make())
+        except OutputError as exc:
+            problems.append(exc.message if exc.message.startswith(f"{path}: ") else f"{path}: {exc}")
+    if rep.verdict == "FAIL":
+        also = f"; and {'; '.join(problems)}" if problems else ""
+        failed = [c.name for c in rep.failed]
+        more = f" and {len(failed) - _NAMED_FAILURES} more" if len(failed) > _NAMED_FAILURES else ""
+        raise VerifyError(f"{source}: FAIL ({', '.join(failed[:_NAMED_FAILURES])}{more}){also}")
+    if problems:
+        raise OutputError(f"{'; '.join(problems)} (the verdict, {rep.verdict}, is above)")
+
+
+def _outputs(
+    rep: Report, json_path: Path | None, junit: Path | None, plot: Path | None
+) -> list[tuple[Path, Callable[[], bytes]]]:
+    """The files asked for, each with what makes its bytes (drawing the plot is left until it is written)."""
+    from imgbuild.cluster import report
+
+    def png() -> bytes:
         from imgbuild.cluster import plot as plotting
 
-        _write(plot, plotting.png(rep))
-    if rep.verdict == "FAIL":
-        raise VerifyError(f"{source}: FAIL ({', '.join(c.name for c in rep.failed)})")
+        return plotting.png(rep)
+
+    wanted: list[tuple[Path | None, Callable[[], bytes]]] = [
+        (json_path, lambda: report.to_json(rep).encode()),
+        (junit, lambda: report.junit_xml(rep).encode()),
+        (plot, png),
+    ]
+    return [(path, make) for path, make in wanted if path is not None]
 
 
 def _read(log: str) -> tuple[str, str]:
@@ -123,10 +156,11 @@ def _read(log: str) -> tuple[str, str]:
 
 
 def _write(path: Path, data: bytes) -> None:
+    """OutputError naming the path when it cannot be written."""
     try:
         path.write_bytes(data)
     except OSError as exc:
-        raise VerifyError(f"{path}: cannot write the report: {exc.strerror}") from None
+        raise OutputError(f"{path}: cannot write the report: {exc.strerror or exc}") from None
 
 
 def render(rep: Report, console: Console) -> None:
@@ -149,23 +183,24 @@ def render(rep: Report, console: Console) -> None:
     console.print(Text("  " + "; ".join(shape)))
 
     crit = Table("criterion", "status", "expected", "found", "reason", box=None, pad_edge=False)
-    for c in rep.criteria:
+    for c in rep.criteria[:_SHOWN_CRITERIA]:
         crit.add_row(
             Text(c.name), Text(c.status, style=_STYLE[c.status]), Text(c.expected), Text(c.found), Text(c.reason)
         )
     console.print(crit)
+    if len(rep.criteria) > _SHOWN_CRITERIA:
+        console.print(Text(f"... {len(rep.criteria) - _SHOWN_CRITERIA} more criteria (--json and --junit list all)"))
 
     published = {c.size: c for c in rep.bandwidth}
-    for k, t in enumerate(parsed.tables, 1):
+    measured = [(k, t) for k, t in enumerate(parsed.tables, 1) if t.rows]
+    for k, t in measured[:_SHOWN_TABLES]:
         rows = [r for r in t.rows if r.size >= _SHOWN_FROM] or list(t.rows[-6:])
-        if not rows:
-            continue
         title = f"bus bandwidth, GB/s ({t.collective or 'collective not named'}"
         title += f", table {k})" if len(parsed.tables) > 1 else ")"
         bw = Table(
             "size", "out-of-place", "in-place", "published", box=None, pad_edge=False, title=title, title_justify="left"
         )
-        for r in rows:
+        for r in rows[:_SHOWN_ROWS]:
             check = published.get(r.size)
             bw.add_row(
                 human_size(r.size),
@@ -174,6 +209,10 @@ def render(rep: Report, console: Console) -> None:
                 Text(f"{check.published:g} (pass >= {check.floor:g})", style=_STYLE[check.status]) if check else "",
             )
         console.print(bw)
+        if len(rows) > _SHOWN_ROWS:
+            console.print(Text(f"... {len(rows) - _SHOWN_ROWS} more rows (--json lists all)"))
+    if len(measured) > _SHOWN_TABLES:
+        console.print(Text(f"... {len(measured) - _SHOWN_TABLES} more result tables (--json lists all)"))
     for note in rep.notes:
         console.print(Text(note, style="dim"))
     n = rep.counts()

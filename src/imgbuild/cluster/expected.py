@@ -40,7 +40,7 @@ class Figure(_Strict):
     nodes: int = Field(ge=1)
     gpus_per_node: int = Field(ge=1)
     size: int = Field(gt=0, description="message size in bytes")
-    busbw: float = Field(gt=0, description="GB/s")
+    busbw: float = Field(gt=0, allow_inf_nan=False, description="GB/s")
     nccl: str | None = Field(pattern=r"^\d+\.\d+\.\d+$", description="the NCCL that produced it; null: not stated")
     aws_ofi_nccl: str | None = Field(pattern=r"^\d+\.\d+\.\d+\S*$")
     source: Source

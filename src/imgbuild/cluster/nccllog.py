@@ -6,7 +6,10 @@ What the parser understands, from the logs in tests/data/upstream/nccl-tests:
 - line prefixes: Open MPI's `--tag-output` (`[1,0]<stdout>:`) and `srun -l` (`0: `), also indented;
 - both result tables: nccl-tests before 2.13 (`redop`, then `time algbw busbw error` twice) and since
   (`redop root`, then `time algbw busbw #wrong` twice); out-of-place first, in-place second; NCCL INFO lines
-  interleaved with the rows; `# Out of bounds values : N OK|FAILED`; `# Avg bus bandwidth : X`;
+  interleaved with the rows; `# Out of bounds values : N OK|FAILED`; `# Avg bus bandwidth : X`; `#wrong` as
+  nccl-tests prints it, with `%g` (`6.71089e+07`); `nan`, `inf` and negative numbers are kept as printed (the
+  report judges them). A line under a table header that starts like a row (a size) but cannot be read as one is
+  kept, with its line number, in `ResultTable.unreadable`: no row is dropped silently;
 - `NCCL version 2.x.y+cudaZ` (with or without the `NCCL INFO` prefix) and nccl-tests' `nccl-library=` code;
 - the network, in the wordings of NCCL 2.4 to 2.29 and aws-ofi-nccl 1.1 to 1.18: `Using network X`,
   `Assigned NET plugin X`, `via NET/X/0`, `Selected provider is efa, fabric is efa (found N nics)` (and the
@@ -17,31 +20,51 @@ What the parser understands, from the logs in tests/data/upstream/nccl-tests:
 - the run's shape: the `#  Rank N ... on HOST device D` lines, NCCL's `nNodes N`, and the instance type when
   aws-ofi-nccl names it (`Running on p4d.24xlarge platform`, the 1.1-era `Running on P4d platform`, `not
   available for platform : g7e.8xlarge`).
+
+Time and memory are linear in the log's size whatever its shape (one 3 MB line from a JSON export, long runs of
+spaces, a phrase repeated thousands of times on a line): no pattern here scans to the end of a line from each of
+several starts (`.*` before a phrase, `.*?` before `$`). Where a finding is "the rest of the line" it is cut
+with str methods after a bounded match, and kept to `_KEEP` characters.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 
 class Frozen(BaseModel):
     """The base of a log's models and of its verdict's: immutable, unknown fields refused."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # JSON has no NaN or Infinity: a log's `nan` or `inf` is written as the string "NaN", "Infinity", "-Infinity".
+    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="strings")
+
+
+# A number as the log printed it: nan and inf are kept (the report fails them), and JSON carries them as strings.
+Printed = Annotated[float, WithJsonSchema({"anyOf": [{"type": "number"}, {"enum": ["NaN", "Infinity", "-Infinity"]}]})]
 
 
 class Measurement(Frozen):
     """One half of a result row (out-of-place or in-place)."""
 
-    time_us: float
-    algbw: float
-    busbw: float
-    wrong: int | None = Field(None, description="'#wrong' (nccl-tests 2.13+); null: old table, or N/A (-c 0)")
-    error: float | None = Field(None, description="'error' of older nccl-tests (max relative error); null if N/A")
+    time_us: Printed
+    algbw: Printed
+    busbw: Printed
+    wrong: int | None = Field(
+        None,
+        description="'#wrong' (nccl-tests 2.13+; printed with %g, so large counts are rounded to 6 digits); "
+        "null: old table, or N/A (-c 0)",
+    )
+    error: Printed | None = Field(None, description="'error' of older nccl-tests (max relative error); null if N/A")
+
+    @property
+    def sound(self) -> bool:
+        """Time and bandwidths are finite and not negative: a measurement, not broken arithmetic."""
+        return all(math.isfinite(v) and v >= 0 for v in (self.time_us, self.algbw, self.busbw))
 
 
 class Row(Frozen):
@@ -55,8 +78,15 @@ class Row(Frozen):
 
     @property
     def busbw(self) -> float:
-        """The lower of the two bus bandwidths: what a run is judged by."""
+        """The lower of the two bus bandwidths: what a run is judged by; nan when either half is not a sound
+        measurement (min() would otherwise pick whichever half comes first when one is nan)."""
+        if not (self.out_of_place.sound and self.in_place.sound):
+            return math.nan
         return min(self.out_of_place.busbw, self.in_place.busbw)
+
+    @property
+    def sound(self) -> bool:
+        return self.out_of_place.sound and self.in_place.sound
 
 
 class ResultTable(Frozen):
@@ -65,9 +95,13 @@ class ResultTable(Frozen):
     collective: str | None = Field(description="e.g. all_reduce_perf; null when the log does not name it")
     layout: Literal["wrong", "error"] = Field(description="'wrong': nccl-tests 2.13+; 'error': older")
     rows: tuple[Row, ...]
+    unreadable: tuple[str, ...] = Field(
+        (), description="'line N: text' of each line under the header that starts like a row but could not be read"
+    )
     out_of_bounds: int | None = None
     out_of_bounds_ok: bool | None = None
-    avg_busbw: float | None = Field(None, description="'Avg bus bandwidth': a mean over the sizes run, not a verdict")
+    footer: bool = Field(False, description="the table ended with 'Avg bus bandwidth' or 'Collective test concluded'")
+    avg_busbw: Printed | None = Field(None, description="'Avg bus bandwidth': a mean over the sizes run, not a verdict")
     min_bytes: int | None = None
     max_bytes: int | None = None
 
@@ -126,49 +160,95 @@ class ParsedLog(Frozen):
 
 _PREFIX = re.compile(r"^\s*(?:\[\d+,\d+\]<std(?:out|err)>:|\d+: )")
 _NCCL_VERSION = re.compile(r"\bNCCL version (\d+\.\d+\.\d+)(?:\+cuda(\d+(?:\.\d+)*))?")
-_TESTS_VERSION = re.compile(r"nccl-tests version (\S+)(?:.*?\bnccl-library=(\d+))?")
+_TESTS_VERSION = re.compile(r"nccl-tests version (\S+)")
+_LIBRARY = re.compile(r"\bnccl-library=(\d{1,18})")
 _COLLECTIVE = re.compile(
     r"\b((?:all_reduce|all_gather|alltoall|broadcast|reduce_scatter|reduce|gather|scatter|sendrecv|hypercube)_perf)"
 )
-_TEST_HEADER = re.compile(r"#\s*nThread\s+\d+\s+nGpus\s+\d+\s+minBytes\s+(\d+)\s+maxBytes\s+(\d+)")
-_RANK = re.compile(r"^#\s*Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device\b")
-_NNODES = re.compile(r"\bnNodes (\d+)")
-_OOB = re.compile(r"^#\s*Out of bounds values\s*:\s*(\d+)\s+(OK|FAILED)")
+_TEST_HEADER = re.compile(r"#\s*nThread\s+\d+\s+nGpus\s+\d+\s+minBytes\s+(\d{1,18})\s+maxBytes\s+(\d{1,18})")
+_RANK = re.compile(r"^#\s*Rank\s+(\d{1,18})\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device\b")
+_NNODES = re.compile(r"\bnNodes (\d{1,18})")
+_OOB = re.compile(r"^#\s*Out of bounds values\s*:\s*(\d{1,18})\s+(OK|FAILED)")
 _AVG = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*(\S+)")
 _CONCLUDED = re.compile(r"^#\s*Collective test concluded")
-_PLATFORM = re.compile(r"(Running on (\S+) platform|not available for platform\s*:\s*([\w.-]+))")
+_PLATFORM = re.compile(r"(Running on (\S{1,64}) platform|not available for platform\s*:\s*([\w.-]{1,64}))")
 
-_USING = re.compile(r"\bUsing network (.+?)\s*$")
-_ASSIGNED = re.compile(r"\bAssigned NET plugin (\S+) to comm")
-_VIA = re.compile(r"\bvia NET/([^/]+)/\d+")
+# What follows is the rest of the line: taken with _rest, not with a pattern ending in `.*?\s*$`.
+_USING = re.compile(r"\bUsing network ")
+_ASSIGNED = re.compile(r"\bAssigned NET plugin (\S{1,64}) to comm")
+_VIA = re.compile(r"\bvia NET/([^/\n]{1,64})/\d+")
 _PROVIDER = re.compile(
-    r"NET/OFI Selected [Pp]rovider is ([^,\s(]+)(?:,\s*fabric is ([^,\s(]+))?(?:\s*\(found (\d+) nics?\))?"
+    r"NET/OFI Selected [Pp]rovider is ([^,\s(]+)(?:,\s*fabric is ([^,\s(]+))?(?:\s*\(found (\d{1,18}) nics?\))?"
 )
 _PLUGIN = re.compile(r"NET/OFI (?:Initializing|Using) aws-ofi-nccl (\S+)")
 _LIBFABRIC = re.compile(r"NET/OFI Using Libfabric version (\S+)")
 _FILTER = re.compile(r"NET/OFI Setting provider_filter to (\S+)")
 # aws-ofi-nccl failing: each wording seen in the shared logs and the plugin's releases (1.1: "Only EFA provider
-# is supported"; 1.1x: fi_getinfo / protocol / "initialization failed"; 1.16: "No eligible providers").
+# is supported"; 1.1x: fi_getinfo / protocol / "initialization failed"; 1.16: "No eligible providers"). The
+# finding runs from the match to the end of the line; "NET/OFI ... initialization failed" is _INIT_FAILED after
+# the first "NET/OFI ".
 _FAILURE = re.compile(
-    r"(NET/OFI (?:No eligible providers were found|.*\binitialization failed|Initializing plugin failed"
-    r"|Unable to find a protocol that worked|Failed to initialize \S+ protocol|OFI fi_getinfo\(\) call failed"
-    r"|Only EFA provider is supported).*?|Failed to initialize any NET plugin)\.?\s*$"
+    r"NET/OFI (?:No eligible providers were found|Initializing plugin failed|Unable to find a protocol that worked"
+    r"|Failed to initialize \S{1,64} protocol|OFI fi_getinfo\(\) call failed|Only EFA provider is supported)"
+    r"|Failed to initialize any NET plugin"
 )
-# NCCL not finding or not loading the net plugin, NCCL 2.4 to 2.29 (src/plugin/plugin_open.cc and its ancestors).
-_MISSING = (
-    re.compile(r"NET/Plugin ?: ?dlerror=.*?No plugin found \([^)]*\)"),
-    re.compile(r"NET/Plugin ?: ?No plugin found \([^)]*\)"),
-    re.compile(r"NET/Plugin ?: ?Could not find: ?.*?\. Using internal net plugin"),
-    re.compile(r"NET/Plugin ?: ?Plugin load returned \d+ ?: ?.*?\.?\s*$"),
-    re.compile(r"NET/Plugin ?: ?\S+: (?:cannot open shared object file|undefined symbol).*?\s*$"),
-    re.compile(r"Failed to open \S*libnccl-net\S*"),
+_NET_OFI = "NET/OFI "
+_INIT_FAILED = re.compile(r"\binitialization failed")
+# NCCL not finding or not loading the net plugin, NCCL 2.4 to 2.29 (src/plugin/plugin_open.cc and its ancestors):
+# (a start, and where the finding ends: a pattern searched after the start, or None for the end of the line).
+_PLUGIN_AT = r"NET/Plugin ?: ?"
+_MISSING: tuple[tuple[re.Pattern[str], re.Pattern[str] | None], ...] = (
+    (re.compile(_PLUGIN_AT + r"dlerror="), re.compile(r"No plugin found \([^)]{0,256}\)")),
+    (re.compile(_PLUGIN_AT + r"No plugin found \([^)]{0,256}\)"), re.compile("")),
+    (re.compile(_PLUGIN_AT + r"Could not find: ?"), re.compile(r"\. Using internal net plugin")),
+    (re.compile(_PLUGIN_AT + r"Plugin load returned \d+ ?: ?"), None),
+    (re.compile(_PLUGIN_AT + r"\S{1,256}: (?:cannot open shared object file|undefined symbol)"), None),
+    (re.compile(r"Failed to open \S{0,256}libnccl-net\S{0,256}"), re.compile("")),
 )
-_NET_WARN = re.compile(r"NCCL WARN (NET/\S.*?)\s*$")
+_NET_WARN = re.compile(r"NCCL WARN NET/\S")
+# The longest finding kept from a line (a JSON export can be one line of megabytes).
+_KEEP = 300
 
 
 def _strip_prefix(line: str) -> str:
     m = _PREFIX.match(line)
     return line[m.end() :] if m else line
+
+
+def _clip(text: str) -> str:
+    """`text` kept to _KEEP characters, saying how much was left out."""
+    return text if len(text) <= _KEEP else f"{text[:_KEEP]}... ({len(text) - _KEEP} more characters)"
+
+
+def _rest(line: str, start: int, *, dot: bool = False) -> str:
+    """The line from `start` to its end, without trailing spaces (and one trailing '.' when `dot`), clipped."""
+    text = line[start:].rstrip()
+    if dot and text.endswith("."):
+        text = text[:-1]
+    return _clip(text.strip())
+
+
+def _failure(line: str) -> str | None:
+    """aws-ofi-nccl's words for failing, from where they start to the end of the line; None when absent."""
+    starts = []
+    if m := _FAILURE.search(line):
+        starts.append(m.start())
+    first = line.find(_NET_OFI)
+    if first >= 0 and _INIT_FAILED.search(line, first + len(_NET_OFI)):
+        starts.append(first)
+    return _rest(line, min(starts), dot=True) if starts else None
+
+
+def _missing(line: str) -> str | None:
+    """NCCL's words for not finding or not loading the net plugin; None when absent."""
+    for start, end in _MISSING:
+        if m := start.search(line):
+            if end is None:
+                return _rest(line, m.start())
+            if e := end.search(line, m.end()):
+                return _clip(line[m.start() : e.end()].strip())
+            # No end after the first start, so none after a later one: the next wording.
+    return None
 
 
 def _header(content: str) -> tuple[str, ...] | None:
@@ -182,6 +262,14 @@ def _header(content: str) -> tuple[str, ...] | None:
     return None
 
 
+def _count(text: str) -> int:
+    """A count nccl-tests printed with %g ('0', '12', '6.71089e+07'); ValueError unless a whole number >= 0."""
+    value = float(text)
+    if not math.isfinite(value) or value < 0 or not value.is_integer():
+        raise ValueError(f"not a count: {text!r}")
+    return int(value)
+
+
 def _measurement(names: tuple[str, ...], values: list[str]) -> Measurement:
     d = dict(zip(names, values, strict=True))
     wrong = d.get("#wrong")
@@ -190,13 +278,19 @@ def _measurement(names: tuple[str, ...], values: list[str]) -> Measurement:
         time_us=float(d["time"]),
         algbw=float(d["algbw"]),
         busbw=float(d["busbw"]),
-        wrong=None if wrong in (None, "N/A") else int(wrong),
+        wrong=None if wrong in (None, "N/A") else _count(wrong),
         error=None if error in (None, "N/A") else float(error),
     )
 
 
+def _looks_like_row(content: str) -> bool:
+    """A line that starts with a size, as every result row does (NCCL INFO lines start with a host name)."""
+    first = content.split(None, 1)[:1]
+    return bool(first) and first[0].isdigit()
+
+
 def _row(content: str, cols: tuple[str, ...]) -> Row | None:
-    """A result row under header `cols`, None when the line is something else (NCCL INFO, '...', a comment)."""
+    """A result row under header `cols`, None when the line cannot be read as one."""
     values = content.split()
     if len(values) != len(cols) or not values[0].isdigit():
         return None
@@ -242,16 +336,20 @@ class _TableBuilder:
         self.collective = collective
         self.limits = limits
         self.rows: list[Row] = []
+        self.unreadable: list[str] = []
         self.oob: tuple[int, bool] | None = None
         self.avg: float | None = None
+        self.footer = False
 
     def build(self) -> ResultTable:
         return ResultTable(
             collective=self.collective,
             layout="wrong" if "#wrong" in self.cols else "error",
             rows=tuple(self.rows),
+            unreadable=tuple(self.unreadable),
             out_of_bounds=self.oob[0] if self.oob else None,
             out_of_bounds_ok=self.oob[1] if self.oob else None,
+            footer=self.footer,
             avg_busbw=self.avg,
             min_bytes=self.limits[0] if self.limits else None,
             max_bytes=self.limits[1] if self.limits else None,
@@ -288,7 +386,7 @@ def parse(text: str) -> ParsedLog:
             tables.append(current.build())
             current = None
 
-    for raw in text.splitlines():
+    for number, raw in enumerate(text.splitlines(), 1):
         line = _strip_prefix(raw)
         stripped = line.strip()
         if not stripped:
@@ -302,9 +400,12 @@ def parse(text: str) -> ParsedLog:
             limits = None
             continue
         if current is not None:
-            row = _row(line, current.cols)
-            if row is not None:
-                current.rows.append(row)
+            if _looks_like_row(stripped):
+                row = _row(line, current.cols)
+                if row is not None:
+                    current.rows.append(row)
+                else:
+                    current.unreadable.append(f"line {number}: {_clip(stripped)}")
                 continue
             if m := _OOB.match(stripped):
                 current.oob = (int(m.group(1)), m.group(2) == "OK")
@@ -314,9 +415,11 @@ def parse(text: str) -> ParsedLog:
                     current.avg = float(m.group(1))
                 except ValueError:
                     current.avg = None
+                current.footer = True
                 close()
                 continue
             if _CONCLUDED.match(stripped):
+                current.footer = True
                 close()
                 continue
 
@@ -325,16 +428,16 @@ def parse(text: str) -> ParsedLog:
         if m := _COLLECTIVE.search(stripped):
             collective = m.group(1)
         if m := _RANK.match(stripped):
-            ranks[int(m.group(1))] = m.group(2)
+            ranks[int(m.group(1))] = _clip(m.group(2))
             continue
         if m := _NCCL_VERSION.search(stripped):
             versions.append(m.group(1))
             if m.group(2):
                 cudas.append(m.group(2))
         if m := _TESTS_VERSION.search(stripped):
-            tests_version = m.group(1)
-            if m.group(2):
-                versions.append(_nccl_from_code(int(m.group(2))))
+            tests_version = _clip(m.group(1))
+            if library := _LIBRARY.search(stripped, m.end()):
+                versions.append(_nccl_from_code(int(library.group(1))))
         if m := _NNODES.search(stripped):
             nnodes = max(nnodes or 0, int(m.group(1)))
         if m := _PLATFORM.search(stripped):
@@ -345,29 +448,28 @@ def parse(text: str) -> ParsedLog:
 
         if "net" not in stripped.lower():  # NET/OFI, NET/Plugin, NET/Socket, 'Using network', libnccl-net
             continue
-        for pattern in (_USING, _ASSIGNED, _VIA):
+        if (m := _USING.search(stripped)) and (name := _rest(stripped, m.end())):
+            used.append(name)
+        for pattern in (_ASSIGNED, _VIA):
             if m := pattern.search(stripped):
-                used.append(m.group(1))
+                used.append(_clip(m.group(1)))
         if m := _PROVIDER.search(stripped):
-            providers.append((m.group(1), m.group(2)))
+            providers.append((_clip(m.group(1)), _clip(m.group(2)) if m.group(2) else None))
             if m.group(3):
                 nics.append(int(m.group(3)))
         if m := _PLUGIN.search(stripped):
-            plugin = plugin or m.group(1)
+            plugin = plugin or _clip(m.group(1))
         if m := _LIBFABRIC.search(stripped):
-            libfabric = libfabric or m.group(1)
+            libfabric = libfabric or _clip(m.group(1))
         if m := _FILTER.search(stripped):
-            provider_filter = provider_filter or m.group(1)
-        if m := _FAILURE.search(stripped):
-            failures.append(m.group(1))
+            provider_filter = provider_filter or _clip(m.group(1))
+        if failure := _failure(stripped):
+            failures.append(failure)
             continue
-        for pattern in _MISSING:
-            if m := pattern.search(stripped):
-                missing.append(m.group(0).strip())
-                break
-        else:
-            if m := _NET_WARN.search(stripped):
-                warnings.append(m.group(1))
+        if absent := _missing(stripped):
+            missing.append(absent)
+        elif m := _NET_WARN.search(stripped):
+            warnings.append(_rest(stripped, m.start() + len("NCCL WARN ")))
     close()
 
     return ParsedLog(

@@ -7,16 +7,23 @@ not pay for it.
 from __future__ import annotations
 
 import io
+import math
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
+from imgbuild.cluster.nccllog import Measurement
 from imgbuild.cluster.report import Report, human_size
-from imgbuild.errors import VerifyError
+from imgbuild.errors import OutputError
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 def png(rep: Report) -> bytes:
     """A PNG: out-of-place and in-place bus bandwidth of each result table against message size (log-2 axis), the
-    published figures as a dashed line with their pass floor, the verdict in the title."""
+    published figures as a dashed line with their pass floor, the verdict in the title. A log without result rows
+    gets a plot that says so (a CI job that keeps the plot keeps one for every run). OutputError without
+    matplotlib."""
     try:
         import matplotlib
 
@@ -24,22 +31,27 @@ def png(rep: Report) -> bytes:
         import matplotlib.pyplot as plt
         from matplotlib.ticker import FuncFormatter
     except ImportError as exc:
-        raise VerifyError(
-            f"--plot needs matplotlib, which is not installed ({exc})", hint="pip install matplotlib"
-        ) from None
+        raise OutputError(f"--plot needs matplotlib, which is not installed ({exc}): pip install matplotlib") from None
 
     tables = [t for t in rep.log.tables if any(r.size > 0 for r in t.rows)]
-    if not tables:
-        raise VerifyError(f"{rep.source}: nothing to plot: the log has no nccl-tests result rows")
-
+    versions = ", ".join(rep.log.nccl_versions) or "not in the log"
+    name = rep.source if rep.source.startswith("<") else Path(rep.source).name
+    title = f"{name}\n{rep.verdict}: NCCL {versions}"
+    if len(tables) > _MAX_TABLES:
+        title += f" (the first {_MAX_TABLES} of {len(tables)} result tables)"
     fig, ax = plt.subplots(figsize=(9, 5.5), dpi=110)
     try:
-        for k, t in enumerate(tables, 1):
+        if not tables:
+            ax.text(0.5, 0.5, "no nccl-tests result rows in the log", ha="center", va="center", transform=ax.transAxes)
+            ax.set_axis_off()
+            ax.set_title(title, fontsize="medium")
+            return _png(fig)
+        for k, t in enumerate(tables[:_MAX_TABLES], 1):
             rows = [r for r in t.rows if r.size > 0]  # size 0 has no place on a log axis
             tag = "" if len(tables) == 1 else f" ({t.collective or f'table {k}'})"
             sizes = [r.size for r in rows]
-            ax.plot(sizes, [r.out_of_place.busbw for r in rows], marker="o", ms=3, label=f"out-of-place{tag}")
-            ax.plot(sizes, [r.in_place.busbw for r in rows], marker="s", ms=3, ls="--", label=f"in-place{tag}")
+            ax.plot(sizes, [_level(r.out_of_place) for r in rows], marker="o", ms=3, label=f"out-of-place{tag}")
+            ax.plot(sizes, [_level(r.in_place) for r in rows], marker="s", ms=3, ls="--", label=f"in-place{tag}")
         where = f"{rep.nodes}x {rep.instance_type}"
         for n, check in enumerate(sorted(rep.bandwidth, key=lambda c: c.size)):
             # Each published figure as a short level one octave either side of its size, its pass floor beneath.
@@ -60,12 +72,23 @@ def png(rep: Report) -> bytes:
         ax.set_ylabel("bus bandwidth (GB/s)")
         ax.grid(True, which="major", alpha=0.3)
         ax.legend(loc="upper left", fontsize="small")
-        versions = ", ".join(rep.log.nccl_versions) or "not in the log"
-        name = rep.source if rep.source.startswith("<") else Path(rep.source).name
-        ax.set_title(f"{name}\n{rep.verdict}: NCCL {versions}", fontsize="medium")
-        fig.tight_layout()
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png")
-        return buf.getvalue()
+        ax.set_title(title, fontsize="medium")
+        return _png(fig)
     finally:
         plt.close(fig)
+
+
+# More lines than this make a plot nobody can read (and a legend that takes longer to lay out than the log to read).
+_MAX_TABLES = 8
+
+
+def _level(m: Measurement) -> float:
+    """The bus bandwidth to draw: a gap (nan) where the log printed nan, inf or a negative number."""
+    return m.busbw if m.sound else math.nan
+
+
+def _png(fig: Figure) -> bytes:
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Literal, TypeVar
 from pydantic import Field
 
 from imgbuild.cluster import expected
-from imgbuild.cluster.nccllog import Frozen, Network, ParsedLog, ResultTable, distinct, parse
+from imgbuild.cluster.nccllog import Frozen, Network, ParsedLog, Printed, ResultTable, distinct, parse
 
 if TYPE_CHECKING:
     from imgbuild.resolver import Resolved
@@ -61,8 +61,8 @@ class BandwidthCheck(Frozen):
     size: int
     published: float
     floor: float = Field(description="published x (1 - tolerance): the least that passes")
-    out_of_place: float | None
-    in_place: float | None
+    out_of_place: Printed | None
+    in_place: Printed | None
     status: Status
     figure: expected.Figure
 
@@ -243,8 +243,9 @@ def _results(tables: tuple[ResultTable, ...]) -> list[Criterion]:
         def crit(status: Status, found: str, reason: str, name: str = name, exp: str = expected_text) -> Criterion:
             return Criterion(name=name, status=status, expected=exp, found=found, reason=reason)
 
+        unread = f"; {_unreadable(t)}" if t.unreadable else ""
         if not t.rows:
-            out.append(crit("FAIL", "a header and no rows", "the run stopped before its first result"))
+            out.append(crit("FAIL", "a header and no rows", f"the run stopped before its first result{unread}"))
             continue
         bad = [
             f"{human_size(r.size)} ({r.out_of_place.wrong or 0} out-of-place, {r.in_place.wrong or 0} in-place)"
@@ -257,12 +258,48 @@ def _results(tables: tuple[ResultTable, ...]) -> list[Criterion]:
                     "FAIL",
                     f"#wrong > 0 at {len(bad)} sizes; {oob}",
                     f"wrong results at {', '.join(bad[:4])}{' ...' if len(bad) > 4 else ''}: data "
-                    "corruption on the path (GPU, NIC or driver), not a slow network",
+                    f"corruption on the path (GPU, NIC or driver), not a slow network{unread}",
+                )
+            )
+            continue
+        broken = [r for r in t.rows if not r.sound]
+        if broken:
+            shown = ", ".join(
+                f"{human_size(r.size)} ({r.out_of_place.busbw:g} out-of-place, {r.in_place.busbw:g} in-place GB/s)"
+                for r in broken[:4]
+            )
+            out.append(
+                crit(
+                    "FAIL",
+                    f"nan, inf or negative time or bandwidth at {len(broken)} sizes; {oob}",
+                    f"not measurements at {shown}{' ...' if len(broken) > 4 else ''}: the run's timing broke "
+                    f"(a hung or failed collective), so nothing it printed there is a result{unread}",
                 )
             )
             continue
         if t.out_of_bounds is not None and (t.out_of_bounds > 0 or not t.out_of_bounds_ok):
-            out.append(crit("FAIL", oob, f"nccl-tests counted {t.out_of_bounds} out-of-bounds values"))
+            out.append(crit("FAIL", oob, f"nccl-tests counted {t.out_of_bounds} out-of-bounds values{unread}"))
+            continue
+        if t.unreadable:
+            out.append(
+                crit(
+                    "WARN",
+                    f"{len(t.rows)} sizes read, {len(t.unreadable)} lines under the header not; {oob}",
+                    f"{_unreadable(t)}: their results (#wrong included) are unknown",
+                )
+            )
+            continue
+        top = max(r.size for r in t.rows)
+        if t.max_bytes is not None and top < t.max_bytes and not t.footer:
+            out.append(
+                crit(
+                    "WARN",
+                    f"last size {human_size(top)} of {human_size(t.max_bytes)}; no footer",
+                    f"the log ends at {human_size(top)}, before the run's last size ({human_size(t.max_bytes)}) and "
+                    "nccl-tests' closing lines: the run stopped there or the log was cut; the sizes after it are "
+                    "not known",
+                )
+            )
             continue
         checked = [r for r in t.rows if r.out_of_place.wrong is not None or r.in_place.wrong is not None]
         if t.layout == "wrong" and not checked:
@@ -283,17 +320,34 @@ def _results(tables: tuple[ResultTable, ...]) -> list[Criterion]:
     return out
 
 
+def _unreadable(t: ResultTable) -> str:
+    """'could not read N lines under the table header (line 12: ...; ...)', or '' when every row was read."""
+    if not t.unreadable:
+        return ""
+    n = len(t.unreadable)
+    more = f" and {n - 3} more" if n > 3 else ""
+    return f"could not read {n} line{'s' if n > 1 else ''} under the table header ({'; '.join(t.unreadable[:3])}{more})"
+
+
+def _e_option(size: int) -> str:
+    """all_reduce_perf's -e for `size` bytes: 17179869184 -> '16G'."""
+    for unit, scale in (("G", 2**30), ("M", 2**20), ("K", 2**10)):
+        if size % scale == 0:
+            return f"{size // scale}{unit}"
+    return str(size)
+
+
 def _bandwidth(
     log: ParsedLog, figures_table: expected.Table, instance_type: str | None, nodes: int | None
-) -> tuple[list[Criterion], list[BandwidthCheck]]:
+) -> tuple[list[Criterion], list[BandwidthCheck], list[str]]:
     measured = [t for t in log.tables if t.rows]
     if not measured:
-        return [Criterion(name="bandwidth", status="SKIP", reason="no results to judge")], []
+        return [Criterion(name="bandwidth", status="SKIP", reason="no results to judge")], [], []
     wanted = figures_table.collective
     tables = [t for t in measured if t.collective in (None, wanted)]
 
-    def not_judged(reason: str, found: str = "") -> tuple[list[Criterion], list[BandwidthCheck]]:
-        return [Criterion(name="bandwidth", status="WARN", found=found, reason=f"not judged: {reason}")], []
+    def not_judged(reason: str, found: str = "") -> tuple[list[Criterion], list[BandwidthCheck], list[str]]:
+        return [Criterion(name="bandwidth", status="WARN", found=found, reason=f"not judged: {reason}")], [], []
 
     if not tables:
         ran = ", ".join(distinct(t.collective or "" for t in measured))
@@ -305,8 +359,8 @@ def _bandwidth(
         )
     if nodes is None:
         return not_judged("the node count is unknown: the log lists no ranks' hosts, and no --nodes was given")
-    figures = figures_table.for_run(instance_type, nodes)
-    if not figures:
+    published = figures_table.for_run(instance_type, nodes)
+    if not published:
         counts = figures_table.node_counts(instance_type)
         if not counts:
             return not_judged(
@@ -317,10 +371,21 @@ def _bandwidth(
             f"{' or '.join(str(c) for c in counts)} nodes; this run had {nodes}"
         )
     gpn = log.gpus_per_node
-    if gpn is not None and gpn != figures[0].gpus_per_node:
+    if gpn is not None and gpn != published[0].gpus_per_node:
         return not_judged(
-            f"the figures for {nodes}x {instance_type} are with {figures[0].gpus_per_node} GPUs per "
+            f"the figures for {nodes}x {instance_type} are with {published[0].gpus_per_node} GPUs per "
             f"node; this run had {gpn} ranks per node"
+        )
+    # Only the sizes where the instance type's bus bandwidth has levelled off are judged (bandwidth.yaml, judging).
+    figures = figures_table.judged(published)
+    rule = figures_table.judging_for(instance_type)
+    notes = []
+    if below := [f for f in published if f not in figures]:
+        notes.append(
+            f"{instance_type} is judged from {human_size(rule.judged_from)} up, where its bus bandwidth has levelled "
+            f"off; the figure{'s' if len(below) > 1 else ''} published at "
+            f"{', '.join(f'{human_size(f.size)} ({f.busbw:g} GB/s)' for f in below)} "
+            f"{'are' if len(below) > 1 else 'is'} shown, not judged: {rule.why}"
         )
 
     tol = figures_table.tolerance
@@ -333,17 +398,21 @@ def _bandwidth(
         for fig in figures:
             name = f"bandwidth {human_size(fig.size)}{suffix}"
             floor = round(fig.busbw * (1 - tol), 2)
-            published = f"{fig.busbw:g} GB/s published for {nodes}x {instance_type} (NCCL {fig.nccl or 'not stated'})"
+            source = f"{fig.busbw:g} GB/s published for {nodes}x {instance_type} (NCCL {fig.nccl or 'not stated'})"
             exp_text = f">= {floor:g} GB/s ({fig.busbw:g} - {tol:.0%})"
             row = t.at(fig.size)
             status: Status
             if row is None:
-                status, found, reason = "SKIP", "not measured", f"this run stops at {human_size(top)}"
+                why = f"this run stops at {human_size(top)}" if top < fig.size else "no readable row at this size"
+                status, found, reason = "SKIP", "not measured", why
             else:
                 got = row.busbw
                 found = f"{row.out_of_place.busbw:g} out-of-place, {row.in_place.busbw:g} in-place"
-                reason = f"{got:g} GB/s is {got / fig.busbw:.0%} of the {published}"
-                if got >= floor:
+                reason = f"{got:g} GB/s is {got / fig.busbw:.0%} of the {source}"
+                if not row.sound:
+                    status = "FAIL"
+                    reason = f"nan, inf or a negative number is not a measurement (the {source})"
+                elif got >= floor:
                     status = "PASS"
                 else:
                     status = "FAIL"
@@ -365,8 +434,16 @@ def _bandwidth(
     if all(c.status == "SKIP" for c in criteria):
         tops = ", ".join(distinct(human_size(max(r.size for r in t.rows)) for t in tables))
         sizes = ", ".join(human_size(f.size) for f in figures)
-        return not_judged(f"the published figures are at {sizes}; this run stops at {tops}")[0], checks
-    return criteria, checks
+        reach = figures_table.max_judged_size(instance_type)
+        return (
+            not_judged(
+                f"the published figures judged on {instance_type} are at {sizes}; this run stops at {tops}: run "
+                f"all_reduce_perf to -e {_e_option(reach)} (imgbuild cluster job does)"
+            )[0],
+            checks,
+            notes,
+        )
+    return criteria, checks, notes
 
 
 def _avg_notes(tables: tuple[ResultTable, ...]) -> list[str]:
@@ -399,7 +476,25 @@ def judge(
     plugin = _plugin_version(log.network.plugin_version, expect.aws_ofi_nccl_version)
     if plugin:
         criteria.append(plugin)
-    if len(log.instance_types) > 1:
+    claimed = expect.instance_type
+    evidence = f"'{log.instance_type_evidence}'"
+    if claimed is not None and any(t != claimed for t in log.instance_types):
+        # The log's own lines (aws-ofi-nccl's platform line) name another type: it cannot vouch for the cluster
+        # claimed. Bandwidth is judged as what ran when the log names one type.
+        named = ", ".join(log.instance_types)
+        criteria.append(
+            Criterion(
+                name="instance type",
+                status="FAIL",
+                expected=claimed,
+                found=named,
+                reason=f"the run was claimed to be on {claimed}, but the log's own lines name {named} ({evidence}): "
+                f"this log is not from {claimed} instances",
+            )
+        )
+        instance_type: str | None = log.instance_types[0] if len(log.instance_types) == 1 else None
+        it_from = f"log: {evidence}" if instance_type else "unknown"
+    elif len(log.instance_types) > 1:
         named = ", ".join(log.instance_types)
         criteria.append(
             Criterion(
@@ -409,14 +504,11 @@ def judge(
                 reason=f"the log names several instance types ({named}): judged as none",
             )
         )
-        instance_type: str | None = None
+        instance_type = None
         it_from = "unknown"
     else:
         from_log = log.instance_types[0] if log.instance_types else None
-        instance_type, it_from, it_crit = _pick(
-            "instance type", from_log, expect.instance_type, f"'{log.instance_type_evidence}'"
-        )
-        criteria += [it_crit] if it_crit else []
+        instance_type, it_from, _ = _pick("instance type", from_log, claimed, evidence)
     nodes, nodes_from, nodes_crit = _pick(
         "nodes",
         log.nodes,
@@ -425,7 +517,7 @@ def judge(
     )
     criteria += [nodes_crit] if nodes_crit else []
     criteria += _results(log.tables)
-    bw_criteria, checks = _bandwidth(log, table, instance_type, nodes)
+    bw_criteria, checks, bw_notes = _bandwidth(log, table, instance_type, nodes)
     criteria += bw_criteria
     statuses = {c.status for c in criteria}
     verdict: Verdict = "FAIL" if "FAIL" in statuses else "WARN" if "WARN" in statuses else "PASS"
@@ -439,7 +531,7 @@ def judge(
         nodes_from=nodes_from,
         tolerance=table.tolerance,
         bandwidth=tuple(checks),
-        notes=tuple(_avg_notes(log.tables)),
+        notes=distinct([*bw_notes, *_avg_notes(log.tables)]),
         log=log,
     )
 
@@ -486,6 +578,9 @@ def junit_xml(rep: Report) -> str:
 
 
 def to_json(rep: Report) -> str:
+    """Strict JSON (RFC 8259): no NaN or Infinity tokens. A log's nan or inf is the string "NaN", "Infinity" or
+    "-Infinity" (pydantic's ser_json_inf_nan="strings"; the schema says so)."""
     import json
 
-    return json.dumps(rep.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
+    data = json.loads(rep.model_dump_json())
+    return json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n"

@@ -381,11 +381,10 @@ def _bandwidth(
     rule = figures_table.judging_for(instance_type)
     notes = []
     if below := [f for f in published if f not in figures]:
+        shown = ", ".join(f"{human_size(f.size)} ({f.busbw:g} GB/s)" for f in below)
         notes.append(
             f"{instance_type} is judged from {human_size(rule.judged_from)} up, where its bus bandwidth has levelled "
-            f"off; the figure{'s' if len(below) > 1 else ''} published at "
-            f"{', '.join(f'{human_size(f.size)} ({f.busbw:g} GB/s)' for f in below)} "
-            f"{'are' if len(below) > 1 else 'is'} shown, not judged: {rule.why}"
+            f"off (bandwidth.yaml, judging, says why); published at {shown}: shown, not judged."
         )
 
     tol = figures_table.tolerance

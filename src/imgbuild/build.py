@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from imgbuild import __version__, context, engine, lock, paths, recipe, render
-from imgbuild.errors import BuildError, ImgbuildError
+from imgbuild.errors import BuildError
 from imgbuild.progress import BuildProgress
 from imgbuild.resolver import Resolved
 
@@ -49,7 +49,7 @@ def parse_build_args(items: list[str]) -> dict[str, str]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise ImgbuildError(f"--build-arg {item!r}: expected KEY=VALUE")
+            raise BuildError(f"--build-arg {item!r}: expected KEY=VALUE")
         out[key] = value
     return out
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import os
-import shutil
+import stat
 from pathlib import Path
 
-from imgbuild.errors import ImgbuildError
+from imgbuild.errors import BuildError, RenderError
 from imgbuild.render import CA_DIR, BuildPlan
 
 
@@ -15,25 +15,44 @@ def write(plan: BuildPlan, folder: Path, *, ca_bundle: Path | None = None) -> li
 
     `ca_bundle` (PEM) is added as imgbuild/ca/imgbuild-extra.crt, which the builder stages trust.
     """
-    folder.mkdir(parents=True, exist_ok=True)
     written = [folder / "Dockerfile"]
-    (folder / "Dockerfile").write_text(plan.dockerfile)
-    for f in plan.files:
-        target = folder / f.path
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(f.content)
-        os.chmod(target, f.mode)
-        written.append(target)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "Dockerfile").write_text(plan.dockerfile)
+        for f in plan.files:
+            target = folder / f.path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(f.content)
+            os.chmod(target, f.mode)
+            written.append(target)
+    except OSError as exc:  # -o names a file, a folder we may not write, a path through a symlink loop ...
+        where = exc.filename or folder
+        raise RenderError(f"cannot write the build context to {folder}: {where}: {exc.strerror or exc}") from None
     if ca_bundle is not None:
-        try:
-            text = ca_bundle.read_text()
-        except OSError as exc:
-            raise ImgbuildError(f"--ca-bundle {ca_bundle}: cannot read: {exc.strerror}") from None
-        if "-----BEGIN CERTIFICATE-----" not in text:
-            raise ImgbuildError(f"--ca-bundle {ca_bundle}: not a PEM certificate bundle")
+        data = read_ca_bundle(ca_bundle)
         target = folder / CA_DIR / "imgbuild-extra.crt"
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(ca_bundle, target)
+        target.write_bytes(data)
         os.chmod(target, 0o644)
         written.append(target)
     return written
+
+
+MAX_CA_BUNDLE_BYTES = 16 << 20  # Debian's whole bundle is about 200 KB
+
+
+def read_ca_bundle(path: Path) -> bytes:
+    """A PEM bundle's bytes: a regular file (not a folder, a device such as /dev/zero, or a FIFO) of at most
+    MAX_CA_BUNDLE_BYTES holding a certificate; else a BuildError naming the file."""
+    try:
+        with open(path, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise BuildError(f"--ca-bundle {path}: not a regular file")
+            data = f.read(MAX_CA_BUNDLE_BYTES + 1)
+    except OSError as exc:
+        raise BuildError(f"--ca-bundle {path}: cannot read: {exc.strerror or exc}") from None
+    if len(data) > MAX_CA_BUNDLE_BYTES:
+        raise BuildError(f"--ca-bundle {path}: larger than {MAX_CA_BUNDLE_BYTES >> 20} MiB: not a CA bundle")
+    if b"-----BEGIN CERTIFICATE-----" not in data:
+        raise BuildError(f"--ca-bundle {path}: not a PEM certificate bundle")
+    return data

@@ -23,6 +23,7 @@ from imgbuild.recipe import LoadedRecipe, display
 from imgbuild.resolver import Pinned, Resolved, TorchLookup, index_lookup, resolve
 
 LOCK_VERSION: Literal[1] = 1
+MAX_LOCK_BYTES = 4 << 20  # the shipped locks are about 5 KB
 
 
 class Lock(Pinned):
@@ -104,9 +105,17 @@ def read(loaded: LoadedRecipe) -> Resolved | None:
         return None
     hint = f"imgbuild lock {_ref(loaded)}"
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise LockError(f"{display(path)}: unreadable lock file: {exc}", hint=hint) from None
+        with path.open("rb") as f:
+            raw = f.read(MAX_LOCK_BYTES + 1)
+        if len(raw) > MAX_LOCK_BYTES:
+            raise LockError(f"{display(path)}: larger than {MAX_LOCK_BYTES >> 20} MiB: not a lock file", hint=hint)
+        data = json.loads(raw.decode("utf-8"))
+    except OSError as exc:
+        raise LockError(f"{display(path)}: unreadable lock file: {exc.strerror or exc}", hint=hint) from None
+    except ValueError as exc:  # not UTF-8, not JSON, or a number past Python's 4300-digit limit
+        raise LockError(f"{display(path)}: unreadable lock file: {str(exc).split(';')[0]}", hint=hint) from None
+    except RecursionError:
+        raise LockError(f"{display(path)}: unreadable lock file: nested too deeply for a lock", hint=hint) from None
     if not isinstance(data, dict) or data.get("lock_version") != LOCK_VERSION:
         raise LockError(f"{display(path)}: lock_version: expected {LOCK_VERSION}", hint=hint)
     if data.get("recipe_digest") != loaded.digest:

@@ -213,16 +213,25 @@ def find(ref: str) -> Path:
     """A shipped recipe's name or a YAML file's path -> the file."""
     candidate = Path(ref)
     if candidate.suffix in (".yaml", ".yml") or "/" in ref:
-        if not candidate.is_file():
+        if not _is_file(candidate, shown(ref)):
             raise RecipeError(f"{shown(ref)}: no such recipe file")
         return candidate
     shipped = paths.recipes_dir() / f"{ref}.yaml"
-    if shipped.is_file():
+    if _is_file(shipped, f"recipe {_cut(ref)!r}"):
         return shipped
     names = shipped_names()
     near = difflib.get_close_matches(ref, names, n=1)
     hint = f"did you mean '{near[0]}'?" if near else f"shipped recipes: {', '.join(names)}"
     raise RecipeError(f"no recipe named {_cut(ref)!r}", hint=hint)
+
+
+def _is_file(path: Path, label: str) -> bool:
+    """Path.is_file, with the errors it does not swallow (a name longer than the system takes, ENAMETOOLONG) as a
+    RecipeError starting with `label`."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the name
+        raise RecipeError(f"{label}: not a usable file name: {getattr(exc, 'strerror', None) or exc}") from None
 
 
 def load(ref: str | Path) -> LoadedRecipe:
@@ -409,6 +418,8 @@ def _parse(path: Path, label: str) -> tuple[dict[str, Any], dict[tuple[str, ...]
         raise RecipeError(f"{where}: not valid YAML: {shown(exc.problem or exc.context, 200)}") from None
     except yaml.YAMLError as exc:
         raise RecipeError(f"{label}: not valid YAML: {shown(exc, 200)}") from None
+    except ValueError as exc:  # a value Python will not convert: an integer past its 4300-digit limit
+        raise RecipeError(f"{label}: not a recipe value: {shown(str(exc).split(';')[0], 200)}") from None
     if doc is None:
         doc = {}
     if not isinstance(doc, dict):
@@ -446,7 +457,7 @@ def _parent(path: Path, parent: object, key: str) -> Path:
         raise RecipeError(f"{key}: expected {expected}, got {type(parent).__name__}")
     if parent.endswith((".yaml", ".yml")):
         parent_path = path.parent / parent  # an absolute path stays itself
-        if not parent_path.is_file():
+        if not _is_file(parent_path, key):
             raise RecipeError(f"{key}: no such file {shown(parent_path)}")
         return parent_path
     if "/" in parent or not _RECIPE_NAME.fullmatch(parent):

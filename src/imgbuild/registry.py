@@ -51,6 +51,8 @@ MANIFEST_TYPES = ", ".join(
 
 
 _DOMAIN_RE = re.compile(r"^(?:localhost|[^/]*[.:][^/]*)(?::\d+)?$")
+# What parse_registry takes as a host: DNS letters, digits, dots and dashes (or a bracketed IPv6 address), a port.
+_HOST_RE = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?)(?::\d{1,5})?$")
 _PATH_COMPONENT_RE = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*$")
 
 
@@ -81,6 +83,7 @@ class Destination:
         return f"{self.host}/{self.prefix}" if self.prefix else self.host
 
 
+MAX_DESTINATION = 200  # leaves room for /imgbuild/<recipe> in Docker's 255-character repository names
 CREDENTIALS_HINT = (
     "leave USER:PASSWORD@ out of the address and run `docker login HOST` once (credentials go to "
     "~/.docker/config.json or a credential helper); for Amazon ECR, --ecr takes your AWS credentials"
@@ -97,8 +100,11 @@ def parse_registry(value: str) -> Destination:
         raise PushError("the registry address holds credentials (USER:PASSWORD@HOST); imgbuild takes none there "
                         "and does not repeat them", hint=CREDENTIALS_HINT)  # fmt: skip
     text = value.strip().removeprefix("https://").removeprefix("http://").strip("/")
+    if len(text) > MAX_DESTINATION:
+        raise PushError(f"--registry {text[:40]!r}...: {len(text)} characters; a repository's whole name (registry, "
+                        f"prefix and image) holds at most 255, so HOST[/PREFIX] at most {MAX_DESTINATION}")  # fmt: skip
     host, _, prefix = text.partition("/")
-    if not host or not _DOMAIN_RE.match(host):
+    if not host or not _DOMAIN_RE.match(host) or not _HOST_RE.match(host):
         raise PushError(
             f"--registry {value!r}: the first part must be a registry host (with a dot or a port, or localhost)",
             hint="e.g. --registry 127.0.0.1:5000/team or --registry 123456789012.dkr.ecr.us-east-1.amazonaws.com",

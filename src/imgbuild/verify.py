@@ -18,6 +18,7 @@ This is an edge module: it talks to the Docker engine (docker-py) and to contain
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 import threading
@@ -209,7 +210,7 @@ def host_spec(host: str) -> str:
     """--host value -> testinfra host spec: 'local' -> local://, ssh://USER@HOST as is."""
     if host in ("local", "local://"):
         return "local://"
-    if host.startswith("ssh://"):
+    if re.fullmatch(r"ssh://(?:[A-Za-z0-9._-]+@)?[A-Za-z0-9.:\[\]-]+(?::\d+)?", host):
         return host
     raise VerifyError(f"--host {host!r}: expected 'local' or ssh://USER@HOST")
 

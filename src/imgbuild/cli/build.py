@@ -21,6 +21,32 @@ def register(app: typer.Typer) -> None:
     app.command("doctor")(doctor)
 
 
+def _build_args(values: list[str] | None) -> list[str] | None:
+    """--build-arg KEY=VALUE: anything else is a usage error (exit 2) before the recipe is read."""
+    from imgbuild import build
+    from imgbuild.errors import BuildError
+
+    try:
+        build.parse_build_args(values or [])
+    except BuildError as exc:
+        raise typer.BadParameter(exc.message) from None
+    return values
+
+
+def _ca_bundle(value: Path | None) -> Path | None:
+    """--ca-bundle / IMGBUILD_CA_BUNDLE: a readable PEM file, else a usage error (exit 2) before anything is built."""
+    if value is None:
+        return None
+    from imgbuild import context
+    from imgbuild.errors import BuildError
+
+    try:
+        context.read_ca_bundle(value)
+    except BuildError as exc:
+        raise typer.BadParameter(exc.message) from None
+    return value
+
+
 @handled
 @terminable
 def build_(
@@ -28,12 +54,15 @@ def build_(
     tag: Annotated[list[str] | None, typer.Option("--tag", "-t", help="Extra image reference(s) to tag.")] = None,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Build every step again.")] = False,
     pull: Annotated[bool, typer.Option("--pull/--no-pull", help="Try to pull newer base images.")] = False,
-    build_arg: Annotated[list[str] | None, typer.Option("--build-arg", help="KEY=VALUE, repeatable.")] = None,
+    build_arg: Annotated[
+        list[str] | None, typer.Option("--build-arg", help="KEY=VALUE, repeatable.", callback=_build_args)
+    ] = None,
     ca_bundle: Annotated[
         Path | None,
         typer.Option(
             "--ca-bundle",
             envvar="IMGBUILD_CA_BUNDLE",
+            callback=_ca_bundle,
             help="PEM bundle that downloads during the build trust (TLS-intercepting proxies). "
             "Used in builder stages only; never in the final image.",
         ),

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
     from imgbuild.verify import VerifyReport
 
+MAX_NODES = 64  # containers on one engine; a larger number would only fail later (or overflow a C integer)
 _STYLE = {"pass": "green", "fail": "bold red", "skip": "yellow"}
 
 
@@ -40,7 +41,9 @@ def verify_command(
     expect_efa: Annotated[
         bool, typer.Option("--expect-efa", help="EFA devices must work (fi_info -p efa) even if none are passed.")
     ] = False,
-    nodes: Annotated[int, typer.Option(min=1, help="With N >= 2, also verify mpirun/NCCL across N containers.")] = 1,
+    nodes: Annotated[
+        int, typer.Option(min=1, max=MAX_NODES, help="With N >= 2, also verify mpirun/NCCL across N containers.")
+    ] = 1,
     junit: Annotated[Path | None, typer.Option("--junit", help="Write JUnit XML here.")] = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="Write the results and timings as JSON.")] = None,
 ) -> None:

@@ -123,12 +123,19 @@ def test_run_print_with_a_command(app: typer.Typer) -> None:
 
 
 @pytest.mark.parametrize(
-    ("runtimes", "gpu", "kept", "note"),
+    ("runtimes", "gpu", "hook", "kept", "note"),
     [
-        (["runc"], True, False, "the engine has no 'nvidia' runtime: started without --gpus all"),
-        (["runc", "nvidia"], False, False, "no GPU on this host (/dev/nvidia0): started without --gpus all"),
-        (["runc", "nvidia"], True, True, None),
-        (None, False, True, None),  # no engine to ask: the recipe's whole profile, to paste on a GPU host
+        (
+            ["runc"],
+            True,
+            False,
+            False,
+            "container toolkit is not set up (no 'nvidia' runtime, no nvidia-container-runtime-hook)",
+        ),
+        (["runc"], True, True, True, None),  # the toolkit's hook alone serves Docker's --gpus
+        (["runc", "nvidia"], False, False, False, "no GPU on this host (/dev/nvidia0): started without --gpus all"),
+        (["runc", "nvidia"], True, False, True, None),
+        (None, False, False, True, None),  # no engine to ask: the recipe's whole profile, to paste on a GPU host
     ],
 )
 def test_run_print_gpus_only_where_the_engine_can_give_them(
@@ -136,13 +143,16 @@ def test_run_print_gpus_only_where_the_engine_can_give_them(
     monkeypatch: pytest.MonkeyPatch,
     runtimes: list[str] | None,
     gpu: bool,
+    hook: bool,
     kept: bool,
     note: str | None,
 ) -> None:
     """`imgbuild run` and verify share one rule (runprofile.for_host): Docker refuses `--gpus` without NVIDIA's
-    runtime, so it is passed only where the engine has it and the host has a GPU (the engine is faked here)."""
+    toolkit (its `nvidia` runtime or its hook on PATH), so it is passed only where the host has a GPU and the toolkit
+    serves it (the engine and host are faked here)."""
     monkeypatch.setattr(runprofile, "engine_runtimes", lambda: runtimes)
     monkeypatch.setattr(runprofile, "host_has_gpu", lambda device=runprofile.GPU_DEVICE: gpu)
+    monkeypatch.setattr(runprofile, "nvidia_hook_present", lambda: hook)
     result = runner.invoke(app, ["run", "pytorch", "--print"])
     assert result.exit_code == 0, result.output
     assert ("--gpus all" in result.stdout) is kept, result.stdout

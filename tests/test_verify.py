@@ -291,10 +291,11 @@ def test_run_options_follow_the_runtime_profile(monkeypatch: pytest.MonkeyPatch)
     cli = runprofile.run_spec(manifest.runtime, verify.host_efa_devices(), ["/dev/fuse", "/dev/infiniband/uverbs1"])
     assert cli.devices == opts.spec.devices
     assert cli.docker_args()[cli.docker_args().index("--gpus") :][:2] == ["--gpus", "all"]
-    # A GPU host whose engine lacks the nvidia runtime: Docker would refuse --gpus (the rule `imgbuild run` uses)
+    # A GPU host without NVIDIA's toolkit: Docker would refuse --gpus (the rule `imgbuild run` uses)
+    monkeypatch.setattr(runprofile, "nvidia_hook_present", lambda: False)
     no_toolkit = verify.run_options(manifest, [], runtimes=["runc"], has_gpu=True)
     assert "device_requests" not in no_toolkit.spec.docker_py()
-    assert "the engine has no 'nvidia' runtime: started without --gpus all" in no_toolkit.notes
+    assert any("toolkit is not set up" in n and "started without --gpus all" in n for n in no_toolkit.notes)
     cpu = verify.run_options(manifest_with(), [], [], has_gpu=True)
     assert not cpu.gpu and cpu.gpu_reason == "the recipe is not for NVIDIA GPUs" and not cpu.spec.devices
     assert cpu.spec.docker_py()["shm_size"] == "1g"

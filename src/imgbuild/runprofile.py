@@ -21,6 +21,7 @@ import glob
 import os
 import re
 import shlex
+import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -154,18 +155,32 @@ def host_has_gpu(device: str = GPU_DEVICE) -> bool:
     return os.path.exists(device)
 
 
+NVIDIA_HOOK = "nvidia-container-runtime-hook"
+
+
+def nvidia_hook_present() -> bool:
+    """Whether NVIDIA's container toolkit hook is on this host's PATH: Docker registers its `--gpus` driver when
+    the daemon finds this binary (moby daemon/nvidia_linux.go), whether or not an `nvidia` runtime is configured."""
+    return shutil.which(NVIDIA_HOOK) is not None
+
+
 def for_host(spec: RunSpec, *, runtimes: Sequence[str], has_gpu: bool) -> tuple[RunSpec, list[str]]:
     """THE rule for what the engine and host can give a container (`imgbuild run` and verification alike): no
-    runtime the engine lacks, and `--gpus` only on a host with a GPU whose engine has the `nvidia` runtime (Docker
-    serves `--gpus` through NVIDIA's container toolkit, which `nvidia-ctk runtime configure` registers as that
-    runtime; without it Docker refuses to start the container). Returns the spec and a note for each thing left
-    out."""
+    runtime the engine lacks, and `--gpus` only on a host with a GPU where NVIDIA's container toolkit serves it:
+    the engine lists the `nvidia` runtime (`nvidia-ctk runtime configure`) or the toolkit's hook is on PATH
+    (Docker's own `--gpus` driver needs it); without either Docker refuses to start the container. Returns the
+    spec and a note for each thing left out."""
     notes = []
     if spec.runtime and spec.runtime not in runtimes:
         notes.append(f"the engine has no '{spec.runtime}' runtime: started without it")
-    gpus = spec.gpus if has_gpu and "nvidia" in runtimes else None
+    toolkit = "nvidia" in runtimes or nvidia_hook_present()
+    gpus = spec.gpus if has_gpu and toolkit else None
     if spec.gpus and gpus is None:
-        why = f"no GPU on this host ({GPU_DEVICE})" if not has_gpu else "the engine has no 'nvidia' runtime"
+        why = (
+            f"no GPU on this host ({GPU_DEVICE})"
+            if not has_gpu
+            else f"NVIDIA's container toolkit is not set up (no 'nvidia' runtime, no {NVIDIA_HOOK})"
+        )
         notes.append(f"{why}: started without --gpus {spec.gpus}")
     return replace(spec, gpus=gpus, runtime=spec.runtime if spec.runtime in runtimes else None), notes
 

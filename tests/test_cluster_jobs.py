@@ -7,7 +7,9 @@ an emulation of the MPI Operator's pods: its Secret, hostfile, environment and s
 from __future__ import annotations
 
 import io
+import json
 import re
+import shlex
 import shutil
 import subprocess
 import tarfile
@@ -328,8 +330,8 @@ def test_mpijob_works_with_what_the_operator_does(name: str) -> None:
         ("h100", None, {"nvidia.com/gpu": 8, "vpc.amazonaws.com/efa": 32, "hugepages-2Mi": "5120Mi", "memory": "32Gi"}),
         ("h100", "p5en.48xlarge", {"nvidia.com/gpu": 8, "vpc.amazonaws.com/efa": 16, "hugepages-2Mi": "5120Mi",
                                    "memory": "32Gi"}),
-        ("h100", "p6-b200.48xlarge", {"nvidia.com/gpu": 8, "vpc.amazonaws.com/efa": 8, "hugepages-2Mi": "5120Mi",
-                                      "memory": "32Gi"}),
+        ("h100", "p5e.48xlarge", {"nvidia.com/gpu": 8, "vpc.amazonaws.com/efa": 32, "hugepages-2Mi": "5120Mi",
+                                  "memory": "32Gi"}),
         ("gaudi-1.15", None, {"habana.ai/gaudi": 8, "vpc.amazonaws.com/efa": 4, "hugepages-2Mi": "5120Mi",
                               "memory": "32Gi"}),
     ],
@@ -368,7 +370,8 @@ def test_default_programs(name: str) -> None:
     manifest, _ = jobs.image_manifest(res)
     p = plan(name, "mpijob", 4)
     if "nccl_tests" in res.pins:
-        assert p.program == (f"{manifest.components['nccl_tests'].prefix}/all_reduce_perf", *jobs.NCCL_TESTS_ARGS)
+        args = jobs.nccl_tests_args(p.instance_type)
+        assert p.program == (f"{manifest.components['nccl_tests'].prefix}/all_reduce_perf", *args)
         assert "NCCL_DEBUG" in dict(p.env)
     elif "mpi4py" in res.pins:
         assert p.program[:2] == (manifest.python, "-c") and p.program[-1] == "4"
@@ -446,10 +449,15 @@ def test_pyxis_image_reference() -> None:
 @pytest.mark.parametrize(
     ("kw", "message"),
     [
-        ({"name": "Bad_Name"}, "job name 'Bad_Name': expected a DNS label"),
+        ({"name": "Bad_Name"}, "job name: expected a DNS label"),
         ({"name": "x" * 41}, "at most 40 characters"),
-        ({"memory": "lots"}, "--memory 'lots': expected a Kubernetes quantity"),
-        ({"nodes": 0}, "--nodes must be 1 or more"),
+        ({"memory": "lots"}, "--memory: expected a Kubernetes quantity such as 32Gi or 64000Mi, got 'lots'"),
+        ({"nodes": 0}, "--nodes must be 1 to 33554431, got 0"),
+        ({"nodes": 2**31}, "--nodes must be 1 to 33554431"),
+        ({"efa": 33}, "--efa: expected 0 to 32 EFA devices per node, got 33"),
+        ({"image": "x\n$(id)"}, "--image: expected a Docker image reference"),
+        ({"instance_type": "p5.48xlarge\n"}, "--instance-type: expected an EC2 instance type"),
+        ({"command": ["--mca", "x"]}, "COMMAND: expected a program"),
     ],
 )
 def test_bad_input_is_named(kw: dict[str, Any], message: str) -> None:
@@ -504,6 +512,346 @@ def test_cli_refuses_clearly(cli: typer.Typer) -> None:
     assert res.exit_code == 2 and "kubejob" in res.output
     res = runner.invoke(cli, ["job", "cpu", "--nodes", "0"])
     assert res.exit_code == 2
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Slurm as AWS runs it, jobs that run as far as the report judges, the recipe's instance types
+
+
+def test_sbatch_srun_as_aws_runs_it() -> None:
+    """srun leaves tasks unbound (mpirun's --bind-to none) and PMIx on its hash store, named for the container."""
+    text = jobs.render_job(resolved("h100"), "slurm", 2)
+    srun = text[text.index("\nsrun ") + 1 :]
+    assert re.match(r"srun --mpi=pmix --cpu-bind=none \\\n", srun), srun
+    assert "\nexport PMIX_MCA_gds=hash\n" in text
+    assert "PMIX_MCA_gds" in re.search(r"--container-env=(\S+)", text).group(1).split(",")  # type: ignore[union-attr]
+
+
+def report_line(text: str) -> list[str]:
+    """The `imgbuild cluster report ...` words of a job's follow line (its comment header)."""
+    line = next(line for line in text.splitlines() if "| imgbuild cluster report" in line)
+    return shlex.split(line.split("| ", 1)[1])
+
+
+@pytest.mark.parametrize("engine", ["slurm", "mpijob"])
+def test_the_follow_line_judges_the_log_for_the_jobs_instance_type(engine: str, tmp_path: Path) -> None:
+    """The report line printed with a job, run as it is on a p5 log that names neither instance type nor nodes,
+    judges bandwidth for the job's instance type up to the size the job runs to."""
+    from imgbuild.cli import app
+
+    text = jobs.render_job(resolved("h100"), engine, 2)
+    words = report_line(text)
+    assert words[:3] == ["imgbuild", "cluster", "report"] and "--instance-type" in words
+    log = UPSTREAM / "nccl-tests" / "awsome-dt-readme_2x-p5.48xlarge_slurm_table-only.log"
+    out = tmp_path / "r.json"
+    res = CliRunner().invoke(app, [*words[1:], str(log), "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    assert data["instance_type"] == "p5.48xlarge" and data["nodes"] == 2
+    judged = [c for c in data["criteria"] if c["name"].startswith("bandwidth ")]
+    assert judged and all(c["status"] == "PASS" for c in judged), judged
+    assert "bandwidth 16 GiB" in {c["name"] for c in judged}
+
+
+def _bytes(size: str) -> int:
+    """An nccl-tests size argument (16G, 512M, 8) in bytes."""
+    m = re.fullmatch(r"(\d+)([KMG]?)", size)
+    assert m, size
+    return int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2)]
+
+
+LARGE = ["p5.48xlarge", "p5e.48xlarge", "p5en.48xlarge"]
+
+
+@pytest.mark.parametrize(
+    ("name", "instance_type"),
+    [(n, t) for n in SHIPPED if "nccl_tests" in resolved(n).pins for t in resolved(n).recipe.platform.instance_types]
+    + [("h100", t) for t in LARGE]
+    + [("a100", "g5.48xlarge")],
+)
+@pytest.mark.parametrize("engine", ["mpijob", "slurm"])
+def test_jobs_run_as_far_as_the_report_judges(name: str, instance_type: str, engine: str) -> None:
+    from imgbuild.cluster import expected
+
+    p = plan(name, engine, instance_type=instance_type, efa=None if jobs.efa_devices(instance_type) else 1)
+    assert p.runs_all_reduce_perf
+    args = list(p.program[1:])
+    end = _bytes(args[args.index("-e") + 1])
+    assert end >= expected.max_judged_size(instance_type) and end >= 1 << 30
+    assert _bytes(args[args.index("-b") + 1]) == 8 and args[args.index("-f") + 1] == "2"
+    assert end & (end - 1) == 0, "the doubling from -b 8 must land on -e"
+    if instance_type.split(".")[0] in ("p5", "p5e", "p5en"):
+        assert end == 16 << 30  # what AWS's p5 nccl-tests jobs run (-e 16G)
+    text = jobs.render_plan(p)
+    assert f"all_reduce_perf -b 8 -e {args[args.index('-e') + 1]} " in text or f"- -e\n    - {args[3]}" in text
+
+
+REFUSED = [
+    ("gaudi-1.15", "p4d.24xlarge", "p4d.24xlarge carries NVIDIA A100, not gaudi", "dl1.24xlarge"),
+    ("a100", "dl1.24xlarge", "dl1.24xlarge carries Intel Gaudi, not nvidia", "p4d.24xlarge, p4de.24xlarge"),
+    (
+        "v100",
+        "p5.48xlarge",
+        "p5.48xlarge carries NVIDIA H100 (sm_90), which cannot run code built for sm_70",
+        "p3dn.24xlarge",
+    ),
+    (
+        "a100",
+        "p5.48xlarge",
+        "p5.48xlarge carries NVIDIA H100 (sm_90), which cannot run code built for sm_80",
+        "p4d.24xlarge",
+    ),
+    (
+        "h100",
+        "p6-b200.48xlarge",
+        "p6-b200.48xlarge carries NVIDIA B200 (sm_100), which cannot run code built for sm_90",
+        "p5.48xlarge",
+    ),
+    (
+        "h100",
+        "p4d.24xlarge",
+        "p4d.24xlarge carries NVIDIA A100 (sm_80), which cannot run code built for sm_90",
+        "p5.48xlarge",
+    ),
+    ("h100", "trn1.32xlarge", "trn1.32xlarge carries AWS Trainium, not nvidia", "p5.48xlarge"),
+    ("a100", "c5.large", "imgbuild does not know which accelerator c5.large carries", "p4d.24xlarge"),
+]
+
+
+@pytest.mark.parametrize(("name", "instance_type", "why", "listed"), REFUSED)
+def test_a_recipe_is_refused_on_an_instance_type_without_its_accelerator(
+    name: str, instance_type: str, why: str, listed: str
+) -> None:
+    """Through the CLI, every engine: exit 3 (a well-formed type the recipe cannot run on), naming the recipe's
+    instance types; a pod asking for habana.ai/gaudi on a p4d would never schedule."""
+    from imgbuild.cli import app
+
+    for engine in ("mpijob", "slurm"):
+        res = CliRunner().invoke(app, ["cluster", "job", name, "-e", engine, "--instance-type", instance_type])
+        assert res.exit_code == RecipeError.exit_code, res.output
+        message = " ".join(res.output.split())
+        assert f"--instance-type {instance_type}: {why}" in message, message
+        assert f"recipe '{name}'" in message and f"runs on {listed}" in message, message
+        assert "apiVersion" not in res.stdout and "#!/bin/bash" not in res.stdout
+
+
+@pytest.mark.parametrize(
+    ("name", "instance_type"),
+    [("a100", "p4de.24xlarge"), ("a100", "g5.48xlarge"), ("h100", "p5en.48xlarge"), ("h100", "p5e.48xlarge"),
+     ("v100", "p3.16xlarge"), ("cpu", "p4d.24xlarge"), ("cpu", "c5.large"), ("pytorch", "g6.12xlarge")],
+)  # fmt: skip
+def test_a_recipe_runs_where_its_accelerator_is(name: str, instance_type: str) -> None:
+    efa = None if jobs.efa_devices(instance_type) else 0
+    job = obj(name, "mpijob", instance_type=instance_type, efa=efa)
+    selector = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["nodeSelector"]
+    assert selector == {"node.kubernetes.io/instance-type": instance_type}
+
+
+def test_instance_families_agree_with_the_recipes_and_the_efa_table() -> None:
+    """Every shipped recipe's instance types carry its accelerator by the table too, and every family with EFA
+    devices in the table says what it carries."""
+    from imgbuild.cluster import jobplan
+
+    for name in SHIPPED:
+        platform = resolved(name).recipe.platform
+        for t in platform.instance_types:
+            stripped = platform.model_copy(update={"instance_types": ()})
+            assert jobs.accelerator_mismatch(stripped, t) is None, (name, t)
+    assert set(jobplan.EFA_DEVICES) <= set(jobplan.INSTANCE_ACCELERATORS)
+    assert jobs.efa_devices("p6-b200.48xlarge") == 8 and jobs.efa_devices("p5en.48xlarge") == 16
+
+
+def test_a_child_recipe_can_name_another_instance_type(tmp_path: Path) -> None:
+    """The way out the error's hint names: a recipe that lists the type runs on it (it says so, as data)."""
+    child = tmp_path / "h100-b200.yaml"
+    child.write_text(f"extends: {REPO / 'recipes' / 'h100.yaml'}\nplatform:\n  instance_types: [p6-b200.48xlarge]\n")
+    res, _ = lock.resolved_for(recipe.load(str(child)).concrete(), lookup_torch=None)
+    p = jobs.plan_job(res, "mpijob", 2)
+    assert p.instance_type == "p6-b200.48xlarge" and p.efa == 8
+
+
+# --------------------------------------------------------------------------------------------------------------
+# What a user types that lands in a script, a job or a log
+
+
+def cli_output(res: Any) -> str:
+    return " ".join(res.output.split())
+
+
+HOSTILE = ["x\nid", "a$(id)", "a`id`", "-oProxyCommand=id", "a;id", "a b", "a'b", 'a"b', "", "a\r", "a\x00b",
+           "a#b", "a|id", "a&&id", "a\u2028b"]  # fmt: skip
+
+
+@pytest.mark.parametrize("value", HOSTILE)
+@pytest.mark.parametrize(
+    ("option", "expected"),
+    [("--image", "expected a Docker image reference"), ("--instance-type", "expected an EC2 instance type"),
+     ("--name", "expected a DNS label"), ("--memory", "expected a Kubernetes quantity")],
+)  # fmt: skip
+@pytest.mark.parametrize("engine", ["slurm", "mpijob"])
+def test_cluster_job_refuses_hostile_values(engine: str, option: str, expected: str, value: str) -> None:
+    """Exit 2 (usage: a malformed value), naming the option and what it expects; nothing written."""
+    from imgbuild.cli import app
+
+    res = CliRunner().invoke(app, ["cluster", "job", "cpu", "-e", engine, f"{option}={value}"])
+    assert res.exit_code == 2, res.output
+    message = cli_output(res)
+    assert f"Invalid value for '{option}'" in message and expected in message, message
+    assert "#!/bin/bash" not in res.output and "apiVersion" not in res.output
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [(["--nodes", str(2**31)], "'--nodes'"), (["--nodes", "0"], "'--nodes'"), (["--efa", "1000"], "'--efa'"),
+     (["--efa", "-1"], "'--efa'"), (["--", "--mca", "x", "y"], "'COMMAND'"), (["--", "-x"], "'COMMAND'")],
+)  # fmt: skip
+def test_cluster_job_refuses_counts_and_commands_the_engines_would_not_take(args: list[str], option: str) -> None:
+    from imgbuild.cli import app
+
+    res = CliRunner().invoke(app, ["cluster", "job", "cpu", *args])
+    assert res.exit_code == 2, res.output
+    assert f"Invalid value for {option}" in cli_output(res), res.output
+
+
+HOSTILE_HOSTS = [v for v in HOSTILE if v and v.strip() == v] + [
+    "a,-oProxyCommand=id",
+    "fe80::1%$(id)",
+    "a..b",
+    "-a",
+    "a-",
+]
+
+
+@pytest.mark.parametrize("value", HOSTILE_HOSTS)
+def test_cluster_test_refuses_hostile_hosts_before_any_ssh(value: str) -> None:
+    from imgbuild.cli import app
+
+    res = CliRunner().invoke(app, ["cluster", "test", "--hosts", f"10.0.0.1,{value}", "--recipe", "cpu"])
+    assert res.exit_code == 2, res.output
+    message = cli_output(res)
+    assert "Invalid value for '--hosts'" in message and ("expected a host name" in message or "twice" in message)
+
+
+@pytest.mark.parametrize(("option", "value"), [("--user", "-oProxyCommand=id"), ("--user", "root\nid"),
+                                               ("--image", "x$(id)")])  # fmt: skip
+def test_cluster_test_refuses_hostile_user_and_image(option: str, value: str) -> None:
+    from imgbuild.cli import app
+
+    res = CliRunner().invoke(app, ["cluster", "test", "--hosts", "10.0.0.1,10.0.0.2", option, value])
+    assert res.exit_code == 2, res.output
+    assert f"Invalid value for '{option}'" in cli_output(res), res.output
+
+
+def test_run_live_refuses_a_host_that_would_be_an_option() -> None:
+    """The library call refuses it too (before ssh is looked for)."""
+    from imgbuild.cluster import live
+    from imgbuild.errors import VerifyError
+
+    with pytest.raises(VerifyError, match="--hosts: expected a host name"):
+        live.run_live(["10.0.0.1", "-oProxyCommand=id"])
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["node-1", "node-1.cluster.local", "10.0.0.1", "::1", "fd00::1", "a" * 63, "ip-10-0-0-1.ec2.internal."],
+)
+def test_host_names_that_are_legal(value: str) -> None:
+    from imgbuild import validate
+
+    assert validate.host(value) == value
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["debian", "imgbuild/a100:lock-0123456789ab", "localhost:5000/a/b_c__d-e.f:V1.2_3-rc1",
+     "123456789012.dkr.ecr.us-east-1.amazonaws.com/imgbuild/a100:pt2.9.1-cuda12.8.1",
+     "[fd00::1]:5000/x/y:z", "nvcr.io/nvidia/pytorch:24.01-py3", "a@sha256:" + "0" * 64,
+     "a:b@sha256:" + "f" * 64],
+)  # fmt: skip
+def test_image_references_that_are_legal(value: str) -> None:
+    from imgbuild import validate
+
+    assert validate.image_ref(value) == value
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["Upper", "a/Upper", "a:", "a:-tag", ":tag", "a//b", "a/", "/a", "a:" + "t" * 129, "a@sha256:00", "a" * 300,
+     "-a", "a:b:c", "a@b"],
+)  # fmt: skip
+def test_image_references_that_are_not(value: str) -> None:
+    from imgbuild import validate
+
+    with pytest.raises(ValueError, match="expected a Docker image reference"):
+        validate.image_ref(value)
+
+
+def test_recipes_take_the_same_instance_type_grammar(tmp_path: Path) -> None:
+    """A recipe's platform.instance_types reach the same jobs: the same grammar (one dot; `ml.` is SageMaker's)."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"extends: {REPO / 'recipes' / 'a100.yaml'}\nplatform:\n  instance_types: [ml.p4d.24xlarge]\n")
+    with pytest.raises(RecipeError, match=r"platform\.instance_types\.0.*expected an EC2 instance type FAMILY\.SIZE"):
+        recipe.load(str(bad))
+
+
+# Legal values that a careless writer would break: shell and YAML metacharacters in the command after `--`, a
+# program text (a here-document in the sbatch script) holding its own terminator, and the longest image forms.
+TRICKY_IMAGE = "localhost:5000/team__x/img-a.b:V1_2.3-rc@sha256:" + "ab" * 32
+TRICKY_COMMAND = [
+    "/opt/ml/code/train.py", "$(touch /tmp/pwned)", "`touch /tmp/pwned`", "it's", 'say "hi"', "a b\tc",
+    "#not-a-comment",
+    "; rm -rf /", "*", "~", "yes", "null", "0x1F", "1e3", ": x", "- item", "&anchor", "*alias", "!tag", "%x", "@x",
+    " lead", "trail ", "", "ünï", "\\", "--lr=1",
+    "line 1\nIMGBUILD_PROGRAM_END\n$(touch /tmp/pwned) ) `x`\n",
+    "print('a')\nprint(\"$HOME\")\n)\n",
+    "cr\r\nlf",
+]  # fmt: skip
+
+
+def test_tricky_values_reach_the_sbatch_script_intact(tmp_path: Path) -> None:
+    """bash -n and shellcheck pass, and the script, run with a stand-in srun, hands srun the very words."""
+    text = jobs.render_job(resolved("cpu"), "slurm", 2, image=TRICKY_IMAGE, command=TRICKY_COMMAND)
+    for argv in (["bash", "-n"], [shellcheck(), "--shell=bash", "--severity=style", "-"]):
+        proc = subprocess.run(argv, input=text, capture_output=True, text=True, check=False)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text('#!/bin/bash\nprintf \'%s\\0\' "$@" > "$SRUN_ARGS"\n')
+    (bin_dir / "srun").chmod(0o755)
+    script = tmp_path / "job.sbatch"
+    script.write_text(text)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SRUN_ARGS": str(tmp_path / "args"), "HOME": str(tmp_path)}
+    proc = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    words = (tmp_path / "args").read_bytes().decode().split("\0")[:-1]
+    # Here-documents end their text with one newline: a word's trailing newlines are the program text's own.
+    assert [w.rstrip("\n") for w in words[-len(TRICKY_COMMAND) :]] == [w.rstrip("\n") for w in TRICKY_COMMAND]
+    assert words[:2] == ["--mpi=pmix", "--cpu-bind=none"]
+    assert f"--container-image={jobs.pyxis_image(TRICKY_IMAGE)}" in words
+    assert not (tmp_path / "pwned").exists() and not Path("/tmp/pwned").exists()
+
+
+@pytest.mark.parametrize("engine", ["mpijob", "pytorchjob", "trainjob"])
+def test_tricky_values_reach_the_kubernetes_object_intact(engine: str) -> None:
+    """The YAML parses back to the very image and words, and still validates."""
+    command = TRICKY_COMMAND[1:] if engine == "mpijob" else TRICKY_COMMAND
+    name = "pytorch" if engine != "mpijob" else "cpu"
+    text = jobs.render_job(resolved(name), engine, 2, image=TRICKY_IMAGE, command=command)
+    job = yaml.safe_load(text)
+    assert job == jobs.k8s_object(plan(name, engine, 2, image=TRICKY_IMAGE, command=command))
+    validate_crd(jobs.Engine(engine), job)
+    for template in pod_templates(jobs.Engine(engine), job):
+        validate_pod_template(template)
+        assert container(template)["image"] == TRICKY_IMAGE
+    if engine == "mpijob":
+        launcher = container(job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"])
+        assert launcher["args"][-len(command) :] == command
+    if engine == "pytorchjob":
+        master = container(job["spec"]["pytorchReplicaSpecs"]["Master"]["template"])
+        assert master["command"][-len(command) :] == command
+    if engine == "trainjob":
+        assert job["spec"]["trainer"]["image"] == TRICKY_IMAGE
+        assert job["spec"]["trainer"]["command"][-len(command) :] == command
 
 
 # --------------------------------------------------------------------------------------------------------------

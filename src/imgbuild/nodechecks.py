@@ -63,7 +63,6 @@ MPIRUN_TIMEOUT_S = 120.0
 PINGPONG_TIMEOUT_S = 60.0
 DDP_TIMEOUT_S = 300.0  # importing torch on a loaded 2-core machine takes a while
 NCCL_TESTS_TIMEOUT_S = 300.0
-NCCL_TESTS_ARGS = ("-b", "8", "-e", "1G", "-f", "2", "-g", "1")  # 1 GiB: the size published figures quote
 BASE_TIMEOUT_S = 180.0
 
 # Each rank prints one line the host parses, and its view of the variables named in argv[1] (a JSON list);
@@ -637,19 +636,22 @@ def _nccl_tests(s: Session, *, sshd_down: list[str]) -> CheckResult:
     if sshd_down:
         return CheckResult(name, "fail", found="not run", reason=f"sshd not answering on {', '.join(sshd_down)}")
     from imgbuild.cluster import report
+    from imgbuild.cluster.jobplan import nccl_tests_args
 
+    types = s.manifest.platform.instance_types
+    instance_type = types[0] if len(types) == 1 and s.expect_efa else None
     binary = f"{comp.prefix or '/opt/nccl-tests'}/all_reduce_perf"
     ranks = s.n * s.per_node
+    # As far as the report judges on that instance type (the jobs' rule): 16 GiB on p5 and later, else 1 GiB.
     argv = mpirun_argv(s.manifest, hostfile=s.hostfile, ranks=ranks, wdir=s.workdir,
-                       program=["env", "NCCL_DEBUG=INFO", binary, *NCCL_TESTS_ARGS])  # fmt: skip
+                       program=["env", "NCCL_DEBUG=INFO", binary, *nccl_tests_args(instance_type)])  # fmt: skip
     limit = s.left(NCCL_TESTS_TIMEOUT_S)
     res = s.nodes.run(0, f"{s.launch.shell_defaults()}exec {shlex.join(argv)}", timeout_s=limit, label="nccl-tests")
     s.timings["nccl_tests_s"] = round(res.duration_s, 3)
-    types = s.manifest.platform.instance_types
     nccl = s.manifest.components.get("nccl")
     ofi = s.manifest.components.get("aws_ofi_nccl")
     expect = report.Expect(
-        instance_type=types[0] if len(types) == 1 and s.expect_efa else None,
+        instance_type=instance_type,
         nodes=s.n,
         nccl_version=nccl.version if nccl is not None else None,
         aws_ofi_nccl_version=ofi.version if ofi is not None and s.expect_efa else None,

@@ -1,6 +1,7 @@
 """Schema building blocks shared by the recipe and by every component's options: strict models, pinned
 versions, and the string types of everything a recipe sends into a Dockerfile, a shell script or a command line.
-A leaf module (it imports nothing of imgbuild), so component modules and recipe.py both use it.
+A leaf module (of imgbuild it imports only validate.py, the grammars of command-line values), so component
+modules and recipe.py both use it.
 
 Every free-form string of a recipe is one of these types: either a restricted form (package names, paths,
 interface names...) that needs no quoting wherever it lands, or `Text` (one line, no control characters) that
@@ -15,6 +16,8 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+
+from imgbuild import validate
 
 _VERSION_RE = re.compile(r"^\d+(\.\d+){1,3}((a|b|rc|post|dev)\d+|[+-][A-Za-z0-9.]+)?$", re.ASCII)
 _UNPINNED = ("latest", "*", ">", "<", "~", "^", "=", "!", ",", " ")
@@ -116,8 +119,11 @@ Command = Annotated[
     AfterValidator(matching(r"[A-Za-z0-9_.+/-]+", "a command name or path (mpirun, /opt/amazon/openmpi/bin/mpirun)")),
 ]
 Capability = Annotated[str, AfterValidator(matching(r"[A-Za-z_]+", "a Linux capability name (SYS_PTRACE, sys_nice)"))]
+# The grammar `imgbuild cluster job --instance-type` checks too (validate.py): one dot, a label value's 63 characters.
 InstanceType = Annotated[
-    str, AfterValidator(matching(r"[a-z0-9][a-z0-9-]*(\.[a-z0-9-]+)+", "an EC2 instance type (p4d.24xlarge)"))
+    str,
+    Field(max_length=validate.INSTANCE_TYPE_MAX),
+    AfterValidator(matching(validate.INSTANCE_TYPE_PATTERN, validate.INSTANCE_TYPE_EXPECTED)),
 ]
 
 

@@ -17,17 +17,18 @@ from __future__ import annotations
 import enum
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from imgbuild.errors import RecipeError
 
 if TYPE_CHECKING:
     from imgbuild.launch import Launch
     from imgbuild.manifest import Manifest
+    from imgbuild.recipe import Platform
     from imgbuild.resolver import Resolved
 
 
@@ -48,12 +49,42 @@ MEMORY = {"accelerator": "32Gi", "none": "2Gi"}  # per worker, unless --memory
 # EFA devices per instance (AWS EC2 User Guide, "Supported instance types" for EFA: maximum EFA interfaces),
 # by instance family (the part of the type before the dot).
 EFA_DEVICES = {"p3dn": 1, "p4d": 4, "p4de": 4, "p5": 32, "p5e": 32, "p5en": 16, "p6-b200": 8, "dl1": 4}
+EFA_MAX = max(EFA_DEVICES.values())  # --efa: more than any instance has never schedules
 
-NAME_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+# What each instance family carries (AWS EC2 User Guide, "Accelerated computing instance types"; the GPUs' compute
+# capability from NVIDIA's CUDA GPU list): the accelerator, and for NVIDIA GPUs their architecture. A recipe for an
+# accelerator runs on the instance types its platform.instance_types lists, and on those whose accelerator is its
+# own and can run its code (`runs_on`); anything else is refused before a job that would never schedule (a pod
+# asking for habana.ai/gaudi on a p4d) or never start (an sm_70 nccl-tests on an H100) is written.
+INSTANCE_ACCELERATORS: dict[str, tuple[str, str | None, str]] = {
+    "p3": ("nvidia", "sm_70", "NVIDIA V100"),
+    "p3dn": ("nvidia", "sm_70", "NVIDIA V100"),
+    "g4dn": ("nvidia", "sm_75", "NVIDIA T4"),
+    "p4d": ("nvidia", "sm_80", "NVIDIA A100"),
+    "p4de": ("nvidia", "sm_80", "NVIDIA A100"),
+    "g5": ("nvidia", "sm_86", "NVIDIA A10G"),
+    "g6": ("nvidia", "sm_89", "NVIDIA L4"),
+    "g6e": ("nvidia", "sm_89", "NVIDIA L40S"),
+    "p5": ("nvidia", "sm_90", "NVIDIA H100"),
+    "p5e": ("nvidia", "sm_90", "NVIDIA H200"),
+    "p5en": ("nvidia", "sm_90", "NVIDIA H200"),
+    "p6-b200": ("nvidia", "sm_100", "NVIDIA B200"),
+    "p6e-gb200": ("nvidia", "sm_100", "NVIDIA GB200"),
+    "p6-b300": ("nvidia", "sm_103", "NVIDIA B300"),
+    "g7e": ("nvidia", "sm_120", "NVIDIA RTX PRO 6000 Blackwell"),
+    "dl1": ("gaudi", None, "Intel Gaudi"),
+    "dl2q": ("qualcomm", None, "Qualcomm AI 100"),
+    "trn1": ("neuron", None, "AWS Trainium"),
+    "trn1n": ("neuron", None, "AWS Trainium"),
+    "trn2": ("neuron", None, "AWS Trainium2"),
+    "inf1": ("neuron", None, "AWS Inferentia"),
+    "inf2": ("neuron", None, "AWS Inferentia2"),
+}
+
 NAME_MAX = 40  # room for the operators' suffixes (`-launcher`, `-worker-N`, `-node-0-N`) in a 63-character name
-QUANTITY_RE = re.compile(r"^\d+(\.\d+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$")
-
-NCCL_TESTS_ARGS = ("-b", "8", "-e", "1G", "-f", "2", "-g", "1")
+# Kubernetes counts replicas in int32 and Open MPI ranks (-np nodes x slots) in a C int: with at most 64 slots per
+# node (platform.devices_per_node), this many nodes keeps both in range. Slurm's node count is 32 bits too.
+NODES_MAX = (2**31 - 1) // 64
 
 _PROGRAMS = Path(__file__).with_name("templates")
 
@@ -92,10 +123,66 @@ class JobPlan:
         """Whether the ranks run nccl-tests' all_reduce_perf, whose log `imgbuild cluster report` judges."""
         return self.program[0].endswith("all_reduce_perf")
 
+    @property
+    def report_command(self) -> str:
+        """The `imgbuild cluster report` line that judges the job's log, with the instance type and node count the
+        job runs on (the log may name neither)."""
+        return shlex.join(
+            ["imgbuild", "cluster", "report"]
+            + (["--instance-type", self.instance_type] if self.instance_type else [])
+            + ["--nodes", str(self.nodes)]
+        )
+
 
 def efa_devices(instance_type: str) -> int | None:
     """EFA devices an instance type has (None: not in the table)."""
     return EFA_DEVICES.get(instance_type.split(".", 1)[0])
+
+
+def _sm(arch: str) -> tuple[int, int]:
+    """sm_90 -> (9, 0), sm_103 -> (10, 3): a compute capability."""
+    number = int(arch.removeprefix("sm_"))
+    return number // 10, number % 10
+
+
+def accelerator_mismatch(platform: Platform, instance_type: str) -> str | None:
+    """Why an instance type cannot run an image of `platform` (None: it can). A recipe without an accelerator runs
+    anywhere; one with an accelerator runs on the instance types it lists, and on a family of
+    INSTANCE_ACCELERATORS with its accelerator whose GPUs run its code: CUDA code built for sm_XY (imgbuild builds
+    SASS only, no PTX) runs on the same major architecture X at minor Y or later."""
+    if platform.accelerator == "none" or instance_type in platform.instance_types:
+        return None
+    known = INSTANCE_ACCELERATORS.get(instance_type.split(".", 1)[0])
+    if known is None:
+        return f"imgbuild does not know which accelerator {instance_type} carries"
+    kind, arch, device = known
+    if kind != platform.accelerator:
+        return f"{instance_type} carries {device}, not {platform.accelerator}"
+    if kind == "nvidia" and arch and platform.gpu_arch:
+        (want_major, want_minor), (has_major, has_minor) = _sm(platform.gpu_arch), _sm(arch)
+        if has_major != want_major or has_minor < want_minor:
+            return f"{instance_type} carries {device} ({arch}), which cannot run code built for {platform.gpu_arch}"
+    return None
+
+
+def _size_arg(n: int) -> str:
+    """A byte count as nccl-tests reads it (1073741824 -> 1G)."""
+    for unit, factor in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n % factor == 0:
+            return f"{n // factor}{unit}"
+    return str(n)
+
+
+def nccl_tests_args(instance_type: str | None) -> tuple[str, ...]:
+    """all_reduce_perf's arguments for a run on `instance_type` (None: not known): -e is 1 GiB, or the largest size
+    `imgbuild cluster report` judges for that instance type when it is larger (the report's own rule,
+    `expected.max_judged_size`: 16 GiB on p5 and later), rounded up to a power of two so that the doubling from -b 8
+    reaches it."""
+    from imgbuild.cluster import expected
+
+    end = max(1 << 30, expected.max_judged_size(instance_type))
+    end = 1 << (end - 1).bit_length()
+    return ("-b", "8", "-e", _size_arg(end), "-f", "2", "-g", "1")
 
 
 def job_name(recipe_name: str) -> str:
@@ -124,22 +211,27 @@ def plan_job(
     memory: str | None = None,
 ) -> JobPlan:
     """Decide a job: RecipeError when the recipe cannot run on that engine or an input is invalid (named)."""
+    from imgbuild import validate
     from imgbuild.launch import for_manifest
     from imgbuild.runprofile import run_spec
 
     engine = Engine(engine)
     r = resolved.recipe
     where = f"recipe '{r.name}'"
-    if nodes < 1:
-        raise RecipeError(f"{where}: --nodes must be 1 or more, got {nodes}")
+    # The command line refuses these first, as usage errors (jobs.py); here they guard every other caller.
+    if not 1 <= nodes <= NODES_MAX:
+        raise RecipeError(f"{where}: --nodes must be 1 to {NODES_MAX}, got {nodes}")
+    if efa is not None and not 0 <= efa <= EFA_MAX:
+        raise RecipeError(f"--efa: expected 0 to {EFA_MAX} EFA devices per node, got {efa}")
     name = name or job_name(r.name)
-    if not NAME_RE.match(name) or len(name) > NAME_MAX:
-        raise RecipeError(
-            f"job name '{name}': expected a DNS label (a-z, 0-9 and '-', starting with a letter) of at most "
-            f"{NAME_MAX} characters"
-        )
-    if memory is not None and not QUANTITY_RE.match(memory):
-        raise RecipeError(f"--memory '{memory}': expected a Kubernetes quantity such as 32Gi or 64000Mi")
+    _check("job name", validate.dns_label, name, NAME_MAX)
+    if memory is not None:
+        _check("--memory", validate.quantity, memory)
+    if image is not None:
+        _check("--image", validate.image_ref, image)
+    if instance_type is not None:
+        _check("--instance-type", validate.instance_type, instance_type)
+    _check("COMMAND", program_words, command)
     manifest, lock_tag = image_manifest(resolved)
     if engine in TORCH_ENGINES and "pytorch" not in resolved.pins:
         raise RecipeError(
@@ -151,6 +243,18 @@ def plan_job(
 
     if instance_type is None and r.platform.instance_types:
         instance_type = r.platform.instance_types[0]
+    if instance_type is not None:
+        why = accelerator_mismatch(r.platform, instance_type)
+        if why is not None:
+            listed = r.platform.instance_types
+            runs_on = f"runs on {', '.join(listed)}" if listed else "lists no platform.instance_types"
+            raise RecipeError(
+                f"--instance-type {instance_type}: {why}; {where} ({r.platform.accelerator}"
+                + (f" {r.platform.gpu_arch}" if r.platform.gpu_arch else "")
+                + f") {runs_on}",
+                hint=(f"pass --instance-type {listed[0]}, or " if listed else "")
+                + f"list the type in a child recipe's platform.instance_types (extends: {r.name})",
+            )
     if efa is None:
         if r.platform.accelerator == "none":
             efa = 0  # the CPU images talk TCP (libfabric's tcp provider)
@@ -173,7 +277,7 @@ def plan_job(
 
     devices = r.platform.devices_per_node if r.platform.accelerator != "none" else 0
     launch = for_manifest(manifest)
-    program, about = _program(engine, resolved, manifest, nodes, command)
+    program, about = _program(engine, resolved, manifest, nodes, command, instance_type)
     spec = run_spec(r.runtime, ())
     env = dict(_device_plugin_free(spec.env))
     if r.platform.accelerator == "nvidia":
@@ -202,6 +306,26 @@ def plan_job(
     )
 
 
+def _check(what: str, check: Callable[..., object], value: Any, *args: Any) -> None:
+    try:
+        check(value, *args)
+    except ValueError as exc:
+        raise RecipeError(f"{what}: {exc}") from None
+
+
+def program_words(command: Sequence[str]) -> Sequence[str]:
+    """The command after `--`: its first word is a program (a name or a path), never an option of the launcher
+    it is handed to (mpirun, torchrun); no word holds a NUL (no argv, shell or YAML string can)."""
+    if command and command[0].startswith("-"):
+        raise ValueError(
+            f"expected a program (a name or a path) first, got {command[0]!r}: a word starting with '-' would be "
+            "read as an option of mpirun or torchrun"
+        )
+    if any("\0" in word for word in command):
+        raise ValueError("expected words without NUL characters")
+    return command
+
+
 def _device_plugin_free(env: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
     """The run profile's environment without what a Kubernetes device plugin or Slurm sets per allocation
     (`HABANA_VISIBLE_DEVICES=all` would hand every device of the node to each pod)."""
@@ -215,7 +339,12 @@ def _quantity(docker_size: str) -> str:
 
 
 def _program(
-    engine: Engine, resolved: Resolved, manifest: Manifest, nodes: int, command: Sequence[str]
+    engine: Engine,
+    resolved: Resolved,
+    manifest: Manifest,
+    nodes: int,
+    command: Sequence[str],
+    instance_type: str | None,
 ) -> tuple[tuple[str, ...], str]:
     """What the ranks run, and a line saying what it is."""
     if command:
@@ -227,8 +356,8 @@ def _program(
     tests = manifest.components.get("nccl_tests")
     if tests is not None:
         prefix = tests.prefix or "/opt/nccl-tests"
-        about = f"nccl-tests all_reduce_perf {shlex.join(NCCL_TESTS_ARGS)}"
-        return (f"{prefix}/all_reduce_perf", *NCCL_TESTS_ARGS), about
+        args = nccl_tests_args(instance_type)
+        return (f"{prefix}/all_reduce_perf", *args), f"nccl-tests all_reduce_perf {shlex.join(args)}"
     if "mpi4py" in manifest.components:
         return (
             (manifest.python, "-c", _program_text("mpi_check.py"), str(nodes)),

@@ -19,16 +19,22 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from imgbuild import validate
 from imgbuild.cluster.jobplan import (
+    EFA_MAX,
     ENGINES,
-    NCCL_TESTS_ARGS,
+    NAME_MAX,
+    NODES_MAX,
     TORCH_ENGINES,
     Engine,
     JobPlan,
+    accelerator_mismatch,
     efa_devices,
     image_manifest,
     job_name,
+    nccl_tests_args,
     plan_job,
+    program_words,
 )
 from imgbuild.cluster.k8s import TRAINER_CONTAINER, k8s_object, k8s_text
 from imgbuild.cluster.slurm import mca_pairs, pyxis_image, sbatch
@@ -39,17 +45,18 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ENGINES",
-    "NCCL_TESTS_ARGS",
     "TORCH_ENGINES",
     "TRAINER_CONTAINER",
     "Engine",
     "JobPlan",
+    "accelerator_mismatch",
     "efa_devices",
     "image_manifest",
     "job_command",
     "job_name",
     "k8s_object",
     "mca_pairs",
+    "nccl_tests_args",
     "plan_job",
     "pyxis_image",
     "render_job",
@@ -70,6 +77,18 @@ def render_plan(job: JobPlan) -> str:
 
 # --------------------------------------------------------------------------------------------------------------
 # Command line: `imgbuild cluster job`
+#
+# A malformed value (its grammar, its range) is a usage error naming the option (exit 2), refused before the recipe
+# is read; a well-formed one that the recipe cannot run with (an engine without PyTorch, an instance type without
+# the recipe's accelerator, no known EFA count) is plan_job's RecipeError (exit 3).
+
+
+def _command_words(words: list[str] | None) -> list[str] | None:
+    try:
+        program_words(words or ())
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    return words
 
 
 def job_command(
@@ -80,6 +99,7 @@ def job_command(
             metavar="COMMAND",
             help="After `--`: what the ranks run instead of the default (nccl-tests all_reduce_perf, else an MPI "
             "check); for trainjob/pytorchjob, torchrun's program (a script and its arguments).",
+            callback=_command_words,
         ),
     ] = None,
     engine: Annotated[
@@ -88,24 +108,47 @@ def job_command(
             "--engine", "-e", help="MPI Operator, Trainer v2, training-operator 1.9, or Slurm.", case_sensitive=False
         ),
     ] = Engine.mpijob,
-    nodes: Annotated[int, typer.Option("--nodes", "-n", min=1, help="Nodes (workers) the job runs on.")] = 2,
+    nodes: Annotated[
+        int, typer.Option("--nodes", "-n", min=1, max=NODES_MAX, help="Nodes (workers) the job runs on.")
+    ] = 2,
     image: Annotated[
         str | None,
-        typer.Option("--image", metavar="URI", help="A pushed copy of the image (default: the lock's local tag)."),
+        typer.Option(
+            "--image",
+            metavar="URI",
+            help="A pushed copy of the image (default: the lock's local tag).",
+            callback=validate.option(validate.image_ref),
+        ),
     ] = None,
     instance_type: Annotated[
         str | None,
         typer.Option(
-            "--instance-type", help="EC2 instance type of the nodes (default: the recipe's first); sets the EFA count."
+            "--instance-type",
+            help="EC2 instance type of the nodes (default: the recipe's first; one that carries the recipe's "
+            "accelerator); sets the EFA count and how far nccl-tests runs.",
+            callback=validate.option(validate.instance_type),
         ),
     ] = None,
     efa: Annotated[
-        int | None, typer.Option("--efa", min=0, help="EFA devices per node, for an instance type not in the table.")
+        int | None,
+        typer.Option("--efa", min=0, max=EFA_MAX, help="EFA devices per node, for an instance type not in the table."),
     ] = None,
     memory: Annotated[
-        str | None, typer.Option("--memory", help="Memory per node (Kubernetes quantity; default 32Gi, 2Gi on CPU).")
+        str | None,
+        typer.Option(
+            "--memory",
+            help="Memory per node (Kubernetes quantity; default 32Gi, 2Gi on CPU).",
+            callback=validate.option(validate.quantity),
+        ),
     ] = None,
-    name: Annotated[str | None, typer.Option("--name", help="The job's name (default imgbuild-RECIPE).")] = None,
+    name: Annotated[
+        str | None,
+        typer.Option(
+            "--name",
+            help=f"The job's name (default imgbuild-RECIPE; a DNS label of at most {NAME_MAX} characters).",
+            callback=validate.option(lambda v: validate.dns_label(v, NAME_MAX)),
+        ),
+    ] = None,
     output: Annotated[
         Path | None, typer.Option("--output", "-o", metavar="FILE", help="Write the job here instead of stdout.")
     ] = None,

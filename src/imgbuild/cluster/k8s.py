@@ -117,8 +117,6 @@ def _header(job: JobPlan) -> str:
 
 
 def _follow(job: JobPlan) -> str:
-    report = "imgbuild cluster report" + (f" --instance-type {job.instance_type}" if job.instance_type else "")
-    report += f" --nodes {job.nodes}"
     pod = {
         Engine.mpijob: f"job/{job.name}-launcher",
         Engine.trainjob: f"-l jobset.sigs.k8s.io/jobset-name={job.name}",
@@ -126,7 +124,7 @@ def _follow(job: JobPlan) -> str:
     }[job.engine]
     logs = f"kubectl logs -f {pod}"
     if job.runs_all_reduce_perf:
-        return f"{logs} | {report}"
+        return f"{logs} | {job.report_command}"
     return logs
 
 

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from imgbuild import validate
 from imgbuild.console import handled
 from imgbuild.errors import VerifyError
 
@@ -190,6 +191,11 @@ def run_live(
         raise VerifyError("--hosts: expected one host or more, e.g. --hosts 10.0.0.1,10.0.0.2")
     if len(set(hosts)) != len(hosts):
         raise VerifyError(f"--hosts: {','.join(hosts)} names a host twice")
+    for value, check, what in [*((h, validate.host, "--hosts") for h in hosts), (user, validate.user_name, "--user")]:
+        try:
+            check(value)
+        except ValueError as exc:
+            raise VerifyError(f"{what}: {exc}") from None
     port = port or (expected.ssh_ports[0] if expected is not None and expected.ssh_ports else DEFAULT_PORT)
     began = time.monotonic()
     timings: dict[str, float] = {}
@@ -338,13 +344,21 @@ def cluster_test_command(
         str | None, typer.Option("--recipe", metavar="RECIPE", help="The recipe whose image must be running.")
     ] = None,
     image: Annotated[
-        str | None, typer.Option("--image", metavar="IMAGE", help="A local image whose manifest must be running.")
+        str | None,
+        typer.Option(
+            "--image",
+            metavar="IMAGE",
+            help="A local image whose manifest must be running.",
+            callback=validate.option(validate.image_ref),
+        ),
     ] = None,
     ssh_key: Annotated[
         Path | None,
         typer.Option("--ssh-key", metavar="FILE", help="Private key for ssh to the hosts (default: ssh's own)."),
     ] = None,
-    user: Annotated[str, typer.Option("--user", help="The user to log in as.")] = "root",
+    user: Annotated[
+        str, typer.Option("--user", help="The user to log in as.", callback=validate.option(validate.user_name))
+    ] = "root",
     master_port: Annotated[
         int | None, typer.Option("--master-port", min=1, max=65535, help="torchrun's port on the first host (29500).")
     ] = None,
@@ -358,7 +372,11 @@ def cluster_test_command(
 
     if recipe_ref and image:
         raise typer.BadParameter("give --recipe or --image, not both", param_hint="'--recipe' / '--image'")
-    names = [h.strip() for h in hosts.split(",") if h.strip()]
+    # Host names reach ssh's command line, the hostfile and the checks' scripts: a name, never an option.
+    try:
+        names = validate.hosts(hosts)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="'--hosts'") from None
     if ssh_key is not None and not ssh_key.is_file():
         raise typer.BadParameter(f"{ssh_key}: no such file", param_hint="'--ssh-key'")
     expected = _expected(recipe_ref, image)

@@ -3,7 +3,14 @@
 
 pyxis does not run the image's ENTRYPOINT (no sshd is needed: srun starts every rank through PMIx), and the image's
 ENV wins over the script's exports unless `--container-env` names them: the script names every variable it exports
-(NCCL_DEBUG, the launch line's defaults and its MCA settings as OMPI_MCA_* variables).
+(NCCL_DEBUG, the launch line's defaults and its MCA settings as OMPI_MCA_* variables, PMIX_MCA_gds).
+
+As AWS's nccl-tests sbatch scripts do: `--cpu-bind=none` (Slurm would otherwise bind each task to its share of the
+cores, where the mpirun path runs `--bind-to none`), and PMIX_MCA_gds=hash (PMIx's shared-memory data store,
+the default, fails between the host's PMIx server and the container's PMIx client when their versions differ).
+
+Every value in the script is quoted for the shell (shlex.quote) or is of a grammar with no character the shell
+reads (recipe names, image references, instance types: validate.py), and comments hold no line break.
 """
 
 from __future__ import annotations
@@ -16,6 +23,9 @@ if TYPE_CHECKING:
     from imgbuild.launch import Launch
 
 HEREDOC_END = "IMGBUILD_PROGRAM_END"
+# Set for every rank, named in --container-env (see the module's docstring).
+SRUN_ENV = {"PMIX_MCA_gds": "hash"}
+SRUN_OPTIONS = ("--mpi=pmix", "--cpu-bind=none")
 
 
 def mca_pairs(launch: Launch) -> list[tuple[str, str]]:
@@ -36,16 +46,26 @@ def pyxis_image(ref: str) -> str:
     return ref
 
 
+def _image_tag(ref: str) -> str:
+    """The tag (or the digest's hex) of an image reference; 'latest' without either."""
+    name, at, digest = ref.partition("@")
+    if at:
+        return digest.rpartition(":")[2][:12]
+    last = name.rpartition("/")[2]
+    return last.rpartition(":")[2] if ":" in last else "latest"
+
+
 def sbatch(job: JobPlan) -> str:
     """The sbatch script of a slurm job: comments saying how to import the image and submit, #SBATCH lines, the
     exports and one srun line."""
     q = shlex.quote
-    squashfs = f"imgbuild-{job.recipe}-{job.image.rsplit(':', 1)[-1]}.sqsh"
+    squashfs = f"imgbuild-{job.recipe}-{_image_tag(job.image)}.sqsh"
     defaults = dict(job.launch.env_defaults)
     exports = {k: v for k, v in job.env if k not in defaults}
     # Ranks that srun starts read Open MPI's settings from OMPI_MCA_* variables, not from mpirun's --mca (which
     # wins over the environment under mpirun, so it does here too).
     exports.update((f"OMPI_MCA_{k}", v) for k, v in mca_pairs(job.launch))
+    exports.update((k, v) for k, v in SRUN_ENV.items() if k not in defaults)
     names = [*exports, *defaults]
     lines = [
         "#!/bin/bash",
@@ -73,7 +93,7 @@ def sbatch(job: JobPlan) -> str:
         "# pyxis does not run the image's ENTRYPOINT (no sshd is needed: srun starts every rank through PMIx), and",
         "# the image's ENV wins over this script's exports unless --container-env names them: it names them all.",
         f"# Submit: sbatch THIS; follow: tail -f {job.name}-JOBID.out"
-        + (f" | imgbuild cluster report --nodes {job.nodes}" if job.runs_all_reduce_perf else ""),
+        + (f" | {job.report_command}" if job.runs_all_reduce_perf else ""),
         f"#SBATCH --job-name={job.name}",
         f"#SBATCH --nodes={job.nodes}",
         f"#SBATCH --ntasks-per-node={job.slots}",
@@ -85,7 +105,7 @@ def sbatch(job: JobPlan) -> str:
         lines.append(f"# Where GPUs are a Slurm GRES (AWS ParallelCluster): #SBATCH --gpus-per-node={job.devices}")
     lines += ["set -euo pipefail", ""]
     if job.image_pushed:
-        lines.append(f"IMAGE=${{IMGBUILD_IMAGE:-{pyxis_image(job.image)}}}")
+        lines.append(f"IMAGE=${{IMGBUILD_IMAGE:-{q(pyxis_image(job.image))}}}")
     else:
         lines += [
             f"IMAGE=${{IMGBUILD_IMAGE:-${{SLURM_SUBMIT_DIR:-$PWD}}/{squashfs}}}",
@@ -103,6 +123,7 @@ def sbatch(job: JobPlan) -> str:
     # A multi-line argument (the check programs) goes into a variable from a quoted here-document, readable as it is.
     program: list[str] = []
     texts = 0
+    literal = False  # a quoted word that shellcheck asks about: '$HOME' does not expand, a trailing '\'
     for arg in job.program:
         if "\n" in arg and HEREDOC_END not in arg.splitlines():
             texts += 1
@@ -111,9 +132,12 @@ def sbatch(job: JobPlan) -> str:
             program.append(f'"${{{var}}}"')
         else:
             program.append(q(arg))
+            literal = literal or any(c in arg for c in "$`\\")
     lines.append("")
+    if literal:
+        lines += ["# The command's words are passed as written.", "# shellcheck disable=SC2016,SC1003"]
     srun = [
-        "srun --mpi=pmix",
+        f"srun {' '.join(SRUN_OPTIONS)}",
         '--container-image="${IMAGE}"',
         f"--container-env={','.join(names)}" if names else "",
         "--no-container-mount-home",

@@ -1,0 +1,155 @@
+"""What a user types on the command line that lands in a generated script, a job, a command line or a log, checked
+for what it is before anything is written: an image reference (Docker's reference grammar), an EC2 instance type
+(`family.size`), a host name (RFC 1123, or an IP address), a user name, a DNS label, a Kubernetes quantity.
+
+Each grammar starts with a letter or a digit (an IP address, a bracketed IPv6 address): none of these values can
+become an option of the program it is handed to (a leading `-`), and none holds a character a shell, YAML or a
+comment line would read as more than text (no space, quote, `$`, backquote, `;`, newline or other control
+character). Where free text reaches a script anyway (the command after `--`), the writer quotes it
+(shlex.quote for shell, the YAML emitter for Kubernetes objects).
+
+Each function returns the value when it is of its form and raises ValueError saying what was expected otherwise;
+`option` makes one a typer callback, so that a malformed option is a usage error (exit 2) naming the option.
+A leaf module: schema.py's recipe types and the cluster commands share these grammars.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+# Docker's image reference grammar (distribution/reference, regexp.go):
+#   reference := name [ ":" tag ] [ "@" digest ];  name := [domain "/"] path-component ["/" path-component]*
+_ALNUM = r"[a-z0-9]+"
+_SEPARATOR = r"(?:[._]|__|-+)"
+_PATH_COMPONENT = rf"{_ALNUM}(?:{_SEPARATOR}{_ALNUM})*"
+_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_DOMAIN = rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[a-fA-F0-9:]+\])(?::[0-9]+)?"
+_NAME = rf"(?:{_DOMAIN}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
+_TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
+_DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
+IMAGE_REF_RE = re.compile(rf"(?P<name>{_NAME})(?::(?P<tag>{_TAG}))?(?:@(?P<digest>{_DIGEST}))?", re.ASCII)
+IMAGE_NAME_MAX = 255  # the grammar's limit on the name (domain and path)
+_IMAGE_REF_MAX = 512  # name, tag (128) and a sha512 digest fit; longer input is refused before any regex runs
+
+# EC2 instance types: FAMILY.SIZE (p4d.24xlarge, p6e-gb200.36xlarge, u-6tb1.112xlarge, r7iz.metal-32xl), which is
+# also what the `node.kubernetes.io/instance-type` label holds (a label value: at most 63 characters).
+INSTANCE_TYPE_PATTERN = r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*\.[a-z0-9]+(?:-[a-z0-9]+)*"
+INSTANCE_TYPE_EXPECTED = "an EC2 instance type FAMILY.SIZE of lowercase letters, digits and '-' (p4d.24xlarge)"
+INSTANCE_TYPE_MAX = 63
+_INSTANCE_TYPE_RE = re.compile(INSTANCE_TYPE_PATTERN, re.ASCII)
+
+# RFC 1123 host names: labels of letters, digits and '-' (not first or last), at most 63 characters each, 253 in all.
+_HOST_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOST_RE = re.compile(rf"{_HOST_LABEL}(?:\.{_HOST_LABEL})*\.?", re.ASCII)
+HOST_MAX = 253
+
+# POSIX portable user names as useradd takes them (shadow's default NAME_REGEX, without the trailing '$').
+_USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}", re.ASCII)
+
+# A DNS label (RFC 1123), as Kubernetes names objects.
+_DNS_LABEL_RE = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?", re.ASCII)
+
+# A Kubernetes quantity, in the forms a memory limit takes.
+_QUANTITY_RE = re.compile(r"\d+(\.\d+)?(Ki|Mi|Gi|Ti|k|M|G|T)?", re.ASCII)
+
+
+def _shown(value: str) -> str:
+    """The value as an error message shows it: quoted, control characters escaped, long ones cut."""
+    return repr(value if len(value) <= 80 else value[:77] + "...")
+
+
+def image_ref(value: str) -> str:
+    """A Docker image reference: [REGISTRY[:PORT]/]REPOSITORY[:TAG][@DIGEST]."""
+    expected = (
+        "a Docker image reference [REGISTRY[:PORT]/]REPOSITORY[:TAG][@sha256:DIGEST] "
+        "(lowercase repository, e.g. 123456789012.dkr.ecr.us-east-1.amazonaws.com/imgbuild/a100:v1)"
+    )
+    m = IMAGE_REF_RE.fullmatch(value) if len(value) <= _IMAGE_REF_MAX else None
+    if m is None:
+        raise ValueError(f"expected {expected}, got {_shown(value)}")
+    if len(m.group("name")) > IMAGE_NAME_MAX:
+        raise ValueError(f"expected {expected} whose name is at most {IMAGE_NAME_MAX} characters, got {_shown(value)}")
+    return value
+
+
+def instance_type(value: str) -> str:
+    """An EC2 instance type (family.size)."""
+    if len(value) > INSTANCE_TYPE_MAX or _INSTANCE_TYPE_RE.fullmatch(value) is None:
+        raise ValueError(
+            f"expected {INSTANCE_TYPE_EXPECTED}, at most {INSTANCE_TYPE_MAX} characters, got {_shown(value)}"
+        )
+    return value
+
+
+def host(value: str) -> str:
+    """A host name (RFC 1123) or an IP address (without an IPv6 scope: `%` takes any text after it)."""
+    if "%" not in value:
+        try:
+            ipaddress.ip_address(value)
+            return value
+        except ValueError:
+            pass
+    if len(value) > HOST_MAX or _HOST_RE.fullmatch(value) is None:
+        raise ValueError(
+            "expected a host name (RFC 1123: letters, digits and '-' in dot-separated labels, not starting or "
+            f"ending with '-') or an IP address, got {_shown(value)}"
+        )
+    return value
+
+
+def hosts(value: str) -> list[str]:
+    """A comma-separated list of host names or addresses (empty items are dropped), each checked by `host`."""
+    names = [h.strip() for h in value.split(",") if h.strip()]
+    if not names:
+        raise ValueError(f"expected one host or more, separated by commas (10.0.0.1,10.0.0.2), got {_shown(value)}")
+    for name in names:
+        host(name)
+    return names
+
+
+def user_name(value: str) -> str:
+    """A user name to log in as (root, ubuntu, ec2-user)."""
+    if _USER_RE.fullmatch(value) is None:
+        raise ValueError(
+            "expected a user name (lowercase letters, digits, '_' and '-', not starting with a digit or '-', at "
+            f"most 32 characters), got {_shown(value)}"
+        )
+    return value
+
+
+def dns_label(value: str, max_length: int = 63) -> str:
+    """A DNS label (RFC 1123) of at most `max_length` characters, starting with a letter."""
+    if len(value) > max_length or _DNS_LABEL_RE.fullmatch(value) is None:
+        raise ValueError(
+            f"expected a DNS label (a-z, 0-9 and '-', starting with a letter) of at most {max_length} characters, "
+            f"got {_shown(value)}"
+        )
+    return value
+
+
+def quantity(value: str) -> str:
+    """A Kubernetes quantity (32Gi, 64000Mi)."""
+    if _QUANTITY_RE.fullmatch(value) is None:
+        raise ValueError(f"expected a Kubernetes quantity such as 32Gi or 64000Mi, got {_shown(value)}")
+    return value
+
+
+def option(check: Callable[[str], T]) -> Callable[[str | None], T | None]:
+    """`check` as a typer option callback: None passes, a ValueError is a usage error naming the option."""
+
+    def callback(value: str | None) -> T | None:
+        import typer
+
+        if value is None:
+            return None
+        try:
+            return check(value)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
+
+    return callback

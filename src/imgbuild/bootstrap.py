@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from imgbuild.errors import ImgbuildError, Interrupted
+from imgbuild.errors import BuildError, Interrupted, UsageError
 
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 UBUNTU_MIRROR = "http://archive.ubuntu.com/ubuntu"
@@ -72,6 +72,23 @@ POLICY_RC_D = "#!/bin/sh\n# Services cannot be started during `docker build`; te
 
 ProgressPrint = Callable[[str], Any]
 
+# What NAME, --suite and --mirror may be (checked before debootstrap runs, as root, for minutes): Docker's reference
+# grammar without a digest (`docker import` takes a name and a tag), a suite name debootstrap has a script for, and an
+# archive URL without spaces or control characters (it is written into the image's sources.list, one line).
+_DOMAIN_PART = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_PATH_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_IMAGE_NAME_RE = re.compile(
+    rf"(?:{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*(?::[0-9]+)?/)?{_PATH_PART}(?:/{_PATH_PART})*(?::\w[\w.-]{{0,127}})?",
+    re.ASCII,
+)
+_NAME_MAX = 255  # Docker's limit on a repository name
+_SUITE_RE = re.compile(r"[a-z][a-z0-9.-]{0,63}", re.ASCII)
+_MIRROR_RE = re.compile(r"(https?|file)://[!-~]+", re.ASCII)
+
+
+class BootstrapError(BuildError):
+    """debootstrap could not make the tree (not installed, not root, a failed run) or its mounts stay behind."""
+
 
 @dataclass(frozen=True)
 class BaseSpec:
@@ -117,10 +134,20 @@ def spec_for(name: str, *, suite: str | None = None, mirror: str | None = None, 
     `mirror` override what the name implies. A name that is neither debian nor ubuntu needs both.
     """
     name = name.strip()
-    if not name or any(c.isspace() for c in name):
-        raise ImgbuildError(f"not an image name: {name!r}")
+    if not _IMAGE_NAME_RE.fullmatch(name) or len(split_name(name)[0]) > _NAME_MAX:
+        raise UsageError(
+            f"not an image name: {_shown(name)}; expected [REGISTRY/]REPOSITORY[:TAG] in lowercase "
+            "(Docker's reference grammar, no digest), e.g. debian:bookworm-slim"
+        )
     if variant not in VARIANTS:
-        raise ImgbuildError(f"unknown debootstrap variant {variant!r}; use one of {', '.join(VARIANTS)}")
+        raise UsageError(f"unknown debootstrap variant {_shown(variant)}; use one of {', '.join(VARIANTS)}")
+    if suite is not None and not _SUITE_RE.fullmatch(suite):
+        raise UsageError(f"not a suite name: {_shown(suite)}; expected a distribution's suite, e.g. bookworm, jammy")
+    if mirror is not None and not _MIRROR_RE.fullmatch(mirror):
+        raise UsageError(
+            f"--mirror must be an http(s):// or file:// URL without spaces, got {_shown(mirror)}",
+            hint=f"e.g. --mirror {DEBIAN_MIRROR}",
+        )
     repo, tag = split_name(name)
     slim = tag.endswith("-slim")
     version = tag.removesuffix("-slim")
@@ -128,7 +155,7 @@ def spec_for(name: str, *, suite: str | None = None, mirror: str | None = None, 
 
     if distro is None:
         if not suite or not mirror:
-            raise ImgbuildError(
+            raise UsageError(
                 f"cannot tell which distribution {name!r} is",
                 hint=f"give both --suite and --mirror, e.g. --suite bookworm --mirror {DEBIAN_MIRROR}",
             )
@@ -142,15 +169,13 @@ def spec_for(name: str, *, suite: str | None = None, mirror: str | None = None, 
         elif version in known:
             suite = version
         else:
-            raise ImgbuildError(
+            raise UsageError(
                 f"cannot tell which {distro} suite {name!r} is",
                 hint="give --suite (and --mirror for a non-default archive); known tags: "
                 + ", ".join(sorted([*table, *known])),
             )
     if mirror is None:
         mirror = DEBIAN_MIRROR if distro == "debian" else UBUNTU_MIRROR
-    if not re.match(r"^(https?|file)://", mirror):
-        raise ImgbuildError(f"mirror must be an http(s):// or file:// URL, got {mirror!r}")
     return BaseSpec(name=name, distro=distro, suite=suite, mirror=mirror.rstrip("/"), variant=variant, slim=slim)
 
 
@@ -158,9 +183,15 @@ def can_bootstrap(name: str) -> bool:
     """Whether `imgbuild base bootstrap NAME` works without --suite/--mirror."""
     try:
         spec_for(name)
-    except ImgbuildError:
+    except UsageError:
         return False
     return True
+
+
+def _shown(value: str) -> str:
+    """A value as an error message quotes it: repr (control characters visible), at most 200 characters."""
+    text = repr(value)
+    return text if len(text) <= 200 else text[:199] + "…"
 
 
 def sources_list(spec: BaseSpec) -> str:
@@ -225,10 +256,10 @@ def _debootstrap(spec: BaseSpec, rootfs: Path, progress_print: ProgressPrint) ->
         (p for p in ("/usr/sbin/debootstrap", "/sbin/debootstrap") if os.access(p, os.X_OK)), None
     )
     if exe is None:
-        raise ImgbuildError("debootstrap is not installed", hint="apt-get install debootstrap (or scripts/setup.sh)")
+        raise BootstrapError("debootstrap is not installed", hint="apt-get install debootstrap (or scripts/setup.sh)")
     scripts = Path(os.environ.get("DEBOOTSTRAP_DIR", "/usr/share/debootstrap")) / "scripts"
     if scripts.is_dir() and not (scripts / spec.suite).exists():
-        raise ImgbuildError(
+        raise BootstrapError(
             f"this debootstrap does not know suite {spec.suite!r}",
             hint="upgrade debootstrap (apt-get install -t <newer suite> debootstrap)",
         )
@@ -259,7 +290,7 @@ def _debootstrap(spec: BaseSpec, rootfs: Path, progress_print: ProgressPrint) ->
         hint = None
         if spec.distro == "ubuntu" and not Path("/usr/share/keyrings/ubuntu-archive-keyring.gpg").exists():
             hint = "bootstrapping Ubuntu needs Ubuntu's archive keyring (apt-get install ubuntu-keyring)"
-        raise ImgbuildError(f"debootstrap {spec.suite} failed (exit {rc}):\n" + "\n".join(tail), hint=hint)
+        raise BootstrapError(f"debootstrap {spec.suite} failed (exit {rc}):\n" + "\n".join(tail), hint=hint)
 
 
 def _write(path: Path, text: str, mode: int = 0o644) -> None:
@@ -366,7 +397,7 @@ def _import(client: Any, spec: BaseSpec, tar_path: Path) -> str:
 def bootstrap_base(client: Any, spec: BaseSpec, *, progress_print: ProgressPrint = print) -> str:
     """Create image `spec.name` from scratch with debootstrap; returns the new image's id."""
     if hasattr(os, "geteuid") and os.geteuid() != 0:
-        raise ImgbuildError("debootstrap needs root", hint="run as root (sudo imgbuild base bootstrap ...)")
+        raise BootstrapError("debootstrap needs root", hint="run as root (sudo imgbuild base bootstrap ...)")
     t0 = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX))
     rootfs = workdir / "rootfs"
@@ -382,7 +413,7 @@ def bootstrap_base(client: Any, spec: BaseSpec, *, progress_print: ProgressPrint
         progress_print(f"debootstrap done in {t1 - t0:.1f}s")
         left = _unmount_all(rootfs)
         if left:
-            raise ImgbuildError(f"debootstrap left mounts behind that cannot be unmounted: {', '.join(left)}")
+            raise BootstrapError(f"debootstrap left mounts behind that cannot be unmounted: {', '.join(left)}")
         _finish_tree(spec, rootfs)
         _tar_rootfs(rootfs, tar_path)
         size_mb = tar_path.stat().st_size / 1e6

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from imgbuild import __version__, context, engine, lock, paths, recipe, render
-from imgbuild.errors import BuildError
+from imgbuild.errors import BuildError, UsageError
 from imgbuild.progress import BuildProgress
 from imgbuild.resolver import Resolved
 
@@ -87,6 +87,28 @@ def check_disk(client: Any, plan: render.BuildPlan, *, free_bytes: int | None = 
         )
 
 
+def log_folder(log_dir: Path | None) -> Path:
+    """The folder of this build's log: `log_dir`, else `<state folder>/logs`, made before the engine is asked. A
+    state folder that cannot hold it (IMGBUILD_STATE_DIR naming a file, a symlink loop, a folder under /proc or one
+    this user cannot write) is a `UsageError` (exit 2) naming the variable and the folder: a build keeps its log."""
+    if log_dir is not None:
+        return log_dir
+    folder = paths.state_dir() / "logs"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        why = "" if os.access(folder, os.W_OK | os.X_OK) else "this user cannot write there"
+    except FileExistsError:
+        why = "it is not a folder"
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+    if why:
+        raise UsageError(
+            f"{paths.state_dir_named()}: cannot keep the build log in {folder}: {why}",
+            hint="set IMGBUILD_STATE_DIR to a folder you can write (default ~/.cache/imgbuild)",
+        )
+    return folder
+
+
 def build(
     ref: str,
     *,
@@ -99,6 +121,7 @@ def build(
     log_dir: Path | None = None,
 ) -> BuildResult:
     """Build a recipe's image on the engine DOCKER_HOST names (or the local socket)."""
+    logs = log_folder(log_dir)  # first: a state folder that cannot hold the log fails before any other work
     _, resolved, from_lock = prepare(ref)
     plan = render.plan(resolved)
     client = engine.connect()
@@ -106,7 +129,7 @@ def build(
         check_disk(client, plan)
         engine.ensure_base_images(client, list(plan.base_images), pull=pull)
         stamp = dt.datetime.now(dt.timezone.utc)
-        log_path = (log_dir or paths.state_dir() / "logs") / f"{plan.recipe}-{stamp:%Y%m%dT%H%M%SZ}.log"
+        log_path = logs / f"{plan.recipe}-{stamp:%Y%m%dT%H%M%SZ}.log"  # or -2, -3 ... (engine.create_log)
         refs = [*plan.image_refs, *(extra_tags or [])]
         # No build-time clock in labels: a timestamp would defeat the layer cache on every rebuild (the
         # engine records the image's creation time itself).

@@ -10,7 +10,7 @@ a request), `BuildError` (the build failed), `BaseImageMissing` or `Interrupted`
 the one translator from a docker-py / requests failure to an `EngineError`, for this module and every other
 that calls the engine; `inspect_image` is the one image lookup ("no such image" is None, not an error).
 
-One module of about 530 lines: a build's stream parsing, its failure report and the sweep of the containers a
+One module of about 600 lines: a build's stream parsing, its failure report and the sweep of the containers a
 cancelled build leaves are one conversation with the build API, sharing one private `_StreamState`.
 """
 
@@ -41,6 +41,7 @@ __all__ = [
     "BuildOutcome",
     "build_image",
     "connect",
+    "create_log",
     "engine_error",
     "ensure_base_images",
     "inspect_image",
@@ -56,6 +57,7 @@ SETUP_HINT = (
 BOOTSTRAP_HINT = "imgbuild base bootstrap {image}  (builds it from a Debian/Ubuntu archive)"
 
 LOG_TAIL_LINES = 30
+LOG_NAME_TRIES = 100  # <recipe>-<second>.log, then -2 ... -100: builds of one recipe started in one second
 CLEANUP_POLL_S = 10.0
 
 _STEP_RE = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
@@ -78,16 +80,46 @@ def _engine_host() -> str:
     return f"DOCKER_HOST={host}" if host else f"the default socket {DEFAULT_SOCKET} (DOCKER_HOST is unset)"
 
 
+# How docker-py says DOCKER_HOST is no address it can use (docker.utils.parse_host, and urllib3 parsing the URL made
+# of it); urllib's own ValueError ("Port could not be cast to integer value", "Invalid IPv6 URL") comes unwrapped.
+_MALFORMED_HOST = (
+    "Invalid bind address",
+    "Failed to parse:",
+    "protocol is not implemented",
+    "only supported on Windows",
+)
+DOCKER_HOST_FORMS = "unix:///PATH/docker.sock, tcp://HOST:PORT (PORT 1-65535, an IPv6 HOST in [ ]) or ssh://[USER@]HOST"
+
+
 def connect() -> docker.DockerClient:
-    """A client for the engine named by DOCKER_HOST / DOCKER_TLS_VERIFY / DOCKER_CERT_PATH, pinged once."""
+    """A client for the engine named by DOCKER_HOST / DOCKER_TLS_VERIFY / DOCKER_CERT_PATH, pinged once.
+
+    A DOCKER_HOST that is no engine address (`tcp://:abc`, a port out of range, an unknown scheme) is an
+    `EngineError` naming the variable and the forms it takes; an engine that does not answer, one with the
+    setup hint."""
+    host = os.environ.get("DOCKER_HOST")
     try:
         client = docker.from_env()
         client.ping()
+    except ValueError as exc:  # urllib parsing DOCKER_HOST; without DOCKER_HOST it is no address problem: a bug
+        if not host:
+            raise
+        raise _malformed_host(host, exc) from exc
     except _CONNECT_ERRORS as exc:
+        if host and any(marker in str(exc) for marker in _MALFORMED_HOST):
+            raise _malformed_host(host, exc) from exc
         raise EngineError(
             f"cannot reach the Docker engine at {_engine_host()}: {reason(exc)}", hint=SETUP_HINT
         ) from exc
     return client
+
+
+def _malformed_host(host: str, exc: BaseException) -> EngineError:
+    return EngineError(
+        f"DOCKER_HOST={truncate(repr(host), 200)} is not the address of a Docker engine ({reason(exc)}); "
+        f"expected {DOCKER_HOST_FORMS}",
+        hint="fix or unset DOCKER_HOST (unset: the local engine at " + DEFAULT_SOCKET + ")",
+    )
 
 
 def engine_error(exc: BaseException, doing: str, *, note: str = "") -> EngineError:
@@ -303,16 +335,51 @@ def build_image(
     Raises `BuildError` naming the failing step with the last log lines, `BaseImageMissing` when the FROM
     step fails, `EngineError` when the engine cannot be talked to, and `Interrupted` on Ctrl-C, after
     closing the build request (which makes the engine cancel the build) and removing every container
-    the build left.
+    the build left. The log is made by `create_log`: never over a file or link already at log_path (then
+    `<name>-2.log` ...); the outcome's log_path says where it went.
     """
     if not tags:
         raise BuildError("build_image needs at least one tag")
     context_dir = Path(context_dir)
     if not (context_dir / "Dockerfile").is_file():
         raise BuildError(f"no Dockerfile in the build context {context_dir}")
-    log_path = Path(log_path)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log, log_path = create_log(Path(log_path))
+    with log:
+        return _build(client, context_dir, tags, labels, buildargs, nocache, pull, log, log_path, progress)
 
+
+def create_log(path: Path) -> tuple[TextIO, Path]:
+    """A new build log at `path`, created exclusively (O_EXCL, O_NOFOLLOW): a file or symlink already there, whether
+    another build of the recipe in the same second or a link planted to redirect the log, is never opened; the log
+    is then `<name>-2.log`, `-3` ... instead. Returns the open log and its path; `BuildError` naming the path when it
+    cannot be made."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for n in range(1, LOG_NAME_TRIES + 1):
+            candidate = path if n == 1 else path.with_name(f"{path.stem}-{n}{path.suffix}")
+            try:
+                fd = os.open(candidate, flags, 0o644)
+            except FileExistsError:
+                continue
+            return open(fd, "w", encoding="utf-8", errors="replace"), candidate  # the caller closes it
+    except OSError as exc:
+        raise BuildError(f"cannot create the build log {path}: {exc.strerror or exc}") from exc
+    raise BuildError(f"cannot create the build log {path}: it and {LOG_NAME_TRIES - 1} numbered names exist")
+
+
+def _build(
+    client: docker.DockerClient,
+    context_dir: Path,
+    tags: list[str],
+    labels: dict[str, str],
+    buildargs: dict[str, str],
+    nocache: bool,
+    pull: bool,
+    log: TextIO,
+    log_path: Path,
+    progress: BuildProgress | None,
+) -> BuildOutcome:
     before = _container_ids(client)
     engine_start = _engine_time(client)
     t0 = time.monotonic()
@@ -327,7 +394,6 @@ def build_image(
             responses.append(resp)
 
     with contextlib.ExitStack() as stack:
-        log = stack.enter_context(log_path.open("w", encoding="utf-8", errors="replace"))
         if progress is not None:
             stack.enter_context(progress)  # stops a live display whatever happens
         log.write(f"# imgbuild: building {', '.join(tags)} from {context_dir}\n")

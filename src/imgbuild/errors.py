@@ -21,6 +21,14 @@ class ImgbuildError(Exception):
         return self.message if not self.hint else f"{self.message}\nhint: {self.hint}"
 
 
+class UsageError(ImgbuildError):
+    """What the user typed or set is not something imgbuild can use: a malformed argument found past click's own
+    checks, or an environment variable naming a folder that cannot be used (IMGBUILD_STATE_DIR). Exit 2, as click's
+    usage errors."""
+
+    exit_code = 2
+
+
 class RecipeError(ImgbuildError):
     """A recipe file is missing, unreadable, or does not match the schema."""
 

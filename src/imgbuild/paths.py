@@ -31,8 +31,14 @@ def images_dir() -> Path:
 
 
 def state_dir() -> Path:
-    """Logs and build contexts of this user (IMGBUILD_STATE_DIR, default ~/.cache/imgbuild)."""
-    return Path(os.environ.get("IMGBUILD_STATE_DIR", Path.home() / ".cache" / "imgbuild"))
+    """Build logs and compiled templates of this user (IMGBUILD_STATE_DIR, default ~/.cache/imgbuild)."""
+    return Path(os.environ.get("IMGBUILD_STATE_DIR") or Path.home() / ".cache" / "imgbuild")
+
+
+def state_dir_named() -> str:
+    """Where state_dir() comes from, for a message: `IMGBUILD_STATE_DIR=PATH`, or the default and that it is unset."""
+    value = os.environ.get("IMGBUILD_STATE_DIR")
+    return f"IMGBUILD_STATE_DIR={value}" if value else f"the state folder {state_dir()} (IMGBUILD_STATE_DIR is unset)"
 
 
 def display(path: Path) -> str:

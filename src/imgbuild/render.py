@@ -73,15 +73,24 @@ def _bytecode_cache() -> jinja2.BytecodeCache | None:
     fragments is most of what `render` and `show` spend beyond imports (about 60 ms here). Jinja checks each entry
     against its template's source checksum and its own and Python's versions, so an edited template is compiled
     again. The entries are code this process will run: none is read from a folder this user does not own or that
-    others can write to (IMGBUILD_STATE_DIR set to a shared folder); there, or where the folder cannot be made,
-    templates are compiled each time, as without a cache."""
+    others can write to (IMGBUILD_STATE_DIR set to a shared folder); there, or where the folder cannot be made
+    (IMGBUILD_STATE_DIR naming a file, a symlink loop, a folder under /proc: a warning on stderr says so), templates
+    are compiled each time, as without a cache: the cache is never a reason for render to fail."""
     import jinja2
 
     folder = paths.state_dir() / "jinja"
     try:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         st = folder.stat()
-    except OSError:
+    except OSError as exc:
+        from imgbuild.console import err
+
+        why = "it is not a folder" if isinstance(exc, FileExistsError) else exc.strerror or str(exc)
+        err().print(
+            f"imgbuild: warning: {paths.state_dir_named()}: cannot keep compiled templates in {folder} ({why}); "
+            "rendering without that cache",
+            markup=False,
+        )
         return None
     if st.st_uid != os.geteuid() or st.st_mode & 0o022 or not os.access(folder, os.W_OK):
         return None

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, BinaryIO
 
 import typer
 
@@ -64,19 +66,25 @@ def report_command(
         str | None, typer.Option("--nccl-version", metavar="X.Y.Z", help="The NCCL the job should have loaded.")
     ] = None,
     plot: Annotated[
-        Path | None, typer.Option("--plot", metavar="FILE.png", help="Draw bus bandwidth against message size.")
+        str | None, typer.Option("--plot", metavar="FILE.png", help="Draw bus bandwidth against message size.")
     ] = None,
-    json_path: Annotated[Path | None, typer.Option("--json", metavar="FILE", help="Write the report as JSON.")] = None,
+    json_path: Annotated[
+        str | None, typer.Option("--json", metavar="FILE", help="Write the report as JSON ('-': stdout).")
+    ] = None,
     junit: Annotated[
-        Path | None, typer.Option("--junit", metavar="FILE", help="Write JUnit XML (one testcase per criterion).")
+        str | None,
+        typer.Option("--junit", metavar="FILE", help="Write JUnit XML, one testcase per criterion ('-': stdout)."),
     ] = None,
 ) -> None:
     """Say whether an nccl-tests run used EFA, loaded the expected NCCL, got correct results and reached the bus
     bandwidth published for its instance type and node count. Exit 0 on PASS or WARN, 11 on FAIL, 14 when a file
-    asked for (--json, --junit, --plot) could not be written (11 still wins on FAIL)."""
+    asked for (--json, --junit, --plot) could not be written (11 still wins on FAIL), 2 for a LOG that cannot be
+    read (missing, a folder or a device, over 256 MiB). With --json - or --junit -, that document alone goes to
+    stdout and the table to stderr."""
     from imgbuild.console import handled
 
-    handled(_report)(log, instance_type, nodes, nccl_version, plot, json_path, junit)
+    targets = _targets(json_path, junit, plot)
+    handled(_report)(log, instance_type, nodes, nccl_version, *targets)
 
 
 def _report(
@@ -91,7 +99,7 @@ def _report(
     from pydantic import ValidationError
 
     from imgbuild.cluster import report
-    from imgbuild.console import out
+    from imgbuild.console import err, out
 
     text, source = _read(log)
     try:
@@ -103,7 +111,9 @@ def _report(
             f"{first['input']!r}: {first['msg']}", param_hint=f"'{_OPTION.get(field, field)}'"
         ) from None
     rep = report.judge(report.parse(text), expect, source=source)
-    render(rep, out())
+    # A document asked for on stdout is all stdout carries, so that `--json - | jq` reads JSON; the table, which says
+    # the same for people, goes to stderr then.
+    render(rep, err() if any(p is STDOUT for p in (json_path, junit)) else out())
     # Every output is tried, whichever fails first; the verdict's exit code wins over an output's, so that a FAIL
     # never reads as a tooling error.
     problems = []
@@ -111,7 +121,8 @@ def _report(
         try:
             _write(path, make())
         except OutputError as exc:
-            problems.append(exc.message if exc.message.startswith(f"{path}: ") else f"{path}: {exc}")
+            name = "stdout" if path is STDOUT else str(path)
+            problems.append(exc.message if exc.message.startswith(f"{name}: ") else f"{name}: {exc}")
     if rep.verdict == "FAIL":
         also = f"; and {'; '.join(problems)}" if problems else ""
         failed = [c.name for c in rep.failed]
@@ -140,23 +151,100 @@ def _outputs(
     return [(path, make) for path, make in wanted if path is not None]
 
 
+# `--json -` / `--junit -`: the document goes to stdout (the LOG argument's `-` is stdin). Told apart by
+# identity (`is`): a path typed as `./-` or `/dev/stdout` is a file like any other.
+STDOUT = Path("/dev/stdout")
+# The largest log read, from a file or stdin: far above the nccl-tests logs seen (the shared ones, up to 8 nodes with
+# NCCL_DEBUG=INFO, are under 0.1 MiB; INFO adds some hundred lines a rank, so thousands of ranks stay below it), and
+# what parsing, linear in the log, gets through in about a minute and 1.5 GB of memory on a 2-core machine (32 MiB
+# of a real log: 7.8 s, 190 MB). Past it the log is refused, naming it, rather than read forever (`/dev/zero`, a
+# `yes |` pipe) or until memory runs out.
+MAX_LOG_BYTES = 256 << 20
+_CHUNK = 1 << 20
+
+
+def _targets(json_path: str | None, junit: str | None, plot: str | None) -> tuple[Path | None, ...]:
+    """(plot, json, junit) as paths, `-` as STDOUT; a usage error (exit 2) for --plot - (a PNG is binary, not for a
+    terminal or a text pipe) and for --json - with --junit - (two documents in one stream cannot be told apart)."""
+    if plot == "-":
+        raise typer.BadParameter("a PNG is binary: name a file (e.g. --plot report.png)", param_hint="'--plot'")
+    if json_path == "-" and junit == "-":
+        raise typer.BadParameter(
+            "only one of --json and --junit can be '-' (stdout): name a file for the other", param_hint="'--junit'"
+        )
+
+    def path(value: str | None) -> Path | None:
+        return None if value is None else STDOUT if value == "-" else Path(value)
+
+    return path(plot), path(json_path), path(junit)
+
+
 def _read(log: str) -> tuple[str, str]:
+    """The log's text and the name the report gives it. A usage error (exit 2) naming LOG for what cannot be read as
+    a log: missing, unreadable, a folder, a device or socket (`/dev/zero` would be read forever), or more than
+    MAX_LOG_BYTES. A regular file, stdin (`-`), a pipe or a FIFO (`<(kubectl logs ...)`) are read."""
     if log == "-":
         if sys.stdin.isatty():
             raise typer.BadParameter(
                 "no LOG given and stdin is a terminal: name a file or pipe a log in", param_hint="LOG"
             )
-        return sys.stdin.read(), "<stdin>"
+        stream = getattr(sys.stdin, "buffer", None)
+        if stream is None:  # a text stream without bytes below it (a test harness's StringIO)
+            data = sys.stdin.read(MAX_LOG_BYTES + 1).encode("utf-8", errors="replace")
+        else:
+            data = _read_capped(stream, "stdin")
+        return _decode(data), "<stdin>"
     try:
-        data = Path(log).read_bytes()
+        st = os.stat(log)
+        if stat.S_ISDIR(st.st_mode):
+            raise typer.BadParameter(f"{log}: is a folder, not a log", param_hint="LOG")
+        if not (stat.S_ISREG(st.st_mode) or stat.S_ISFIFO(st.st_mode)):
+            raise typer.BadParameter(
+                f"{log}: is a device or socket, not a log file: name a file, or pipe the log in ('-')",
+                param_hint="LOG",
+            )
+        if st.st_size > MAX_LOG_BYTES:
+            raise typer.BadParameter(_too_big(log, st.st_size), param_hint="LOG")
+        with open(log, "rb") as f:
+            data = _read_capped(f, log)
     except OSError as exc:
-        raise typer.BadParameter(f"{log}: {exc.strerror}", param_hint="LOG") from None
+        raise typer.BadParameter(f"{log}: {exc.strerror or exc}", param_hint="LOG") from None
+    return _decode(data), log
+
+
+def _read_capped(stream: BinaryIO, name: str) -> bytes:
+    """All of `stream`, or a usage error naming it once more than MAX_LOG_BYTES have come (a file that grows while
+    read, an endless pipe)."""
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := stream.read(_CHUNK):
+        size += len(chunk)
+        if size > MAX_LOG_BYTES:
+            raise typer.BadParameter(_too_big(name, size, more=True), param_hint="LOG")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_big(name: str, size: int, *, more: bool = False) -> str:
+    mib = MAX_LOG_BYTES >> 20
+    has = f"more than {mib} MiB" if more else f"{size / (1 << 20):.0f} MiB"
+    return f"{name}: {has}, over the {mib} MiB a log may be: pass the part with the nccl-tests run (grep, tail)"
+
+
+def _decode(data: bytes) -> str:
     # Logs mix in whatever the job printed: undecodable bytes are replaced, never a reason to refuse the log.
-    return data.decode("utf-8", errors="replace"), log
+    return data.decode("utf-8", errors="replace")
 
 
 def _write(path: Path, data: bytes) -> None:
-    """OutputError naming the path when it cannot be written."""
+    """OutputError naming the path when it cannot be written; STDOUT is written to stdout."""
+    if path is STDOUT:
+        try:
+            sys.stdout.write(data.decode())
+            sys.stdout.flush()
+        except OSError as exc:
+            raise OutputError(f"stdout: cannot write the report: {exc.strerror or exc}") from None
+        return
     try:
         path.write_bytes(data)
     except OSError as exc:

@@ -81,11 +81,19 @@ RECIPES: dict[str, Callable[[Path], str]] = {
 }
 
 
-@pytest.mark.parametrize("command", [["show"], ["render"], ["lock", "--offline"]], ids=lambda c: c[0])
-@pytest.mark.parametrize("case", sorted(RECIPES))
+RECIPE_COMMANDS = [["show"], ["render"], ["lock", "--offline"]]
+
+
+@pytest.mark.parametrize(
+    ("case", "command"),
+    [
+        pytest.param(case, command, id=f"{case}-{command[0]}")
+        for case in sorted(RECIPES)
+        for command in RECIPE_COMMANDS
+        if case != "a FIFO" or command[0] == "show"  # one command is enough for a FIFO
+    ],
+)
 def test_hostile_recipes_are_recipe_errors(tmp_path: Path, case: str, command: list[str]) -> None:
-    if case == "a FIFO" and command[0] != "show":
-        pytest.skip("one command is enough for a FIFO")
     ref = RECIPES[case](tmp_path)
     result = runner.invoke(app, [command[0], ref, *command[1:]])
     clean(result)

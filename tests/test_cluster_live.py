@@ -152,3 +152,19 @@ def test_an_unreachable_host_is_named(tmp_path: Path) -> None:
     with pytest.raises(Exception, match=r"cannot reach 192\.0\.2\.1 .* over ssh on port 3999") as exc:
         live.run_live(["192.0.2.1"], port=3999, timeout_s=5, connect_wait_s=0)
     assert type(exc.value).__name__ == "VerifyError"
+
+
+def test_ssh_folder_goes_even_when_a_master_does_not_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ssh -O exit` timing out on one host neither stops the others' nor leaves the run's ssh folder behind."""
+    import subprocess
+
+    nodes = live.SshNodes(["h1", "h2"], port=3022, user="root", key=None)
+    asked: list[str] = []
+
+    def hung(argv: list[str], **kwargs: Any) -> Any:
+        asked.append(argv[-1])
+        raise subprocess.TimeoutExpired(argv, kwargs.get("timeout", 0))
+
+    monkeypatch.setattr(live.subprocess, "run", hung)
+    nodes.close()
+    assert asked == ["h1", "h2"] and not nodes.dir.exists()

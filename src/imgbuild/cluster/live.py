@@ -115,11 +115,15 @@ class SshNodes:
             time.sleep(0.5)
 
     def close(self) -> None:
-        """Close the master connections and remove the run's ssh folder (its known_hosts)."""
-        for host in self.names:
-            subprocess.run(self._argv(host, "-O", "exit"), stdin=subprocess.DEVNULL, capture_output=True,
-                           timeout=15, check=False)  # fmt: skip
-        shutil.rmtree(self.dir, ignore_errors=True)
+        """Close the master connections and remove the run's ssh folder (its known_hosts). The folder goes whatever
+        happens; a master that does not answer `-O exit` within 15 s is left running, its socket removed."""
+        try:
+            for host in self.names:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    subprocess.run(self._argv(host, "-O", "exit"), stdin=subprocess.DEVNULL, capture_output=True,
+                                   timeout=15, check=False)  # fmt: skip
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
     def _command(self, script: str, timeout_s: float) -> str:
         limit = max(1, math.ceil(timeout_s))

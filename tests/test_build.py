@@ -65,6 +65,26 @@ def user_recipe(tmp_path: Path, text: str) -> Path:
     return p
 
 
+def build_until_its_apt_step(recipe: Path, env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
+    """`imgbuild build RECIPE --no-cache` in a subprocess, two seconds into its apt step (apt in a fresh layer is
+    slow enough to interrupt); the process and what it printed so far."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "imgbuild.cli", "build", str(recipe), "--no-cache"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    seen = ""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        seen += line
+        if "apt-get update" in line and "[step" in line:
+            time.sleep(2)
+            return proc, seen
+    proc.kill()
+    pytest.fail(f"the build never reached its apt step:\n{seen[-2000:]}")
+
+
 def test_failing_step_is_reported(tmp_path: Path, docker_client) -> None:
     p = user_recipe(tmp_path, "extends: cpu\nos: {packages: [imgbuild-no-such-package]}\n")
     before = {c.id for c in docker_client.containers.list(all=True)}
@@ -94,23 +114,7 @@ def test_ctrl_c_leaves_no_container(tmp_path: Path, docker_client, cpu_image) ->
     p = user_recipe(tmp_path, "extends: cpu\nos: {packages: [ca-certificates, iproute2, procps, less]}\n")
     before = {c.id for c in docker_client.containers.list(all=True)}
     logdir = Path.home() / ".cache" / "imgbuild" / "logs"
-    env = {**os.environ, "CI": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "imgbuild.cli", "build", str(p), "--no-cache"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-    )  # fmt: skip
-    assert proc.stdout is not None
-    seen = ""
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        seen += line
-        if "apt-get update" in line and "[step" in line:
-            break
-    else:
-        proc.kill()
-        pytest.fail(f"the build never reached its apt step:\n{seen[-2000:]}")
-    time.sleep(2)
+    proc, seen = build_until_its_apt_step(p, {**os.environ, "CI": "1"})
     proc.send_signal(signal.SIGINT)
     rest, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, seen + rest
@@ -175,23 +179,8 @@ def test_sigterm_cancels_like_ctrl_c_and_exits_143(tmp_path: Path, docker_client
     tmp, state = tmp_path / "tmp", tmp_path / "state"
     tmp.mkdir()
     env = {**os.environ, "CI": "1", "TMPDIR": str(tmp), "IMGBUILD_STATE_DIR": str(state)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "imgbuild.cli", "build", str(p), "--no-cache"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-    )  # fmt: skip
-    assert proc.stdout is not None
-    seen = ""
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        seen += line
-        if "apt-get update" in line and "[step" in line:
-            break
-    else:
-        proc.kill()
-        pytest.fail(f"the build never reached its apt step:\n{seen[-2000:]}")
+    proc, seen = build_until_its_apt_step(p, env)
     assert list(tmp.glob("imgbuild-context-*")), "the build context should be in TMPDIR while the build runs"
-    time.sleep(2)
     proc.send_signal(signal.SIGTERM)
     rest, _ = proc.communicate(timeout=60)
     assert proc.returncode == 143, seen + rest

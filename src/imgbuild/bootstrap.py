@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from imgbuild import validate
 from imgbuild.errors import BuildError, Interrupted, UsageError
 
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
@@ -73,15 +74,9 @@ POLICY_RC_D = "#!/bin/sh\n# Services cannot be started during `docker build`; te
 ProgressPrint = Callable[[str], Any]
 
 # What NAME, --suite and --mirror may be (checked before debootstrap runs, as root, for minutes): Docker's reference
-# grammar without a digest (`docker import` takes a name and a tag), a suite name debootstrap has a script for, and an
-# archive URL without spaces or control characters (it is written into the image's sources.list, one line).
-_DOMAIN_PART = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
-_PATH_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-_IMAGE_NAME_RE = re.compile(
-    rf"(?:{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*(?::[0-9]+)?/)?{_PATH_PART}(?:/{_PATH_PART})*(?::\w[\w.-]{{0,127}})?",
-    re.ASCII,
-)
-_NAME_MAX = 255  # Docker's limit on a repository name
+# grammar (validate.image_ref) without a digest (`docker import` takes a name and a tag), a suite name debootstrap has
+# a script for, and an archive URL without spaces or control characters (it is written into the image's
+# sources.list, one line).
 _SUITE_RE = re.compile(r"[a-z][a-z0-9.-]{0,63}", re.ASCII)
 _MIRROR_RE = re.compile(r"(https?|file)://[!-~]+", re.ASCII)
 
@@ -134,7 +129,7 @@ def spec_for(name: str, *, suite: str | None = None, mirror: str | None = None, 
     `mirror` override what the name implies. A name that is neither debian nor ubuntu needs both.
     """
     name = name.strip()
-    if not _IMAGE_NAME_RE.fullmatch(name) or len(split_name(name)[0]) > _NAME_MAX:
+    if not _image_name(name):
         raise UsageError(
             f"not an image name: {_shown(name)}; expected [REGISTRY/]REPOSITORY[:TAG] in lowercase "
             "(Docker's reference grammar, no digest), e.g. debian:bookworm-slim"
@@ -186,6 +181,15 @@ def can_bootstrap(name: str) -> bool:
     except UsageError:
         return False
     return True
+
+
+def _image_name(name: str) -> bool:
+    """Whether `name` is an image reference with no digest (Docker's grammar, validate.image_ref)."""
+    try:
+        validate.image_ref(name)
+    except ValueError:
+        return False
+    return "@" not in name
 
 
 def _shown(value: str) -> str:

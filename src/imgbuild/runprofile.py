@@ -126,8 +126,7 @@ def run_spec(
     `host_devices`: the host's EFA devices (`host_efa_devices`), added only when the profile wants EFA.
     `extra_devices`: devices the user asked for (`--device`), first; an EFA device among them is not repeated.
     The profile's `host_devices` (gdrcopy's /dev/gdrdrv) are added where the host has them (`exists`, default
-    `device_present`): a device
-    the host lacks would stop Docker from starting the container.
+    `device_present`): a device the host lacks would stop Docker from starting the container.
     """
     devices = list(extra_devices)
     present = exists or device_present
@@ -152,7 +151,7 @@ GPU_DEVICE = "/dev/nvidia0"
 
 def host_has_gpu(device: str = GPU_DEVICE) -> bool:
     """Whether this host has an NVIDIA GPU (its first device node)."""
-    return os.path.exists(device)
+    return device_present(device)
 
 
 NVIDIA_HOOK = "nvidia-container-runtime-hook"

@@ -188,12 +188,7 @@ def _read(log: str) -> tuple[str, str]:
             raise typer.BadParameter(
                 "no LOG given and stdin is a terminal: name a file or pipe a log in", param_hint="LOG"
             )
-        stream = getattr(sys.stdin, "buffer", None)
-        if stream is None:  # a text stream without bytes below it (a test harness's StringIO)
-            data = sys.stdin.read(MAX_LOG_BYTES + 1).encode("utf-8", errors="replace")
-        else:
-            data = _read_capped(stream, "stdin")
-        return _decode(data), "<stdin>"
+        return _decode(_read_capped(sys.stdin.buffer, "stdin")), "<stdin>"
     try:
         st = os.stat(log)
         if stat.S_ISDIR(st.st_mode):

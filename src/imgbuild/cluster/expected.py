@@ -154,6 +154,14 @@ def shipped() -> Table:
     return load(TABLE_PATH)
 
 
+def size_option(size: int) -> str:
+    """A byte count as nccl-tests' -b/-e take it: 17179869184 -> '16G', 1048576 -> '1M', 100 -> '100'."""
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if size % scale == 0:
+            return f"{size // scale}{unit}"
+    return str(size)
+
+
 def max_judged_size(instance_type: str | None) -> int:
     """How far (bytes) all_reduce_perf must run (`-e`) on `instance_type` for `imgbuild cluster report` to judge
     every published figure for it: 16 GiB on p5 and later (bus bandwidth still climbs past 1 GiB there), 2 GiB on

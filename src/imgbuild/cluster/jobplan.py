@@ -165,14 +165,6 @@ def accelerator_mismatch(platform: Platform, instance_type: str) -> str | None:
     return None
 
 
-def _size_arg(n: int) -> str:
-    """A byte count as nccl-tests reads it (1073741824 -> 1G)."""
-    for unit, factor in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n % factor == 0:
-            return f"{n // factor}{unit}"
-    return str(n)
-
-
 def nccl_tests_args(instance_type: str | None) -> tuple[str, ...]:
     """all_reduce_perf's arguments for a run on `instance_type` (None: not known): -e is 1 GiB, or the largest size
     `imgbuild cluster report` judges for that instance type when it is larger (the report's own rule,
@@ -182,7 +174,7 @@ def nccl_tests_args(instance_type: str | None) -> tuple[str, ...]:
 
     end = max(1 << 30, expected.max_judged_size(instance_type))
     end = 1 << (end - 1).bit_length()
-    return ("-b", "8", "-e", _size_arg(end), "-f", "2", "-g", "1")
+    return ("-b", "8", "-e", expected.size_option(end), "-f", "2", "-g", "1")
 
 
 def job_name(recipe_name: str) -> str:

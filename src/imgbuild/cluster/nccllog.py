@@ -80,7 +80,7 @@ class Row(Frozen):
     def busbw(self) -> float:
         """The lower of the two bus bandwidths: what a run is judged by; nan when either half is not a sound
         measurement (min() would otherwise pick whichever half comes first when one is nan)."""
-        if not (self.out_of_place.sound and self.in_place.sound):
+        if not self.sound:
             return math.nan
         return min(self.out_of_place.busbw, self.in_place.busbw)
 

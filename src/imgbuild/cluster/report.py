@@ -329,14 +329,6 @@ def _unreadable(t: ResultTable) -> str:
     return f"could not read {n} line{'s' if n > 1 else ''} under the table header ({'; '.join(t.unreadable[:3])}{more})"
 
 
-def _e_option(size: int) -> str:
-    """all_reduce_perf's -e for `size` bytes: 17179869184 -> '16G'."""
-    for unit, scale in (("G", 2**30), ("M", 2**20), ("K", 2**10)):
-        if size % scale == 0:
-            return f"{size // scale}{unit}"
-    return str(size)
-
-
 def _bandwidth(
     log: ParsedLog, figures_table: expected.Table, instance_type: str | None, nodes: int | None
 ) -> tuple[list[Criterion], list[BandwidthCheck], list[str]]:
@@ -437,7 +429,7 @@ def _bandwidth(
         return (
             not_judged(
                 f"the published figures judged on {instance_type} are at {sizes}; this run stops at {tops}: run "
-                f"all_reduce_perf to -e {_e_option(reach)} (imgbuild cluster job does)"
+                f"all_reduce_perf to -e {expected.size_option(reach)} (imgbuild cluster job does)"
             )[0],
             checks,
             notes,

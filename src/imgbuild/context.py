@@ -56,3 +56,25 @@ def read_ca_bundle(path: Path) -> bytes:
     if b"-----BEGIN CERTIFICATE-----" not in data:
         raise BuildError(f"--ca-bundle {path}: not a PEM certificate bundle")
     return data
+
+
+def ca_secret(ca_bundle: Path | None) -> bytes:
+    """The bundle of the build secret `render.CA_SECRET_ID`: Mozilla's roots (certifi, what pip and requests trust by
+    default) followed by `ca_bundle` (--ca-bundle / IMGBUILD_CA_BUNDLE) when given, so that a bundle holding only a
+    proxy's CA still lets downloads reach sites the proxy does not intercept."""
+    import certifi
+
+    roots = Path(certifi.where()).read_bytes()
+    if ca_bundle is None:
+        return roots
+    return roots.rstrip(b"\n") + b"\n" + read_ca_bundle(ca_bundle)
+
+
+def write_secret(data: bytes, folder: Path, name: str) -> Path:
+    """`data` in a new file `folder/name` only this user can read (a build secret's source, outside any build context);
+    the caller removes the folder."""
+    path = folder / name
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    with open(fd, "wb") as f:
+        f.write(data)
+    return path

@@ -37,6 +37,10 @@ if TYPE_CHECKING:
 
 BASE_BUILD_DISK_GB = 2.0  # an image without big blocks: the base, OS packages, small downloads
 CA_DIR = "imgbuild/ca"  # what `--ca-bundle` adds to the context; copied into builder stages only
+# The CA bundle downloads during a build trust travels as a BuildKit build secret (never a file of the context,
+# never in a layer): `RUN --mount=type=secret,id=CA_SECRET_ID,target=CA_SECRET_PATH` on every step that downloads.
+CA_SECRET_ID = "imgbuild-ca"
+CA_SECRET_PATH = "/run/secrets/imgbuild-ca.pem"
 
 
 @dataclass(frozen=True)

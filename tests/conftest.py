@@ -223,3 +223,48 @@ def sagemaker_job(docker_client: Any, tmp_path: Path, request: pytest.FixtureReq
         return job
 
     return start
+
+
+# ------------------------------------------------------------------------------------------------------------
+# A second Docker engine (scripts/dockerd2.sh): a remote BuildKit for tests/test_remote_builder.py
+
+
+@dataclass
+class SecondEngine:
+    """The second engine: its unix socket and tcp addresses, as DOCKER_HOST values."""
+
+    unix: str
+    tcp: str | None
+
+    def env(self, host: str | None = None) -> dict[str, str]:
+        """This process's environment with DOCKER_HOST at this engine (its unix socket unless `host` is given)."""
+        drop = ("DOCKER_CONTEXT", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH")
+        env = {k: v for k, v in os.environ.items() if k not in drop}
+        return {**env, "DOCKER_HOST": host or self.unix}
+
+
+@pytest.fixture(scope="session")
+def second_engine(docker_client: Any) -> Any:
+    """A second dockerd on its own socket and 127.0.0.1 port (scripts/dockerd2.sh start), with the base image copied
+    from the main engine. Stopped at the end when this session started it. Needs root; in CI anything missing FAILS."""
+    script = REPO / "scripts" / "dockerd2.sh"
+
+    def unavailable(msg: str) -> None:
+        if os.environ.get("CI"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+
+    if os.geteuid() != 0:
+        unavailable("the second engine (scripts/dockerd2.sh) starts dockerd: run the tests as root")
+    if shutil.which("dockerd") is None:
+        unavailable("no dockerd to start a second engine with: apt-get install docker.io")
+    env = {k: v for k, v in os.environ.items() if k != "DOCKER_HOST"}
+    was_running = subprocess.run(["bash", str(script), "status"], env=env, capture_output=True, check=False)
+    proc = subprocess.run(["bash", str(script), "start"], env=env, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        unavailable(f"scripts/dockerd2.sh start failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    tcp = os.environ.get("DOCKERD2_TCP", "127.0.0.1:2385")
+    socket_path = os.environ.get("DOCKERD2_SOCKET", "/run/imgbuild-docker2.sock")
+    yield SecondEngine(unix=f"unix://{socket_path}", tcp=f"tcp://{tcp}" if tcp else None)
+    if was_running.returncode != 0:
+        subprocess.run(["bash", str(script), "stop"], env=env, capture_output=True, check=False)

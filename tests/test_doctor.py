@@ -274,3 +274,88 @@ def test_engine_check_hint_is_for_an_installed_user(monkeypatch):
     assert "install and start a Docker engine" in engine.detail and "DOCKER_HOST" in engine.detail
     assert engine.detail.count("scripts/setup.sh") == 1
     assert re.search(r"from a checkout[^;)]*scripts/setup\.sh", engine.detail), engine.detail
+
+
+# --- the builder: real docker CLIs ------------------------------------------------------------------------
+
+NEW_CLI, OLD_CLI = "/usr/local/bin/docker", "/usr/bin/docker"
+
+
+def _cli_major(path: str) -> int | None:
+    if not os.access(path, os.X_OK):
+        return None
+    m = re.search(r"version (\d+)\.", subprocess.run([path, "--version"], capture_output=True, text=True).stdout)
+    return int(m.group(1)) if m else None
+
+
+def _need_both_clis() -> None:
+    """Debian's docker CLI 20.10 at /usr/bin, a docker CLI 23+ without buildx at /usr/local/bin (this machine's)."""
+    new, old = _cli_major(NEW_CLI), _cli_major(OLD_CLI)
+    has_buildx = new is not None and subprocess.run([NEW_CLI, "buildx", "version"], capture_output=True).returncode == 0
+    if new is None or new < 23 or has_buildx or old is None or old >= 23:
+        msg = f"needs docker CLI 20.10 at {OLD_CLI} and a CLI >= 23 without buildx at {NEW_CLI}"
+        if os.environ.get("CI") and old is None:
+            pytest.fail(msg)
+        pytest.skip(msg)
+
+
+def _env(**extra: str) -> dict[str, str]:
+    drop = ("IMGBUILD_DOCKER_CLI", "IMGBUILD_BUILDER")
+    return {**{k: v for k, v in os.environ.items() if k not in drop}, **extra}
+
+
+def test_builder_row_says_which_builder_and_why_and_what_was_skipped():
+    from imgbuild import builders
+
+    _need_both_clis()
+    env = _env(PATH="/usr/local/bin:/usr/bin")
+    checks = run_checks(base_images={}, runtimes_needed={}, client_factory=lambda: _StubClient({"runc": {}}),
+                        builder_select=lambda: builders.select(env=env))  # fmt: skip
+    by_name = _by_name(checks)
+    row = by_name["builder"]
+    assert row.status == "ok"
+    assert row.detail.startswith(f"DOCKER_BUILDKIT=1 docker build through {OLD_CLI} (docker CLI 20.10")
+    assert "no buildx plugin, and a docker CLI before 23.0 builds with its own BuildKit client" in row.detail
+    assert row.data is not None and row.data["kind"] == "buildkit" and row.data["cli"] == OLD_CLI
+    skipped = by_name[f"docker CLI {NEW_CLI}"]
+    assert skipped.status == "info" and "no buildx plugin" in skipped.detail and "needs buildx" in skipped.detail
+    assert failed(checks, None) == []
+    data = doctor.to_json(checks, [], ["cpu"])
+    assert data["builder"]["kind"] == "buildkit" and data["builder"]["skipped"][0]["cli"] == NEW_CLI
+    assert data["builder"]["registry_cache"] is False and data["builder"]["engine_store"] is True
+
+
+def test_no_builder_fails_doctor_like_a_missing_engine():
+    from imgbuild import builders
+
+    _need_both_clis()
+    env = _env(IMGBUILD_DOCKER_CLI=NEW_CLI)
+    checks = run_checks(base_images={}, runtimes_needed={}, client_factory=lambda: _StubClient({"runc": {}}),
+                        builder_select=lambda: builders.select(env=env))  # fmt: skip
+    row = _by_name(checks)["builder"]
+    assert row.status == "missing" and "no docker CLI here can build with BuildKit" in row.detail
+    assert "docker-buildx-plugin" in row.detail  # what to install
+    assert failed(checks, set()) == [row] and failed(checks, {"cpu"}) == [row]
+    data = doctor.to_json(checks, [row], ["cpu"])
+    assert data["builder"]["kind"] is None and "tried" in data["builder"]["error"]
+    assert data["builder"]["skipped"][0]["cli"] == NEW_CLI and "buildx" in data["builder"]["hint"]
+
+
+def test_doctor_json_has_the_builder_and_fails_without_one():
+    _need_both_clis()
+    base = [sys.executable, "-m", "imgbuild", "doctor", "cpu", "--json"]
+    ok = subprocess.run(base, capture_output=True, text=True, env=_env(PATH="/usr/local/bin:/usr/bin"), check=False)
+    builder = json.loads(ok.stdout)["builder"]
+    assert (builder["kind"], builder["cli"]) == ("buildkit", OLD_CLI), ok.stdout
+    assert [s["cli"] for s in builder["skipped"]] == [NEW_CLI]
+
+    bad = subprocess.run(base, capture_output=True, text=True, env=_env(IMGBUILD_DOCKER_CLI=NEW_CLI), check=False)
+    assert bad.returncode == DoctorError.exit_code, bad.stderr
+    data = json.loads(bad.stdout)
+    assert "builder" in data["failed"] and data["builder"]["kind"] is None
+    assert "builder (no docker CLI here can build with BuildKit" in bad.stderr
+
+    named = subprocess.run([*base, "--builder", "team"], capture_output=True, text=True,
+                           env=_env(PATH="/usr/local/bin:/usr/bin"), check=False)  # fmt: skip
+    assert named.returncode == DoctorError.exit_code
+    assert "--builder team names a buildx builder" in json.loads(named.stdout)["builder"]["error"]

@@ -1,8 +1,9 @@
-"""`imgbuild build`: lock -> plan -> a build context holding only what the Dockerfile copies -> the engine.
+"""`imgbuild build`: lock -> plan -> a build context holding only what the Dockerfile copies -> BuildKit.
 
-The context is a temporary folder removed after the build whatever happens. The CA bundle (--ca-bundle or
-IMGBUILD_CA_BUNDLE) goes into the context's imgbuild/ca/, which only builder stages copy: the final image
-never contains it.
+The builder is `builders.select`'s (buildx, else the docker CLI's own BuildKit). The context is a temporary folder
+removed after the build whatever happens. The CA bundle downloads trust (certifi's roots, plus --ca-bundle or
+IMGBUILD_CA_BUNDLE) is the build secret `render.CA_SECRET_ID`, written to a temporary folder outside the context and
+removed afterwards: a secret mount never lands in a layer.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from imgbuild import __version__, context, engine, lock, paths, recipe, render
-from imgbuild.errors import BuildError, UsageError
+from imgbuild import __version__, builders, context, engine, lock, paths, recipe, render
+from imgbuild.errors import BuildError, PushError, UsageError
 from imgbuild.progress import BuildProgress
 from imgbuild.resolver import Resolved
 
@@ -34,6 +35,12 @@ class BuildResult:
     duration_s: float
     from_lock: bool
     warnings: tuple[str, ...]
+    steps_cached: int = 0
+    steps: tuple[builders.StepRecord, ...] = ()
+    digest: str | None = None
+    builder: builders.Builder | None = None
+    cache: str = ""  # which cache mode was used (`builders.Cache.describe`)
+    cache_pushed: str | None = None  # REF@DIGEST of the inline cache --cache-to pushed
 
 
 def ca_bundle_from(option: Path | None) -> Path | None:
@@ -119,37 +126,58 @@ def build(
     ca_bundle: Path | None = None,
     progress: BuildProgress | None = None,
     log_dir: Path | None = None,
+    builder_name: str | None = None,
+    cache_from: list[str] | None = None,
+    cache_to: str | None = None,
+    builder: builders.Builder | None = None,
 ) -> BuildResult:
-    """Build a recipe's image on the engine DOCKER_HOST names (or the local socket)."""
+    """Build a recipe's image with BuildKit on the engine DOCKER_HOST (or the docker context, or the local socket)
+    names. `builder_name` (--builder / IMGBUILD_BUILDER) picks a buildx builder; `cache_from` / `cache_to` are
+    registry refs of the cache between machines (`builders.cache_plan`)."""
     logs = log_folder(log_dir)  # first: a state folder that cannot hold the log fails before any other work
+    for cache_ref in cache_from or []:
+        builders.check_cache_ref(cache_ref, "--cache-from")
+    if cache_to:
+        builders.check_cache_ref(cache_to, "--cache-to")
     _, resolved, from_lock = prepare(ref)
     plan = render.plan(resolved)
     client = engine.connect()
     try:
+        chosen = builder or builders.select(builder_name)
+        cache = builders.cache_plan(chosen, cache_from or [], cache_to)
         check_disk(client, plan)
-        engine.ensure_base_images(client, list(plan.base_images), pull=pull)
+        if chosen.engine_store:  # other buildx drivers resolve FROM from registries themselves
+            engine.ensure_base_images(client, list(plan.base_images), pull=pull)
         stamp = dt.datetime.now(dt.timezone.utc)
         log_path = logs / f"{plan.recipe}-{stamp:%Y%m%dT%H%M%SZ}.log"  # or -2, -3 ... (engine.create_log)
         refs = [*plan.image_refs, *(extra_tags or [])]
         # No build-time clock in labels: a timestamp would defeat the layer cache on every rebuild (the
         # engine records the image's creation time itself).
         labels = {"io.imgbuild.version": __version__}
+        secret = context.ca_secret(ca_bundle)
         folder = Path(tempfile.mkdtemp(prefix=f"imgbuild-context-{plan.recipe}-"))
         try:
-            context.write(plan, folder, ca_bundle=ca_bundle)
-            outcome = engine.build_image(
-                client,
-                folder,
-                tags=refs,
-                labels=labels,
-                buildargs=build_args or {},
-                nocache=nocache,
-                pull=pull,
-                log_path=log_path,
-                progress=progress,
-            )
+            with builders.temp_secrets({render.CA_SECRET_ID: secret}) as secrets:
+                _write_context(plan, folder)
+                outcome = builders.build(
+                    chosen,
+                    client,
+                    folder,
+                    tags=refs,
+                    labels=labels,
+                    build_args=build_args or {},
+                    nocache=nocache,
+                    pull=pull,
+                    secrets=secrets,
+                    cache=cache,
+                    log_path=log_path,
+                    progress=progress,
+                )
         finally:
             shutil.rmtree(folder, ignore_errors=True)
+        pushed = None
+        if cache.push_ref:
+            pushed = _push_cache(client, outcome.image_id, cache.push_ref)
     finally:
         client.close()
     return BuildResult(
@@ -162,4 +190,27 @@ def build(
         duration_s=outcome.duration_s,
         from_lock=from_lock,
         warnings=resolved.warnings,
+        steps_cached=outcome.steps_cached,
+        steps=outcome.steps,
+        digest=outcome.digest,
+        builder=chosen,
+        cache=cache.describe(),
+        cache_pushed=pushed,
     )
+
+
+def _write_context(plan: render.BuildPlan, folder: Path) -> None:
+    """The build context: only what the Dockerfile copies. The CA bundle is no file of it: it travels as the build
+    secret `render.CA_SECRET_ID`."""
+    context.write(plan, folder)
+
+
+def _push_cache(client: Any, image_id: str, ref: str) -> str:
+    """The inline cache of --cache-to: the image pushed as REF; REF@DIGEST. A failed push is a `PushError` saying
+    that the image itself was built."""
+    try:
+        return f"{ref}@{builders.push_inline_cache(client, image_id, ref)}"
+    except PushError as exc:
+        raise PushError(
+            f"built {image_id}, but pushing its inline cache as --cache-to {ref} failed: {exc.message}", hint=exc.hint
+        ) from None

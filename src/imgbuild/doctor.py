@@ -1,7 +1,9 @@
 """`imgbuild doctor`: what this machine has and lacks for the recipes a user wants to build.
 
 `run_checks()` never raises: an unreachable engine is one failing check and everything that does not need
-the engine is still reported. The caller says which recipes need which base images and container runtimes;
+the engine is still reported. The builder check says which builder `imgbuild build` will use and why
+(`builders.select`), and which docker CLIs it skipped; no usable builder fails doctor like an unreachable engine.
+The caller says which recipes need which base images and container runtimes;
 `failed()` then picks the checks that stop the wanted recipes.
 """
 
@@ -21,6 +23,7 @@ Status = Literal["ok", "missing", "warn", "info"]
 
 LOW_DISK_BYTES = 30 * 1024**3  # a CUDA training image and its build cache take tens of GB
 ENGINE_CHECK = "engine"
+BUILDER_CHECK = "builder"
 ENGINE_HINT = (
     "install and start a Docker engine, or set DOCKER_HOST to one that answers; "
     "from a checkout of imgbuild, scripts/setup.sh does the first"
@@ -44,12 +47,41 @@ class Check:
     status: Status
     detail: str
     needed_by: tuple[str, ...] = ()
+    data: dict[str, Any] | None = None  # more for --json (the builder check's `builders.Builder.to_json`)
 
 
 def _default_client() -> Any:
-    import docker
+    from imgbuild import engine
 
-    return docker.from_env(timeout=15)
+    return engine.new_client(timeout=15)
+
+
+def _builder_checks(select: Callable[[], Any]) -> list[Check]:
+    """The builder `imgbuild build` will use and why, then one info row per docker CLI it skipped."""
+    from imgbuild.builders import NoBuilder, Skipped
+    from imgbuild.errors import EngineError
+
+    skipped: tuple[Skipped, ...]
+    try:
+        chosen = select()
+    except EngineError as exc:
+        skipped = exc.skipped if isinstance(exc, NoBuilder) else ()
+        data = {
+            "kind": None,
+            "error": exc.message,
+            "hint": exc.hint,
+            "skipped": [{"cli": s.cli, "version": s.version, "reason": s.reason} for s in skipped],
+        }
+        detail = exc.message + (f" ({exc.hint})" if exc.hint else "")
+        checks = [Check(BUILDER_CHECK, "missing", detail, data=data)]
+    else:
+        skipped = chosen.skipped
+        detail = f"{chosen.describe()}: {chosen.why}"
+        checks = [Check(BUILDER_CHECK, "ok", detail, data=chosen.to_json())]
+    for s in skipped:
+        version = f" {s.version}" if s.version else ""
+        checks.append(Check(f"docker CLI {s.cli}", "info", f"skipped{version}: {s.reason}"))
+    return checks
 
 
 def _gib(n: float) -> str:
@@ -201,13 +233,17 @@ def run_checks(
     runtimes_needed: Mapping[str, Iterable[str]],
     client_factory: Callable[[], Any] = _default_client,
     devices_needed: Mapping[str, Iterable[str]] | None = None,
+    builder_select: Callable[[], Any] | None = None,
 ) -> list[Check]:
     """Everything doctor reports, in display order. Never raises.
 
     `devices_needed` (keys "efa", "gaudi", "nvidia-gpu") overrides who needs a device; by default GPU
     devices are needed by the recipes needing the nvidia runtime, Gaudi devices by those needing habana.
     """
+    from imgbuild import builders
+
     client, info, checks = _engine_checks(client_factory)
+    checks += _builder_checks(builder_select or builders.select)
     checks += _base_image_checks(client, base_images)
     checks.append(_debootstrap_check(checks))
     checks += _runtime_checks(info if client is not None else None, runtimes_needed)
@@ -243,12 +279,16 @@ def render_table(checks: Iterable[Check], console: Any) -> None:
 
 def to_json(checks: Iterable[Check], bad: Iterable[Check], recipes: Iterable[str]) -> dict[str, Any]:
     """`imgbuild doctor --json`: the recipes checked for, every check as the table shows it (name, status, detail,
-    needed_by), and `failed`, the names of the checks that stop them (non-empty: exit 13)."""
+    needed_by), `failed`, the names of the checks that stop them (non-empty: exit 13), and `builder`: the builder
+    `imgbuild build` will use (kind, cli, cli_version, name, driver, registry_cache, why, skipped), or, when there
+    is none, kind null with the error, the hint and the skipped CLIs."""
     bad_names = [c.name for c in bad]
+    checks = list(checks)
     return {
         "recipes": list(recipes),
         "ok": not bad_names,
         "failed": bad_names,
+        "builder": next((c.data for c in checks if c.name == BUILDER_CHECK), None),
         "checks": [
             {"name": c.name, "status": c.status, "detail": c.detail, "needed_by": list(c.needed_by)} for c in checks
         ],
@@ -256,12 +296,13 @@ def to_json(checks: Iterable[Check], bad: Iterable[Check], recipes: Iterable[str
 
 
 def failed(checks: Iterable[Check], wanted_recipes: set[str] | None) -> list[Check]:
-    """The checks that stop a wanted recipe (any recipe when None); an unreachable engine always does."""
+    """The checks that stop a wanted recipe (any recipe when None); an unreachable engine or no builder always
+    does."""
     out = []
     for c in checks:
         if c.status != "missing":
             continue
-        if c.name == ENGINE_CHECK or (
+        if c.name in (ENGINE_CHECK, BUILDER_CHECK) or (
             c.needed_by and (wanted_recipes is None or wanted_recipes.intersection(c.needed_by))
         ):
             out.append(c)

@@ -1,29 +1,19 @@
-"""The thin edge that talks to the Docker engine: connect, look up and check images, build one image.
+"""The thin edge that talks to the Docker engine: connect, look up images, make sure base images are there, and the
+build log's file. Builds themselves run on BuildKit through a docker CLI (`builders`).
 
-Everything here speaks the classic (non-BuildKit) build API through docker-py's low-level client, so the
-JSON stream is parsed by hand: ``stream`` records carry the log ("Step 3/12 : RUN ..."), the ``aux``
-record carries the image id, and ``error``/``errorDetail`` records mean the build failed even though the
-HTTP request itself succeeded.
+Docker failures never escape as raw tracebacks: they become `EngineError` (engine unreachable or refused a request)
+or `BaseImageMissing`. `engine_error` is the one translator from a docker-py / requests failure to an `EngineError`,
+for this module and every other that calls the engine; `inspect_image` is the one image lookup ("no such image" is
+None, not an error).
 
-Docker failures never escape as raw tracebacks: they become `EngineError` (engine unreachable or refused
-a request), `BuildError` (the build failed), `BaseImageMissing` or `Interrupted` (Ctrl-C). `engine_error` is
-the one translator from a docker-py / requests failure to an `EngineError`, for this module and every other
-that calls the engine; `inspect_image` is the one image lookup ("no such image" is None, not an error).
-
-One module of about 600 lines: a build's stream parsing, its failure report and the sweep of the containers a
-cancelled build leaves are one conversation with the build API, sharing one private `_StreamState`.
+The engine is the one DOCKER_HOST names, else the docker context DOCKER_CONTEXT (or `docker context use`) names,
+else the local socket: the same engine the docker CLI builds on.
 """
 
 from __future__ import annotations
 
-import collections
-import contextlib
-import datetime as _dt
 import os
 import re
-import threading
-import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -32,19 +22,17 @@ import docker.errors
 import requests
 import requests.exceptions
 
-from imgbuild.errors import BaseImageMissing, BuildError, EngineError, Interrupted
-from imgbuild.interrupts import sigint_deferred
-from imgbuild.progress import BuildProgress, clean, truncate
+from imgbuild.errors import BaseImageMissing, BuildError, EngineError
+from imgbuild.progress import truncate
 
 __all__ = [
     "ENGINE_ERRORS",
-    "BuildOutcome",
-    "build_image",
     "connect",
     "create_log",
     "engine_error",
     "ensure_base_images",
     "inspect_image",
+    "new_client",
     "reason",
 ]
 
@@ -56,14 +44,7 @@ SETUP_HINT = (
 )
 BOOTSTRAP_HINT = "imgbuild base bootstrap {image}  (builds it from a Debian/Ubuntu archive)"
 
-LOG_TAIL_LINES = 30
 LOG_NAME_TRIES = 100  # <recipe>-<second>.log, then -2 ... -100: builds of one recipe started in one second
-CLEANUP_POLL_S = 10.0
-
-_STEP_RE = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
-_RUNNING_IN_RE = re.compile(r"^ ---> Running in ([0-9a-f]{12,64})\s*$")
-_LAYER_ID_RE = re.compile(r"^ ---> ([0-9a-f]{12,64})\s*$")
-_USING_CACHE = " ---> Using cache"
 
 # What a call to the engine raises: docker-py's errors (APIError when the engine answered with an error) and
 # requests' when the connection to the engine fails or breaks (the socket went away, a timeout).
@@ -77,7 +58,47 @@ _CONNECT_ERRORS: tuple[type[BaseException], ...] = (*ENGINE_ERRORS, OSError)  # 
 
 def _engine_host() -> str:
     host = os.environ.get("DOCKER_HOST")
-    return f"DOCKER_HOST={host}" if host else f"the default socket {DEFAULT_SOCKET} (DOCKER_HOST is unset)"
+    if host:
+        return f"DOCKER_HOST={host}"
+    context = _context_name()
+    if context:
+        return f"docker context {context}" + (" (DOCKER_CONTEXT)" if os.environ.get("DOCKER_CONTEXT") else "")
+    return f"the default socket {DEFAULT_SOCKET} (DOCKER_HOST is unset)"
+
+
+def _context_name() -> str | None:
+    """The docker context the docker CLI uses when DOCKER_HOST is unset (DOCKER_CONTEXT, else `docker context use`'s
+    choice in the CLI's config); None for the default one."""
+    if os.environ.get("DOCKER_HOST"):
+        return None
+    import docker.context.config
+
+    name = os.environ.get("DOCKER_CONTEXT") or docker.context.config.get_current_context_name()
+    return None if not name or name == "default" else name
+
+
+def new_client(timeout: int | None = None) -> docker.DockerClient:
+    """A client (not yet pinged) for the engine of DOCKER_HOST, else of the docker context in use, else the local
+    socket; docker-py's own exceptions (and `EngineError` for a context that does not exist) escape."""
+    context = _context_name()
+    if context:
+        return _from_context(context, timeout)
+    return docker.from_env(timeout=timeout) if timeout else docker.from_env()
+
+
+def _from_context(name: str, timeout: int | None = None) -> docker.DockerClient:
+    """A client for the engine of docker context `name` (the CLI's own store of endpoints and TLS material): docker-py's
+    `from_env` reads DOCKER_HOST only, and the CLI that builds must talk to the same engine as this client."""
+    import docker.context
+
+    context = docker.context.ContextAPI.get_context(name)
+    if context is None or not context.Host:
+        raise EngineError(
+            f"docker context {name!r} (DOCKER_CONTEXT or `docker context use`) does not exist or names no engine",
+            hint="`docker context ls` lists them; unset DOCKER_CONTEXT or set DOCKER_HOST instead",
+        )
+    extra = {"timeout": timeout} if timeout else {}
+    return docker.DockerClient(base_url=context.Host, tls=context.TLSConfig or False, **extra)
 
 
 # How docker-py says DOCKER_HOST is no address it can use (docker.utils.parse_host, and urllib3 parsing the URL made
@@ -92,14 +113,15 @@ DOCKER_HOST_FORMS = "unix:///PATH/docker.sock, tcp://HOST:PORT (PORT 1-65535, an
 
 
 def connect() -> docker.DockerClient:
-    """A client for the engine named by DOCKER_HOST / DOCKER_TLS_VERIFY / DOCKER_CERT_PATH, pinged once.
+    """A client for the engine named by DOCKER_HOST / DOCKER_TLS_VERIFY / DOCKER_CERT_PATH (else by the docker
+    context DOCKER_CONTEXT or `docker context use` names, as the docker CLI would), pinged once.
 
     A DOCKER_HOST that is no engine address (`tcp://:abc`, a port out of range, an unknown scheme) is an
     `EngineError` naming the variable and the forms it takes; an engine that does not answer, one with the
     setup hint."""
     host = os.environ.get("DOCKER_HOST")
     try:
-        client = docker.from_env()
+        client = new_client()
         client.ping()
     except ValueError as exc:  # urllib parsing DOCKER_HOST; without DOCKER_HOST it is no address problem: a bug
         if not host:
@@ -213,139 +235,7 @@ def _try_pull(client: docker.DockerClient, image: str) -> str | None:
 
 
 # --------------------------------------------------------------------------------------------------------
-# build
-
-
-@dataclass(frozen=True)
-class BuildOutcome:
-    image_id: str
-    tags: tuple[str, ...]
-    log_path: Path
-    steps_total: int
-    steps_run: int  # steps that did work: neither FROM nor "Using cache"
-    duration_s: float
-
-
-class _StreamState:
-    """What the JSON stream of one build has told us so far."""
-
-    def __init__(self, log: TextIO, progress: BuildProgress | None) -> None:
-        self.log = log
-        self.progress = progress
-        self.tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
-        self.partial = ""
-        self.step_index = 0
-        self.steps_total = 0
-        self.instruction = ""
-        self.steps: dict[int, str] = {}
-        self.cached: set[int] = set()
-        self.image_id: str | None = None
-        self.error: str | None = None
-        self.container_ids: set[str] = set()  # " ---> Running in <id>"
-        self.layer_ids: set[str] = set()  # " ---> <id>": images builder containers start from
-
-    def record(self, rec: Any) -> None:
-        if not isinstance(rec, dict):
-            self._text(f"{rec}\n")
-            return
-        if "stream" in rec:
-            self._text(str(rec["stream"]))
-        if "aux" in rec and isinstance(rec["aux"], dict) and rec["aux"].get("ID"):
-            self.image_id = str(rec["aux"]["ID"])
-        if "status" in rec and "progress" not in rec:
-            ident = f"{rec['id']}: " if rec.get("id") else ""
-            self._text(f"{ident}{rec['status']}\n")
-        if "error" in rec or "errorDetail" in rec:
-            detail = rec.get("errorDetail") or {}
-            message = str(detail.get("message") or rec.get("error") or "unknown build error").strip()
-            self.error = message
-            self._text(f"ERROR: {message}\n")
-
-    def _text(self, chunk: str) -> None:
-        self.log.write(chunk)
-        self.log.flush()
-        data = self.partial + chunk
-        lines = data.split("\n")
-        self.partial = lines.pop()
-        for line in lines:
-            self._line(line)
-
-    def flush(self) -> None:
-        if self.partial:
-            self.log.write("\n")
-            self.log.flush()
-            line, self.partial = self.partial, ""
-            self._line(line)
-
-    def _line(self, line: str) -> None:
-        line = line.rstrip("\r")
-        m = _STEP_RE.match(line)
-        if m:
-            self.step_index, self.steps_total = int(m.group(1)), int(m.group(2))
-            self.instruction = m.group(3).strip()
-            self.steps[self.step_index] = self.instruction
-            if self.progress:
-                self.progress.step(self.step_index, self.steps_total, self.instruction)
-            self.tail.append(clean(line))
-            return
-        if line.startswith(_USING_CACHE):
-            self.cached.add(self.step_index)
-            if self.progress:
-                self.progress.cached()
-        elif m_run := _RUNNING_IN_RE.match(line):
-            self.container_ids.add(m_run.group(1))
-        elif m_layer := _LAYER_ID_RE.match(line):
-            self.layer_ids.add(m_layer.group(1))
-        cleaned = clean(line)
-        if cleaned:
-            self.tail.append(cleaned)
-        if self.progress and not _is_noise(cleaned):
-            self.progress.log(line)
-
-    def steps_run(self) -> int:
-        froms = sum(1 for instr in self.steps.values() if instr.upper().startswith("FROM"))
-        return max(len(self.steps) - froms - len(self.cached), 0)
-
-
-def _is_noise(line: str) -> bool:
-    """Builder bookkeeping lines that add nothing to a human-readable log."""
-    return (
-        not line.strip()
-        or bool(_LAYER_ID_RE.match(line))
-        or bool(_RUNNING_IN_RE.match(line))
-        or line.startswith("Removing intermediate container")
-        or line.startswith(" ---> Removed intermediate container")
-    )
-
-
-def build_image(
-    client: docker.DockerClient,
-    context_dir: Path,
-    *,
-    tags: list[str],
-    labels: dict[str, str],
-    buildargs: dict[str, str],
-    nocache: bool,
-    pull: bool,
-    log_path: Path,
-    progress: BuildProgress | None = None,
-) -> BuildOutcome:
-    """Build ``context_dir/Dockerfile`` with the classic builder, tag it with every tag, log to log_path.
-
-    Raises `BuildError` naming the failing step with the last log lines, `BaseImageMissing` when the FROM
-    step fails, `EngineError` when the engine cannot be talked to, and `Interrupted` on Ctrl-C, after
-    closing the build request (which makes the engine cancel the build) and removing every container
-    the build left. The log is made by `create_log`: never over a file or link already at log_path (then
-    `<name>-2.log` ...); the outcome's log_path says where it went.
-    """
-    if not tags:
-        raise BuildError("build_image needs at least one tag")
-    context_dir = Path(context_dir)
-    if not (context_dir / "Dockerfile").is_file():
-        raise BuildError(f"no Dockerfile in the build context {context_dir}")
-    log, log_path = create_log(Path(log_path))
-    with log:
-        return _build(client, context_dir, tags, labels, buildargs, nocache, pull, log, log_path, progress)
+# the build log
 
 
 def create_log(path: Path) -> tuple[TextIO, Path]:
@@ -366,239 +256,3 @@ def create_log(path: Path) -> tuple[TextIO, Path]:
     except OSError as exc:
         raise BuildError(f"cannot create the build log {path}: {exc.strerror or exc}") from exc
     raise BuildError(f"cannot create the build log {path}: it and {LOG_NAME_TRIES - 1} numbered names exist")
-
-
-def _build(
-    client: docker.DockerClient,
-    context_dir: Path,
-    tags: list[str],
-    labels: dict[str, str],
-    buildargs: dict[str, str],
-    nocache: bool,
-    pull: bool,
-    log: TextIO,
-    log_path: Path,
-    progress: BuildProgress | None,
-) -> BuildOutcome:
-    before = _container_ids(client)
-    engine_start = _engine_time(client)
-    t0 = time.monotonic()
-
-    # Catch the streaming HTTP response of the build so that Ctrl-C can close it: closing the connection
-    # is what makes the engine cancel a classic build.
-    responses: list[requests.Response] = []
-    builder_thread = threading.get_ident()
-
-    def _capture(resp: requests.Response, *args: Any, **kwargs: Any) -> None:
-        if threading.get_ident() == builder_thread and "/build" in (resp.url or ""):
-            responses.append(resp)
-
-    with contextlib.ExitStack() as stack:
-        if progress is not None:
-            stack.enter_context(progress)  # stops a live display whatever happens
-        log.write(f"# imgbuild: building {', '.join(tags)} from {context_dir}\n")
-        log.flush()
-        state = _StreamState(log, progress)
-        if progress:
-            progress.start(tags[0])
-        ok = False
-        try:
-            client.api.hooks["response"].append(_capture)
-            try:
-                stream = client.api.build(
-                    path=str(context_dir),
-                    dockerfile="Dockerfile",
-                    decode=True,
-                    rm=True,
-                    forcerm=True,
-                    tag=tags[0],
-                    labels=labels,
-                    buildargs=buildargs,
-                    nocache=nocache,
-                    pull=pull,
-                )
-            finally:
-                with contextlib.suppress(ValueError):
-                    client.api.hooks["response"].remove(_capture)
-            for rec in stream:
-                state.record(rec)
-            state.flush()
-            ok = state.error is None and state.image_id is not None
-        except KeyboardInterrupt:
-            state.flush()
-            log.write("\n# imgbuild: interrupted (Ctrl-C); cancelling the build\n")
-            log.flush()
-            if progress:
-                progress.finish(False, "build interrupted; cancelling and removing its containers ...")
-            left = _cancel(client, responses, before, engine_start, state)
-            log.write(f"# imgbuild: containers left behind: {', '.join(left) or 'none'}\n")
-            if left:
-                raise Interrupted("build cancelled; could not remove these containers: " + ", ".join(left)) from None
-            raise Interrupted("build cancelled; no containers left behind") from None
-        except docker.errors.APIError as exc:
-            state.flush()
-            state.error = reason(exc)
-            log.write(f"ERROR: {state.error}\n")
-        except ENGINE_ERRORS as exc:
-            state.flush()
-            log.write(f"ERROR: lost the engine: {reason(exc)}\n")
-            if progress:
-                progress.finish(False, "build failed: lost the Docker engine")
-            raise engine_error(exc, f"building {tags[0]}", note=f"full log: {log_path}") from exc
-        except OSError as exc:  # reading the build context
-            if progress:
-                progress.finish(False, "build failed")
-            raise BuildError(f"cannot read the build context {context_dir}: {exc}") from exc
-
-        if not ok:
-            if progress:
-                progress.finish(False, f"build of {tags[0]} failed")
-            # forcerm removes the failed step's container; sweep anything a half-dead engine left anyway.
-            _sweep(client, before, engine_start, state, deadline=time.monotonic(), quiet_s=0.0)
-            raise _failure(state, log_path, tags[0])
-
-        image_id = state.image_id or ""
-        for extra in tags[1:]:
-            repo, tag = docker.utils.parse_repository_tag(extra)
-            try:
-                client.api.tag(image_id, repo, tag=tag)
-            except ENGINE_ERRORS as exc:
-                if progress:
-                    progress.finish(False, f"built {image_id[:19]} but could not tag it {extra}")
-                raise engine_error(exc, f"tagging the new image {image_id} as {extra}") from exc
-        duration = time.monotonic() - t0
-        outcome = BuildOutcome(
-            image_id=image_id,
-            tags=tuple(tags),
-            log_path=log_path,
-            steps_total=state.steps_total,
-            steps_run=state.steps_run(),
-            duration_s=duration,
-        )
-        log.write(
-            f"# imgbuild: built {image_id} in {duration:.1f}s "
-            f"({outcome.steps_run} of {outcome.steps_total} steps run)\n"
-        )
-        if progress:
-            progress.finish(
-                True,
-                f"built {', '.join(tags)} ({image_id[7:19]}) in {duration:.1f}s, "
-                f"{outcome.steps_run}/{outcome.steps_total} steps run",
-            )
-        return outcome
-
-
-def _failure(state: _StreamState, log_path: Path, tag: str) -> BuildError:
-    error = state.error or "the engine reported no image id and no error"
-    tail = "\n".join(f"  {line}" for line in state.tail)
-    details = f"--- last {len(state.tail)} log lines ---\n{tail}\nfull log: {log_path}"
-    instr_words = state.instruction.split()
-    if state.step_index and instr_words and instr_words[0].upper() == "FROM":
-        args = [w for w in instr_words[1:] if not w.startswith("--")]
-        image = args[0] if args else "?"
-        return BaseImageMissing(
-            f"base image {image} is not in the engine and could not be pulled: {error}\n"
-            f"(Step {state.step_index}/{state.steps_total} : {state.instruction})\n{details}",
-            hint=BOOTSTRAP_HINT.format(image=image),
-        )
-    if not state.step_index:
-        return BuildError(f"build of {tag} failed before its first step: {error}\n{details}")
-    return BuildError(
-        f"build of {tag} failed at Step {state.step_index}/{state.steps_total} : {state.instruction}\n"
-        f"{error}\n{details}"
-    )
-
-
-# --------------------------------------------------------------------------------------------------------
-# containers a build leaves behind
-
-
-def _container_ids(client: docker.DockerClient) -> set[str]:
-    try:
-        return {c["Id"] for c in client.api.containers(all=True)}
-    except ENGINE_ERRORS as exc:
-        raise engine_error(exc, "listing containers") from exc
-
-
-def _engine_time(client: docker.DockerClient) -> float:
-    """The engine's clock now (Unix seconds); containers' Created times are on that clock."""
-    with contextlib.suppress(Exception):
-        raw = str(client.api.info().get("SystemTime", ""))
-        m = re.match(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$", raw)
-        if m:
-            frac = (m.group(2) or "0")[:6].ljust(6, "0")
-            tz = "+00:00" if m.group(3) == "Z" else m.group(3)
-            return _dt.datetime.fromisoformat(f"{m.group(1)}.{frac}{tz}").timestamp()
-    return time.time()
-
-
-def _build_containers(
-    client: docker.DockerClient, before: set[str], engine_start: float, state: _StreamState
-) -> list[str]:
-    """Containers this build created: new since the build started, not there before, and either named
-    in the stream ("Running in <id>") or started from an image the stream named (" ---> <id>")."""
-    found = []
-    for c in client.api.containers(all=True):
-        cid = str(c.get("Id", ""))
-        if cid in before or int(c.get("Created", 0)) < int(engine_start) - 1:
-            continue
-        image_id = str(c.get("ImageID", "")).removeprefix("sha256:")
-        named = any(cid.startswith(short) for short in state.container_ids)
-        from_ours = any(image_id.startswith(short) for short in state.layer_ids)
-        if named or from_ours:
-            found.append(cid)
-    return found
-
-
-def _sweep(
-    client: docker.DockerClient,
-    before: set[str],
-    engine_start: float,
-    state: _StreamState,
-    *,
-    deadline: float,
-    quiet_s: float = 2.0,
-) -> list[str]:
-    """Remove this build's containers until none has shown up for quiet_s or the deadline passes.
-
-    Returns the ids still present at the end.
-    """
-    last_seen = time.monotonic()
-    left: list[str] = []
-    while True:
-        try:
-            left = _build_containers(client, before, engine_start, state)
-        except ENGINE_ERRORS:
-            left = []
-        for cid in left:
-            with contextlib.suppress(*ENGINE_ERRORS):
-                client.api.remove_container(cid, force=True, v=True)
-        now = time.monotonic()
-        if left:
-            last_seen = now
-        elif now - last_seen >= quiet_s:
-            return []
-        if now >= deadline:
-            try:
-                return _build_containers(client, before, engine_start, state)
-            except ENGINE_ERRORS:
-                return left
-        time.sleep(0.25)
-
-
-def _cancel(
-    client: docker.DockerClient,
-    responses: list[requests.Response],
-    before: set[str],
-    engine_start: float,
-    state: _StreamState,
-) -> list[str]:
-    """Close the build's HTTP response (the engine cancels the build) and remove its containers."""
-    with sigint_deferred("the build's containers"):
-        for resp in responses:
-            with contextlib.suppress(Exception):
-                conn = getattr(resp.raw, "_connection", None) or getattr(resp.raw, "connection", None)
-                resp.close()
-                if conn is not None:
-                    conn.close()
-        return _sweep(client, before, engine_start, state, deadline=time.monotonic() + CLEANUP_POLL_S)

@@ -1,6 +1,6 @@
 """What a build or a push shows while it runs: one line per event in a CI log, live lines on a terminal.
 
-`BuildProgress` renders the engine's build stream (`engine.build_image` feeds it steps and log lines);
+`BuildProgress` renders a BuildKit build (`builders.build` feeds it the vertices of BuildKit's plain stream);
 `PlainPushProgress` and `LivePushProgress` render a push (`publish.Publisher` feeds them the engine's push
 records). `live_wanted` makes the one choice between the two renderings for both. Rendering only: nothing here
 talks to the engine or decides what a record means.
@@ -61,34 +61,43 @@ def truncate(text: str, width: int) -> str:
 
 
 @dataclass
-class _StepState:
-    index: int = 0
-    total: int = 0
-    instruction: str = ""
+class _Running:
+    name: str
     started: float = field(default_factory=time.monotonic)
-    cached: bool = False
     latest: str = ""
 
 
-class BuildProgress:
-    """Shows a build as it runs.
+_SHOWN_RUNNING = 6  # vertices of parallel stages shown at once on a terminal; the rest are counted
+_NAME_WIDTH = 100  # a step's name in an end line (a RUN command can be a screenful)
 
-    Two renderings: ``live`` (a TTY) keeps one status line updated in place, "step i/N  <instruction>
-    <elapsed>s  <latest log line>", and prints one line per finished step; ``plain`` (not a TTY, or CI is
-    set) writes one line per step ("[step 3/12] RUN apt-get ...") followed by its log lines indented by
-    four spaces, with every escape sequence and control character removed.
+
+def _is_internal(name: str) -> bool:
+    """BuildKit's own bookkeeping (`[internal] load build context`, `load metadata for ...`): no start line."""
+    return name.startswith("[internal]") or name.startswith("load ") or name.startswith("[auth]")
+
+
+class BuildProgress:
+    """Shows a BuildKit build as it runs (`builders.build` feeds it the vertices of BuildKit's graph: the
+    Dockerfile's steps, `[builder 2/3] RUN ...`, and the builder's own work such as `exporting to image`).
+
+    Two renderings. ``live`` (a TTY) keeps the running vertices on screen, several at once where parallel stages
+    run, each with its elapsed time and latest output line, and prints a line when one ends: its name and its
+    seconds, or "cached". ``plain`` (not a TTY, or CI is set) writes a line when a step starts and one when it
+    ends (`[runtime 4/15] RUN ... 12.3s`, `... cached`), the step's output in between indented by four spaces; a
+    step whose output resumes after another's is named again. Every escape sequence and control byte is removed.
     """
 
     def __init__(self, console: Console | None = None, *, live: bool, stream: TextIO | None = None) -> None:
         self.console = console or Console(stderr=True)
         self.live = live
         self._stream = stream
-        self._step = _StepState()
+        self._running: dict[str, _Running] = {}
         self._live: Live | None = None
         self._spinner = Spinner("dots")
         self._title = ""
         self._started = time.monotonic()
         self._lock = threading.Lock()
+        self._last_writer: str | None = None  # the vertex whose line plain mode wrote last
 
     @classmethod
     def auto(cls, console: Console | None = None) -> BuildProgress:
@@ -119,70 +128,91 @@ class BuildProgress:
         else:
             self._write(f"building {title}")
 
-    def step(self, index: int, total: int, instruction: str) -> None:
+    def vertex_started(self, vid: str, name: str) -> None:
+        """BuildKit started a vertex (a step, or its own work)."""
         with self._lock:
-            self._finish_step()
-            self._step = _StepState(index=index, total=total, instruction=instruction)
-        if not self.live:
-            self._write(f"[step {index}/{total}] {clean(instruction)}")
+            self._running[vid] = _Running(clean(name))
+        if not self.live and not _is_internal(name):
+            self._write(clean(name))
+            self._last_writer = vid
 
-    def cached(self) -> None:
-        """The current step came from the layer cache."""
-        self._step.cached = True
-
-    def log(self, line: str) -> None:
-        """One line of the build's log (the engine leaves out its bookkeeping lines)."""
+    def vertex_output(self, vid: str, line: str) -> None:
+        """One line a step printed."""
         cleaned = clean(line)
         if not cleaned.strip():
             return
+        running = self._running.get(vid)
         if self.live:
-            self._step.latest = cleaned
-        else:
-            self._write(f"    {cleaned.lstrip()}")
+            if running is not None:
+                running.latest = cleaned
+            return
+        if self._last_writer != vid and running is not None:
+            self._write(running.name)  # output of parallel steps interleaves: say whose this is
+        self._last_writer = vid
+        self._write(f"    {cleaned.lstrip()}")
+
+    def vertex_status(self, vid: str, text: str) -> None:
+        """The builder's own status of a vertex ("exporting layers 3.1s done"): shown live, not in plain logs."""
+        running = self._running.get(vid)
+        if self.live and running is not None:
+            running.latest = clean(text)
+
+    def vertex_done(self, vid: str, name: str, state: str, seconds: float) -> None:
+        """A vertex ended: "done" (with its seconds), "cached", "error" or "canceled"."""
+        with self._lock:
+            self._running.pop(vid, None)
+        how = {"cached": "cached", "error": f"failed after {seconds:.1f}s", "canceled": "canceled"}.get(
+            state, f"{seconds:.1f}s"
+        )
+        shown = truncate(clean(name), _NAME_WIDTH)
+        if not self.live:
+            self._write(f"{shown} {how}")
+            self._last_writer = None
+            return
+        line = Text("  ")
+        line.append(shown)
+        line.append(f"  ({how})", style="red" if state == "error" else "dim")
+        target = self._live.console if self._live is not None else self.console
+        target.print(line, highlight=False, soft_wrap=False, overflow="ellipsis", no_wrap=True)
 
     def finish(self, ok: bool, summary: str) -> None:
+        live, self._live = self._live, None
+        if live is not None:
+            live.stop()  # not under the lock: its refresh thread takes the lock in _render, and stop() joins it
         with self._lock:
-            if ok:
-                self._finish_step()
-            if self._live is not None:
-                self._live.stop()
-                self._live = None
-            self._step = _StepState()
+            self._running.clear()
         if self.live:
             style = "green" if ok else "red"
             self.console.print(Text(summary, style=style), highlight=False)
         else:
             self._write(clean(summary))
 
-    def _finish_step(self) -> None:
-        st = self._step
-        if not self.live or st.index == 0:
-            return
-        how = "cached" if st.cached else f"{time.monotonic() - st.started:.1f}s"
-        line = Text(f"  step {st.index}/{st.total}  ", style="dim")
-        line.append(truncate(clean(st.instruction), 90))
-        line.append(f"  ({how})", style="dim")
-        if self._live is not None:
-            self._live.console.print(line, highlight=False)
-        else:
-            self.console.print(line, highlight=False)
-
     def _render(self) -> Group:
-        st = self._step
         width = max(self.console.width, 40)
-        if st.index == 0:
-            text = Text(f"{self._title}  preparing  {time.monotonic() - self._started:.0f}s")
-        else:
-            text = Text(f"step {st.index}/{st.total}  ", style="bold")
-            text.append(truncate(clean(st.instruction), min(60, width // 2)))
-            text.append(f"  {time.monotonic() - st.started:.0f}s  ", style="cyan")
+        now = time.monotonic()
+        with self._lock:
+            running = list(self._running.values())
+        if not running:
+            text = Text(f"{self._title}  {now - self._started:.0f}s")
+            text.no_wrap, text.overflow = True, "ellipsis"
+            self._spinner.text = text
+            return Group(self._spinner)
+        rows: list[Any] = []
+        for i, r in enumerate(running[:_SHOWN_RUNNING]):
+            text = Text(truncate(r.name, min(70, width // 2)), style="bold" if i == 0 else "")
+            text.append(f"  {now - r.started:.0f}s  ", style="cyan")
             rest = width - len(text) - 4
-            if st.latest and rest > 10:
-                text.append(truncate(st.latest, rest), style="dim")
-        text.no_wrap = True
-        text.overflow = "ellipsis"
-        self._spinner.text = text
-        return Group(self._spinner)
+            if r.latest and rest > 10:
+                text.append(truncate(r.latest, rest), style="dim")
+            text.no_wrap, text.overflow = True, "ellipsis"
+            if i == 0:
+                self._spinner.text = text
+                rows.append(self._spinner)
+            else:
+                rows.append(Text("  ") + text)
+        if len(running) > _SHOWN_RUNNING:
+            rows.append(Text(f"  and {len(running) - _SHOWN_RUNNING} more running", style="dim"))
+        return Group(*rows)
 
     def __enter__(self) -> BuildProgress:
         return self

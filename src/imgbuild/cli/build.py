@@ -47,6 +47,47 @@ def _ca_bundle(value: Path | None) -> Path | None:
     return value
 
 
+_BUILDER_NAME_RE = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}"
+
+
+def _builder_name(value: str | None) -> str | None:
+    """--builder / IMGBUILD_BUILDER: a buildx builder's name (letters, digits, `_ . -`), else a usage error."""
+    import re
+
+    if value is None or value == "":
+        return None
+    if not re.fullmatch(_BUILDER_NAME_RE, value):
+        raise typer.BadParameter(f"expected a buildx builder name (letters, digits, '_', '.', '-'), got {value[:80]!r}")
+    return value
+
+
+def _cache_refs(values: list[str] | None) -> list[str] | None:
+    """--cache-from REF (repeatable): each a Docker image reference, else a usage error naming the option."""
+    from imgbuild import validate
+
+    for value in values or []:
+        try:
+            validate.image_ref(value)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
+    return values
+
+
+def _cache_to(value: str | None) -> str | None:
+    """--cache-to REF: an image reference with a tag (no digest), else a usage error naming the option."""
+    from imgbuild import validate
+
+    if value is None:
+        return None
+    try:
+        validate.image_ref(value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    if "@" in value:
+        raise typer.BadParameter(f"a cache is written under a tag, not a digest: {value[:120]!r}")
+    return value
+
+
 @handled
 @terminable
 def build_(
@@ -63,12 +104,41 @@ def build_(
             "--ca-bundle",
             envvar="IMGBUILD_CA_BUNDLE",
             callback=_ca_bundle,
-            help="PEM bundle that downloads during the build trust (TLS-intercepting proxies). "
-            "Used in builder stages only; never in the final image.",
+            help="PEM bundle that downloads during the build trust (TLS-intercepting proxies), added to "
+            "certifi's roots. A BuildKit build secret: never in a layer of the image.",
+        ),
+    ] = None,
+    builder: Annotated[
+        str | None,
+        typer.Option(
+            "--builder",
+            envvar="IMGBUILD_BUILDER",
+            callback=_builder_name,
+            help="A buildx builder to build on (a remote BuildKit, buildx's Kubernetes driver ...); needs the "
+            "buildx plugin. Default: the CLI's current builder, else its own BuildKit.",
+        ),
+    ] = None,
+    cache_from: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--cache-from",
+            callback=_cache_refs,
+            help="Registry ref of a build cache to start from (repeatable): a registry cache where buildx has a "
+            "driver that exports one, else an image built with an inline cache.",
+        ),
+    ] = None,
+    cache_to: Annotated[
+        str | None,
+        typer.Option(
+            "--cache-to",
+            callback=_cache_to,
+            help="Registry ref to write this build's cache to (registry cache with mode=max, else the image with "
+            "its inline cache, pushed there).",
         ),
     ] = None,
 ) -> None:
-    """Build a recipe's image through the Docker engine (DOCKER_HOST and its TLS variables are honoured)."""
+    """Build a recipe's image with BuildKit on the Docker engine (DOCKER_HOST, a docker context, or the local
+    socket); `imgbuild doctor` says which builder is used and why."""
     from imgbuild import build
     from imgbuild.progress import BuildProgress
 
@@ -81,14 +151,23 @@ def build_(
         build_args=build.parse_build_args(build_arg or []),
         ca_bundle=build.ca_bundle_from(ca_bundle),
         progress=progress,
+        builder_name=builder,
+        cache_from=cache_from or [],
+        cache_to=cache_to,
     )
     for w in result.warnings:
         err().print(f"imgbuild: warning: {w}", markup=False)
-    out().print(f"built {result.image_id}", markup=False)
+    out().print(f"built {result.image_id}" + (f" (digest {result.digest})" if result.digest else ""), markup=False)
     for ref_ in result.refs:
         out().print(f"  {ref_}", markup=False)
+    if result.builder is not None:
+        out().print(f"builder: {result.builder.describe()}", markup=False)
+    out().print(f"cache: {result.cache}", markup=False)
+    if result.cache_pushed:
+        out().print(f"cache pushed: {result.cache_pushed}", markup=False)
     out().print(
-        f"{result.steps_run} of {result.steps_total} steps run in {result.duration_s:.1f}s; log: {result.log_path}",
+        f"{result.steps_run} of {result.steps_total} steps run, {result.steps_cached} cached, in "
+        f"{result.duration_s:.1f}s; log: {result.log_path}",
         markup=False,
     )
 
@@ -121,10 +200,17 @@ def doctor(
     as_json: Annotated[
         bool, typer.Option("--json", help="The findings as JSON on stdout (the same as the table; same exit code).")
     ] = False,
+    builder: Annotated[
+        str | None,
+        typer.Option(
+            "--builder", envvar="IMGBUILD_BUILDER", callback=_builder_name, help="The buildx builder to check for."
+        ),
+    ] = None,
 ) -> None:
-    """Check the engine, base images, container runtimes and host devices the recipes need."""
+    """Check the engine, the builder (which one `imgbuild build` uses and why), base images, container runtimes and
+    host devices the recipes need."""
+    from imgbuild import builders, recipe
     from imgbuild import doctor as doc
-    from imgbuild import recipe
     from imgbuild.errors import DoctorError
 
     names = refs or recipe.shipped_names()
@@ -144,7 +230,12 @@ def doctor(
         if r.platform.accelerator == "nvidia":
             runtimes.setdefault("nvidia", []).append(r.name)
             devices.setdefault("nvidia-gpu", []).append(r.name)
-    checks = doc.run_checks(base_images=bases, runtimes_needed=runtimes, devices_needed=devices)
+    checks = doc.run_checks(
+        base_images=bases,
+        runtimes_needed=runtimes,
+        devices_needed=devices,
+        builder_select=lambda: builders.select(builder),
+    )
     bad = doc.failed(checks, set(names) if refs else None)
     if as_json:
         print_json(doc.to_json(checks, bad, names))

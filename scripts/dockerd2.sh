@@ -22,18 +22,23 @@
 # machines; set DOCKERD2_TCP= to listen on the root-only socket alone.
 #
 # Environment (the same values must be given to start, stop and status):
-#   DOCKERD2_SOCKET   unix socket (default /run/imgbuild-docker2.sock)
+#   DOCKERD2_NAME     the instance (default imgbuild-docker2): names its run folder, socket, data root, log and
+#                     firewall rules. Another name is another engine beside this one (tests/conftest.py starts
+#                     imgbuild-docker-test for the tests, so that a benchmark pruning imgbuild-docker2 and the tests
+#                     never share one); it needs its own DOCKERD2_BRIDGE, DOCKERD2_POOL and DOCKERD2_TCP.
+#   DOCKERD2_BRIDGE   its bridge, at most 15 characters (default imgbuild-br2)
+#   DOCKERD2_SOCKET   unix socket (default /run/$DOCKERD2_NAME.sock)
 #   DOCKERD2_TCP      HOST:PORT to listen on too, without TLS (default 127.0.0.1:2385; empty: socket only)
-#   DOCKERD2_DATA     data root: images, build cache (default /var/lib/imgbuild-docker2)
+#   DOCKERD2_DATA     data root: images, build cache (default /var/lib/$DOCKERD2_NAME)
 #   DOCKERD2_POOL     its address pool, a /16 given as A.B.0.0/16 (default 10.213.0.0/16); the bridge takes A.B.0.1/24
 #                     and user networks the /24s after it
 #   DOCKERD2_IMAGES   images copied from the main engine when this one lacks them (default: $IMGBUILD_BASE_IMAGES,
 #                     else debian:bookworm-slim); nothing can be pulled on an offline machine
-#   DOCKERD2_LOG      its log (default /var/log/imgbuild-docker2.log)
+#   DOCKERD2_LOG      its log (default /var/log/$DOCKERD2_NAME.log)
 set -Eeuo pipefail
 
-NAME=imgbuild-docker2
-BRIDGE=imgbuild-br2
+NAME="${DOCKERD2_NAME:-imgbuild-docker2}"
+BRIDGE="${DOCKERD2_BRIDGE:-imgbuild-br2}"
 SOCKET="${DOCKERD2_SOCKET:-/run/${NAME}.sock}"
 TCP="${DOCKERD2_TCP-127.0.0.1:2385}"
 DATA="${DOCKERD2_DATA:-/var/lib/${NAME}}"
@@ -53,6 +58,8 @@ die() {
 }
 log() { printf 'dockerd2.sh: %s\n' "$*" >&2; }
 
+[[ "${NAME}" =~ ^[a-z0-9][a-z0-9_.-]*$ ]] || die "DOCKERD2_NAME=${NAME}: lowercase letters, digits, '_', '.', '-'"
+[[ "${BRIDGE}" =~ ^[a-zA-Z0-9_.-]{1,15}$ ]] || die "DOCKERD2_BRIDGE=${BRIDGE}: an interface name, at most 15 characters"
 [[ "${POOL}" =~ ^([0-9]{1,3})\.([0-9]{1,3})\.0\.0/16$ ]] || die "DOCKERD2_POOL=${POOL}: give a /16 as A.B.0.0/16"
 PREFIX="${BASH_REMATCH[1]}.${BASH_REMATCH[2]}"
 BRIDGE_CIDR="${PREFIX}.0.1/24"
@@ -121,6 +128,12 @@ rules_remove() {
 }
 
 bridge_up() {
+    local other
+    other="$(ip -4 route show "${POOL}" 2>/dev/null; ip -4 route show match "${PREFIX}.0.1" 2>/dev/null || true)"
+    other="$(grep -v '^default' <<<"${other}" || true)"
+    other="$(grep -v " dev ${BRIDGE} " <<<"${other}" | grep . || true)"
+    [[ -z "${other}" ]] || die "DOCKERD2_POOL=${POOL} is routed elsewhere already (${other//$'\n'/; }): give this engine" \
+        "another pool (and DOCKERD2_BRIDGE, DOCKERD2_TCP if another instance runs)"
     if ! ip link show "${BRIDGE}" >/dev/null 2>&1; then
         ip link add name "${BRIDGE}" type bridge
     fi
@@ -148,7 +161,7 @@ copy_images() {
 }
 
 where() {
-    printf 'engine 2: DOCKER_HOST=unix://%s' "${SOCKET}"
+    printf '%s: DOCKER_HOST=unix://%s' "${NAME}" "${SOCKET}"
     [[ -z "${TCP}" ]] || printf ' or tcp://%s' "${TCP}"
     printf ' (pid %s, Docker %s, data %s, pool %s)\n' "$(pid)" \
         "$(docker2 version --format '{{.Server.Version}}' 2>/dev/null || echo '?')" "${DATA}" "${POOL}"
@@ -188,7 +201,7 @@ start() {
     until answers; do
         if ((SECONDS - t0 > START_TIMEOUT_S)); then
             { grep -v 'level=info' "${LOG}" | tail -n 20; } >&2 2>/dev/null || true
-            die "engine 2 did not answer on unix://${SOCKET} within ${START_TIMEOUT_S}s (log: ${LOG})"
+            die "${NAME} did not answer on unix://${SOCKET} within ${START_TIMEOUT_S}s (log: ${LOG})"
         fi
         if ((SECONDS - t0 > 3)) && ! pid >/dev/null; then
             { grep -v 'level=info' "${LOG}" | tail -n 20; } >&2 2>/dev/null || true
@@ -215,9 +228,9 @@ stop() {
             fi
             sleep 0.5
         done
-        echo "stopped engine 2 (pid ${p})"
+        echo "stopped ${NAME} (pid ${p})"
     else
-        echo "engine 2 is not running"
+        echo "${NAME} is not running"
     fi
     rules_remove
     if ip link show "${BRIDGE}" >/dev/null 2>&1; then
@@ -232,7 +245,7 @@ status)
     if pid >/dev/null && answers; then
         where
     else
-        echo "engine 2 is not running"
+        echo "${NAME} is not running"
         exit 3
     fi
     ;;

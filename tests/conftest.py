@@ -231,10 +231,11 @@ def sagemaker_job(docker_client: Any, tmp_path: Path, request: pytest.FixtureReq
 
 @dataclass
 class SecondEngine:
-    """The second engine: its unix socket and tcp addresses, as DOCKER_HOST values."""
+    """The second engine: its unix socket and tcp addresses, as DOCKER_HOST values, and its data root."""
 
     unix: str
     tcp: str | None
+    data_root: str
 
     def env(self, host: str | None = None) -> dict[str, str]:
         """This process's environment with DOCKER_HOST at this engine (its unix socket unless `host` is given)."""
@@ -243,10 +244,21 @@ class SecondEngine:
         return {**env, "DOCKER_HOST": host or self.unix}
 
 
+# The tests' own instance of scripts/dockerd2.sh, beside its default one (imgbuild-docker2), which
+# benchmarks/build_bench.py prunes as its own: the two never share an engine, a build cache or a network.
+SECOND_ENGINE = {
+    "DOCKERD2_NAME": "imgbuild-docker-test",
+    "DOCKERD2_BRIDGE": "imgbuild-brt",
+    "DOCKERD2_POOL": "10.214.0.0/16",
+    "DOCKERD2_TCP": "127.0.0.1:2386",
+}
+
+
 @pytest.fixture(scope="session")
 def second_engine(docker_client: Any) -> Any:
-    """A second dockerd on its own socket and 127.0.0.1 port (scripts/dockerd2.sh start), with the base image copied
-    from the main engine. Stopped at the end when this session started it. Needs root; in CI anything missing FAILS."""
+    """A second dockerd on its own socket and 127.0.0.1 port (scripts/dockerd2.sh start, instance
+    imgbuild-docker-test), with the base image copied from the main engine. Stopped at the end when this session
+    started it. Needs root; in CI anything missing FAILS."""
     script = REPO / "scripts" / "dockerd2.sh"
 
     def unavailable(msg: str) -> None:
@@ -258,13 +270,15 @@ def second_engine(docker_client: Any) -> Any:
         unavailable("the second engine (scripts/dockerd2.sh) starts dockerd: run the tests as root")
     if shutil.which("dockerd") is None:
         unavailable("no dockerd to start a second engine with: apt-get install docker.io")
-    env = {k: v for k, v in os.environ.items() if k != "DOCKER_HOST"}
+    env = {k: v for k, v in os.environ.items() if k != "DOCKER_HOST" and not k.startswith("DOCKERD2_")}
+    env.update(SECOND_ENGINE)
     was_running = subprocess.run(["bash", str(script), "status"], env=env, capture_output=True, check=False)
     proc = subprocess.run(["bash", str(script), "start"], env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         unavailable(f"scripts/dockerd2.sh start failed ({proc.returncode}): {proc.stderr[-2000:]}")
-    tcp = os.environ.get("DOCKERD2_TCP", "127.0.0.1:2385")
-    socket_path = os.environ.get("DOCKERD2_SOCKET", "/run/imgbuild-docker2.sock")
-    yield SecondEngine(unix=f"unix://{socket_path}", tcp=f"tcp://{tcp}" if tcp else None)
+    name = SECOND_ENGINE["DOCKERD2_NAME"]
+    yield SecondEngine(
+        unix=f"unix:///run/{name}.sock", tcp=f"tcp://{SECOND_ENGINE['DOCKERD2_TCP']}", data_root=f"/var/lib/{name}"
+    )
     if was_running.returncode != 0:
         subprocess.run(["bash", str(script), "stop"], env=env, capture_output=True, check=False)

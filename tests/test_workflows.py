@@ -80,6 +80,54 @@ def test_ci_jobs() -> None:
     assert set(cpu["needs"]) == {"lint", "unit", "render"}
 
 
+def test_ci_builds_cpu_on_a_docker_container_builder() -> None:
+    """The cpu job keeps running the test command on the engine's own builder, then builds cpu once more on the
+    docker-container buildx builder setup-buildx-action made (publish.yml's kind), found by root through one
+    DOCKER_CONFIG."""
+    cpu = load("ci.yml")["jobs"]["cpu"]
+    buildx = uses(cpu, "docker/setup-buildx-action")
+    assert buildx["id"] == "buildx"
+    assert buildx["with"]["driver"] == "docker-container"
+    assert buildx["with"]["use"] is False, "the tests share the engine's own builder (its images, its layer cache)"
+    assert cpu["env"]["DOCKER_CONFIG"].startswith("${{ github.workspace }}/"), "one buildx folder for runner and root"
+    order = [s.get("name", s.get("uses", "")) for s in steps(cpu)]
+    assert (
+        order.index("buildx (docker-container builder)")
+        < order.index("setup + all tests")
+        < order.index("build cpu")
+        < order.index("verify cpu")
+    )
+    build = next(s for s in steps(cpu) if s.get("name") == "build cpu")
+    assert build["env"]["IMGBUILD_BUILDER"] == "${{ steps.buildx.outputs.name }}"
+    assert "imgbuild build cpu" in build["run"] and "sudo -E" in build["run"], "root keeps IMGBUILD_BUILDER"
+
+
+def test_publish_builds_with_an_ecr_registry_cache() -> None:
+    """Each recipe builds on a docker-container builder with its registry cache in ECR (imgbuild-cache:RECIPE, a
+    mutable repository made here), read and written by the same build; skipped with the build when published."""
+    job = load("publish.yml")["jobs"]["publish"]
+    by_name = {s.get("name"): s for s in steps(job)}
+    buildx = uses(job, "docker/setup-buildx-action")
+    assert buildx["id"] == "buildx" and buildx["with"]["driver"] == "docker-container"
+    cache, build = by_name["build cache repository"], by_name["build"]
+    assert cache["id"] == "cache"
+    assert cache["env"]["REGISTRY"] == "${{ steps.ecr.outputs.registry }}"
+    assert 'repo="${ECR_PREFIX:+${ECR_PREFIX}/}imgbuild-cache"' in cache["run"]
+    assert "aws ecr create-repository" in cache["run"] and "--image-tag-mutability MUTABLE" in cache["run"]
+    assert "RepositoryAlreadyExistsException" in cache["run"], "parallel matrix jobs race to create it"
+    assert 'echo "ref=${REGISTRY}/${repo}:${RECIPE}" >> "${GITHUB_OUTPUT}"' in cache["run"]
+    assert build["env"] == {
+        "IMGBUILD_BUILDER": "${{ steps.buildx.outputs.name }}",
+        "CACHE": "${{ steps.cache.outputs.ref }}",
+    }
+    assert build["run"].strip() == 'imgbuild build "${RECIPE}" --cache-from "${CACHE}" --cache-to "${CACHE}"'
+    skip = "steps.published.outputs.published != 'true'"
+    assert buildx["if"] == cache["if"] == build["if"] == skip
+    order = [s.get("name", s.get("uses", "")) for s in steps(job)]
+    assert order.index("ECR login") < order.index("build cache repository") < order.index("build")
+    assert order.index("buildx (docker-container builder)") < order.index("build")
+
+
 def test_publish_triggers_and_oidc() -> None:
     wf = load("publish.yml")
     assert wf["on"]["push"] == {"branches": ["main"], "tags": ["v*"]}
@@ -130,6 +178,28 @@ def test_workflows_call_existing_commands(name: str) -> None:
     called = set(re.findall(r"\bimgbuild ([a-z][a-z-]*)", run_text(name)))
     missing = called - known_commands()
     assert not missing, f"{name} calls imgbuild commands that do not exist: {sorted(missing)}"
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_workflows_pass_existing_options(name: str) -> None:
+    """Every --option a workflow gives an `imgbuild` command is one that command has (--cache-from, --json ...)."""
+    import click
+
+    from imgbuild import cli
+
+    root = typer.main.get_command(cli.app)
+    text = run_text(name).replace("\\\n", " ")  # continued lines are one command
+    used: list[tuple[str, str]] = []
+    for m in re.finditer(r"\bimgbuild ([a-z][a-z-]*)([^|;&>\n]*)", text):
+        command = root.commands[m[1]]  # type: ignore[attr-defined]
+        rest = m[2].split()
+        while isinstance(command, click.Group) and rest and rest[0] in command.commands:
+            command = command.commands[rest.pop(0)]
+        known = {opt for param in command.params for opt in [*param.opts, *param.secondary_opts]}
+        used += [(m[1], word.split("=", 1)[0]) for word in rest if word.startswith("--")]
+        unknown = [word for word in rest if word.startswith("--") and word.split("=", 1)[0] not in known]
+        assert not unknown, f"{name}: imgbuild {m[1]} has no option {unknown}"
+    assert used, f"{name} passes no option to imgbuild?"
 
 
 def test_actionlint() -> None:

@@ -59,28 +59,66 @@ def test_second_build_runs_no_step(cpu_image) -> None:
     assert again.steps_run == 0, again.log_path.read_text()[-3000:]
 
 
+def test_the_cli_says_builder_cache_steps_and_time(cpu_image) -> None:
+    result = runner.invoke(app, ["build", "cpu"], env={"CI": "1"})
+    assert result.exit_code == 0, result.output
+    out = result.stdout.splitlines()
+    assert out[0] == f"built {cpu_image.image_id}"
+    assert out[1:3] == [f"  {ref}" for ref in cpu_image.refs[:2]]
+    assert any(line.startswith("builder: ") and "docker" in line for line in out)
+    assert "cache: no cache between machines" in out
+    assert re.fullmatch(r"0 of (\d+) steps run, (\d+) cached, in \d+\.\ds; log: \S+\.log", out[-1]), out[-1]
+    # plain progress on stderr: each step's end line says cached
+    assert re.search(r"^\[runtime +\d+/\d+\] .* cached$", result.stderr, re.M), result.stderr[-3000:]
+
+
+def test_builder_option_without_buildx_is_exit_8_naming_it(docker_client) -> None:
+    from imgbuild import builders
+
+    try:
+        if builders.select().kind == "buildx":
+            pytest.skip("this machine's docker CLI has buildx")
+    except Exception as exc:
+        pytest.fail(f"no builder: {exc}")
+    result = runner.invoke(app, ["build", "cpu", "--builder", "team-remote"])
+    assert result.exit_code == 8, result.output
+    assert "--builder team-remote names a buildx builder" in result.stderr and "buildx" in result.stderr
+    result = runner.invoke(app, ["build", "cpu"], env={"IMGBUILD_BUILDER": "team-remote"})
+    assert result.exit_code == 8 and "--builder team-remote (IMGBUILD_BUILDER)" in result.stderr
+
+
 def user_recipe(tmp_path: Path, text: str) -> Path:
     p = tmp_path / "broken.yaml"
     p.write_text(text)
     return p
 
 
+STEP_START = re.compile(r"^\[[^\]]*\d+/\d+\] ")  # a plain-mode step line: `[runtime 3/9] RUN ...`
+STEP_END = re.compile(r" (\d+\.\ds|cached|canceled|failed after \d+\.\ds)$")
+
+
 def build_until_its_apt_step(recipe: Path, env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
-    """`imgbuild build RECIPE --no-cache` in a subprocess, two seconds into its apt step (apt in a fresh layer is
-    slow enough to interrupt); the process and what it printed so far."""
+    """`imgbuild build RECIPE --no-cache` in a subprocess, two seconds into the output of its apt step; the process
+    and what it printed so far. (--no-cache: an interrupted step is never cached, but a run stopped outside the
+    test, its parent killed, may have finished it once.)"""
     proc = subprocess.Popen(
         [sys.executable, "-m", "imgbuild.cli", "build", str(recipe), "--no-cache"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
     )  # fmt: skip
     assert proc.stdout is not None
-    seen = ""
+    seen, current = "", ""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
         seen += line
-        if "apt-get update" in line and "[step" in line:
+        text = line.rstrip("\n")
+        if STEP_START.match(text):
+            current = "" if STEP_END.search(text) else text
+        elif text.startswith("    ") and "apt-get update" in current:  # the apt step's own output: it runs
             time.sleep(2)
             return proc, seen
+        if not line and proc.poll() is not None:
+            break
     proc.kill()
     pytest.fail(f"the build never reached its apt step:\n{seen[-2000:]}")
 
@@ -90,7 +128,7 @@ def test_failing_step_is_reported(tmp_path: Path, docker_client) -> None:
     before = {c.id for c in docker_client.containers.list(all=True)}
     result = runner.invoke(app, ["build", str(p)])
     assert result.exit_code == BuildError.exit_code, result.output
-    assert "failed at Step" in result.stderr and "apt-get update" in result.stderr
+    assert re.search(r"failed at \[runtime +\d+/\d+\] RUN .*apt-get update", result.stderr), result.stderr
     assert "Unable to locate package imgbuild-no-such-package" in result.stderr  # the log tail
     assert "full log:" in result.stderr
     after = {c.id for c in docker_client.containers.list(all=True)}
@@ -108,17 +146,16 @@ def test_unknown_base_image(tmp_path: Path) -> None:
     assert "imgbuild base bootstrap" in result.stderr
 
 
-@pytest.mark.slow
-def test_ctrl_c_leaves_no_container(tmp_path: Path, docker_client, cpu_image) -> None:
-    # A recipe whose OS step is slow enough to interrupt (apt in a fresh layer: --no-cache).
-    p = user_recipe(tmp_path, "extends: cpu\nos: {packages: [ca-certificates, iproute2, procps, less]}\n")
-    before = {c.id for c in docker_client.containers.list(all=True)}
-    logdir = Path.home() / ".cache" / "imgbuild" / "logs"
-    proc, seen = build_until_its_apt_step(p, {**os.environ, "CI": "1"})
-    proc.send_signal(signal.SIGINT)
-    rest, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 130, seen + rest
-    assert "build cancelled" in rest
+def recipe_tags(client, recipe_path: Path) -> dict[str, str | None]:
+    """Each tag of the recipe's image and the image it names now (None: no such tag)."""
+    plan = render.plan(lock.resolved_for(recipe_load(recipe_path), lookup_torch=None)[0])
+    return {ref: next((i["Id"] for i in client.api.images(name=ref)), None) for ref in plan.image_refs}
+
+
+def interrupted_build_left_nothing(docker_client, recipe: Path, before: set[str], tags: dict, rest: str) -> None:
+    """No container appeared (BuildKit runs steps in its own executor), and no tag of the recipe's image moved."""
+    assert "build cancelled" in rest and "no image tagged" in rest and "Traceback" not in rest
+    assert "canceled" in rest  # the plain end line of the step BuildKit cancelled
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         left = {c.id for c in docker_client.containers.list(all=True)} - before
@@ -126,6 +163,25 @@ def test_ctrl_c_leaves_no_container(tmp_path: Path, docker_client, cpu_image) ->
             break
         time.sleep(0.5)
     assert left == set()
+    assert recipe_tags(docker_client, recipe) == tags, "a cancelled build tagged an image"
+
+
+def recipe_load(path: Path) -> recipe.LoadedRecipe:
+    return recipe.load(str(path)).concrete()
+
+
+@pytest.mark.slow
+def test_ctrl_c_leaves_no_container(tmp_path: Path, docker_client, cpu_image) -> None:
+    # A recipe whose OS step is slow enough to interrupt (apt with a package list no other build has).
+    p = user_recipe(tmp_path, "extends: cpu\nos: {packages: [ca-certificates, iproute2, procps, less]}\n")
+    before = {c.id for c in docker_client.containers.list(all=True)}
+    tags = recipe_tags(docker_client, p)
+    logdir = Path.home() / ".cache" / "imgbuild" / "logs"
+    proc, seen = build_until_its_apt_step(p, {**os.environ, "CI": "1"})
+    proc.send_signal(signal.SIGINT)
+    rest, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, seen + rest
+    interrupted_build_left_nothing(docker_client, p, before, tags, rest)
     assert logdir.exists()
 
 
@@ -133,13 +189,11 @@ def test_context_holds_only_what_the_dockerfile_copies(tmp_path: Path) -> None:
     from imgbuild import context
 
     plan = cpu_plan()
-    bundle = tmp_path / "ca.pem"
-    bundle.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
-    written = context.write(plan, tmp_path / "ctx", ca_bundle=bundle)
+    written = context.write(plan, tmp_path / "ctx")
     rel = sorted(str(p.relative_to(tmp_path / "ctx")) for p in written)
     on_disk = sorted(str(p.relative_to(tmp_path / "ctx")) for p in (tmp_path / "ctx").rglob("*") if p.is_file())
     assert rel == on_disk
-    assert on_disk == sorted(["Dockerfile", *(f.path for f in plan.files), "imgbuild/ca/imgbuild-extra.crt"])
+    assert on_disk == sorted(["Dockerfile", *(f.path for f in plan.files)])  # no CA bundle: it is a build secret
 
 
 def _context_folders() -> set[Path]:
@@ -171,34 +225,22 @@ def test_a_build_the_disk_cannot_hold_is_refused_with_the_figures() -> None:
 
 @pytest.mark.slow
 def test_sigterm_cancels_like_ctrl_c_and_exits_143(tmp_path: Path, docker_client, cpu_image) -> None:
-    """SIGTERM (timeout, docker stop, a cancelled CI job) mid-build: the build is cancelled, none of its containers
-    and no context folder are left, exit 143."""
-    import docker.errors
-
+    """SIGTERM (timeout, docker stop, a cancelled CI job) mid-build: the build is cancelled, no container, no tag,
+    no context folder and no secret are left, exit 143."""
     p = user_recipe(tmp_path, "extends: cpu\nos: {packages: [ca-certificates, iproute2, procps, less]}\n")
     tmp, state = tmp_path / "tmp", tmp_path / "state"
     tmp.mkdir()
     env = {**os.environ, "CI": "1", "TMPDIR": str(tmp), "IMGBUILD_STATE_DIR": str(state)}
+    before = {c.id for c in docker_client.containers.list(all=True)}
+    tags = recipe_tags(docker_client, p)
     proc, seen = build_until_its_apt_step(p, env)
     assert list(tmp.glob("imgbuild-context-*")), "the build context should be in TMPDIR while the build runs"
+    assert list(tmp.glob("imgbuild-secrets-*")), "the CA secret should be in TMPDIR (outside the context) meanwhile"
     proc.send_signal(signal.SIGTERM)
     rest, _ = proc.communicate(timeout=60)
     assert proc.returncode == 143, seen + rest
-    assert "build cancelled" in rest and "Traceback" not in rest
-    assert list(tmp.iterdir()) == []  # no context folder
+    assert "terminated (SIGTERM)" in rest
+    assert list(tmp.iterdir()) == []  # no context folder, no secret, no iidfile folder
     log = "".join(f.read_text() for f in (state / "logs").glob("*.log"))
-    ids = set(re.findall(r"Running in ([0-9a-f]{12})", log))
-    assert ids, log[-2000:]
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        left = set()
-        for cid in ids:
-            try:
-                docker_client.containers.get(cid)
-                left.add(cid)
-            except docker.errors.NotFound:
-                pass
-        if not left:
-            break
-        time.sleep(0.5)
-    assert left == set()
+    assert "interrupted; cancelling the build" in log and "CANCELED" in log, log[-2000:]
+    interrupted_build_left_nothing(docker_client, p, before, tags, rest)

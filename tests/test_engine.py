@@ -543,6 +543,38 @@ def test_interrupt_cancels_build_and_leaves_no_container_nor_tag(
         docker_client.images.get(tag)
 
 
+@pytest.mark.docker
+@pytest.mark.slow
+def test_a_killed_imgbuild_does_not_leave_its_build_running(
+    docker_client: docker.DockerClient, builder: Builder, base_image: str, make_tag: Callable[[], str],
+    tmp_path: Path, marker: str,
+) -> None:  # fmt: skip
+    """SIGKILL gives imgbuild no chance to cancel: the CLI gets SIGINT from the kernel (PR_SET_PDEATHSIG) instead."""
+    if not _local_engine():
+        pytest.skip("watches the step's process on this machine")
+    seconds = f"62.{uuid.uuid4().int % 10**6:06d}"
+    ctx = _context(tmp_path, f"FROM {base_image}\nRUN echo {marker} && echo step-started && sleep {seconds}\n")
+    log, tag = tmp_path / "killed.log", make_tag()
+    env = {**os.environ, "CI": "1", "PYTHONPATH": os.pathsep.join([str(SRC_DIR), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-c", INTERRUPT_SCRIPT, str(ctx), str(log), tag],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not _processes_with(f"sleep {seconds}") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _processes_with(f"sleep {seconds}"), "the step never started"
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 30
+    while (_processes_with(f"sleep {seconds}") or _processes_with(str(ctx))) and time.monotonic() < deadline:
+        time.sleep(0.25)
+    assert _processes_with(f"sleep {seconds}") == [], "the build went on after imgbuild was killed"
+    assert _processes_with(str(ctx)) == [], "the docker CLI outlived imgbuild"
+    with pytest.raises(docker.errors.ImageNotFound):
+        docker_client.images.get(tag)
+
+
 # --------------------------------------------------------------------------------------------------------
 # the cache between machines
 

@@ -149,6 +149,17 @@ def test_a_lock_path_that_is_no_file_is_a_lock_error(tmp_path: Path, kind: str) 
 # `folder`, a file `not.pem` that is no PEM bundle and a symlink loop `loop`.
 OPTIONS: dict[str, tuple[list[str], dict[str, str], int, str]] = {
     "build-arg without =": (["build", "cpu", "--build-arg", "junk"], {}, 2, "KEY=VALUE"),  # found: exit 1
+    # the cache refs and the builder's name: Docker's grammar / a buildx name, a usage error naming the option
+    "cache-from junk": (["build", "cpu", "--cache-from", "Not A Ref"], {}, 2, "--cache-from"),
+    "cache-from an option": (["build", "cpu", "--cache-from=--push"], {}, 2, "--cache-from"),
+    "cache-from newline": (["build", "cpu", "--cache-from", "r/x:1\nRUN x"], {}, 2, "--cache-from"),
+    "cache-to a digest": (["build", "cpu", "--cache-to", "r.io/c@sha256:" + "0" * 64], {}, 2, "--cache-to"),
+    "cache-to type=local": (["build", "cpu", "--cache-to", "type=local,dest=/tmp/x"], {}, 2, "--cache-to"),
+    "cache-to 5000 chars": (["build", "cpu", "--cache-to", "r.io/" + "a" * 5000], {}, 2, "--cache-to"),
+    "builder an option": (["build", "cpu", "--builder=--help"], {}, 2, "--builder"),
+    "builder with a space": (["build", "cpu", "--builder", "a b"], {}, 2, "--builder"),
+    "IMGBUILD_BUILDER junk": (["build", "cpu"], {"IMGBUILD_BUILDER": "x;rm"}, 2, "builder"),
+    "doctor --builder junk": (["doctor", "cpu", "--builder", "../x"], {}, 2, "--builder"),
     "build-arg without key": (["build", "cpu", "--build-arg", "=v"], {}, 2, "KEY=VALUE"),  # found: exit 1
     "ca-bundle a folder": (["build", "cpu", "--ca-bundle", "{d}/folder"], {}, 2, "ca-bundle"),  # found: exit 1
     "ca-bundle missing": (["build", "cpu", "--ca-bundle", "{d}/missing"], {}, 2, "ca-bundle"),  # found: exit 1

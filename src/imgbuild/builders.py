@@ -37,6 +37,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -630,7 +631,7 @@ class _Run:
         try:
             proc = subprocess.Popen(
                 argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=cli_env(self.builder), start_new_session=True,
+                env=cli_env(self.builder), start_new_session=True, preexec_fn=_cancel_when_orphaned,
             )  # fmt: skip
         except OSError as exc:
             self._finish(False, "build failed: the docker CLI cannot run")
@@ -662,10 +663,8 @@ class _Run:
     def _cancel(self, proc: subprocess.Popen[bytes], lines: queue.Queue[str | None]) -> None:
         self.log.write("\n# imgbuild: interrupted; cancelling the build (SIGINT to the docker CLI)\n")
         self.log.flush()
-        if self.progress:
+        if self.progress:  # stops a live display; the steps BuildKit cancels are still shown ("... canceled")
             self.progress.finish(False, "build interrupted; cancelling it ...")
-            self.progress = None
-            self.stream.progress = None
         with sigint_deferred("the build"):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGINT)
@@ -789,6 +788,16 @@ def _read_lines(pipe: IO[bytes] | None, lines: queue.Queue[str | None]) -> None:
         pass
     finally:
         lines.put(None)
+
+
+def _cancel_when_orphaned() -> None:
+    """In the CLI's process, before it starts (Linux): SIGINT when imgbuild dies without cancelling it (SIGKILL, a
+    crash), so that BuildKit cancels the build instead of finishing it for nobody."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGINT), 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:

@@ -177,7 +177,10 @@ def build(
             shutil.rmtree(folder, ignore_errors=True)
         pushed = None
         if cache.push_ref:
-            pushed = _push_cache(client, outcome.image_id, cache.push_ref)
+            from imgbuild.progress import push_progress_for
+
+            observer = push_progress_for(progress.console) if progress is not None else None
+            pushed = _push_cache(client, outcome.image_id, cache.push_ref, observer)
     finally:
         client.close()
     return BuildResult(
@@ -205,11 +208,11 @@ def _write_context(plan: render.BuildPlan, folder: Path) -> None:
     context.write(plan, folder)
 
 
-def _push_cache(client: Any, image_id: str, ref: str) -> str:
+def _push_cache(client: Any, image_id: str, ref: str, observer: Any | None = None) -> str:
     """The inline cache of --cache-to: the image pushed as REF; REF@DIGEST. A failed push is a `PushError` saying
     that the image itself was built."""
     try:
-        return f"{ref}@{builders.push_inline_cache(client, image_id, ref)}"
+        return f"{ref}@{builders.push_inline_cache(client, image_id, ref, progress=observer)}"
     except PushError as exc:
         raise PushError(
             f"built {image_id}, but pushing its inline cache as --cache-to {ref} failed: {exc.message}", hint=exc.hint

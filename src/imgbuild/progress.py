@@ -161,6 +161,8 @@ class BuildProgress:
         """A vertex ended: "done" (with its seconds), "cached", "error" or "canceled"."""
         with self._lock:
             self._running.pop(vid, None)
+        if _is_internal(name) and state in ("done", "cached") and seconds < 1.0:
+            return  # BuildKit's quick bookkeeping (load build definition, metadata ...): nothing to tell
         how = {"cached": "cached", "error": f"failed after {seconds:.1f}s", "canceled": "canceled"}.get(
             state, f"{seconds:.1f}s"
         )

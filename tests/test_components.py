@@ -4,6 +4,7 @@ something else; a mode that should render and renders nothing is an error, never
 from __future__ import annotations
 
 import json
+import re
 import typing
 from pathlib import Path
 
@@ -69,12 +70,46 @@ def test_every_fragment_mode_is_covered_by_a_golden_file() -> None:
 def test_mpi4py_pip_installs_that_version_against_the_images_mpicc() -> None:
     text = render.plan(_resolved("modes")).dockerfile
     assert (
-        'RUN CFLAGS="-O2 -g0" MPICC=/opt/openmpi/bin/mpicc /opt/venv/bin/pip install --no-binary=mpi4py mpi4py==4.0.3'
+        '    CFLAGS="-O2 -g0" MPICC=/opt/openmpi/bin/mpicc /opt/venv/bin/pip install --no-binary=mpi4py mpi4py==4.0.3\n'
         in text
     )
     builder, runtime = text.split("# ---- runtime")
     assert builder.index("./configure --prefix=/opt/openmpi") < builder.index("mpi4py==4.0.3")
     assert "COPY --from=builder /opt/openmpi /opt/openmpi" in runtime
+
+
+def _wheel_cache(name: str) -> str:
+    """The id of the cache mount over pip's wheels/ folder in the recipe's mpi4py build."""
+    text = render.plan(_resolved(name)).dockerfile
+    step = text[text.index("RUN ", text.index("# mpi4py ")) :].split("\n\n")[0]
+    assert render.PIP_CACHE_MOUNT in step and render.CA_MOUNT in step
+    found = re.findall(r"--mount=type=cache,id=(\S+),target=/root/\.cache/pip/wheels,sharing=locked", step)
+    assert len(found) == 1, step
+    return found[0]
+
+
+def test_mpi4py_never_reuses_a_wheel_built_for_another_mpi(recipe_dir: Path) -> None:
+    """pip caches the wheel it builds from mpi4py's sdist by the sdist alone: the wheel cache is a mount of its own
+    per MPI (builder base, Open MPI pin, mpicc), so another MPI never finds a wheel built for this one, while recipes
+    with the same MPI share it."""
+    ids = {name: _wheel_cache(name) for name in ("modes", "mpi4py-pip", "a100", "h100", "v100")}
+    assert ids["modes"].startswith("imgbuild-pip-wheels-mpi4py-openmpi-source-4.1.6-")
+    assert ids["mpi4py-pip"].startswith("imgbuild-pip-wheels-mpi4py-openmpi-distro-4.1.4-")
+    assert ids["a100"].startswith("imgbuild-pip-wheels-mpi4py-openmpi-efa-1.43.2-")
+    assert len({ids["modes"], ids["mpi4py-pip"], ids["a100"], ids["h100"]}) == 4, ids
+    # The same MPI on the same builder base: one wheel cache.
+    same = recipe_dir / "same.yaml"
+    same.write_text("extends: cpu\nenv: {OTHER: '1'}\ncomponents: {mpi4py: {source: pip, version: 4.0.2}}\n")
+    text = render.plan(resolve(recipe.load(same), lookup_torch=None)).dockerfile
+    assert f"id={ids['mpi4py-pip']}," in text
+    # Another Open MPI release built from source: another cache.
+    other = recipe_dir / "other.yaml"
+    other.write_text(
+        "extends: cpu\ncomponents:\n  openmpi: {source: source, version: 4.1.7}\n"
+        "  mpi4py: {source: pip, version: 4.0.3}\n"
+    )
+    text = render.plan(resolve(recipe.load(other), lookup_torch=None)).dockerfile
+    assert "imgbuild-pip-wheels-mpi4py-openmpi-source-4.1.7-" in text and f"id={ids['modes']}," not in text
 
 
 def test_a_fragment_mode_that_renders_nothing_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

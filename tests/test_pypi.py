@@ -27,8 +27,9 @@ import pytest
 import requests
 
 from imgbuild import httprange, pypi
+from imgbuild.compat import TORCH
 from imgbuild.errors import IndexLookupError
-from imgbuild.pypi import TorchPins, WheelMetadata, index_url, read_wheel_metadata, torch_pins
+from imgbuild.pypi import TorchPins, WheelMetadata, cuda_wheels, index_url, read_wheel_metadata, torch_pins
 
 CP = f"cp{sys.version_info.major}{sys.version_info.minor}"
 
@@ -258,6 +259,12 @@ def test_torch_pins_found(index: Index, tmp_path: Path) -> None:
     assert pins.nccl_package == "nvidia-nccl-cu12"
     assert pins.nccl_version == "2.21.5"
     assert pins.cuda_version == "12.4"
+    assert pins.cuda_wheels == (
+        "nvidia-cuda-nvrtc-cu12==12.4.127",
+        "nvidia-cuda-runtime-cu12==12.4.127",
+        "nvidia-cudnn-cu12==9.1.0.70",
+        "nvidia-nccl-cu12==2.21.5",
+    )
     assert pins.torch_version == "2.5.1"
     assert pins.wheel_filename == torch_wheel_name()
     assert pins.wheel_size == len(data)
@@ -360,6 +367,46 @@ def test_pin_styles(index: Index, tmp_path: Path, requires: list[str], package: 
     pins = torch_pins("2.5.1", index=index.simple)
     assert pins.nccl_package == package
     assert pins.cuda_version == cuda
+
+
+def test_cuda_wheels_are_the_linux_x86_64_ones_written_without_markers() -> None:
+    """The CUDA wheels the image installs before torch: nvidia-* and cuda-toolkit[...] whose markers hold on Linux
+    x86_64 with no extra, names normalised, extras and ranges kept as torch states them, sorted; everything else
+    (triton, numpy, an aarch64-only or extra-only wheel, a line that does not parse) left out."""
+    requires = [
+        'nvidia-nccl-cu13==2.29.7; platform_system == "Linux" and platform_machine == "x86_64"',
+        'Nvidia_CuDNN_cu13==9.20.0.48; sys_platform == "linux"',
+        'cuda-toolkit[nvtx,cudart]==13.0.2; platform_system == "Linux"',
+        'nvidia-cublas>=13.1.0.3,<=13.1.1.3; platform_system == "Linux" and platform_machine == "x86_64"',
+        'nvidia-nvshmem-cu13==3.4.5; platform_machine == "aarch64"',
+        'nvidia-cusparselt-cu13==0.8.1; extra == "sparse"',
+        'nvidia-nvtx-cu13==13.0.39; platform_system == "Windows"',
+        'cuda-bindings<14,>=13.0.3; platform_system == "Linux"',
+        'triton==3.7.1; platform_system == "Linux"',
+        "filelock",
+        "nvidia-broken (((",
+    ]
+    assert cuda_wheels(requires) == (
+        "cuda-toolkit[cudart,nvtx]==13.0.2",
+        "nvidia-cublas<=13.1.1.3,>=13.1.0.3",
+        "nvidia-cudnn-cu13==9.20.0.48",
+        "nvidia-nccl-cu13==2.29.7",
+    )
+
+
+@pytest.mark.parametrize("version", list(TORCH))
+def test_the_shipped_table_is_what_torch_pins_reads(index: Index, tmp_path: Path, version: str) -> None:
+    """A wheel whose Requires-Dist holds a shipped release's CUDA wheels (with torch's markers) gives back that
+    release's row: the table and the index lookup agree on the NCCL, the CUDA and the CUDA wheels."""
+    row = TORCH[version]
+    marker = '; platform_system == "Linux" and platform_machine == "x86_64"'
+    requires = ["filelock", *(w + marker for w in row.cuda_wheels), 'triton==3.5.1; platform_system == "Linux"']
+    index.add_wheel(
+        "torch", torch_wheel_name(version), make_wheel(tmp_path, torch_wheel_name(version), requires, junk=100)
+    )
+    pins = torch_pins(version, index=index.simple)
+    assert (pins.nccl_package, pins.nccl_version, pins.cuda_version) == (row.nccl_package, row.nccl, row.cuda)
+    assert pins.cuda_wheels == row.cuda_wheels
 
 
 def test_wheel_choice_prefers_linux_x86_64_and_this_interpreter(index: Index, tmp_path: Path) -> None:
@@ -698,7 +745,15 @@ def test_pip_config_unset_is_tolerated(monkeypatch: pytest.MonkeyPatch, tmp_path
 
 
 @pytest.mark.network
-@pytest.mark.parametrize(("version", "nccl", "cuda"), [("2.5.1", "2.21.5", "12.4"), ("2.9.1", "2.27.5", "12.8")])
+@pytest.mark.parametrize(
+    ("version", "nccl", "cuda"),
+    [
+        ("2.5.1", "2.21.5", "12.4"),
+        ("2.9.0", "2.27.5", "12.8"),
+        ("2.9.1", "2.27.5", "12.8"),
+        ("2.13.0", "2.29.7", "13.0"),
+    ],
+)
 def test_torch_from_the_real_index(version: str, nccl: str, cuda: str) -> None:
     index = index_url()
     started = time.monotonic()
@@ -708,7 +763,8 @@ def test_torch_from_the_real_index(version: str, nccl: str, cuda: str) -> None:
         f"fetched {pins.bytes_fetched:,} bytes in {pins.requests_made} range requests "
         f"({100 * pins.bytes_fetched / pins.wheel_size:.3f}% of the wheel) in {time.monotonic() - started:.2f} s"
     )
-    assert (pins.nccl_package, pins.nccl_version, pins.cuda_version) == ("nvidia-nccl-cu12", nccl, cuda)
+    assert (pins.nccl_version, pins.cuda_version) == (nccl, cuda)
+    assert pins.cuda_wheels == TORCH[version].cuda_wheels  # the shipped table is what the index says
     # The tail, the rest of the central directory (about 1.2-1.3 MB, read whole by zipfile), the member.
     assert pins.requests_made <= 3
     assert pins.bytes_fetched < 3_000_000

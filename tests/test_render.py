@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -49,15 +52,79 @@ def test_hadolint_clean(name: str) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize("name", SHIPPED)
-def test_classic_builder_only(name: str) -> None:
-    text = plan_of(name).dockerfile
-    assert "--mount" not in text and "--chmod" not in text and "# syntax=" not in text
-    assert "{{" not in text and "{%" not in text
-
-
 def runtime_stage(text: str) -> str:
     return text.split("# ---- runtime")[1]
+
+
+def instructions(text: str) -> list[tuple[str, str]]:
+    """(stage, instruction) for every instruction, its continuation lines joined and comments left out; the stage is
+    the name after `FROM ... AS`."""
+    out: list[tuple[str, str]] = []
+    stage, current = "", ""
+    for line in text.splitlines():
+        if not current and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        current += line.rstrip("\\").rstrip() + " " if line.endswith("\\") else line
+        if line.endswith("\\"):
+            continue
+        if current.startswith("FROM "):
+            stage = current.split(" AS ")[-1] if " AS " in current else ""
+        out.append((stage, " ".join(current.split())))
+        current = ""
+    return out
+
+
+CA = "--mount=type=secret,id=imgbuild-ca,target=/run/secrets/imgbuild-ca.pem,required=true"
+PIP_CACHE = "--mount=type=cache,id=imgbuild-pip,target=/root/.cache/pip,sharing=locked"
+DOWNLOADS = re.compile(r"\b(curl|wget) -|pip install|git clone")  # a command, not a package named curl
+
+
+def apt_cache(base: str) -> list[str]:
+    return [
+        f"--mount=type=cache,id=imgbuild-apt-{base}-cache,target=/var/cache/apt,sharing=locked",
+        f"--mount=type=cache,id=imgbuild-apt-{base}-lists,target=/var/lib/apt/lists,sharing=locked",
+    ]
+
+
+ALL = [*SHIPPED, *sorted(p.stem for p in (REPO / "tests" / "recipes").glob("*.yaml"))]
+
+
+def rendered(name: str) -> str:
+    if name in SHIPPED:
+        return plan_of(name).dockerfile
+    from imgbuild.resolver import resolve
+
+    return render.plan(resolve(recipe.load(REPO / "tests" / "recipes" / f"{name}.yaml"), lookup_torch=None)).dockerfile
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_one_buildkit_dialect(name: str) -> None:
+    """Every RUN that downloads over TLS mounts the CA secret (required); every apt-get RUN mounts its stage's apt
+    caches and leaves the lists alone (they are the cache); every pip install mounts the one pip cache; pip's cache
+    is never turned off; the runtime stage is named `runtime` and its ENV never names the secret. No `# syntax` line
+    (Docker 20.10's built-in frontend reads the mounts) and no COPY --chmod."""
+    text = rendered(name)
+    assert "{{" not in text and "{%" not in text
+    assert "# syntax=" not in text
+    steps = instructions(text)
+    code = "\n".join(i for _, i in steps)
+    assert "--chmod" not in code and "PIP_NO_CACHE_DIR" not in code and "--no-cache-dir" not in code
+    assert "/var/lib/apt/lists/*" not in code and "update-ca-certificates" not in code and "imgbuild/ca" not in code
+    froms = [i for _, i in steps if i.startswith("FROM ")]
+    assert froms[-1].endswith(" AS runtime") and all(" AS " in f for f in froms), froms
+    bases = {stage: f.split()[1] for f in froms for stage in [f.split(" AS ")[-1]]}
+    for stage, step in steps:
+        if not step.startswith("RUN "):
+            continue
+        if DOWNLOADS.search(step):
+            assert CA in step, step
+        if "pip install" in step:
+            assert PIP_CACHE in step, step
+        if "apt-get" in step:
+            slug = render.slug(bases[stage])
+            assert all(m in step for m in apt_cache(slug)), step
+    runtime_env = [i for stage, i in steps if stage == "runtime" and i.startswith("ENV ")]
+    assert not any("/run/secrets" in e for e in runtime_env), runtime_env
 
 
 @pytest.mark.parametrize("name", ["a100", "v100", "h100"])
@@ -76,17 +143,31 @@ def test_compiled_parts_in_builder_only() -> None:
     resolved = resolve(recipe.load(REPO / "tests" / "recipes" / "ofi-release.yaml"), lookup_torch=None)
     text = render.plan(resolved).dockerfile
     builder, runtime = text.split("# ---- runtime")
-    for tool in ("make ", "./configure", "curl ", "pip install", "gpg "):
+    for tool in ("make ", "./configure", "curl ", "gpg "):
         assert tool in builder and tool not in runtime, tool
+    # pip installs only PyTorch's wheels in the runtime stage (prebuilt wheels, no compiler); the rest in the builder.
+    assert "imgbuild-wheelhouse nvidia-nccl-cu12==" in builder and "pip install --no-binary=mpi4py" in builder
+    assert [
+        i for _, i in instructions(runtime) if "pip install" in i and "torch==" not in i and "nvidia-" not in i
+    ] == []
     assert "build-essential" not in runtime
     assert "-gencode=arch=compute_80,code=sm_80" in builder
     assert "rm -rf /opt/amazon/ofi-nccl" in runtime  # one plugin only: the release build
 
 
-def test_ca_bundle_only_in_builder() -> None:
-    for name in ("cpu", "a100"):
-        builder, runtime = plan_of(name).dockerfile.split("# ---- runtime")
-        assert "imgbuild/ca/" in builder and "imgbuild/ca" not in runtime
+def test_ca_bundle_is_a_build_secret() -> None:
+    """Downloads trust the build secret: the builder stage's ENV points every tool at it (that stage is never shipped),
+    the runtime stage only the pip commands that mount it; the context carries no CA file."""
+    for name in ("cpu", "a100", "pytorch"):
+        plan = plan_of(name)
+        builder, runtime = plan.dockerfile.split("# ---- runtime")
+        for var in ("PIP_CERT", "SSL_CERT_FILE", "CURL_CA_BUNDLE", "REQUESTS_CA_BUNDLE", "GIT_SSL_CAINFO"):
+            assert f'{var}="{render.CA_SECRET_PATH}"' in builder, var
+        assert not any(f.path.startswith("imgbuild/ca") for f in plan.files)
+        for _, step in instructions(runtime):
+            assert render.CA_SECRET_PATH not in step or step.startswith(f"RUN {CA} "), step
+            if "pip install" in step:
+                assert f"PIP_CERT={render.CA_SECRET_PATH} " in step, step
 
 
 def test_gaudi_profile_and_no_builder() -> None:
@@ -99,19 +180,18 @@ def test_gaudi_profile_and_no_builder() -> None:
 
 
 def test_ssh_host_keys_removed_in_the_layer_that_makes_them() -> None:
-    text = runtime_stage(plan_of("cpu").dockerfile)
-    layer = text[text.index("RUN apt-get update") :].split("\n\n")[0]
-    assert "openssh-server" in layer and "rm -f /etc/ssh/ssh_host_*" in layer
+    layer = next(i for _, i in instructions(runtime_stage(plan_of("cpu").dockerfile)) if "apt-get install" in i)
+    assert "openssh-server" in layer and layer.endswith("&& rm -f /etc/ssh/ssh_host_*")
 
 
 def test_context_files_and_manifest() -> None:
     plan = plan_of("cpu")
     files = {f.path: f for f in plan.files}
-    assert set(files) == {"imgbuild/ca/README", "imgbuild/entrypoint.sh", "imgbuild/manifest.json",
-                          "imgbuild/ssh_config", "imgbuild/sshd_config", "imgbuild/train"}  # fmt: skip
+    assert set(files) == {"imgbuild/entrypoint.sh", "imgbuild/manifest.json", "imgbuild/ssh_config",
+                          "imgbuild/sshd_config", "imgbuild/train"}  # fmt: skip
     assert files["imgbuild/entrypoint.sh"].mode == 0o755 and files["imgbuild/train"].mode == 0o755
     copied = set(re.findall(r"^COPY (imgbuild/\S+)", plan.dockerfile, re.M))
-    assert {p.rstrip("/") for p in copied} == {p for p in files if not p.startswith("imgbuild/ca/")} | {"imgbuild/ca"}
+    assert copied == set(files)
     manifest = json.loads(files["imgbuild/manifest.json"].content)
     assert manifest["recipe"] == "cpu" and manifest["lock_digest"] == plan.lock_digest
     assert manifest["components"]["nccl"]["version"] == "2.21.5"
@@ -157,7 +237,7 @@ def test_nvidia_images_ship_on_runtime_with_one_nccl(name: str) -> None:
     plan = plan_of(name)
     builder, runtime = plan.dockerfile.split("# ---- runtime")
     assert re.search(r"^FROM nvidia/cuda:\S+-devel-\S+ AS builder$", builder, re.M)
-    assert re.search(r"^FROM nvidia/cuda:\S+-runtime-\S+$", runtime, re.M)
+    assert re.search(r"^FROM nvidia/cuda:\S+-runtime-\S+ AS runtime$", runtime, re.M)
     assert len(plan.base_images) == 2
     # One NCCL: PyTorch's wheel; nccl-tests compile against it; the base's libnccl2 goes in both stages.
     assert "/opt/nccl/" not in plan.dockerfile and "nccl/archive" not in plan.dockerfile
@@ -172,6 +252,10 @@ def test_nvidia_images_ship_on_runtime_with_one_nccl(name: str) -> None:
     assert (
         'CFLAGS="-O2 -g0" MPICC=/opt/amazon/openmpi/bin/mpicc /opt/venv/bin/pip install --no-binary=mpi4py' in builder
     )
+    # apt's caches are the stage's own base's: the builder's devel image, the runtime image.
+    devel, runtime_base = (render.slug(b) for b in plan.base_images)
+    assert all(m in builder for m in apt_cache(devel)) and all(m in runtime for m in apt_cache(runtime_base))
+    assert devel != runtime_base
 
 
 @pytest.mark.parametrize("name", NVIDIA)
@@ -240,7 +324,11 @@ def test_references_without_templates_are_the_plans(name: str) -> None:
 
 
 def _efa_runs(text: str) -> list[str]:
-    return [line.split("efa_installer.sh ", 1)[1] for line in text.splitlines() if "./efa_installer.sh " in line]
+    return [
+        line.split("efa_installer.sh ", 1)[1].removesuffix(" \\")
+        for line in text.splitlines()
+        if "./efa_installer.sh " in line
+    ]
 
 
 def test_efa_installer_flags_on_an_ngc_base(recipe_dir: Path) -> None:
@@ -255,10 +343,89 @@ def test_efa_installer_flags_on_an_ngc_base(recipe_dir: Path) -> None:
         return _efa_runs(render.plan(resolve(recipe.load(path), lookup_torch=None)).dockerfile)
 
     h100 = _efa_runs(plan_of("h100").dockerfile)
-    assert h100 and all(r.endswith("--mpi=openmpi4 --disable-build-ngc --disable-ngc \\") for r in h100), h100
+    assert h100 and all(r.endswith("--mpi=openmpi4 --disable-build-ngc --disable-ngc") for r in h100), h100
     assert all("--disable-build-ngc --disable-ngc" in r for r in _efa_runs(plan_of("v100").dockerfile))
     assert all("ngc" not in r for r in _efa_runs(plan_of("a100").dockerfile))  # EFA 1.43.2
     built = runs("extends: h100\ncomponents:\n  aws_ofi_nccl: {source: release, version: 1.21.1}\n")
-    assert built and all(r.endswith("--disable-build-ngc \\") for r in built), built
+    assert built and all(r.endswith("--disable-build-ngc") for r in built), built
     other_base = runs("extends: pytorch\ncomponents:\n  efa: {version: 1.50.0}\n")  # debian:bookworm-slim
     assert other_base and all("ngc" not in r for r in other_base), other_base
+
+
+def test_a_torch_bump_that_keeps_its_cuda_pins_changes_only_the_torch_layer(recipe_dir: Path) -> None:
+    """torch 2.9.0 and 2.9.1 pin the same CUDA and NCCL wheels: bumping one to the other changes the torch RUN (and the
+    labels) and no other instruction, so the layer of CUDA wheels (about 3 GB) is reused and not pushed again."""
+    from imgbuild import compat
+    from imgbuild.resolver import resolve
+
+    assert compat.TORCH["2.9.0"].cuda_wheels == compat.TORCH["2.9.1"].cuda_wheels
+    path = recipe_dir / "older.yaml"
+    path.write_text("extends: pytorch\ncomponents: {pytorch: {version: 2.9.0}}\n")
+    older = instructions(render.plan(resolve(recipe.load(path), lookup_torch=None)).dockerfile)
+    newer = instructions(plan_of("pytorch").dockerfile)
+    assert len(older) == len(newer)
+    changed = [(a[1], b[1]) for a, b in zip(older, newer, strict=True) if a != b]
+    assert [b.split(" ", 1)[0] for _, b in changed] == ["RUN", "LABEL"], changed
+    assert changed[0][0].endswith(f"pip install --no-index --find-links {render.WHEELHOUSE} torch==2.9.0 numpy==2.2.6")
+    assert changed[0][1].endswith(f"pip install --no-index --find-links {render.WHEELHOUSE} torch==2.9.1 numpy==2.2.6")
+    # The runtime stage: the venv, then the CUDA wheels exactly as the lock lists them, then torch.
+    runtime = [i for stage, i in newer if stage == "runtime"]
+    at = runtime.index("COPY --from=builder /opt/venv /opt/venv")
+    assert cuda_wheels_of(runtime[at + 1]) == list(compat.TORCH["2.9.1"].cuda_wheels)
+    assert "nvidia-nccl-cu12==2.27.5" in cuda_wheels_of(runtime[at + 1])
+    assert "pip download --dest" in runtime[at + 2] and "torch==2.9.1 numpy==2.2.6" in runtime[at + 2]
+
+
+def cuda_wheels_of(step: str) -> list[str]:
+    """The requirements a `set -- REQ... && pip download ... "$@" && pip install ... "$@"` step installs."""
+    words = shlex.split(step.split(" set -- ", 1)[1].split(" && ", 1)[0])
+    assert f'--dest {render.WHEELHOUSE} "$@"' in step and f'--find-links {render.WHEELHOUSE} "$@"' in step
+    return words
+
+
+def test_torch_cuda_wheels_are_shell_words(recipe_dir: Path) -> None:
+    """cuda-toolkit's extras and a range pin (torch 2.12.1's nvidia-cublas<=...,>=...) reach pip as one word each,
+    not as a glob or a redirection."""
+    from imgbuild import compat
+    from imgbuild.resolver import resolve
+
+    path = recipe_dir / "r.yaml"
+    path.write_text("extends: h100\ncomponents: {pytorch: {version: 2.12.1}}\n")
+    steps = instructions(render.plan(resolve(recipe.load(path), lookup_torch=None)).dockerfile)
+    line = next(i for stage, i in steps if stage == "runtime" and "nvidia-nccl-cu13==" in i)
+    assert cuda_wheels_of(line) == list(compat.TORCH["2.12.1"].cuda_wheels)
+    assert "'nvidia-cublas<=13.1.1.3,>=13.1.0.3'" in line and "'cuda-toolkit[cudart," in line
+
+
+class _Shell:
+    """A check's host: this machine's shell with a given environment (the ca-bundle-absent command needs no more)."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+
+    def run(self, command: str, *args: str) -> Any:
+        proc = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, env=self.env, check=False)
+        return SimpleNamespace(rc=proc.returncode, stdout=proc.stdout, stderr=proc.stderr)
+
+
+def test_ca_bundle_absent_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """verify's ca-bundle-absent: nothing under /run/secrets but empty mount points (BuildKit leaves an empty
+    /run/secrets behind), no folder of extra CA certificates, no variable of the image naming a secret."""
+    from imgbuild import checks
+
+    def result(env: dict[str, str], secrets: Path | None = None) -> Any:
+        if secrets is not None:
+            monkeypatch.setattr(checks, "SECRETS_DIR", str(secrets))
+        ctx = checks.CheckContext(host=_Shell({"PATH": "/usr/bin:/bin", **env}), scope="container", components={})
+        return checks.ca_bundle_absent(ctx)
+
+    assert result({}).status == "pass"
+    leaked = result({"PIP_CERT": render.CA_SECRET_PATH})
+    assert leaked.status == "fail" and "PIP_CERT" in leaked.reason
+    secrets = tmp_path / "secrets"
+    (secrets / "empty-mount-point").mkdir(parents=True)
+    (secrets / "imgbuild-ca.pem").write_text("")
+    assert result({}, secrets).status == "pass"
+    (secrets / "imgbuild-ca.pem").write_text("-----BEGIN CERTIFICATE-----\n")
+    found = result({}, secrets)
+    assert found.status == "fail" and f"{secrets}/imgbuild-ca.pem" in found.reason

@@ -73,7 +73,7 @@ def test_pytorch_wheel_without_sm70_kernels(recipe_dir: Path) -> None:
     msg = resolve_error(
         recipe_dir,
         "extends: v100\ncomponents: {pytorch: {version: 2.11.1}}\ncuda: {version: 12.8.1}\n",
-        lookup_torch=lambda v: compat.TorchWheel("nvidia-nccl-cu12", "2.28.9", "12.8"),
+        lookup_torch=lambda v: compat.TorchWheel("nvidia-nccl-cu12", "2.28.9", "12.8", ("nvidia-nccl-cu12==2.28.9",)),
     )
     assert "have no sm_70 kernels, so they don't run on V100" in msg
 
@@ -113,25 +113,51 @@ def test_torch_not_in_table_uses_index_lookup(recipe_dir: Path) -> None:
 
     def lookup(version: str) -> compat.TorchWheel:
         seen.append(version)
-        return compat.TorchWheel("nvidia-nccl-cu12", "2.27.5", "12.8")
+        return compat.TorchWheel("nvidia-nccl-cu12", "2.27.5", "12.8", compat.TORCH["2.9.1"].cuda_wheels)
 
-    resolved = resolve_text(recipe_dir, "extends: a100\ncomponents: {pytorch: {version: 2.9.0}}\n",
+    resolved = resolve_text(recipe_dir, "extends: a100\ncomponents: {pytorch: {version: 2.9.9}}\n",
                             lookup_torch=lookup)  # fmt: skip
-    assert seen == ["2.9.0"]
+    assert seen == ["2.9.9"]
     assert resolved.version("nccl") == "2.27.5"
     assert "package index" in resolved.pins["pytorch"].origin
+    assert resolved.pins["pytorch"].details["cuda_wheels"].split() == list(compat.TORCH["2.9.1"].cuda_wheels)
+
+
+def test_the_torch_table_pins_its_nccl_among_its_cuda_wheels() -> None:
+    """Each shipped release's CUDA wheels hold its NCCL pin and the CUDA it was built for (the runtime's pin, or
+    cuda-toolkit's from 2.11 on)."""
+    for version, wheel in compat.TORCH.items():
+        assert f"{wheel.nccl_package}=={wheel.nccl}" in wheel.cuda_wheels, version
+        assert list(wheel.cuda_wheels) == sorted(wheel.cuda_wheels), version
+        cuda = [w for w in wheel.cuda_wheels if w.startswith(("nvidia-cuda-runtime", "cuda-toolkit["))]
+        assert cuda and cuda[0].split("==")[1].startswith(wheel.cuda + "."), version
+
+
+def test_a_lock_of_a_release_from_the_index_keeps_its_cuda_wheels(recipe_dir: Path) -> None:
+    """A release looked up on the index is locked with its CUDA wheels, and the lock reads back offline."""
+    from imgbuild import lock
+
+    def lookup(version: str) -> compat.TorchWheel:
+        return compat.TorchWheel("nvidia-nccl-cu12", "2.26.2", "12.6", compat.TORCH["2.7.1"].cuda_wheels)
+
+    (recipe_dir / "t.yaml").write_text("extends: pytorch\ncomponents: {pytorch: {version: 2.7.0}}\n")
+    loaded = recipe.load(recipe_dir / "t.yaml")
+    lock.write(loaded, resolve(loaded, lookup_torch=lookup))
+    locked = lock.read(loaded)
+    assert locked is not None
+    assert locked.pins["pytorch"].details["cuda_wheels"].split() == list(compat.TORCH["2.7.1"].cuda_wheels)
 
 
 def test_torch_lookup_failure_is_explained(recipe_dir: Path) -> None:
     def lookup(version: str) -> compat.TorchWheel:
         raise ImgbuildError("connection refused")
 
-    msg = resolve_error(recipe_dir, "extends: a100\ncomponents: {pytorch: {version: 2.9.0}}\n", lookup_torch=lookup)
-    assert "torch 2.9.0 is not in the shipped table and the index lookup failed: connection refused" in msg
+    msg = resolve_error(recipe_dir, "extends: a100\ncomponents: {pytorch: {version: 2.9.9}}\n", lookup_torch=lookup)
+    assert "torch 2.9.9 is not in the shipped table and the index lookup failed: connection refused" in msg
 
 
 def test_torch_unknown_offline(recipe_dir: Path) -> None:
-    msg = resolve_error(recipe_dir, "extends: a100\ncomponents: {pytorch: {version: 2.9.0}}\n")
+    msg = resolve_error(recipe_dir, "extends: a100\ncomponents: {pytorch: {version: 2.9.9}}\n")
     assert "index lookups are off" in msg
 
 
@@ -194,15 +220,37 @@ def test_a_lock_edited_by_hand_is_refused(recipe_dir: Path) -> None:
     assert err.value.exit_code == 4 and "mine.lock.json" in str(err.value)
 
 
+@pytest.mark.parametrize("version", ["2.9.1", "2.7.0"], ids=["shipped-table", "from-the-index"])
+def test_a_lock_from_before_the_cuda_wheels_says_so(recipe_dir: Path, version: str) -> None:
+    """A lock written before the pytorch pin recorded its CUDA wheels is refused as older, not as edited by hand."""
+    import json
+
+    from imgbuild import lock
+    from imgbuild.errors import LockError
+
+    def lookup(v: str) -> compat.TorchWheel:
+        return compat.TorchWheel("nvidia-nccl-cu12", "2.26.2", "12.6", compat.TORCH["2.7.1"].cuda_wheels)
+
+    (recipe_dir / "old.yaml").write_text(f"extends: pytorch\ncomponents: {{pytorch: {{version: {version}}}}}\n")
+    loaded = recipe.load(recipe_dir / "old.yaml")
+    path = lock.write(loaded, resolve(loaded, lookup_torch=lookup))
+    data = json.loads(path.read_text())
+    del data["pins"]["pytorch"]["details"]["cuda_wheels"]
+    path.write_text(json.dumps(data))
+    with pytest.raises(LockError, match=r"older imgbuild|written before") as err:
+        lock.read(loaded)
+    assert "edited by hand" not in str(err.value) and err.value.hint == "imgbuild lock " + str(recipe_dir / "old.yaml")
+
+
 def test_an_index_that_cannot_answer_is_exit_7(recipe_dir: Path) -> None:
     from imgbuild.errors import IndexLookupError
 
     def refused(version: str) -> compat.TorchWheel:
         raise IndexLookupError(f"torch {version}: connection refused")
 
-    (recipe_dir / "t.yaml").write_text("extends: a100\ncomponents: {pytorch: {version: 2.9.0}}\n")
+    (recipe_dir / "t.yaml").write_text("extends: a100\ncomponents: {pytorch: {version: 2.9.9}}\n")
     with pytest.raises(
-        IndexLookupError, match=r"t.yaml: components.pytorch.version: torch 2.9.0 .*connection refused"
+        IndexLookupError, match=r"t.yaml: components.pytorch.version: torch 2.9.9 .*connection refused"
     ) as err:
         resolve(recipe.load(recipe_dir / "t.yaml"), lookup_torch=refused)
     assert err.value.exit_code == 7

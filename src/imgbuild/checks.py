@@ -30,7 +30,8 @@ Scope = Literal["container", "host"]
 BOTH: tuple[Scope, ...] = ("container", "host")
 CONTAINER: tuple[Scope, ...] = ("container",)
 
-CA_DIR = "/usr/local/share/ca-certificates/imgbuild"
+SECRETS_DIR = "/run/secrets"  # where BuildKit mounts build secrets (render.CA_SECRET_PATH is one of them)
+LEGACY_CA_DIR = "/usr/local/share/ca-certificates/imgbuild"  # where builds before BuildKit's secrets put the bundle
 GPU_TIMEOUT_S = 240
 COMMAND_TIMEOUT_S = 60
 
@@ -314,11 +315,27 @@ def recipe_env(ctx: CheckContext) -> CheckResult:
 
 @check("ca-bundle-absent", "image", scopes=CONTAINER)
 def ca_bundle_absent(ctx: CheckContext) -> CheckResult:
-    """The build's CA bundle (builder stage only) did not reach the image."""
-    ran = ctx.run(f"test -e {CA_DIR}")
-    if ran.rc == 0:
-        return fail(f"{CA_DIR} is in the image: the build's CA bundle leaked", expected="absent", found="present")
-    return passed("absent", "absent")
+    """The build's CA bundle (a build secret, mounted only while a RUN downloads) did not reach the image: nothing
+    under /run/secrets but empty mount points, no folder of extra CA certificates, and no environment variable of
+    the image naming a path under /run/secrets (a tool pointed at a secret that is not there)."""
+    ran = ctx.run(
+        f"find {SECRETS_DIR} -mindepth 1 ! -empty 2>/dev/null | head -n 20 | sed 's/^/file /'; "
+        f"if [ -e {LEGACY_CA_DIR} ]; then echo 'file {LEGACY_CA_DIR}'; fi; "
+        f"env | grep -F '{SECRETS_DIR}/' | cut -d= -f1 | sed 's/^/env /'; echo done"
+    )
+    if not ran.out.rstrip().endswith("done"):
+        return fail(f"could not look for the CA bundle: {ran.why()}", expected="absent")
+    lines = ran.out.splitlines()
+    files = [line[5:] for line in lines if line.startswith("file ")]
+    env = [line[4:] for line in lines if line.startswith("env ")]
+    problems = ([f"in the image: {', '.join(files)}"] if files else []) + (
+        [f"the image's environment names {SECRETS_DIR}: {', '.join(env)}"] if env else []
+    )
+    if problems:
+        return fail(
+            f"the build's CA bundle leaked: {'; '.join(problems)}", expected="absent", found="; ".join(problems)
+        )
+    return passed("absent", "absent", f"nothing under {SECRETS_DIR}, no variable naming it")
 
 
 @check("no-keys-in-image", "image", scopes=CONTAINER)

@@ -15,29 +15,191 @@ from packaging.version import Version
 
 @dataclass(frozen=True)
 class TorchWheel:
-    """What the default Linux x86_64 wheel of a PyTorch release pins."""
+    """What the default Linux x86_64 wheel of a PyTorch release pins.
+
+    cuda_wheels: its CUDA and NCCL requirements (the `nvidia-*` ones and, from 2.11, `cuda-toolkit[...]`), as its
+    Requires-Dist states them for Linux x86_64 (markers evaluated and dropped), sorted. The image installs them in a
+    layer before torch's own, so a torch release that keeps them rebuilds only the torch layer.
+    """
 
     nccl_package: str
     nccl: str
     cuda: str
+    cuda_wheels: tuple[str, ...]
 
+
+def _pins(text: str) -> tuple[str, ...]:
+    return tuple(text.split())
+
+
+# Read from each release's manylinux x86_64 wheel METADATA on the package index (imgbuild.pypi.torch_pins).
+# 2.9.0 and 2.9.1 pin the same CUDA and NCCL wheels (their Requires-Dist differ only in triton 3.5.0 / 3.5.1): a torch
+# patch bump that rebuilds only the torch layer. So do 2.12.0 / 2.12.1 and 2.14.0 / 2.14.1 (not in the table).
+# 2.15.0 is built for CUDA 13.2 (cuda-toolkit==13.2.2), not 13.0 as this table said before its wheels were read.
+_CU128_NCCL_2_27_5 = _pins(
+    "nvidia-cublas-cu12==12.8.4.1 nvidia-cuda-cupti-cu12==12.8.90 nvidia-cuda-nvrtc-cu12==12.8.93 "
+    "nvidia-cuda-runtime-cu12==12.8.90 nvidia-cudnn-cu12==9.10.2.21 nvidia-cufft-cu12==11.3.3.83 "
+    "nvidia-cufile-cu12==1.13.1.3 nvidia-curand-cu12==10.3.9.90 nvidia-cusolver-cu12==11.7.3.90 "
+    "nvidia-cusparse-cu12==12.5.8.93 nvidia-cusparselt-cu12==0.7.1 nvidia-nccl-cu12==2.27.5 "
+    "nvidia-nvjitlink-cu12==12.8.93 nvidia-nvshmem-cu12==3.3.20 nvidia-nvtx-cu12==12.8.90"
+)
 
 TORCH: dict[str, TorchWheel] = {
-    "2.1.2": TorchWheel("nvidia-nccl-cu12", "2.18.1", "12.1"),
-    "2.2.2": TorchWheel("nvidia-nccl-cu12", "2.19.3", "12.1"),
-    "2.3.1": TorchWheel("nvidia-nccl-cu12", "2.20.5", "12.1"),
-    "2.4.1": TorchWheel("nvidia-nccl-cu12", "2.20.5", "12.1"),
-    "2.5.1": TorchWheel("nvidia-nccl-cu12", "2.21.5", "12.4"),
-    "2.6.0": TorchWheel("nvidia-nccl-cu12", "2.21.5", "12.4"),
-    "2.7.1": TorchWheel("nvidia-nccl-cu12", "2.26.2", "12.6"),
-    "2.8.0": TorchWheel("nvidia-nccl-cu12", "2.27.3", "12.8"),
-    "2.9.1": TorchWheel("nvidia-nccl-cu12", "2.27.5", "12.8"),
-    "2.10.0": TorchWheel("nvidia-nccl-cu12", "2.27.5", "12.8"),
-    "2.11.0": TorchWheel("nvidia-nccl-cu13", "2.28.9", "13.0"),
-    "2.12.1": TorchWheel("nvidia-nccl-cu13", "2.29.7", "13.0"),
-    "2.13.0": TorchWheel("nvidia-nccl-cu13", "2.29.7", "13.0"),
-    "2.14.1": TorchWheel("nvidia-nccl-cu13", "2.30.7", "13.0"),
-    "2.15.0": TorchWheel("nvidia-nccl-cu13", "2.30.7", "13.0"),
+    "2.1.2": TorchWheel(
+        "nvidia-nccl-cu12",
+        "2.18.1",
+        "12.1",
+        _pins(
+            "nvidia-cublas-cu12==12.1.3.1 nvidia-cuda-cupti-cu12==12.1.105 nvidia-cuda-nvrtc-cu12==12.1.105 "
+            "nvidia-cuda-runtime-cu12==12.1.105 nvidia-cudnn-cu12==8.9.2.26 nvidia-cufft-cu12==11.0.2.54 "
+            "nvidia-curand-cu12==10.3.2.106 nvidia-cusolver-cu12==11.4.5.107 nvidia-cusparse-cu12==12.1.0.106 "
+            "nvidia-nccl-cu12==2.18.1 nvidia-nvtx-cu12==12.1.105"
+        ),
+    ),
+    "2.2.2": TorchWheel(
+        "nvidia-nccl-cu12",
+        "2.19.3",
+        "12.1",
+        _pins(
+            "nvidia-cublas-cu12==12.1.3.1 nvidia-cuda-cupti-cu12==12.1.105 nvidia-cuda-nvrtc-cu12==12.1.105 "
+            "nvidia-cuda-runtime-cu12==12.1.105 nvidia-cudnn-cu12==8.9.2.26 nvidia-cufft-cu12==11.0.2.54 "
+            "nvidia-curand-cu12==10.3.2.106 nvidia-cusolver-cu12==11.4.5.107 nvidia-cusparse-cu12==12.1.0.106 "
+            "nvidia-nccl-cu12==2.19.3 nvidia-nvtx-cu12==12.1.105"
+        ),
+    ),
+    "2.3.1": TorchWheel(
+        "nvidia-nccl-cu12",
+        "2.20.5",
+        "12.1",
+        _pins(
+            "nvidia-cublas-cu12==12.1.3.1 nvidia-cuda-cupti-cu12==12.1.105 nvidia-cuda-nvrtc-cu12==12.1.105 "
+            "nvidia-cuda-runtime-cu12==12.1.105 nvidia-cudnn-cu12==8.9.2.26 nvidia-cufft-cu12==11.0.2.54 "
+            "nvidia-curand-cu12==10.3.2.106 nvidia-cusolver-cu12==11.4.5.107 nvidia-cusparse-cu12==12.1.0.106 "
+            "nvidia-nccl-cu12==2.20.5 nvidia-nvtx-cu12==12.1.105"
+        ),
+    ),
+    "2.4.1": TorchWheel(
+        "nvidia-nccl-cu12",
+        "2.20.5",
+        "12.1",
+        _pins(
+            "nvidia-cublas-cu12==12.1.3.1 nvidia-cuda-cupti-cu12==12.1.105 nvidia-cuda-nvrtc-cu12==12.1.105 "
+            "nvidia-cuda-runtime-cu12==12.1.105 nvidia-cudnn-cu12==9.1.0.70 nvidia-cufft-cu12==11.0.2.54 "
+            "nvidia-curand-cu12==10.3.2.106 nvidia-cusolver-cu12==11.4.5.107 nvidia-cusparse-cu12==12.1.0.106 "
+            "nvidia-nccl-cu12==2.20.5 nvidia-nvtx-cu12==12.1.105"
+        ),
+    ),
+    "2.5.1": TorchWheel(
+        "nvidia-nccl-cu12",
+        "2.21.5",
+        "12.4",
+        _pins(
+            "nvidia-cublas-cu12==12.4.5.8 nvidia-cuda-cupti-cu12==12.4.127 nvidia-cuda-nvrtc-cu12==12.4.127 "
+            "nvidia-cuda-runtime-cu12==12.4.127 nvidia-cudnn-cu12==9.1.0.70 nvidia-cufft-cu12==11.2.1.3 "
+            "nvidia-curand-cu12==10.3.5.147 nvidia-cusolver-cu12==11.6.1.9 nvidia-cusparse-cu12==12.3.1.170 "
+            "nvidia-nccl-cu12==2.21.5 nvidia-nvjitlink-cu12==12.4.127 nvidia-nvtx-cu12==12.4.127"
+        ),
+    ),
+    "2.6.0": TorchWheel(
+        "nvidia-nccl-cu12",
+        "2.21.5",
+        "12.4",
+        _pins(
+            "nvidia-cublas-cu12==12.4.5.8 nvidia-cuda-cupti-cu12==12.4.127 nvidia-cuda-nvrtc-cu12==12.4.127 "
+            "nvidia-cuda-runtime-cu12==12.4.127 nvidia-cudnn-cu12==9.1.0.70 nvidia-cufft-cu12==11.2.1.3 "
+            "nvidia-curand-cu12==10.3.5.147 nvidia-cusolver-cu12==11.6.1.9 nvidia-cusparse-cu12==12.3.1.170 "
+            "nvidia-cusparselt-cu12==0.6.2 nvidia-nccl-cu12==2.21.5 nvidia-nvjitlink-cu12==12.4.127 "
+            "nvidia-nvtx-cu12==12.4.127"
+        ),
+    ),
+    "2.7.1": TorchWheel(
+        "nvidia-nccl-cu12",
+        "2.26.2",
+        "12.6",
+        _pins(
+            "nvidia-cublas-cu12==12.6.4.1 nvidia-cuda-cupti-cu12==12.6.80 nvidia-cuda-nvrtc-cu12==12.6.77 "
+            "nvidia-cuda-runtime-cu12==12.6.77 nvidia-cudnn-cu12==9.5.1.17 nvidia-cufft-cu12==11.3.0.4 "
+            "nvidia-cufile-cu12==1.11.1.6 nvidia-curand-cu12==10.3.7.77 nvidia-cusolver-cu12==11.7.1.2 "
+            "nvidia-cusparse-cu12==12.5.4.2 nvidia-cusparselt-cu12==0.6.3 nvidia-nccl-cu12==2.26.2 "
+            "nvidia-nvjitlink-cu12==12.6.85 nvidia-nvtx-cu12==12.6.77"
+        ),
+    ),
+    "2.8.0": TorchWheel(
+        "nvidia-nccl-cu12",
+        "2.27.3",
+        "12.8",
+        _pins(
+            "nvidia-cublas-cu12==12.8.4.1 nvidia-cuda-cupti-cu12==12.8.90 nvidia-cuda-nvrtc-cu12==12.8.93 "
+            "nvidia-cuda-runtime-cu12==12.8.90 nvidia-cudnn-cu12==9.10.2.21 nvidia-cufft-cu12==11.3.3.83 "
+            "nvidia-cufile-cu12==1.13.1.3 nvidia-curand-cu12==10.3.9.90 nvidia-cusolver-cu12==11.7.3.90 "
+            "nvidia-cusparse-cu12==12.5.8.93 nvidia-cusparselt-cu12==0.7.1 nvidia-nccl-cu12==2.27.3 "
+            "nvidia-nvjitlink-cu12==12.8.93 nvidia-nvtx-cu12==12.8.90"
+        ),
+    ),
+    "2.9.0": TorchWheel("nvidia-nccl-cu12", "2.27.5", "12.8", _CU128_NCCL_2_27_5),
+    "2.9.1": TorchWheel("nvidia-nccl-cu12", "2.27.5", "12.8", _CU128_NCCL_2_27_5),
+    "2.10.0": TorchWheel(
+        "nvidia-nccl-cu12",
+        "2.27.5",
+        "12.8",
+        _pins(
+            "nvidia-cublas-cu12==12.8.4.1 nvidia-cuda-cupti-cu12==12.8.90 nvidia-cuda-nvrtc-cu12==12.8.93 "
+            "nvidia-cuda-runtime-cu12==12.8.90 nvidia-cudnn-cu12==9.10.2.21 nvidia-cufft-cu12==11.3.3.83 "
+            "nvidia-cufile-cu12==1.13.1.3 nvidia-curand-cu12==10.3.9.90 nvidia-cusolver-cu12==11.7.3.90 "
+            "nvidia-cusparse-cu12==12.5.8.93 nvidia-cusparselt-cu12==0.7.1 nvidia-nccl-cu12==2.27.5 "
+            "nvidia-nvjitlink-cu12==12.8.93 nvidia-nvshmem-cu12==3.4.5 nvidia-nvtx-cu12==12.8.90"
+        ),
+    ),
+    "2.11.0": TorchWheel(
+        "nvidia-nccl-cu13",
+        "2.28.9",
+        "13.0",
+        _pins(
+            "cuda-toolkit[cublas,cudart,cufft,cufile,cupti,curand,cusolver,cusparse,nvjitlink,nvrtc,nvtx]==13.0.2 "
+            "nvidia-cudnn-cu13==9.19.0.56 nvidia-cusparselt-cu13==0.8.0 nvidia-nccl-cu13==2.28.9 "
+            "nvidia-nvshmem-cu13==3.4.5"
+        ),
+    ),
+    "2.12.1": TorchWheel(
+        "nvidia-nccl-cu13",
+        "2.29.7",
+        "13.0",
+        _pins(
+            "cuda-toolkit[cudart,cufft,cufile,cupti,curand,cusolver,cusparse,nvjitlink,nvrtc,nvtx]==13.0.2 "
+            "nvidia-cublas<=13.1.1.3,>=13.1.0.3 nvidia-cudnn-cu13==9.20.0.48 nvidia-cusparselt-cu13==0.8.1 "
+            "nvidia-nccl-cu13==2.29.7 nvidia-nvshmem-cu13==3.4.5"
+        ),
+    ),
+    "2.13.0": TorchWheel(
+        "nvidia-nccl-cu13",
+        "2.29.7",
+        "13.0",
+        _pins(
+            "cuda-toolkit[cublas,cudart,cufft,cufile,cupti,curand,cusolver,cusparse,nvjitlink,nvrtc,nvtx]==13.0.3 "
+            "nvidia-cudnn-cu13==9.20.0.48 nvidia-cusparselt-cu13==0.8.1 nvidia-nccl-cu13==2.29.7 "
+            "nvidia-nvshmem-cu13==3.4.5"
+        ),
+    ),
+    "2.14.1": TorchWheel(
+        "nvidia-nccl-cu13",
+        "2.30.7",
+        "13.0",
+        _pins(
+            "cuda-toolkit[cublas,cudart,cufft,cufile,cupti,curand,cusolver,cusparse,nvjitlink,nvrtc,nvtx]==13.0.3 "
+            "nvidia-cudnn-cu13==9.24.0.43 nvidia-cusparselt-cu13==0.8.1 nvidia-nccl-cu13==2.30.7 "
+            "nvidia-nvshmem-cu13==3.4.5"
+        ),
+    ),
+    "2.15.0": TorchWheel(
+        "nvidia-nccl-cu13",
+        "2.30.7",
+        "13.2",
+        _pins(
+            "cuda-toolkit[cublas,cudart,cufft,cufile,cupti,cusolver,cusparse,nvjitlink,nvrtc,nvtx]==13.2.2 "
+            "nvidia-cudnn-cu13==9.26.0.51 nvidia-cusparselt-cu13==0.8.1 nvidia-nccl-cu13==2.30.7 "
+            "nvidia-nvshmem-cu13==3.7.2"
+        ),
+    ),
 }
 
 

@@ -1,4 +1,5 @@
-"""Build contexts: a folder holding the Dockerfile and only the files it copies."""
+"""Build contexts: a folder holding the Dockerfile and only the files it copies. The CA bundle downloads trust is
+no file of the context: it is the build secret `render.CA_SECRET_ID` (`ca_secret`, written by `write_secret`)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,11 @@ import stat
 from pathlib import Path
 
 from imgbuild.errors import BuildError, RenderError
-from imgbuild.render import CA_DIR, BuildPlan
+from imgbuild.render import BuildPlan
 
 
-def write(plan: BuildPlan, folder: Path, *, ca_bundle: Path | None = None) -> list[Path]:
-    """Write the Dockerfile and the plan's files (with their modes) into `folder`; returns what was written.
-
-    `ca_bundle` (PEM) is added as imgbuild/ca/imgbuild-extra.crt, which the builder stages trust.
-    """
+def write(plan: BuildPlan, folder: Path) -> list[Path]:
+    """Write the Dockerfile and the plan's files (with their modes) into `folder`; returns what was written."""
     written = [folder / "Dockerfile"]
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -28,13 +26,6 @@ def write(plan: BuildPlan, folder: Path, *, ca_bundle: Path | None = None) -> li
     except OSError as exc:  # -o names a file, a folder we may not write, a path through a symlink loop ...
         where = exc.filename or folder
         raise RenderError(f"cannot write the build context to {folder}: {where}: {exc.strerror or exc}") from None
-    if ca_bundle is not None:
-        data = read_ca_bundle(ca_bundle)
-        target = folder / CA_DIR / "imgbuild-extra.crt"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
-        os.chmod(target, 0o644)
-        written.append(target)
     return written
 
 

@@ -147,9 +147,13 @@ def _check_not_edited(loaded: LoadedRecipe, locked: Resolved, path: Path, hint: 
     def from_lock(version: str) -> compat.TorchWheel:
         details = locked.pins["pytorch"].details if "pytorch" in locked.pins else {}
         package, _, nccl = details.get("nccl", "").partition("==")
-        if not (package and nccl and details.get("cuda")):
-            raise LockError(f"{display(path)}: pins.pytorch.details: the wheel's nccl and cuda pins are missing")
-        return compat.TorchWheel(package, nccl, details["cuda"])
+        if not (package and nccl and details.get("cuda") and details.get("cuda_wheels")):
+            raise LockError(
+                f"{display(path)}: pins.pytorch.details: the wheel's nccl, cuda and cuda_wheels pins are missing "
+                "(a lock written before imgbuild installed PyTorch's CUDA wheels in a layer of their own?)",
+                hint=hint,
+            )
+        return compat.TorchWheel(package, nccl, details["cuda"], tuple(details["cuda_wheels"].split()))
 
     try:
         fresh = resolve(loaded, lookup_torch=from_lock)
@@ -167,6 +171,15 @@ def _check_not_edited(loaded: LoadedRecipe, locked: Resolved, path: Path, hint: 
                 else [f"{name}: {'missing from the lock' if mine is None else 'not in the recipe'}"]
             )
             continue
+        missing = sorted(set(theirs.details) - set(mine.details))
+        same = all(getattr(mine, f) == getattr(theirs, f) for f in ("version", "source", "origin"))
+        if missing and same and mine.details.items() <= theirs.details.items():
+            # Not an edit: the lock predates details this imgbuild records (pytorch's cuda_wheels, say).
+            raise LockError(
+                f"{display(path)}: pins.{name}.details lacks {', '.join(missing)}: the lock was written by an older "
+                "imgbuild",
+                hint=hint,
+            )
         diffs += [
             f"{name}.{field}: lock {getattr(mine, field)!r}, the recipe gives {getattr(theirs, field)!r}"
             for field in ("version", "source", "origin", "details")

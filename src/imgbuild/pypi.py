@@ -31,6 +31,7 @@ from html.parser import HTMLParser
 from urllib.parse import urldefrag, urljoin, urlsplit
 
 import requests
+from packaging.markers import default_environment
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.tags import Tag
 from packaging.utils import (
@@ -49,6 +50,7 @@ __all__ = [
     "DEFAULT_DEADLINE",
     "TorchPins",
     "WheelMetadata",
+    "cuda_wheels",
     "index_url",
     "read_wheel_metadata",
     "torch_pins",
@@ -69,6 +71,9 @@ _METADATA_MEMBER = re.compile(r"[^/]+\.dist-info/METADATA")
 _NCCL = re.compile(r"^nvidia-nccl-cu\d+$")
 _CUDA_RUNTIME = re.compile(r"^nvidia-cuda-runtime(-cu\d+)?$")
 _CUDA_TOOLKIT = "cuda-toolkit"  # torch 2.11+: cuda-toolkit[cudart,...]==13.0.2
+#: Marker values of the images' platform: the CUDA wheels torch needs on Linux x86_64 (Python's own version is this
+#: interpreter's: no CUDA requirement of a torch release depends on it).
+LINUX_X86_64 = {"sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix"}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -99,7 +104,8 @@ class WheelMetadata:
 
 @dataclass(frozen=True)
 class TorchPins:
-    """What a PyTorch release pins: its NCCL wheel and the CUDA runtime it was built against."""
+    """What a PyTorch release pins: its NCCL wheel, the CUDA runtime it was built against, and every CUDA and NCCL
+    wheel it requires on Linux x86_64 (:func:`cuda_wheels`)."""
 
     torch_version: str
     nccl_package: str
@@ -111,6 +117,7 @@ class TorchPins:
     requests_made: int = 0
     wheel_url: str = ""
     wheel_sha256: str | None = None
+    cuda_wheels: tuple[str, ...] = ()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -399,6 +406,30 @@ def _major_minor(version: str) -> str | None:
     return f"{release[0]}.{release[1]}" if len(release) >= 2 else None
 
 
+def cuda_wheels(requires_dist: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """The CUDA and NCCL requirements among a torch wheel's Requires-Dist, as the image installs them before torch:
+    the ``nvidia-*`` ones and ``cuda-toolkit[...]`` (torch 2.11+), whose markers hold on Linux x86_64 (no extra
+    asked for), each written without its marker (``nvidia-cublas-cu12==12.8.4.1``, ``cuda-toolkit[cublas,...]==13.0.2``,
+    a range where torch states one), sorted by name. Lines that do not parse are left out (the NCCL pin's own check
+    in :func:`torch_pins` reports a broken NCCL line)."""
+    env = {**{key: str(value) for key, value in default_environment().items()}, **LINUX_X86_64, "extra": ""}
+    found: dict[str, str] = {}
+    for line in requires_dist:
+        try:
+            req = Requirement(line)
+        except InvalidRequirement:
+            continue
+        name = canonicalize_name(req.name)
+        if not (name.startswith("nvidia-") or name == _CUDA_TOOLKIT):
+            continue
+        if req.marker is not None and not req.marker.evaluate(env):
+            continue
+        req.marker = None
+        req.name = name
+        found.setdefault(name, str(req))
+    return tuple(found[name] for name in sorted(found))
+
+
 def torch_pins(
     torch_version: str,
     *,
@@ -411,8 +442,8 @@ def torch_pins(
     NCCL: the ``nvidia-nccl-cu12==X`` / ``nvidia-nccl-cu13==X`` requirement, which must be an exact
     ``==`` pin. CUDA (major.minor): from the ``nvidia-cuda-runtime-cu12==12.4.127`` or
     ``nvidia-cuda-runtime==13.0.96`` pin, else from a ``cuda-toolkit[...]==13.0.2`` pin; None when
-    neither is there. Requirement markers are ignored. `index`, `session` and `deadline`: as for
-    :func:`read_wheel_metadata`.
+    neither is there (markers are ignored for these two). ``cuda_wheels``: see :func:`cuda_wheels`. `index`, `session`
+    and `deadline`: as for :func:`read_wheel_metadata`.
     """
     meta = read_wheel_metadata("torch", torch_version, index=index, session=session, deadline=deadline)
     where = f"torch {torch_version} ({meta.wheel_url})"
@@ -461,4 +492,5 @@ def torch_pins(
         requests_made=meta.requests_made,
         wheel_url=meta.wheel_url,
         wheel_sha256=meta.wheel_sha256,
+        cuda_wheels=cuda_wheels(meta.requires_dist),
     )

@@ -1,8 +1,11 @@
 """Rendering: a resolved recipe -> a BuildPlan (Dockerfile text, context files, labels, tags).
 
 A pure function of its input: no Docker, no network, no clock, byte-for-byte stable (mappings are sorted).
-The Dockerfile needs only the classic builder (no `RUN --mount`, no `COPY --chmod`): file modes travel in
-the build context instead.
+The Dockerfile is for BuildKit (the classic builder cannot build it): downloads trust the CA bundle through a build
+secret, apt and pip keep their downloads in cache mounts. Each mount is written once here and reaches the templates
+as a Jinja global (`run`, `ca_mount`, `pip_cache_mount`, `pip_install`, `apt_mounts`, `cache_mount`). It needs no
+`# syntax` line (the Dockerfile frontend built into Docker 20.10's BuildKit reads it) and no `COPY --chmod`: file
+modes travel in the build context.
 """
 
 from __future__ import annotations
@@ -20,10 +23,12 @@ from imgbuild.components import (
     TEMPLATE_DIR,
     Context,
     Contribution,
+    builder_base,
     builder_order,
     dedupe,
     resolve_order,
     runtime_order,
+    slug,
 )
 from imgbuild.errors import RenderError
 from imgbuild.launch import for_manifest
@@ -36,16 +41,69 @@ if TYPE_CHECKING:
     import jinja2
 
 BASE_BUILD_DISK_GB = 2.0  # an image without big blocks: the base, OS packages, small downloads
-CA_DIR = "imgbuild/ca"  # what `--ca-bundle` adds to the context; copied into builder stages only
 # The CA bundle downloads during a build trust travels as a BuildKit build secret (never a file of the context,
 # never in a layer): `RUN --mount=type=secret,id=CA_SECRET_ID,target=CA_SECRET_PATH` on every step that downloads.
+# The build always passes it (context.ca_secret: certifi's roots, plus --ca-bundle), so the mount is required: a
+# build without it fails at the first download instead of trusting something else.
 CA_SECRET_ID = "imgbuild-ca"
 CA_SECRET_PATH = "/run/secrets/imgbuild-ca.pem"
+CA_MOUNT = f"--mount=type=secret,id={CA_SECRET_ID},target={CA_SECRET_PATH},required=true"
+# What points downloading tools at the secret: the builder stage's ENV (that stage is never shipped); in the runtime
+# stage only PIP_CERT, as a prefix of the pip command (the final image's ENV never names the secret).
+CA_ENV = {name: CA_SECRET_PATH for name in ("CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "PIP_CERT", "REQUESTS_CA_BUNDLE",
+                                           "SSL_CERT_FILE")}  # fmt: skip
+PIP_ENV = f"PIP_CERT={CA_SECRET_PATH} PIP_DISABLE_PIP_VERSION_CHECK=1"
+# One pip cache for every pip step of every recipe (the nccl wheel, PyTorch's CUDA wheels and torch, mpi4py's
+# sdist): `locked`, since two builds writing one pip cache at once would race. What pip builds from an sdist is kept
+# apart (see the mpi4py block).
+PIP_CACHE_DIR = "/root/.cache/pip"
+PIP_CACHE_ID = "imgbuild-pip"
+# apt's lists and downloaded packages, one pair per base image (a stage's own base: Debian and Ubuntu releases
+# never share lists), `locked` because apt takes its own lock on both.
+APT_CACHE_DIRS = {"cache": "/var/cache/apt", "lists": "/var/lib/apt/lists"}
+
+
+def cache_mount(cache_id: str, target: str) -> str:
+    """A BuildKit cache mount shared by concurrent builds one at a time (`sharing=locked`)."""
+    return f"--mount=type=cache,id={cache_id},target={target},sharing=locked"
+
+
+PIP_CACHE_MOUNT = cache_mount(PIP_CACHE_ID, PIP_CACHE_DIR)
+# pip's HTTP cache keeps a download only when the index's answer allows it (Cache-Control, ETag or Last-Modified):
+# behind an index or proxy that sends none of them (the one this project's machines reach does not), every rebuild
+# would download every wheel again. So prebuilt wheels are fetched by `pip download` into a folder of the pip cache
+# mount, which skips a file already there ("File was already downloaded", checked against the index's sha256), and
+# installed from that folder alone (--no-index). mpi4py, built from its sdist, keeps pip's own caches (see its block).
+WHEELHOUSE = f"{PIP_CACHE_DIR}/imgbuild-wheelhouse"
+
+
+def pip_install(pip: str, requirements: list[str] | tuple[str, ...], env: str = "") -> str:
+    """The command that installs prebuilt `requirements` with `pip` through the wheelhouse (WHEELHOUSE): each
+    requirement a shell word (quoted where it needs it: extras, ranges), one to a line when there are more than two.
+    `env` prefixes the download (the runtime stage's PIP_ENV)."""
+    words = [shlex.quote(r) for r in requirements]
+    download = f"{env + ' ' if env else ''}{pip} download --dest {WHEELHOUSE}"
+    install = f"{pip} install --no-index --find-links {WHEELHOUSE}"
+    if len(words) <= 2:
+        reqs = " ".join(words)
+        return f"{download} {reqs} \\\n && {install} {reqs}"
+    listed = " \\\n".join(f"      {w}" for w in words)
+    return f'set -- \\\n{listed} \\\n && {download} "$@" \\\n && {install} "$@"'
+
+
+def apt_mounts(base_ref: str) -> list[str]:
+    """The cache mounts of a stage's apt-get steps: `imgbuild-apt-<base slug>-cache` and `-lists`."""
+    return [cache_mount(f"imgbuild-apt-{slug(base_ref)}-{name}", target) for name, target in APT_CACHE_DIRS.items()]
+
+
+def run(*mounts: str) -> str:
+    """`RUN` with its mounts, one to a line, and the indent of the command that follows on the next line."""
+    return "RUN " + "".join(f"{m} \\\n    " for m in mounts)
 
 
 @dataclass(frozen=True)
 class ContextFile:
-    """A file the Dockerfile copies, with its mode (the classic builder has no COPY --chmod)."""
+    """A file the Dockerfile copies, with its mode (the mode travels in the context: no COPY --chmod)."""
 
     path: str
     content: bytes
@@ -126,7 +184,7 @@ def environment() -> jinja2.Environment:
     from imgbuild.schema import one_line
 
     def dockerfile_value(value: object) -> str:
-        """A value the classic builder's ENV and LABEL read back exactly: in double quotes, with \\ " and $
+        """A value Docker's ENV and LABEL read back exactly: in double quotes, with \\ " and $
         escaped, since Docker expands $VAR and ${VAR} in both (a JSON string would not do: Docker keeps its
         \\n, \\t and \\u00e9 as written). A line break cannot be written at all: the schema refuses it in
         recipes, and here it is an error rather than a broken instruction."""
@@ -138,6 +196,19 @@ def environment() -> jinja2.Environment:
         return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$") + '"'
 
     env.filters["shquote"] = shlex.quote
+    env.filters["slug"] = slug
+    env.globals.update(
+        run=run,
+        ca_secret_id=CA_SECRET_ID,
+        ca_mount=CA_MOUNT,
+        pip_cache_mount=PIP_CACHE_MOUNT,
+        pip_cache_dir=PIP_CACHE_DIR,
+        pip_env=PIP_ENV,
+        apt_mounts=apt_mounts,
+        cache_mount=cache_mount,
+        pip_install=pip_install,
+        builder_base=builder_base,
+    )
     # NAME="value" pairs of one ENV or LABEL instruction, one per line, sorted.
     env.filters["kvlines"] = lambda mapping, indent: f" \\\n{indent}".join(
         f"{k}={dockerfile_value(v)}" for k, v in sorted(mapping.items())
@@ -161,11 +232,6 @@ def readable_tag(resolved: Resolved) -> str:
     ranked += [(b.tag, resolved.version(b.name)) for b in REGISTRY if b.tag is not None]
     parts = [f"{short}{version}" for (_, short), version in sorted(ranked) if version]
     return "-".join(parts) or "latest"
-
-
-def builder_base(resolved: Resolved) -> str:
-    """The builder stage's base: the recipe's `base.builder_tag` of the same image, else the runtime's base."""
-    return resolved.pins["base"].details.get("builder", resolved.base_ref)
 
 
 def context_for(resolved: Resolved) -> Context:
@@ -292,7 +358,7 @@ def _dockerfile(resolved: Resolved, ctx: Context, contribs: dict[str, Contributi
             env_paths=env_paths,
             env=recipe_env,
             labels=dict(sorted(labels.items())),
-            ca_dir=CA_DIR,
+            builder_env={**CA_ENV, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
             has_sshd="sshd" in pins,
             has_sagemaker="sagemaker" in pins,
         )
@@ -376,14 +442,7 @@ def _files(
     resolved: Resolved, ctx: Context, contribs: dict[str, Contribution], manifest: Manifest
 ) -> list[ContextFile]:
     r, pins = resolved.recipe, resolved.pins
-    files = [
-        ContextFile("imgbuild/manifest.json", manifest.to_json().encode()),
-        ContextFile(
-            f"{CA_DIR}/README",
-            b"Extra CA certificates (*.crt) for downloads during the build (imgbuild build --ca-bundle).\n"
-            b"Copied into builder stages only: the final image never contains them.\n",
-        ),
-    ]
+    files = [ContextFile("imgbuild/manifest.json", manifest.to_json().encode())]
     env = environment()
     options = {b.name: getattr(r.components, b.name) for b in REGISTRY}
     variables = {"r": r, "ctx": ctx, "pins": pins, "launch": for_manifest(manifest), "manifest": manifest, **options}

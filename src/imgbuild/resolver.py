@@ -49,14 +49,15 @@ TorchLookup = Callable[[str], compat.TorchWheel]
 
 
 def index_lookup(torch_version: str) -> compat.TorchWheel:
-    """Read a PyTorch release's NCCL and CUDA pins from the package index (range requests)."""
+    """Read a PyTorch release's NCCL and CUDA pins, and the CUDA wheels it requires, from the package index (range
+    requests on its wheel's METADATA)."""
     from imgbuild import pypi  # network edge: imported only when a release is not in the shipped table
     from imgbuild.errors import ResolveError
 
     pins = pypi.torch_pins(torch_version)
     if pins.cuda_version is None:
         raise ResolveError(f"torch {torch_version}: its wheel pins no CUDA runtime (a CPU build?)")
-    return compat.TorchWheel(pins.nccl_package, pins.nccl_version, pins.cuda_version)
+    return compat.TorchWheel(pins.nccl_package, pins.nccl_version, pins.cuda_version, pins.cuda_wheels)
 
 
 def resolve(loaded: LoadedRecipe, *, lookup_torch: TorchLookup | None = index_lookup) -> Resolved:

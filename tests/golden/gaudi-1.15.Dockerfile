@@ -3,22 +3,29 @@
 #
 # Layers run from what changes least to what changes most (base, OS packages, EFA, MPI, NCCL, plugin,
 # nccl-tests, Python/PyTorch, sshd, SageMaker, environment, entrypoint, manifest, labels), so bumping a
-# component rebuilds only the layers after it. Compiled parts and downloads happen in the builder stage; the runtime
-# stage copies only their results, and never sees the build's CA bundle.
+# component rebuilds only the layers after it. Compiled parts and their downloads happen in the builder stage; the
+# runtime stage copies their results, then pip-installs PyTorch in two layers (its CUDA wheels, then torch).
+#
+# For BuildKit: downloads trust the build secret imgbuild-ca (certifi's roots and --ca-bundle), mounted only by
+# the RUNs that download, so it is in no layer. apt and pip keep what they fetch in cache mounts, never in a layer:
+# a rebuild after an early change (an OS package, the base) downloads nothing again. Bases with Docker's docker-clean
+# apt config (Debian's and Ubuntu's images) delete the downloaded .debs after each install, so there only apt's lists
+# are cached; imgbuild leaves that config as the base has it.
 
 # ---- runtime ----------------------------------------------------------------------------------------------
 # The publisher offers only 'latest' (imgbuild warned at resolution): pin base.digest where you can.
 # hadolint ignore=DL3007
-FROM vault.habana.ai/gaudi-docker/1.15.1/ubuntu22.04/habanalabs/pytorch-installer-2.2.0:latest
+FROM vault.habana.ai/gaudi-docker/1.15.1/ubuntu22.04/habanalabs/pytorch-installer-2.2.0:latest AS runtime
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG DEBIAN_FRONTEND=noninteractive
-RUN apt-get update \
+RUN --mount=type=cache,id=imgbuild-apt-vault.habana.ai-gaudi-docker-1.15.1-ubuntu22.04-habanalabs-pytorch-installer-2.2.0-latest-cache,target=/var/cache/apt,sharing=locked \
+    --mount=type=cache,id=imgbuild-apt-vault.habana.ai-gaudi-docker-1.15.1-ubuntu22.04-habanalabs-pytorch-installer-2.2.0-latest-lists,target=/var/lib/apt/lists,sharing=locked \
+    apt-get update \
  && apt-get install -y --no-install-recommends \
       iproute2 \
       openssh-client \
       openssh-server \
- && rm -f /etc/ssh/ssh_host_* \
- && rm -rf /var/lib/apt/lists/*
+ && rm -f /etc/ssh/ssh_host_*
 
 # sshd on 3022 for mpirun. No keys in the image: the entrypoint makes host keys and
 # installs the run's authorized key when the container starts.

@@ -3,31 +3,41 @@
 #
 # Layers run from what changes least to what changes most (base, OS packages, EFA, MPI, NCCL, plugin,
 # nccl-tests, Python/PyTorch, sshd, SageMaker, environment, entrypoint, manifest, labels), so bumping a
-# component rebuilds only the layers after it. Compiled parts and downloads happen in the builder stage; the runtime
-# stage copies only their results, and never sees the build's CA bundle.
+# component rebuilds only the layers after it. Compiled parts and their downloads happen in the builder stage; the
+# runtime stage copies their results, then pip-installs PyTorch in two layers (its CUDA wheels, then torch).
+#
+# For BuildKit: downloads trust the build secret imgbuild-ca (certifi's roots and --ca-bundle), mounted only by
+# the RUNs that download, so it is in no layer. apt and pip keep what they fetch in cache mounts, never in a layer:
+# a rebuild after an early change (an OS package, the base) downloads nothing again. Bases with Docker's docker-clean
+# apt config (Debian's and Ubuntu's images) delete the downloaded .debs after each install, so there only apt's lists
+# are cached; imgbuild leaves that config as the base has it.
 
 # ---- builder: downloads, checks and compiles ------------------------------------------------------------
 FROM debian:bookworm-slim AS builder
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG DEBIAN_FRONTEND=noninteractive
-RUN apt-get update \
+RUN --mount=type=cache,id=imgbuild-apt-debian-bookworm-slim-cache,target=/var/cache/apt,sharing=locked \
+    --mount=type=cache,id=imgbuild-apt-debian-bookworm-slim-lists,target=/var/lib/apt/lists,sharing=locked \
+    apt-get update \
  && apt-get install -y --no-install-recommends \
       build-essential \
       bzip2 \
       ca-certificates \
       curl \
       python3-dev \
-      python3-venv \
- && rm -rf /var/lib/apt/lists/*
-# Extra CA certificates for networks whose proxy intercepts TLS (imgbuild build --ca-bundle); builder only.
-COPY imgbuild/ca/ /usr/local/share/ca-certificates/imgbuild/
-RUN update-ca-certificates
-ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt \
-    PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PIP_NO_CACHE_DIR=1
+      python3-venv
+# The downloads of this stage (pip, curl) trust the build secret where the RUNs that download mount it. The stage is
+# never shipped, so its ENV may name the secret; the runtime stage passes it per command.
+ENV CURL_CA_BUNDLE="/run/secrets/imgbuild-ca.pem" \
+    GIT_SSL_CAINFO="/run/secrets/imgbuild-ca.pem" \
+    PIP_CERT="/run/secrets/imgbuild-ca.pem" \
+    PIP_DISABLE_PIP_VERSION_CHECK="1" \
+    REQUESTS_CA_BUNDLE="/run/secrets/imgbuild-ca.pem" \
+    SSL_CERT_FILE="/run/secrets/imgbuild-ca.pem"
 
 # Open MPI 4.1.6 from its source release.
-RUN curl -fsSL https://download.open-mpi.org/release/open-mpi/v4.1/openmpi-4.1.6.tar.bz2 \
+RUN --mount=type=secret,id=imgbuild-ca,target=/run/secrets/imgbuild-ca.pem,required=true \
+    curl -fsSL https://download.open-mpi.org/release/open-mpi/v4.1/openmpi-4.1.6.tar.bz2 \
       | tar -xj -C /tmp \
  && cd /tmp/openmpi-4.1.6 \
  && ./configure --prefix=/opt/openmpi --disable-static \
@@ -39,18 +49,30 @@ RUN curl -fsSL https://download.open-mpi.org/release/open-mpi/v4.1/openmpi-4.1.6
 RUN python3 -m venv --system-site-packages /opt/venv
 
 # NCCL 2.21.5 from the nvidia-nccl-cu12 wheel (recipe).
-RUN /opt/venv/bin/pip install nvidia-nccl-cu12==2.21.5
+RUN --mount=type=secret,id=imgbuild-ca,target=/run/secrets/imgbuild-ca.pem,required=true \
+    --mount=type=cache,id=imgbuild-pip,target=/root/.cache/pip,sharing=locked \
+    /opt/venv/bin/pip download --dest /root/.cache/pip/imgbuild-wheelhouse nvidia-nccl-cu12==2.21.5 \
+ && /opt/venv/bin/pip install --no-index --find-links /root/.cache/pip/imgbuild-wheelhouse nvidia-nccl-cu12==2.21.5
 
 # mpi4py 4.0.3 compiled against the image's Open MPI (/opt/openmpi/bin/mpicc), never a wheel built for another MPI.
-# -g0: with debug info, gcc's variable tracking on mpi4py's single generated MPI.c grew past 20 GB (measured: with
-# -g0, 2 min and 1.4 GB).
-RUN CFLAGS="-O2 -g0" MPICC=/opt/openmpi/bin/mpicc /opt/venv/bin/pip install --no-binary=mpi4py mpi4py==4.0.3
+# pip's cache of the wheels it builds from sdists (wheels/) is keyed by the sdist's URL and the Python alone, not by
+# the MPI a wheel was compiled against, and pip has no option to turn off that cache alone (--no-cache-dir drops the
+# download cache too; --no-binary stopped skipping it in pip 23.1). So wheels/ is a cache mount of its own per MPI
+# (its id: the builder's base, the Open MPI pin, mpicc), over the pip cache every recipe shares. -g0: with debug
+# info, gcc's variable tracking on mpi4py's single generated MPI.c grew past 20 GB (measured: with -g0, 2 min and
+# 1.4 GB).
+RUN --mount=type=secret,id=imgbuild-ca,target=/run/secrets/imgbuild-ca.pem,required=true \
+    --mount=type=cache,id=imgbuild-pip,target=/root/.cache/pip,sharing=locked \
+    --mount=type=cache,id=imgbuild-pip-wheels-mpi4py-openmpi-source-4.1.6-a4ef0608c876,target=/root/.cache/pip/wheels,sharing=locked \
+    CFLAGS="-O2 -g0" MPICC=/opt/openmpi/bin/mpicc /opt/venv/bin/pip install --no-binary=mpi4py mpi4py==4.0.3
 
 # ---- runtime ----------------------------------------------------------------------------------------------
-FROM debian:bookworm-slim
+FROM debian:bookworm-slim AS runtime
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG DEBIAN_FRONTEND=noninteractive
-RUN apt-get update \
+RUN --mount=type=cache,id=imgbuild-apt-debian-bookworm-slim-cache,target=/var/cache/apt,sharing=locked \
+    --mount=type=cache,id=imgbuild-apt-debian-bookworm-slim-lists,target=/var/lib/apt/lists,sharing=locked \
+    apt-get update \
  && apt-get install -y --no-install-recommends \
       ca-certificates \
       iproute2 \
@@ -61,8 +83,7 @@ RUN apt-get update \
       procps \
       python3 \
       python3-venv \
- && rm -f /etc/ssh/ssh_host_* \
- && rm -rf /var/lib/apt/lists/*
+ && rm -f /etc/ssh/ssh_host_*
 
 COPY --from=builder /opt/openmpi /opt/openmpi
 

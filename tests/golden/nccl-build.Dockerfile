@@ -3,31 +3,41 @@
 #
 # Layers run from what changes least to what changes most (base, OS packages, EFA, MPI, NCCL, plugin,
 # nccl-tests, Python/PyTorch, sshd, SageMaker, environment, entrypoint, manifest, labels), so bumping a
-# component rebuilds only the layers after it. Compiled parts and downloads happen in the builder stage; the runtime
-# stage copies only their results, and never sees the build's CA bundle.
+# component rebuilds only the layers after it. Compiled parts and their downloads happen in the builder stage; the
+# runtime stage copies their results, then pip-installs PyTorch in two layers (its CUDA wheels, then torch).
+#
+# For BuildKit: downloads trust the build secret imgbuild-ca (certifi's roots and --ca-bundle), mounted only by
+# the RUNs that download, so it is in no layer. apt and pip keep what they fetch in cache mounts, never in a layer:
+# a rebuild after an early change (an OS package, the base) downloads nothing again. Bases with Docker's docker-clean
+# apt config (Debian's and Ubuntu's images) delete the downloaded .debs after each install, so there only apt's lists
+# are cached; imgbuild leaves that config as the base has it.
 
 # ---- builder: downloads, checks and compiles ------------------------------------------------------------
 FROM nvidia/cuda:12.8.1-devel-ubuntu22.04 AS builder
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG DEBIAN_FRONTEND=noninteractive
-RUN apt-get update \
+RUN --mount=type=cache,id=imgbuild-apt-nvidia-cuda-12.8.1-devel-ubuntu22.04-cache,target=/var/cache/apt,sharing=locked \
+    --mount=type=cache,id=imgbuild-apt-nvidia-cuda-12.8.1-devel-ubuntu22.04-lists,target=/var/lib/apt/lists,sharing=locked \
+    apt-get update \
  && apt-get install -y --no-install-recommends \
       build-essential \
       ca-certificates \
       curl \
       gnupg \
       python3-dev \
-      python3-venv \
- && rm -rf /var/lib/apt/lists/*
-# Extra CA certificates for networks whose proxy intercepts TLS (imgbuild build --ca-bundle); builder only.
-COPY imgbuild/ca/ /usr/local/share/ca-certificates/imgbuild/
-RUN update-ca-certificates
-ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt \
-    PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PIP_NO_CACHE_DIR=1
+      python3-venv
+# The downloads of this stage (pip, curl) trust the build secret where the RUNs that download mount it. The stage is
+# never shipped, so its ENV may name the secret; the runtime stage passes it per command.
+ENV CURL_CA_BUNDLE="/run/secrets/imgbuild-ca.pem" \
+    GIT_SSL_CAINFO="/run/secrets/imgbuild-ca.pem" \
+    PIP_CERT="/run/secrets/imgbuild-ca.pem" \
+    PIP_DISABLE_PIP_VERSION_CHECK="1" \
+    REQUESTS_CA_BUNDLE="/run/secrets/imgbuild-ca.pem" \
+    SSL_CERT_FILE="/run/secrets/imgbuild-ca.pem"
 
 # EFA installer 1.43.2: downloaded and checked (signature) here, installed in the runtime stage.
-RUN mkdir -p /opt/imgbuild-dist \
+RUN --mount=type=secret,id=imgbuild-ca,target=/run/secrets/imgbuild-ca.pem,required=true \
+    mkdir -p /opt/imgbuild-dist \
  && cd /opt/imgbuild-dist \
  && curl -fsSLO https://efa-installer.amazonaws.com/aws-efa-installer-1.43.2.tar.gz \
  && curl -fsSLO https://efa-installer.amazonaws.com/aws-efa-installer-1.43.2.tar.gz.sig \
@@ -40,13 +50,15 @@ RUN mkdir -p /opt/imgbuild-dist \
  && tar -xzf aws-efa-installer-1.43.2.tar.gz \
  && rm aws-efa-installer-1.43.2.tar.gz
 # The builder needs libfabric and Open MPI too, to compile against them.
-RUN cd /opt/imgbuild-dist/aws-efa-installer \
+RUN --mount=type=cache,id=imgbuild-apt-nvidia-cuda-12.8.1-devel-ubuntu22.04-cache,target=/var/cache/apt,sharing=locked \
+    --mount=type=cache,id=imgbuild-apt-nvidia-cuda-12.8.1-devel-ubuntu22.04-lists,target=/var/lib/apt/lists,sharing=locked \
+    cd /opt/imgbuild-dist/aws-efa-installer \
  && apt-get update \
- && ./efa_installer.sh -y --skip-kmod --skip-limit-conf --no-verify --mpi=openmpi4 \
- && rm -rf /var/lib/apt/lists/*
+ && ./efa_installer.sh -y --skip-kmod --skip-limit-conf --no-verify --mpi=openmpi4
 
 # GDRCopy 2.5.1: the user-space library only (the gdrdrv kernel module belongs to the host).
-RUN curl -fsSL https://github.com/NVIDIA/gdrcopy/archive/refs/tags/v2.5.1.tar.gz | tar -xz -C /tmp \
+RUN --mount=type=secret,id=imgbuild-ca,target=/run/secrets/imgbuild-ca.pem,required=true \
+    curl -fsSL https://github.com/NVIDIA/gdrcopy/archive/refs/tags/v2.5.1.tar.gz | tar -xz -C /tmp \
  && make -C /tmp/gdrcopy-2.5.1 -j"$(nproc)" prefix=/opt/gdrcopy \
       libdir=/opt/gdrcopy/lib CUDA=/usr/local/cuda lib lib_install \
  && rm -rf /tmp/gdrcopy-2.5.1
@@ -55,13 +67,15 @@ RUN curl -fsSL https://github.com/NVIDIA/gdrcopy/archive/refs/tags/v2.5.1.tar.gz
 RUN python3 -m venv --system-site-packages /opt/venv
 
 # NCCL 2.27.5 (recipe), built for sm_80 only.
-RUN curl -fsSL https://github.com/NVIDIA/nccl/archive/refs/tags/v2.27.5-1.tar.gz | tar -xz -C /tmp \
+RUN --mount=type=secret,id=imgbuild-ca,target=/run/secrets/imgbuild-ca.pem,required=true \
+    curl -fsSL https://github.com/NVIDIA/nccl/archive/refs/tags/v2.27.5-1.tar.gz | tar -xz -C /tmp \
  && make -C /tmp/nccl-2.27.5-1 -j"$(nproc)" src.build \
       CUDA_HOME=/usr/local/cuda NVCC_GENCODE="-gencode=arch=compute_80,code=sm_80" BUILDDIR=/opt/nccl \
  && rm -rf /tmp/nccl-2.27.5-1 /opt/nccl/obj
 
 # nccl-tests 2.16.4 with MPI=1, against NCCL 2.27.5 and /opt/amazon/openmpi.
-RUN curl -fsSL https://github.com/NVIDIA/nccl-tests/archive/refs/tags/v2.16.4.tar.gz | tar -xz -C /tmp \
+RUN --mount=type=secret,id=imgbuild-ca,target=/run/secrets/imgbuild-ca.pem,required=true \
+    curl -fsSL https://github.com/NVIDIA/nccl-tests/archive/refs/tags/v2.16.4.tar.gz | tar -xz -C /tmp \
  && make -C /tmp/nccl-tests-2.16.4 -j"$(nproc)" MPI=1 MPI_HOME=/opt/amazon/openmpi \
       CUDA_HOME=/usr/local/cuda NCCL_HOME=/opt/nccl NVCC_GENCODE="-gencode=arch=compute_80,code=sm_80" \
  && mkdir -p /opt/nccl-tests \
@@ -69,15 +83,24 @@ RUN curl -fsSL https://github.com/NVIDIA/nccl-tests/archive/refs/tags/v2.16.4.ta
  && rm -rf /tmp/nccl-tests-2.16.4
 
 # mpi4py 4.0.3 compiled against the image's Open MPI (/opt/amazon/openmpi/bin/mpicc), never a wheel built for another MPI.
-# -g0: with debug info, gcc's variable tracking on mpi4py's single generated MPI.c grew past 20 GB (measured: with
-# -g0, 2 min and 1.4 GB).
-RUN CFLAGS="-O2 -g0" MPICC=/opt/amazon/openmpi/bin/mpicc /opt/venv/bin/pip install --no-binary=mpi4py mpi4py==4.0.3
+# pip's cache of the wheels it builds from sdists (wheels/) is keyed by the sdist's URL and the Python alone, not by
+# the MPI a wheel was compiled against, and pip has no option to turn off that cache alone (--no-cache-dir drops the
+# download cache too; --no-binary stopped skipping it in pip 23.1). So wheels/ is a cache mount of its own per MPI
+# (its id: the builder's base, the Open MPI pin, mpicc), over the pip cache every recipe shares. -g0: with debug
+# info, gcc's variable tracking on mpi4py's single generated MPI.c grew past 20 GB (measured: with -g0, 2 min and
+# 1.4 GB).
+RUN --mount=type=secret,id=imgbuild-ca,target=/run/secrets/imgbuild-ca.pem,required=true \
+    --mount=type=cache,id=imgbuild-pip,target=/root/.cache/pip,sharing=locked \
+    --mount=type=cache,id=imgbuild-pip-wheels-mpi4py-openmpi-efa-1.43.2-a52029d66182,target=/root/.cache/pip/wheels,sharing=locked \
+    CFLAGS="-O2 -g0" MPICC=/opt/amazon/openmpi/bin/mpicc /opt/venv/bin/pip install --no-binary=mpi4py mpi4py==4.0.3
 
 # ---- runtime ----------------------------------------------------------------------------------------------
-FROM nvidia/cuda:12.8.1-runtime-ubuntu22.04
+FROM nvidia/cuda:12.8.1-runtime-ubuntu22.04 AS runtime
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG DEBIAN_FRONTEND=noninteractive
-RUN apt-get update \
+RUN --mount=type=cache,id=imgbuild-apt-nvidia-cuda-12.8.1-runtime-ubuntu22.04-cache,target=/var/cache/apt,sharing=locked \
+    --mount=type=cache,id=imgbuild-apt-nvidia-cuda-12.8.1-runtime-ubuntu22.04-lists,target=/var/lib/apt/lists,sharing=locked \
+    apt-get update \
  && apt-get install -y --no-install-recommends \
       ca-certificates \
       iproute2 \
@@ -86,16 +109,17 @@ RUN apt-get update \
       procps \
       python3 \
       python3-venv \
- && rm -f /etc/ssh/ssh_host_* \
- && rm -rf /var/lib/apt/lists/*
+ && rm -f /etc/ssh/ssh_host_*
 
 # EFA installer 1.43.2: libfabric (efa provider) in /opt/amazon/efa, Open MPI in /opt/amazon.
 COPY --from=builder /opt/imgbuild-dist/aws-efa-installer /tmp/aws-efa-installer
-RUN cd /tmp/aws-efa-installer \
+RUN --mount=type=cache,id=imgbuild-apt-nvidia-cuda-12.8.1-runtime-ubuntu22.04-cache,target=/var/cache/apt,sharing=locked \
+    --mount=type=cache,id=imgbuild-apt-nvidia-cuda-12.8.1-runtime-ubuntu22.04-lists,target=/var/lib/apt/lists,sharing=locked \
+    cd /tmp/aws-efa-installer \
  && apt-get update \
  && ./efa_installer.sh -y --skip-kmod --skip-limit-conf --no-verify --mpi=openmpi4 \
  && cd / \
- && rm -rf /tmp/aws-efa-installer /var/lib/apt/lists/*
+ && rm -rf /tmp/aws-efa-installer
 
 COPY --from=builder /opt/gdrcopy /opt/gdrcopy
 

@@ -29,7 +29,7 @@ from imgbuild.components import (
     sagemaker,
     sshd,
 )
-from imgbuild.components._core import HERE, Block, Context, Contribution, Pin, Provides, Resolution
+from imgbuild.components._core import HERE, Block, Context, Contribution, Pin, Provides, Resolution, builder_base, slug
 
 # Runtime layer order: what changes least goes first, so bumping a component rebuilds only what follows it:
 # EFA/libfabric, MPI, GDRCopy, NCCL, plugin, tests, Python (+PyTorch), then the parts that change most often (sshd and
@@ -106,8 +106,10 @@ __all__ = [
     "Pin",
     "Provides",
     "Resolution",
+    "builder_base",
     "builder_order",
     "dedupe",
     "resolve_order",
     "runtime_order",
+    "slug",
 ]

@@ -3,6 +3,7 @@ the resolution state a block's pin rule works on. Component modules import this;
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,6 +76,19 @@ class Context:
     site_packages: str | None = None  # the venv's site-packages
     nccl_home: str | None = None  # the NCCL others compile against (include/ and lib/)
     efa_in_builder: bool = False
+
+
+def builder_base(resolved: Any) -> str:
+    """The builder stage's base: the recipe's `base.builder_tag` of the same image, else the runtime's base."""
+    return str(resolved.pins["base"].details.get("builder", resolved.base_ref))
+
+
+def slug(text: str) -> str:
+    """`text` as a BuildKit cache id part a person can read: lower case, runs of anything but letters, digits and dots
+    as one '-' (nvidia/cuda:12.8.1-devel-ubuntu22.04 -> nvidia-cuda-12.8.1-devel-ubuntu22.04); an image digest keeps
+    its first 12 hex digits."""
+    text = re.sub(r"@sha256:([0-9a-f]{12})[0-9a-f]*", r"@\1", text.lower())
+    return re.sub(r"[^a-z0-9.]+", "-", text).strip("-")
 
 
 class Resolution:

@@ -8,10 +8,11 @@ Recipe options (`components.mpi4py`):
 
 from __future__ import annotations
 
+import hashlib
 from typing import Literal
 
 from imgbuild.checks import CheckContext, check, compare, fail
-from imgbuild.components._core import Block, Context, Contribution, Pin, Resolution
+from imgbuild.components._core import Block, Context, Contribution, Pin, Resolution, builder_base, slug
 from imgbuild.report import CheckResult
 from imgbuild.schema import Strict, pin_validator
 
@@ -58,6 +59,17 @@ def mpicc(ctx: Context) -> str:
     return "mpicc" if mpi.source == "distro" else f"{ctx.mpi_home}/bin/mpicc"
 
 
+def wheel_cache_id(ctx: Context) -> str:
+    """The cache id of the pip wheel cache mpi4py's build writes to: one per MPI it can be compiled against (the
+    builder stage's base image, the Open MPI pin, mpicc), so that a wheel built for one MPI is never installed for
+    another. Readable part: the MPI; a digest of all three keeps bases apart."""
+    mpi = ctx.resolved.pins["openmpi"]
+    efa = ctx.resolved.pins.get("efa")
+    what = f"openmpi-{mpi.source}-{mpi.version or (efa.version if efa and mpi.source == 'efa' else mpi.origin)}"
+    key = "\n".join([builder_base(ctx.resolved), mpi.model_dump_json(), mpicc(ctx)])
+    return f"imgbuild-pip-wheels-mpi4py-{slug(what)}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+
+
 BLOCK = Block(
     name="mpi4py",
     options=MPI4Py,
@@ -66,7 +78,7 @@ BLOCK = Block(
     contribute=contribute,
     after=("python", "openmpi"),
     build_after=("python", "openmpi"),
-    template_globals={"mpi4py_mpicc": mpicc},
+    template_globals={"mpi4py_mpicc": mpicc, "mpi4py_wheel_cache_id": wheel_cache_id},
 )
 
 

@@ -1,11 +1,14 @@
 """pytorch: PyTorch from the package index (the default Linux wheels: they carry CUDA and NCCL) or the base image.
 
 Recipe options (`components.pytorch`):
-    source    pip (default): `pip install torch==VERSION` into the venv | base: the base image has it (Gaudi)
+    source    pip (default): pip-installs it into the venv in the runtime stage, in two layers: the CUDA and NCCL
+              wheels the release pins, then `torch==VERSION` (and numpy) | base: the base image has it (Gaudi)
     numpy     2.2.6 (default): the numpy installed beside it; null for none
-    version   the release; its wheel's pins (CUDA, nvidia-nccl-cuXX) come from the shipped table, else from the
-              wheel's METADATA on the index (range requests: see pypi.py)
-The NCCL block takes PyTorch's NCCL pin, so the NCCL of the image is the one PyTorch was built with.
+    version   the release; its wheel's pins (CUDA, nvidia-nccl-cuXX, every CUDA wheel) come from the shipped table,
+              else from the wheel's METADATA on the index (range requests: see pypi.py)
+The NCCL block takes PyTorch's NCCL pin, so the NCCL of the image is the one PyTorch was built with. The lock keeps
+the CUDA wheels (details.cuda_wheels, space-separated requirements), so the first layer's RUN is the same text for
+every release that pins the same wheels (2.9.0 and 2.9.1, say): a torch patch bump re-sends only the torch layer.
 """
 
 from __future__ import annotations
@@ -88,13 +91,17 @@ def resolve(t: PyTorch, rs: Resolution) -> Pin:
         details={
             "cuda": wheel.cuda,
             "nccl": f"{wheel.nccl_package}=={wheel.nccl}",
+            "cuda_wheels": " ".join(wheel.cuda_wheels),
             **({"numpy": t.numpy} if t.numpy else {}),
         },
     )
 
 
-# Measured for torch 2.9.1 (4.07 GB of wheels, 7.1 GB installed): the engine needs about 16 GB free while the
-# layer is written and committed (the builder's layer, its copy into the runtime stage, and the downloads).
+# Measured for torch 2.9.1 on BuildKit (pip's downloads 4.0 GB, the two runtime layers 4.14 + 2.56 GB): the engine
+# needs about 16 GB free for a build with an empty pip cache: the wheels kept in the pip cache mount (4.0 GB, once
+# per machine), pip's temporary copy of what one step downloads (up to 3.3 GB, the CUDA wheels) and the layers while
+# they are written and committed (6.7 GB); no builder-stage copy of torch any more. With the wheels already cached a
+# rebuild needs the layers alone (about 7 GB), but the check cannot know that, so it asks for the cold figure.
 PIP_BUILD_DISK_GB = 16.0
 
 
@@ -109,7 +116,6 @@ BLOCK = Block(
     resolve=resolve,
     contribute=contribute,
     after=("python",),
-    build_after=("python",),
     tag=(2, "pt"),
 )
 

@@ -206,7 +206,7 @@ def test_rebuild_takes_the_heavy_steps_from_the_registry(round_trip: RoundTrip) 
     work = sum(s.seconds or 0 for s in heavy_first)
     skipped = [s.name[:100] for s in heavy_first if s.name not in state]
     print(
-        f"\nrebuild from the registry cache over tcp: {rt.second_s:.1f}s (cold build {rt.first_s:.1f}s, ratio "
+        f"\nrebuild from the registry cache over tcp: {rt.second_s:.1f}s (first build {rt.first_s:.1f}s, ratio "
         f"{rt.second_s / rt.first_s:.2f}); heavy steps of the first build ({work:.1f}s of work there): "
         f"{len(cached)} cached, {len(skipped)} not needed {skipped}; {summary.group(0)}"
     )

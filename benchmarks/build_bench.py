@@ -1,54 +1,268 @@
-"""Build benchmark (prints figures; asserts nothing): cold build of cpu, rebuild after bumping a late component
-(the sshd port), rebuild after bumping an early one (the OS package set, where Debian's Open MPI comes from),
-each time with its ratio to the cold build, plus the image size.
+"""Build benchmark, classic builder vs BuildKit (prints figures; asserts nothing).
 
-    python benchmarks/build_bench.py            # needs a running engine and the base image (scripts/setup.sh)
+For each recipe (cpu, pytorch), on one engine, in one run:
+
+- BuildKit (this checkout's `imgbuild build`): cold build (the engine's build cache pruned, cache mounts included,
+  and --no-cache), warm rebuild, late bump (the sshd port), early bump (an OS package: every layer after the OS
+  packages runs again, and the pip cache mount must serve every wheel), and a rebuild from a registry cache after
+  the engine's build cache and the image are gone (`--cache-to` then `--cache-from`);
+- classic (the same cases with the last classic-builder release of imgbuild, checked out with `git worktree` from
+  --classic-rev and run with its own code: docker-py's classic builder, PIP_NO_CACHE_DIR);
+
+each with its ratio to that builder's cold build, the steps run, and the bytes pip fetched from the package index
+(its "Downloading X (N MB)" lines) against the wheels it took from its cache ("Using cached"), read off the build's
+own log. Then, with --torch-pair OLD,NEW (two torch releases whose CUDA wheels are pinned alike), what a push
+re-sends for that torch patch bump, before (classic layout: one venv layer) and after (the CUDA wheels and torch
+in layers of their own): build OLD, push it, build NEW, push it to the same repository, and measure the bytes the
+registry stored for the second push.
+
+It prunes the engine's whole build cache and removes the images it builds, so it refuses to run unless --own-engine
+says the engine at DOCKER_HOST is its own (the second engine of scripts/dockerd2.sh is one:
+`DOCKER_HOST=unix:///run/imgbuild-docker2.sock`), and it needs a local registry (scripts/registry.sh start).
+
+    source scripts/ca-env.sh
+    DOCKER_HOST=unix:///run/imgbuild-docker2.sock python benchmarks/build_bench.py --own-engine \\
+        --recipe cpu --recipe pytorch --torch-pair 2.9.0,2.9.1
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import os
+import re
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from imgbuild import build, engine
+import docker
 
-VARIANTS = {
-    "late: sshd port 3022 -> 3023": "extends: cpu\ncomponents:\n  sshd: {ports: [3023]}\n",
-    "early: OS packages (+less)": "extends: cpu\nos:\n  packages: [ca-certificates, iproute2, procps, less]\n",
-}
+from imgbuild import engine
+
+CLASSIC_REV = "22c2ce1"  # the last commit whose builds ran on the classic builder (issue 15)
+REPO = Path(__file__).resolve().parent.parent
+REGISTRY_DATA = Path(
+    os.environ.get("REGISTRY_DIR", Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "imgbuild/registry")
+)
+LATE = "components:\n  sshd: {ports: [3023]}\n"
+EARLY = "os:\n  packages: [ca-certificates, iproute2, procps, less]\n"
+_PIP_FILE = re.compile(r"(Downloading|Using cached) (\S+) \(([\d.]+) (kB|MB|GB)\)")
+# `pip download` into the wheelhouse of the pip cache mount: a wheel already there is not fetched again.
+_PIP_HAVE = re.compile(r"File was already downloaded (\S+)")
+_UNIT = {"kB": 1e3, "MB": 1e6, "GB": 1e9}
+_BUILT = re.compile(r"^built (sha256:[0-9a-f]{64})", re.M)
+_LOG = re.compile(r"log: (\S+)\s*$", re.M)
 
 
-def timed(ref: str, **kwargs: object) -> tuple[float, build.BuildResult]:
-    t0 = time.monotonic()
-    result = build.build(ref, ca_bundle=build.ca_bundle_from(None), **kwargs)  # type: ignore[arg-type]
-    return time.monotonic() - t0, result
+@dataclass
+class Row:
+    recipe: str
+    builder: str
+    case: str
+    seconds: float
+    steps: str
+    fetched_mb: float
+    cache_hits: int
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Built:
+    image_id: str
+    seconds: float
+    log: str
+    output: str
+
+
+def _du(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def pip_bytes(log: str) -> tuple[float, int, int]:
+    """(MB pip downloaded, files pip took from its cache, files downloaded) from a build log."""
+    fetched = 0.0
+    files = 0
+    hits = len(_PIP_HAVE.findall(log))
+    for how, _name, size, unit in _PIP_FILE.findall(log):
+        if how == "Downloading":
+            fetched += float(size) * _UNIT[unit] / 1e6
+            files += 1
+        else:
+            hits += 1
+    return fetched, hits, files
+
+
+def steps_of(output: str, log: str) -> str:
+    m = re.search(r"(\d+) of (\d+) steps run", output)
+    if m:
+        return f"{m.group(1)}/{m.group(2)}"
+    return "?"
+
+
+class Runner:
+    """Runs `imgbuild build` of one implementation (this checkout, or a worktree of the classic release)."""
+
+    def __init__(self, name: str, src: Path, workdir: Path) -> None:
+        self.name = name
+        self.src = src
+        self.workdir = workdir
+
+    def build(self, ref: str, *args: str) -> Built:
+        env = {**os.environ, "PYTHONPATH": str(self.src), "CI": "true"}
+        t0 = time.monotonic()
+        proc = subprocess.run(
+            [sys.executable, "-m", "imgbuild", "build", ref, *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=self.workdir,
+        )
+        seconds = time.monotonic() - t0
+        if proc.returncode != 0:
+            raise SystemExit(f"{self.name}: imgbuild build {ref} {' '.join(args)} failed:\n{proc.stderr[-3000:]}")
+        built, log = _BUILT.search(proc.stdout), _LOG.search(proc.stdout)
+        if not built or not log:
+            raise SystemExit(f"{self.name}: cannot read the image id and log from:\n{proc.stdout}")
+        return Built(built.group(1), seconds, Path(log.group(1)).read_text(errors="replace"), proc.stdout)
+
+
+def variant(folder: Path, recipe: str, name: str, body: str) -> str:
+    path = folder / f"{recipe}-{name}.yaml"
+    path.write_text(f"extends: {recipe}\n{body}")
+    return str(path)
+
+
+def prune(client: docker.DockerClient) -> None:
+    client.api.prune_builds(all=True)
+
+
+def remove_images(client: docker.DockerClient, image_ids: list[str]) -> None:
+    for image_id in dict.fromkeys(image_ids):
+        with contextlib.suppress(docker.errors.NotFound):
+            client.images.remove(image_id, force=True)
+
+
+def cases(
+    client: docker.DockerClient, runner: Runner, recipe: str, folder: Path, registry: str | None, *, buildkit: bool
+) -> list[Row]:
+    rows: list[Row] = []
+    made: list[str] = []
+
+    def row(case: str, b: Built, *notes: str) -> None:
+        fetched, cached, files = pip_bytes(b.log)
+        made.append(b.image_id)
+        rows.append(Row(recipe, runner.name, case, b.seconds, steps_of(b.output, b.log), fetched, cached, [*notes]))
+        if files:
+            rows[-1].notes.append(f"{files} files downloaded")
+
+    if buildkit:
+        prune(client)  # cache mounts too: the pip cache starts empty
+    cold = runner.build(recipe, "--no-cache")
+    row("cold", cold)
+    row("warm rebuild", runner.build(recipe))
+    row("late bump (sshd port)", runner.build(variant(folder, recipe, "late", LATE)))
+    row("early bump (OS package)", runner.build(variant(folder, recipe, "early", EARLY)))
+    if buildkit and registry:
+        ref = f"{registry}/imgbuild-bench-cache/{recipe}:{int(time.time())}"
+        row("export the registry cache (--cache-to)", runner.build(recipe, "--cache-to", ref))
+        remove_images(client, made)
+        prune(client)
+        row("after prune: rebuild --cache-from", runner.build(recipe, "--cache-from", ref))
+    remove_images(client, made)
+    return rows
+
+
+def torch_pair(client: docker.DockerClient, runner: Runner, folder: Path, registry: str, pair: tuple[str, str]) -> str:
+    """Build and push torch OLD then NEW (the pytorch recipe with components.pytorch.version), to one repository;
+    say what the second push stored."""
+    repo = f"{registry}/imgbuild-bench-pair-{runner.name}"
+    sizes = []
+    made = []
+    for version in pair:
+        ref = variant(folder, "pytorch", f"torch-{version}", f"components:\n  pytorch: {{version: {version}}}\n")
+        b = runner.build(ref)
+        made.append(b.image_id)
+        tag = f"{repo}:torch-{version}"
+        client.images.get(b.image_id).tag(tag)
+        before = _du(REGISTRY_DATA)
+        pushed = already = 0
+        for rec in client.api.push(tag, stream=True, decode=True):
+            if "error" in rec:
+                raise SystemExit(f"push {tag}: {rec['error']}")
+            status = str(rec.get("status", ""))
+            pushed += status == "Pushed"
+            already += status == "Layer already exists"
+        sizes.append((version, _du(REGISTRY_DATA) - before, pushed, already))
+        client.images.remove(tag)
+    remove_images(client, made)
+    (v_old, b_old, p_old, _), (v_new, b_new, p_new, a_new) = sizes
+    return (
+        f"{runner.name}: push of torch {v_old} stored {b_old / 1e6:.0f} MB ({p_old} layers); the bump to {v_new} "
+        f"stored {b_new / 1e6:.0f} MB more ({p_new} layers pushed, {a_new} already there)"
+    )
+
+
+def classic_checkout(rev: str, where: Path) -> Path:
+    subprocess.run(
+        ["git", "-C", str(REPO), "worktree", "add", "--detach", str(where), rev], check=True, capture_output=True
+    )
+    return where / "src"
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--recipe", action="append", choices=["cpu", "pytorch"], help="default: cpu and pytorch")
+    parser.add_argument("--classic-rev", default=CLASSIC_REV, help="the classic-builder release to compare with")
+    parser.add_argument("--only", choices=["buildkit", "classic"], help="one builder (default: both, in one run)")
+    parser.add_argument("--registry", default="127.0.0.1:5000", help="a registry the engine pushes to over HTTP")
+    parser.add_argument("--torch-pair", help="OLD,NEW: torch releases with the same CUDA wheel pins (e.g. 2.9.0,2.9.1)")
+    parser.add_argument("--own-engine", action="store_true", help="the engine at DOCKER_HOST may have its cache pruned")
+    args = parser.parse_args()
+    if not args.own_engine:
+        parser.error("this prunes the engine's build cache: pass --own-engine (e.g. with scripts/dockerd2.sh's engine)")
+    recipes = args.recipe or ["cpu", "pytorch"]
     client = engine.connect()
-    rows: list[tuple[str, float, int, int, int]] = []
+    rows: list[Row] = []
+    notes: list[str] = []
     with tempfile.TemporaryDirectory(prefix="imgbuild-bench-") as tmp:
-        cold, result = timed("cpu", nocache=True)
-        size = client.images.get(result.image_id).attrs["Size"]
-        rows.append(("cold build of cpu (--no-cache)", cold, result.steps_run, result.steps_total, size))
-        warm, result = timed("cpu")
-        rows.append(("rebuild, nothing changed", warm, result.steps_run, result.steps_total, size))
-        made: list[str] = []
-        for label, text in VARIANTS.items():
-            path = Path(tmp) / f"bench-{len(made)}.yaml"
-            path.write_text(text)
-            seconds, result = timed(str(path))
-            made.extend(result.refs)
-            size_v = client.images.get(result.image_id).attrs["Size"]
-            rows.append((f"rebuild after bumping {label}", seconds, result.steps_run, result.steps_total, size_v))
-        for ref in made:
-            client.images.remove(ref, noprune=False)
-    print(f"{'case':48} {'seconds':>8} {'x cold':>7} {'steps run':>10} {'size MB':>8}")
-    for label, seconds, run, total, size_b in rows:
-        print(f"{label:48} {seconds:8.1f} {seconds / cold:7.2f} {f'{run}/{total}':>10} {size_b / 1e6:8.0f}")
+        folder = Path(tmp)
+        runners = [] if args.only == "classic" else [(Runner("buildkit", REPO / "src", folder), True)]
+        classic_src = None
+        if args.only != "buildkit":
+            classic_src = classic_checkout(args.classic_rev, folder / "classic")
+            runners.append((Runner("classic", classic_src, folder), False))
+        try:
+            for recipe in recipes:
+                for runner, buildkit in runners:
+                    rows += cases(client, runner, recipe, folder, args.registry, buildkit=buildkit)
+            if args.torch_pair:
+                pair = tuple(args.torch_pair.split(","))
+                assert len(pair) == 2, "--torch-pair OLD,NEW"
+                for runner, _ in runners:
+                    notes.append(torch_pair(client, runner, folder, args.registry, (pair[0], pair[1])))
+        finally:
+            if classic_src is not None:
+                subprocess.run(
+                    ["git", "-C", str(REPO), "worktree", "remove", "--force", str(folder / "classic")], check=False
+                )
+                shutil.rmtree(folder / "classic", ignore_errors=True)
+    cold = {(r.recipe, r.builder): r.seconds for r in rows if r.case == "cold"}
+    print(
+        f"{'recipe':8} {'builder':9} {'case':40} {'seconds':>8} {'x cold':>7} {'steps run':>10} "
+        f"{'index MB':>9} {'cache hits':>10}  notes"
+    )
+    for r in rows:
+        ratio = r.seconds / cold[(r.recipe, r.builder)]
+        print(
+            f"{r.recipe:8} {r.builder:9} {r.case:40} {r.seconds:8.1f} {ratio:7.2f} {r.steps:>10} "
+            f"{r.fetched_mb:9.0f} {r.cache_hits:10d}  {'; '.join(r.notes)}"
+        )
+    for note in notes:
+        print(note)
     print(f"engine: {os.environ.get('DOCKER_HOST', 'local socket')}; CPUs: {os.cpu_count()}")
     return 0
 

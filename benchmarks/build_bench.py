@@ -112,7 +112,8 @@ class Runner:
         self.workdir = workdir
 
     def build(self, ref: str, *args: str) -> Built:
-        env = {**os.environ, "PYTHONPATH": str(self.src), "CI": "true"}
+        # TMPDIR: the build contexts go in the benchmark's own folder, away from anything watching /tmp.
+        env = {**os.environ, "PYTHONPATH": str(self.src), "CI": "true", "TMPDIR": str(self.workdir)}
         t0 = time.monotonic()
         proc = subprocess.run(
             [sys.executable, "-m", "imgbuild", "build", ref, *args],
@@ -220,9 +221,10 @@ def main() -> int:
     parser.add_argument("--only", choices=["buildkit", "classic"], help="one builder (default: both, in one run)")
     parser.add_argument("--registry", default="127.0.0.1:5000", help="a registry the engine pushes to over HTTP")
     parser.add_argument("--torch-pair", help="OLD,NEW: torch releases with the same CUDA wheel pins (e.g. 2.9.0,2.9.1)")
+    parser.add_argument("--pair-only", action="store_true", help="only --torch-pair (prunes nothing: any engine)")
     parser.add_argument("--own-engine", action="store_true", help="the engine at DOCKER_HOST may have its cache pruned")
     args = parser.parse_args()
-    if not args.own_engine:
+    if not args.own_engine and not args.pair_only:
         parser.error("this prunes the engine's build cache: pass --own-engine (e.g. with scripts/dockerd2.sh's engine)")
     recipes = args.recipe or ["cpu", "pytorch"]
     client = engine.connect()
@@ -236,7 +238,7 @@ def main() -> int:
             classic_src = classic_checkout(args.classic_rev, folder / "classic")
             runners.append((Runner("classic", classic_src, folder), False))
         try:
-            for recipe in recipes:
+            for recipe in [] if args.pair_only else recipes:
                 for runner, buildkit in runners:
                     rows += cases(client, runner, recipe, folder, args.registry, buildkit=buildkit)
             if args.torch_pair:
@@ -251,10 +253,11 @@ def main() -> int:
                 )
                 shutil.rmtree(folder / "classic", ignore_errors=True)
     cold = {(r.recipe, r.builder): r.seconds for r in rows if r.case == "cold"}
-    print(
-        f"{'recipe':8} {'builder':9} {'case':40} {'seconds':>8} {'x cold':>7} {'steps run':>10} "
-        f"{'index MB':>9} {'cache hits':>10}  notes"
-    )
+    if rows:
+        print(
+            f"{'recipe':8} {'builder':9} {'case':40} {'seconds':>8} {'x cold':>7} {'steps run':>10} "
+            f"{'index MB':>9} {'cache hits':>10}  notes"
+        )
     for r in rows:
         ratio = r.seconds / cold[(r.recipe, r.builder)]
         print(

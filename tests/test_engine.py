@@ -556,6 +556,8 @@ def test_a_killed_imgbuild_does_not_leave_its_build_running(
     ctx = _context(tmp_path, f"FROM {base_image}\nRUN echo {marker} && echo step-started && sleep {seconds}\n")
     log, tag = tmp_path / "killed.log", make_tag()
     env = {**os.environ, "CI": "1", "PYTHONPATH": os.pathsep.join([str(SRC_DIR), os.environ.get("PYTHONPATH", "")])}
+    # The killed imgbuild cannot remove its work folder (iidfile, secrets): it makes it in tmp_path, not in /tmp.
+    env["TMPDIR"] = str(tmp_path)
     proc = subprocess.Popen([sys.executable, "-c", INTERRUPT_SCRIPT, str(ctx), str(log), tag],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)  # fmt: skip
     try:

@@ -158,7 +158,7 @@ def build(
         folder = Path(tempfile.mkdtemp(prefix=f"imgbuild-context-{plan.recipe}-"))
         try:
             with builders.temp_secrets({render.CA_SECRET_ID: secret}) as secrets:
-                _write_context(plan, folder)
+                context.write(plan, folder)  # only what the Dockerfile copies; the CA bundle is the secret
                 outcome = builders.build(
                     chosen,
                     client,
@@ -200,12 +200,6 @@ def build(
         cache=cache.describe(),
         cache_pushed=pushed,
     )
-
-
-def _write_context(plan: render.BuildPlan, folder: Path) -> None:
-    """The build context: only what the Dockerfile copies. The CA bundle is no file of it: it travels as the build
-    secret `render.CA_SECRET_ID`."""
-    context.write(plan, folder)
 
 
 def _push_cache(client: Any, image_id: str, ref: str, observer: Any | None = None) -> str:

@@ -304,17 +304,26 @@ class Cache:
         return "no cache between machines"
 
 
-def check_cache_ref(value: str, option: str) -> str:
-    """A --cache-from / --cache-to reference (Docker's grammar; --cache-to takes a tag, no digest); `UsageError`
-    (exit 2) naming the option otherwise."""
+def cache_ref_problem(value: str, option: str) -> str | None:
+    """Why `value` is no --cache-from / --cache-to reference (Docker's grammar; --cache-to takes a tag, no digest);
+    None when it is one."""
     from imgbuild import validate
 
     try:
         validate.image_ref(value)
     except ValueError as exc:
-        raise UsageError(f"{option}: {exc}") from None
+        return str(exc)
     if option == "--cache-to" and "@" in value:
-        raise UsageError(f"--cache-to {value!r}: a cache is written under a tag, not a digest")
+        return f"a cache is written under a tag, not a digest: {value[:120]!r}"
+    return None
+
+
+def check_cache_ref(value: str, option: str) -> str:
+    """`value` when it is a --cache-from / --cache-to reference (`cache_ref_problem`); `UsageError` (exit 2) naming
+    the option otherwise."""
+    problem = cache_ref_problem(value, option)
+    if problem:
+        raise UsageError(f"{option}: {problem}")
     return value
 
 

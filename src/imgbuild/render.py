@@ -52,7 +52,8 @@ CA_MOUNT = f"--mount=type=secret,id={CA_SECRET_ID},target={CA_SECRET_PATH},requi
 # stage only PIP_CERT, as a prefix of the pip command (the final image's ENV never names the secret).
 CA_ENV = {name: CA_SECRET_PATH for name in ("CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "PIP_CERT", "REQUESTS_CA_BUNDLE",
                                            "SSL_CERT_FILE")}  # fmt: skip
-PIP_ENV = f"PIP_CERT={CA_SECRET_PATH} PIP_DISABLE_PIP_VERSION_CHECK=1"
+PIP_QUIET = {"PIP_DISABLE_PIP_VERSION_CHECK": "1"}  # both stages' pip: no check for a newer pip
+PIP_ENV = " ".join(f"{k}={v}" for k, v in {"PIP_CERT": CA_SECRET_PATH, **PIP_QUIET}.items())
 # One pip cache for every pip step of every recipe (the nccl wheel, PyTorch's CUDA wheels and torch, mpi4py's
 # sdist): `locked`, since two builds writing one pip cache at once would race. What pip builds from an sdist is kept
 # apart (see the mpi4py block).
@@ -196,7 +197,6 @@ def environment() -> jinja2.Environment:
         return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$") + '"'
 
     env.filters["shquote"] = shlex.quote
-    env.filters["slug"] = slug
     env.globals.update(
         run=run,
         ca_secret_id=CA_SECRET_ID,
@@ -358,7 +358,7 @@ def _dockerfile(resolved: Resolved, ctx: Context, contribs: dict[str, Contributi
             env_paths=env_paths,
             env=recipe_env,
             labels=dict(sorted(labels.items())),
-            builder_env={**CA_ENV, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+            builder_env={**CA_ENV, **PIP_QUIET},
             has_sshd="sshd" in pins,
             has_sagemaker="sagemaker" in pins,
         )

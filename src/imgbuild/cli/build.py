@@ -63,28 +63,20 @@ def _builder_name(value: str | None) -> str | None:
 
 def _cache_refs(values: list[str] | None) -> list[str] | None:
     """--cache-from REF (repeatable): each a Docker image reference, else a usage error naming the option."""
-    from imgbuild import validate
+    from imgbuild import builders
 
     for value in values or []:
-        try:
-            validate.image_ref(value)
-        except ValueError as exc:
-            raise typer.BadParameter(str(exc)) from None
+        if problem := builders.cache_ref_problem(value, "--cache-from"):
+            raise typer.BadParameter(problem)
     return values
 
 
 def _cache_to(value: str | None) -> str | None:
     """--cache-to REF: an image reference with a tag (no digest), else a usage error naming the option."""
-    from imgbuild import validate
+    from imgbuild import builders
 
-    if value is None:
-        return None
-    try:
-        validate.image_ref(value)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
-    if "@" in value:
-        raise typer.BadParameter(f"a cache is written under a tag, not a digest: {value[:120]!r}")
+    if value is not None and (problem := builders.cache_ref_problem(value, "--cache-to")):
+        raise typer.BadParameter(problem)
     return value
 
 

@@ -27,9 +27,11 @@ from typer.testing import CliRunner
 
 from conftest import REPO, UPSTREAM
 from imgbuild import lock, recipe, render
+from imgbuild.cli.cluster import job_command
 from imgbuild.cluster import jobs
 from imgbuild.errors import RecipeError
 from imgbuild.launch import for_manifest
+from imgbuild.nccltests import command
 
 DATA = UPSTREAM
 K8S = DATA / "k8s"
@@ -370,8 +372,8 @@ def test_default_programs(name: str) -> None:
     manifest, _ = jobs.image_manifest(res)
     p = plan(name, "mpijob", 4)
     if "nccl_tests" in res.pins:
-        args = jobs.nccl_tests_args(p.instance_type)
-        assert p.program == (f"{manifest.components['nccl_tests'].prefix}/all_reduce_perf", *args)
+        args = command.args(p.instance_type)
+        assert p.program == (f"{manifest.components['nccl_tests'].details.prefix}/all_reduce_perf", *args)
         assert "NCCL_DEBUG" in dict(p.env)
     elif "mpi4py" in res.pins:
         assert p.program[:2] == (manifest.python, "-c") and p.program[-1] == "4"
@@ -481,9 +483,9 @@ def cli() -> typer.Typer:
 
     @app.callback()
     def cluster() -> None:
-        """Test mount of the command (cluster/cli.py registers it on the real sub-app)."""
+        """Test mount of the command (cli/cluster.py registers it on the real sub-app)."""
 
-    app.command("job")(jobs.job_command)
+    app.command("job")(job_command)
     return app
 
 
@@ -571,7 +573,7 @@ LARGE = ["p5.48xlarge", "p5e.48xlarge", "p5en.48xlarge"]
 )
 @pytest.mark.parametrize("engine", ["mpijob", "slurm"])
 def test_jobs_run_as_far_as_the_report_judges(name: str, instance_type: str, engine: str) -> None:
-    from imgbuild.cluster import expected
+    from imgbuild.nccltests import expected
 
     p = plan(name, engine, instance_type=instance_type, efa=None if jobs.efa_devices(instance_type) else 1)
     assert p.runs_all_reduce_perf

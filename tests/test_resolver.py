@@ -120,7 +120,7 @@ def test_torch_not_in_table_uses_index_lookup(recipe_dir: Path) -> None:
     assert seen == ["2.9.9"]
     assert resolved.version("nccl") == "2.27.5"
     assert "package index" in resolved.pins["pytorch"].origin
-    assert resolved.pins["pytorch"].details["cuda_wheels"].split() == list(compat.TORCH["2.9.1"].cuda_wheels)
+    assert list(resolved.pins["pytorch"].details.cuda_wheels) == list(compat.TORCH["2.9.1"].cuda_wheels)
 
 
 def test_the_torch_table_pins_its_nccl_among_its_cuda_wheels() -> None:
@@ -145,7 +145,7 @@ def test_a_lock_of_a_release_from_the_index_keeps_its_cuda_wheels(recipe_dir: Pa
     lock.write(loaded, resolve(loaded, lookup_torch=lookup))
     locked = lock.read(loaded)
     assert locked is not None
-    assert locked.pins["pytorch"].details["cuda_wheels"].split() == list(compat.TORCH["2.7.1"].cuda_wheels)
+    assert list(locked.pins["pytorch"].details.cuda_wheels) == list(compat.TORCH["2.7.1"].cuda_wheels)
 
 
 def test_torch_lookup_failure_is_explained(recipe_dir: Path) -> None:
@@ -220,9 +220,29 @@ def test_a_lock_edited_by_hand_is_refused(recipe_dir: Path) -> None:
     assert err.value.exit_code == 4 and "mine.lock.json" in str(err.value)
 
 
+def test_a_lock_of_the_untyped_format_says_older(recipe_dir: Path) -> None:
+    """A lock of format 1 (details as strings) is refused as written by an older imgbuild, with the command to
+    run."""
+    import json
+
+    from imgbuild import lock
+    from imgbuild.errors import LockError
+
+    (recipe_dir / "mine.yaml").write_text("extends: cpu\n")
+    loaded = recipe.load(recipe_dir / "mine.yaml")
+    path = lock.write(loaded, resolve(loaded))
+    data = json.loads(path.read_text())
+    data["lock_version"] = 1
+    path.write_text(json.dumps(data))
+    with pytest.raises(LockError, match=r"lock_version: expected 2 \(written by an older imgbuild\)") as err:
+        lock.read(loaded)
+    assert err.value.hint == "imgbuild lock " + str(recipe_dir / "mine.yaml")
+
+
 @pytest.mark.parametrize("version", ["2.9.1", "2.7.0"], ids=["shipped-table", "from-the-index"])
-def test_a_lock_from_before_the_cuda_wheels_says_so(recipe_dir: Path, version: str) -> None:
-    """A lock written before the pytorch pin recorded its CUDA wheels is refused as older, not as edited by hand."""
+def test_a_lock_without_the_cuda_wheels_is_refused(recipe_dir: Path, version: str) -> None:
+    """A pytorch pin without its CUDA wheels cannot be checked offline (from the index) or differs from the table:
+    refused, naming the pin, with the command that writes a good lock."""
     import json
 
     from imgbuild import lock
@@ -237,9 +257,9 @@ def test_a_lock_from_before_the_cuda_wheels_says_so(recipe_dir: Path, version: s
     data = json.loads(path.read_text())
     del data["pins"]["pytorch"]["details"]["cuda_wheels"]
     path.write_text(json.dumps(data))
-    with pytest.raises(LockError, match=r"older imgbuild|written before") as err:
+    with pytest.raises(LockError, match=r"older imgbuild|pytorch.details.cuda_wheels: lock \(\)") as err:
         lock.read(loaded)
-    assert "edited by hand" not in str(err.value) and err.value.hint == "imgbuild lock " + str(recipe_dir / "old.yaml")
+    assert "pytorch" in str(err.value) and err.value.hint == "imgbuild lock " + str(recipe_dir / "old.yaml")
 
 
 def test_an_index_that_cannot_answer_is_exit_7(recipe_dir: Path) -> None:
@@ -260,7 +280,7 @@ def test_plugin_1_16_3_was_tested_with_nccl_2_27_7(recipe_dir: Path) -> None:
     """aws-ofi-nccl 1.16.3 (EFA 1.43.2's) names NCCL 2.27.7 in its release notes; 1.16.0 named 2.27.5."""
     nccl_2_27_7 = "extends: a100\ncomponents:\n  pytorch: null\n  nccl: {source: build, version: 2.27.7}\n"
     resolved = resolve_text(recipe_dir, nccl_2_27_7)
-    assert resolved.pins["aws_ofi_nccl"].details["tested_nccl"] == "2.27.7"
+    assert resolved.pins["aws_ofi_nccl"].details.tested_nccl == "2.27.7"
     msg = resolve_error(recipe_dir, nccl_2_27_7 + "  aws_ofi_nccl: {source: release, version: 1.16.0}\n")
     assert "aws-ofi-nccl 1.16.0 was tested with NCCL up to 2.27.5; NCCL 2.27.7 is newer" in msg
 

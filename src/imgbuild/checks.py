@@ -18,13 +18,16 @@ import json
 import shlex
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from imgbuild.paths import MANIFEST_PATH
 from imgbuild.report import CheckResult, Status
+
+if TYPE_CHECKING:
+    from imgbuild.components import Pin
 
 Scope = Literal["container", "host"]
 BOTH: tuple[Scope, ...] = ("container", "host")
@@ -86,14 +89,14 @@ class ImageScan:
 class CheckContext:
     """Everything a check may look at.
 
-    components: the expected manifest entries by component (the lock's when there is one).
+    components: the expected pins by component, with their typed details (the lock's when there is one).
     manifest: the manifest found in the image / on the host (None when there is none).
     expected_manifest: the manifest the lock renders (None without a lock).
     """
 
     host: Host
     scope: Scope
-    components: dict[str, dict[str, Any]]
+    components: Mapping[str, Pin]
     manifest: dict[str, Any] | None = None
     expected_manifest: dict[str, Any] | None = None
     manifest_note: str = ""
@@ -103,7 +106,6 @@ class CheckContext:
     expect_efa: bool = False
     gpu: bool = False
     gpu_reason: str = "no GPU"
-    permit_root_login: str | None = None  # the recipe's sshd setting, when a recipe is known
     image_scan: Callable[[], ImageScan] | None = None
     _memo: dict[str, Any] = field(default_factory=dict, repr=False)
     _memo_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -142,8 +144,18 @@ class CheckContext:
         return component in self.components
 
     def version(self, component: str) -> str | None:
-        v = self.components.get(component, {}).get("version")
-        return str(v) if v else None
+        pin = self.components.get(component)
+        return str(pin.version) if pin is not None and pin.version else None
+
+    def details(self, component: str) -> Any:
+        """The component's typed pin details (None when it is not expected here)."""
+        pin = self.components.get(component)
+        return pin.details if pin is not None else None
+
+    def prefix(self, component: str) -> str | None:
+        """Where the component is installed (its pin's prefix; None: absent or in the system's paths)."""
+        details = self.details(component)
+        return details.prefix if details is not None else None
 
 
 def _text(value: Any) -> str:
@@ -251,6 +263,11 @@ def compare(expected: str | None, found: str | None, what: str, **details: Any) 
 
 def _matches(expected: str, found: str) -> bool:
     return found == expected or (found.startswith(expected) and not found[len(expected)].isdigit())
+
+
+def ldd_missing(output: str) -> list[str]:
+    """The libraries ldd could not find, from its output: the NAME of each `NAME => not found` line."""
+    return [line.split("=>")[0].strip() for line in output.splitlines() if "not found" in line]
 
 
 # --------------------------------------------------------------------------------------------------------------

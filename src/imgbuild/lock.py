@@ -18,18 +18,19 @@ from typing import Literal
 from pydantic import ValidationError
 
 from imgbuild import compat
+from imgbuild.components.pytorch import PyTorchDetails
 from imgbuild.errors import ImgbuildError, LockError
 from imgbuild.recipe import LoadedRecipe, display
 from imgbuild.resolver import Pinned, Resolved, TorchLookup, index_lookup, resolve
 
-LOCK_VERSION: Literal[1] = 1
+LOCK_VERSION: Literal[2] = 2  # 2: typed pin details (each block's own model)
 MAX_LOCK_BYTES = 4 << 20  # the shipped locks are about 5 KB
 
 
 class Lock(Pinned):
     """What a lock file holds: a resolution's decisions under the recipe's name."""
 
-    lock_version: Literal[1] = LOCK_VERSION
+    lock_version: Literal[2] = LOCK_VERSION
     recipe: str
 
     @classmethod
@@ -117,7 +118,9 @@ def read(loaded: LoadedRecipe) -> Resolved | None:
     except RecursionError:
         raise LockError(f"{display(path)}: unreadable lock file: nested too deeply for a lock", hint=hint) from None
     if not isinstance(data, dict) or data.get("lock_version") != LOCK_VERSION:
-        raise LockError(f"{display(path)}: lock_version: expected {LOCK_VERSION}", hint=hint)
+        found = data.get("lock_version") if isinstance(data, dict) else None
+        older = " (written by an older imgbuild)" if isinstance(found, int) and 0 < found < LOCK_VERSION else ""
+        raise LockError(f"{display(path)}: lock_version: expected {LOCK_VERSION}{older}", hint=hint)
     if data.get("recipe_digest") != loaded.digest:
         raise LockError(
             f"{display(path)} is stale: {display(loaded.path)} (or a recipe it extends) changed since the lock "
@@ -145,15 +148,15 @@ def _check_not_edited(loaded: LoadedRecipe, locked: Resolved, path: Path, hint: 
     PyTorch wheel's pins, so this needs no network): a pin edited by hand would build something never checked."""
 
     def from_lock(version: str) -> compat.TorchWheel:
-        details = locked.pins["pytorch"].details if "pytorch" in locked.pins else {}
-        package, _, nccl = details.get("nccl", "").partition("==")
-        if not (package and nccl and details.get("cuda") and details.get("cuda_wheels")):
+        pin = locked.pins.get("pytorch")
+        wheel = pin.typed(PyTorchDetails).wheel() if pin is not None else None
+        if wheel is None:
             raise LockError(
-                f"{display(path)}: pins.pytorch.details: the wheel's nccl, cuda and cuda_wheels pins are missing "
-                "(a lock written before imgbuild installed PyTorch's CUDA wheels in a layer of their own?)",
+                f"{display(path)}: pins.pytorch.details: the wheel's nccl_package, nccl, cuda and cuda_wheels pins "
+                "are missing (a lock written by an older imgbuild?)",
                 hint=hint,
             )
-        return compat.TorchWheel(package, nccl, details["cuda"], tuple(details["cuda_wheels"].split()))
+        return wheel
 
     try:
         fresh = resolve(loaded, lookup_torch=from_lock)
@@ -171,19 +174,16 @@ def _check_not_edited(loaded: LoadedRecipe, locked: Resolved, path: Path, hint: 
                 else [f"{name}: {'missing from the lock' if mine is None else 'not in the recipe'}"]
             )
             continue
-        missing = sorted(set(theirs.details) - set(mine.details))
-        same = all(getattr(mine, f) == getattr(theirs, f) for f in ("version", "source", "origin"))
-        if missing and same and mine.details.items() <= theirs.details.items():
-            # Not an edit: the lock predates details this imgbuild records (pytorch's cuda_wheels, say).
-            raise LockError(
-                f"{display(path)}: pins.{name}.details lacks {', '.join(missing)}: the lock was written by an older "
-                "imgbuild",
-                hint=hint,
-            )
         diffs += [
             f"{name}.{field}: lock {getattr(mine, field)!r}, the recipe gives {getattr(theirs, field)!r}"
-            for field in ("version", "source", "origin", "details")
+            for field in ("version", "source", "origin")
             if getattr(mine, field) != getattr(theirs, field)
+        ]
+        a, b = mine.details.model_dump(), theirs.details.model_dump()
+        diffs += [
+            f"{name}.details.{key}: lock {a.get(key)!r}, the recipe gives {b.get(key)!r}"
+            for key in sorted(set(a) | set(b))
+            if a.get(key) != b.get(key)
         ]
     if diffs:
         raise LockError(

@@ -13,7 +13,8 @@ Schema 1 (every key below; `image_env` was added later and reads as empty from o
     lock_digest    sha256 of the lock (the image's `lock-<12 hex>` tag)
     base           the base image reference
     platform       the recipe's `platform:` section
-    components     {name: {version, source, origin, ...the pin's details}}; sshd also has `ports`
+    components     {name: {version, source, origin, ...the pin's details}}: each block's pin, its details flat
+                   beside the three and read back through the block's own details model
     env            the recipe's `env:` (NAME -> value), set by the image's ENV
     image_env      every variable name the image's own ENV instructions set (PATH, LD_LIBRARY_PATH, the
                    components' and the recipe's): what the ranks of a multi-node job need as well
@@ -26,31 +27,31 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from imgbuild.components import Pin, python_of
 from imgbuild.errors import VerifyError
 from imgbuild.paths import MANIFEST_PATH
 from imgbuild.recipe import MpiRun, Platform, Runtime
-from imgbuild.schema import EnvName, Port
+from imgbuild.resolver import details_model
+from imgbuild.schema import EnvName
 
 SCHEMA: Literal[1] = 1
+PIN_KEYS = ("version", "source", "origin")
 
 
-class ComponentEntry(BaseModel):
-    """One component as the image records it: its pin, plus the details other stages read (typed here)."""
+def entry(pin: Pin) -> dict[str, Any]:
+    """A pin as the manifest's file holds it: version, source, origin and its details' set fields, flat."""
+    core = {key: getattr(pin, key) for key in PIN_KEYS}
+    return {**core, **pin.details.model_dump(mode="json", exclude_none=True)}
 
-    model_config = ConfigDict(extra="allow", frozen=True)
 
-    version: str | None
-    source: str
-    origin: str
-    prefix: str | None = None  # where it is installed, when not in the system's paths
-    venv: str | None = None  # python: the virtual environment pip installs into
-    ports: tuple[Port, ...] = ()  # sshd: the ports it listens on
-
-    def as_dict(self) -> dict[str, Any]:
-        """The entry as JSON data, with only the keys it was made with (the typed details are optional)."""
-        return self.model_dump(mode="json", exclude_unset=True)
+def read_entry(name: str, data: Any) -> Any:
+    """A flat manifest entry back to component `name`'s pin (its details through its block's model)."""
+    if not isinstance(data, dict) or "details" in data:
+        return data
+    details = {k: v for k, v in data.items() if k not in PIN_KEYS}
+    return {**{k: data[k] for k in PIN_KEYS if k in data}, "details": details_model(name).model_validate(details)}
 
 
 class Manifest(BaseModel):
@@ -64,24 +65,33 @@ class Manifest(BaseModel):
     lock_digest: str
     base: str
     platform: Platform
-    components: dict[str, ComponentEntry]
+    components: dict[str, Pin]
     env: dict[EnvName, str] = {}
     image_env: tuple[EnvName, ...] = ()
     mpirun: MpiRun
     runtime: Runtime
 
+    @field_validator("components", mode="before")
+    @classmethod
+    def _pins(cls, value: object) -> object:
+        return {name: read_entry(name, data) for name, data in value.items()} if isinstance(value, dict) else value
+
     # ---- what the other stages ask
+
+    def details(self, name: str) -> Any:
+        """Component `name`'s typed details (None when the image lacks it)."""
+        pin = self.components.get(name)
+        return pin.details if pin is not None else None
 
     @property
     def python(self) -> str:
         """The image's Python: the venv's when the python component has one, else python3 on PATH."""
-        py = self.components.get("python")
-        return f"{py.venv}/bin/python" if py is not None and py.venv else "python3"
+        return python_of(self.components)
 
     @property
     def ssh_ports(self) -> tuple[int, ...]:
         """The ports sshd listens on (empty: no sshd, no multi-node runs)."""
-        sshd = self.components.get("sshd")
+        sshd = self.details("sshd")
         return sshd.ports if sshd is not None else ()
 
     @property
@@ -95,8 +105,8 @@ class Manifest(BaseModel):
         return tuple(dict.fromkeys([*self.image_env, *sorted(self.env)]))
 
     def component_dicts(self) -> dict[str, dict[str, Any]]:
-        """The components as plain JSON data (what the checks read)."""
-        return {name: entry.as_dict() for name, entry in self.components.items()}
+        """The components as the file holds them (flat JSON data)."""
+        return {name: entry(pin) for name, pin in self.components.items()}
 
     # ---- the file
 

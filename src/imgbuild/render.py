@@ -14,11 +14,10 @@ import os
 import shlex
 from dataclasses import dataclass, replace
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from imgbuild import compat, paths
+from imgbuild import paths
 from imgbuild.components import (
-    BY_NAME,
     REGISTRY,
     TEMPLATE_DIR,
     Context,
@@ -26,14 +25,13 @@ from imgbuild.components import (
     builder_base,
     builder_order,
     dedupe,
-    resolve_order,
     runtime_order,
     slug,
 )
 from imgbuild.errors import RenderError
 from imgbuild.launch import for_manifest
 from imgbuild.lock import Lock
-from imgbuild.manifest import ComponentEntry, Manifest
+from imgbuild.manifest import Manifest
 from imgbuild.recipe import Runtime
 from imgbuild.resolver import Resolved
 
@@ -235,18 +233,9 @@ def readable_tag(resolved: Resolved) -> str:
 
 
 def context_for(resolved: Resolved) -> Context:
-    """The facts blocks pass to each other (prefixes, the venv), from every pinned block in layer order."""
-    r = resolved.recipe
-    facts: dict[str, Any] = {}
-    for name in resolve_order():  # a block's facts may build on those of the blocks it comes after
-        if name in resolved.pins:
-            BY_NAME[name].facts(resolved.pins[name], facts)
-    return Context(
-        resolved=resolved,
-        cuda_home=r.cuda.home if r.cuda else None,
-        gencode=compat.gencode(r.platform.gpu_arch) if r.platform.gpu_arch else None,
-        **facts,
-    )
+    """What blocks may ask of each other: the pins, and which pinned block provides what it does not name."""
+    providers = {what: b.name for b in REGISTRY if b.name in resolved.pins for what in b.provides}
+    return Context(resolved=resolved, providers=providers)
 
 
 def contributions(resolved: Resolved) -> tuple[Context, dict[str, Contribution]]:
@@ -422,7 +411,7 @@ def _manifest(resolved: Resolved, digest: str, contribs: dict[str, Contribution]
         lock_digest=digest,
         base=resolved.base_ref,
         platform=r.platform,
-        components={n: ComponentEntry.model_validate(contribs[n].manifest) for n in sorted(contribs)},
+        components={n: resolved.pins[n] for n in sorted(contribs)},
         env=dict(sorted(r.env.items())),
         image_env=tuple(sorted([*(name for name, paths in env_paths.items() if paths), *env])),
         mpirun=r.mpirun,

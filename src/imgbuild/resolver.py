@@ -11,13 +11,41 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from packaging.version import Version
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
 from imgbuild import compat
-from imgbuild.components import BY_NAME, Pin, Resolution, resolve_order
+from imgbuild.components import BY_NAME, Details, Pin, Resolution, resolve_order
 from imgbuild.recipe import LoadedRecipe, Recipe
 
-__all__ = ["Pin", "Resolved", "TorchLookup", "index_lookup", "resolve"]
+__all__ = ["Pin", "Resolved", "TorchLookup", "details_model", "index_lookup", "resolve", "typed_pins"]
+
+
+class BaseImageDetails(Details):
+    """The `base` pin: the image, and the builder stage's own tag of it when the recipe names one."""
+
+    image: str
+    builder: str | None = None  # IMAGE:builder_tag
+
+
+class CudaDetails(Details):
+    """The `cuda` pin (the target's CUDA, from its base image): `prefix` is CUDA_HOME."""
+
+    gpu_arch: str
+    gencode: str  # nvcc's -gencode flags for gpu_arch
+
+
+TARGET_DETAILS: dict[str, type[Details]] = {"base": BaseImageDetails, "cuda": CudaDetails}
+
+
+def details_model(name: str) -> type[Details]:
+    """The details model of pin `name`: its block's, or the target's own (base, cuda)."""
+    block = BY_NAME.get(name)
+    return block.details if block is not None else TARGET_DETAILS.get(name, Details)
+
+
+def typed_pins(pins: dict[str, Pin]) -> dict[str, Pin]:
+    """`pins` with each pin's details read as its own model (a pin read from JSON starts with plain Details)."""
+    return {name: pin.with_details(details_model(name)) for name, pin in pins.items()}
 
 
 class Pinned(BaseModel):
@@ -29,6 +57,21 @@ class Pinned(BaseModel):
     base_ref: str
     pins: dict[str, Pin]
     warnings: tuple[str, ...] = ()
+
+    @field_validator("pins", mode="before")
+    @classmethod
+    def _typed(cls, value: object) -> object:
+        """A pin's details from JSON are validated against its block's model (unknown keys are errors)."""
+        if not isinstance(value, dict):
+            return value
+        return {
+            name: (
+                {**pin, "details": details_model(name).model_validate(pin.get("details", {}))}
+                if isinstance(pin, dict) and isinstance(pin.get("details", {}), dict)
+                else pin
+            )
+            for name, pin in value.items()
+        }
 
 
 class Resolved(Pinned):
@@ -69,13 +112,13 @@ def resolve(loaded: LoadedRecipe, *, lookup_torch: TorchLookup | None = index_lo
         block = BY_NAME[name]
         options = rs.options(name)
         if options is None:
-            why = block.required(rs.r)
+            why = block.required(rs.recipe)
             if why:
                 raise rs.fail(f"components.{name}", why)
             continue
         rs.pins[name] = block.resolve(options, rs)
     return Resolved(
-        recipe=rs.r,
+        recipe=rs.recipe,
         recipe_digest=loaded.digest,
         base_ref=base_ref,
         pins=dict(sorted(rs.pins.items())),
@@ -88,7 +131,7 @@ def _major(version: str) -> int:
 
 
 def _base(rs: Resolution) -> str:
-    b = rs.r.base
+    b = rs.recipe.base
     if b.tag == "latest" and not b.latest_only:
         raise rs.fail(
             "base.tag",
@@ -102,13 +145,13 @@ def _base(rs: Resolution) -> str:
             f"(docker inspect --format '{{{{index .RepoDigests 0}}}}' {b.image}:{b.tag}) to pin it"
         )
     ref = f"{b.image}@{b.digest}" if b.digest else f"{b.image}:{b.tag}"
-    details = {"image": b.image, **({"builder": f"{b.image}:{b.builder_tag}"} if b.builder_tag else {})}
+    details = BaseImageDetails(image=b.image, builder=f"{b.image}:{b.builder_tag}" if b.builder_tag else None)
     rs.pins["base"] = Pin(version=b.digest or b.tag, source="image", origin="recipe", details=details)
     return ref
 
 
 def _platform(rs: Resolution) -> None:
-    p, cuda = rs.r.platform, rs.r.cuda
+    p, cuda = rs.recipe.platform, rs.recipe.cuda
     if p.accelerator != "nvidia":
         if cuda is not None:
             raise rs.fail("cuda", f"only nvidia platforms take cuda, this one is '{p.accelerator}'")
@@ -123,4 +166,5 @@ def _platform(rs: Resolution) -> None:
             f"{p.gpu_arch} ({arch.gpu}) needs CUDA <= {arch.max_cuda_major}.x, got {cuda.version} "
             f"(CUDA 13 dropped sm_70 and everything below sm_75)",
         )
-    rs.pins["cuda"] = Pin(version=cuda.version, source="base", origin="recipe", details={"gpu_arch": p.gpu_arch})
+    details = CudaDetails(prefix=cuda.home, gpu_arch=p.gpu_arch, gencode=compat.gencode(p.gpu_arch))
+    rs.pins["cuda"] = Pin(version=cuda.version, source="base", origin="recipe", details=details)

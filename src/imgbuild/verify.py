@@ -241,7 +241,7 @@ def _verify_host(ref: str, host: str, *, expect_efa: bool, workers: int, timings
     ctx = checks.CheckContext(
         host=th,
         scope="host",
-        components=target.expected_manifest.component_dicts(),
+        components=target.expected_manifest.components,
         manifest=found_manifest,
         expected_manifest=target.expected_manifest.as_data(),
         manifest_note=target.note,
@@ -250,7 +250,6 @@ def _verify_host(ref: str, host: str, *, expect_efa: bool, workers: int, timings
         expect_efa=expect_efa,
         gpu=gpu_run.ok,
         gpu_reason="no GPU on this host (no nvidia-smi, no /dev/nvidia0)",
-        permit_root_login=_permit_root_login(target.resolved),
     )
     t = time.monotonic()
     selected = checks.selected(ctx.components, "host")
@@ -268,11 +267,6 @@ def _host_manifest(ctx: checks.CheckContext) -> dict[str, Any] | None:
     except json.JSONDecodeError:
         return {"unreadable": ran.out[:200]}
     return data if isinstance(data, dict) else None
-
-
-def _permit_root_login(resolved: Resolved | None) -> str | None:
-    sshd = resolved.recipe.components.sshd if resolved else None
-    return sshd.permit_root_login if sshd else None
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -411,7 +405,7 @@ def _verify_container(
         not_ready = _wait_ready(client, container.id)
         timings["container_start_s"] = round(time.monotonic() - t, 3)
 
-        components = profile.component_dicts()
+        components = profile.components
         ctx = checks.CheckContext(
             host=testinfra.get_host(f"docker://{container.id}"),
             scope="container",
@@ -425,7 +419,6 @@ def _verify_container(
             expect_efa=expect_efa,
             gpu=opts.gpu,
             gpu_reason=opts.gpu_reason,
-            permit_root_login=_permit_root_login(target.resolved),
             image_scan=scan.result,
         )
         t = time.monotonic()

@@ -29,7 +29,20 @@ from imgbuild.components import (
     sagemaker,
     sshd,
 )
-from imgbuild.components._core import HERE, Block, Context, Contribution, Pin, Provides, Resolution, builder_base, slug
+from imgbuild.components._core import (
+    HERE,
+    Block,
+    Context,
+    Contribution,
+    Details,
+    Installed,
+    Pin,
+    Provides,
+    Resolution,
+    builder_base,
+    python_of,
+    slug,
+)
 
 # Runtime layer order: what changes least goes first, so bumping a component rebuilds only what follows it:
 # EFA/libfabric, MPI, GDRCopy, NCCL, plugin, tests, Python (+PyTorch), then the parts that change most often (sshd and
@@ -103,12 +116,15 @@ __all__ = [
     "Block",
     "Context",
     "Contribution",
+    "Details",
+    "Installed",
     "Pin",
     "Provides",
     "Resolution",
     "builder_base",
     "builder_order",
     "dedupe",
+    "python_of",
     "resolve_order",
     "runtime_order",
     "slug",

@@ -7,9 +7,9 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, SerializeAsAny
 
 from imgbuild import compat
 from imgbuild.errors import ResolveError
@@ -22,10 +22,30 @@ if TYPE_CHECKING:
 HERE = Path(__file__).resolve().parent
 
 
-class Pin(BaseModel):
-    """One component, pinned: its version, where it comes from, and why that version.
+class Details(BaseModel):
+    """A block's own facts about its pin, typed: each block subclasses it (`Block.details`) with the fields its pin
+    rule decides (a prefix, ports, the wheels it installs...). The lock, the image's manifest and verify's checks
+    carry these models; only a block's `resolve` reads the recipe's options, everything after it reads the pin.
+    Spack's `spec["dep"].prefix`: other blocks ask `Context.prefix(name)` / `Context.details(name)`."""
 
-    `details` are the block's own facts (prefixes, tags, checks); the block that writes them reads them back.
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    prefix: str | None = None  # where the block installs, when not in the system's paths
+
+
+class Installed(Details):
+    """Details of a block always installed under a prefix of its own (nccl-tests, GDRCopy)."""
+
+    prefix: str
+
+
+D = TypeVar("D", bound=Details)
+
+
+class Pin(BaseModel):
+    """One component, pinned: its version, where it comes from, why that version, and its block's typed details.
+
+    A Pin read from JSON (a lock, a manifest) gets its block's details model through `with_details`.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -33,7 +53,19 @@ class Pin(BaseModel):
     version: str | None
     source: str
     origin: str
-    details: dict[str, str] = {}
+    details: SerializeAsAny[Details] = Details()
+
+    def typed(self, model: type[D]) -> D:
+        """The details as `model` (the block's own), checked: a pin of another block is an error, not a guess."""
+        if not isinstance(self.details, model):
+            raise TypeError(f"pin details are {type(self.details).__name__}, not {model.__name__}")
+        return self.details
+
+    def with_details(self, model: type[Details]) -> Pin:
+        """This pin with its details read as `model` (a lock's or manifest's JSON gives plain `Details` first)."""
+        if type(self.details) is model:
+            return self
+        return self.model_copy(update={"details": model.model_validate(self.details.model_dump(exclude_unset=True))})
 
 
 # How a source mode reaches the image:
@@ -53,7 +85,6 @@ class Contribution:
     path: list[str] = field(default_factory=list)
     ld_library_path: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
-    manifest: dict[str, Any] = field(default_factory=dict)
     # Device nodes a container of the image is given where the host has them (the manifest's runtime.host_devices).
     host_devices: list[str] = field(default_factory=list)
     # The builder compiles against libfabric / Open MPI, so the EFA installer must run in the builder too.
@@ -64,23 +95,67 @@ class Contribution:
 
 @dataclass(frozen=True)
 class Context:
-    """Facts about the target that several blocks need: the target's, and the paths other blocks produce."""
+    """What a block may ask about the rest of the image while it contributes and renders: the target's facts
+    (CUDA, the GPU architecture) and, through generic queries, any other block's pin (`has`, `pin`, `details`,
+    `prefix`). No field names a block: a block that others use (hwloc, say) is found by its name."""
 
     resolved: Any  # imgbuild.resolver.Resolved
-    cuda_home: str | None = None
-    gencode: str | None = None
-    mpi_home: str | None = None
-    libfabric_prefix: str | None = None
-    venv: str | None = None
-    python: str = "python3"  # interpreter that pip-installed packages run under
-    site_packages: str | None = None  # the venv's site-packages
-    nccl_home: str | None = None  # the NCCL others compile against (include/ and lib/)
-    efa_in_builder: bool = False
+    providers: Mapping[str, str] = field(default_factory=dict)  # what a pinned block provides -> that block
+    efa_in_builder: bool = False  # the EFA installer also runs in the builder (a block compiles against it)
+
+    def has(self, name: str) -> bool:
+        """Whether the image has block `name`."""
+        return name in self.resolved.pins
+
+    def pin(self, name: str) -> Pin | None:
+        return self.resolved.pins.get(name)
+
+    def need(self, name: str) -> Pin:
+        """Block `name`'s pin, which the asking block's pin rule made sure is there."""
+        pin = self.pin(name)
+        if pin is None:
+            raise KeyError(f"no {name} pin (the asking block's resolve should have refused the recipe)")
+        return pin
+
+    def details(self, name: str) -> Any:
+        """Block `name`'s typed details (None when the image has no such block)."""
+        pin = self.pin(name)
+        return pin.details if pin is not None else None
+
+    def prefix(self, name: str) -> str | None:
+        """Where `name` is installed: its block's details' prefix, or, without that block, the prefix of a block
+        that provides it (`Block.provides`: the EFA installer's libfabric). None: absent or in the system's paths."""
+        details = self.details(name)
+        if details is None and name in self.providers:
+            details = self.details(self.providers[name])
+        return details.prefix if details is not None else None
+
+    @property
+    def cuda_home(self) -> str | None:
+        """The target's CUDA_HOME (the `cuda` pin's prefix; None off NVIDIA)."""
+        return self.prefix("cuda")
+
+    @property
+    def gencode(self) -> str | None:
+        """nvcc's -gencode flags for the target's GPU architecture (None off NVIDIA)."""
+        details = self.details("cuda")
+        return details.gencode if details is not None else None
+
+    @property
+    def python(self) -> str:
+        """The interpreter pip-installed packages run under: the python block's venv's, else python3."""
+        return python_of(self.resolved.pins)
+
+
+def python_of(pins: Mapping[str, Pin]) -> str:
+    """The image's Python, from its pins: the python block's venv's interpreter, else python3 on PATH."""
+    py = pins.get("python")
+    return f"{py.details.prefix}/bin/python" if py is not None and py.details.prefix else "python3"
 
 
 def builder_base(resolved: Any) -> str:
     """The builder stage's base: the recipe's `base.builder_tag` of the same image, else the runtime's base."""
-    return str(resolved.pins["base"].details.get("builder", resolved.base_ref))
+    return resolved.pins["base"].details.builder or resolved.base_ref
 
 
 def slug(text: str) -> str:
@@ -95,7 +170,7 @@ class Resolution:
     """The state a block's pin rule reads and writes: the recipe, the pins made so far, warnings."""
 
     def __init__(self, recipe: Recipe, path: Path, lookup_torch: Callable[[str], compat.TorchWheel] | None) -> None:
-        self.r = recipe
+        self.recipe = recipe
         self.path = path
         self.lookup_torch = lookup_torch
         self.pins: dict[str, Pin] = {}
@@ -105,7 +180,7 @@ class Resolution:
 
     def options(self, name: str) -> Any:
         """A block's options in the recipe (None when the recipe leaves it out)."""
-        return getattr(self.r.components, name)
+        return getattr(self.recipe.components, name)
 
     def fail(self, keys: str, message: str, hint: str | None = None) -> ResolveError:
         return ResolveError(f"{display(self.path)}: {keys}: {message}", hint=hint)
@@ -138,10 +213,6 @@ def _no_contribution(pin: Pin, ctx: Context) -> Contribution:
     return Contribution(name="")
 
 
-def _no_facts(pin: Pin, facts: dict[str, Any]) -> None:
-    return None
-
-
 @dataclass(frozen=True)
 class Block:
     """One building block of an image, whole: hpccm's building block plus its pin rule and its checks.
@@ -151,7 +222,8 @@ class Block:
     modes        each source mode it accepts and how that mode reaches the image (`Provides`);
     resolve      its pin rule: options + resolution state -> its Pin (compatibility checks it owns included);
     contribute   packages, PATH / LD_LIBRARY_PATH, environment, manifest extras of a pin;
-    facts        what it tells other blocks (prefixes) through the Context;
+    details      its typed pin details (a `Details` subclass): what its pin rule decided, for everything after it;
+    provides     what else it installs that other blocks may ask for by name (`Context.prefix`), e.g. efa: libfabric;
     after        blocks whose pins its rule reads (they resolve first);
     build_after  blocks whose builder output its builder fragment uses (their fragments come first);
     tag          (rank, short name) for the readable image tag, None to leave it out;
@@ -167,7 +239,8 @@ class Block:
     modes: Mapping[str, Provides]
     resolve: Callable[[Any, Resolution], Pin]
     contribute: Callable[[Pin, Context], Contribution] = _no_contribution
-    facts: Callable[[Pin, dict[str, Any]], None] = _no_facts
+    details: type[Details] = Details
+    provides: tuple[str, ...] = ()
     after: tuple[str, ...] = ()
     build_after: tuple[str, ...] = ()
     tag: tuple[int, str] | None = None
@@ -180,8 +253,7 @@ class Block:
         return f"components/{self.name}.j2"
 
     def contribution(self, pin: Pin, ctx: Context) -> Contribution:
-        """The block's contribution with its manifest entry (the pin, as the image records it)."""
+        """The block's contribution, under its name."""
         c = self.contribute(pin, ctx)
         c.name = self.name
-        c.manifest = {"version": pin.version, "source": pin.source, "origin": pin.origin, **pin.details, **c.manifest}
         return c

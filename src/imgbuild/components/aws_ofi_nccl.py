@@ -15,8 +15,8 @@ from typing import Literal
 from packaging.version import Version
 
 from imgbuild import compat
-from imgbuild.checks import CheckContext, check, fail, passed
-from imgbuild.components._core import Block, Context, Contribution, Pin, Resolution
+from imgbuild.checks import CheckContext, check, fail, ldd_missing, passed
+from imgbuild.components._core import Block, Context, Contribution, Details, Pin, Resolution
 from imgbuild.report import CheckResult
 from imgbuild.schema import AbsPath, Strict, pin_validator
 
@@ -30,6 +30,14 @@ class AwsOfiNccl(Strict):
     version: str | None = None
     prefix: AbsPath = "/opt/aws-ofi-nccl"
     _pin = pin_validator("version")
+
+
+class PluginDetails(Details):
+    """The plugin's pin: where it is, its release tag (release builds) and the newest NCCL it was tested with."""
+
+    prefix: str
+    tag: str | None = None
+    tested_nccl: str
 
 
 def _mm(version: str) -> str:
@@ -57,12 +65,12 @@ def resolve(p: AwsOfiNccl, rs: Resolution) -> Pin:
         if p.version is not None and p.version != bundled:
             raise rs.fail(f"{key}.version", f"EFA {efa.version} bundles {bundled}, got {p.version}")
         version, origin = bundled, f"bundled with EFA installer {efa.version}"
-        details = {"prefix": "/opt/amazon/ofi-nccl"}
+        prefix, tag = "/opt/amazon/ofi-nccl", None
     else:
         if p.version is None:
             raise rs.fail(f"{key}.version", "required for source: release")
         version, origin = p.version, "recipe"
-        details = {"prefix": p.prefix, "tag": compat.plugin_tag(p.version)}
+        prefix, tag = p.prefix, compat.plugin_tag(p.version)
     tested = compat.for_release(compat.PLUGIN_TESTED_NCCL, version)
     if tested is None:
         raise rs.fail(
@@ -82,10 +90,10 @@ def resolve(p: AwsOfiNccl, rs: Resolution) -> Pin:
             f"{key}.version / components.nccl",
             f"aws-ofi-nccl {version} supports NCCL {compat.PLUGIN_OLDEST_NCCL} and later, got {nccl.version}",
         )
-    details["tested_nccl"] = tested
     if p.source == "release":
         _libfabric_rule(version, efa.version, rs)
     _gdrcopy_rule(version, rs)
+    details = PluginDetails(prefix=prefix, tag=tag, tested_nccl=tested)
     return Pin(version=version, source=p.source, origin=origin, details=details)
 
 
@@ -128,7 +136,7 @@ def _gdrcopy_rule(version: str, rs: Resolution) -> None:
 
 def contribute(pin: Pin, ctx: Context) -> Contribution:
     c = Contribution(name="aws_ofi_nccl")
-    prefix = pin.details["prefix"]
+    prefix = pin.details.prefix
     if pin.source == "release":
         c.builder_packages |= {"curl", "ca-certificates", "build-essential", "libhwloc-dev"}
         c.runtime_packages.add("libhwloc15")
@@ -148,6 +156,7 @@ BLOCK = Block(
     modes={"efa": "provided", "release": "fragment"},
     resolve=resolve,
     contribute=contribute,
+    details=PluginDetails,
     after=("nccl",),
     build_after=("efa", "nccl"),
     tag=(5, "ofi"),
@@ -161,7 +170,7 @@ def aws_ofi_nccl_plugin(ctx: CheckContext) -> CheckResult:
     Searched, not assumed: the EFA installer moved it between lib/x86_64-linux-gnu, lib and lib64.
     A plugin with an unresolved dependency makes NCCL fall back to sockets without a word.
     """
-    prefix = ctx.components["aws_ofi_nccl"].get("prefix")
+    prefix = ctx.prefix("aws_ofi_nccl")
     dirs = " ".join(shlex.quote(d) for d in dict.fromkeys([*(p for p in [prefix] if p), *PLUGIN_DIRS]))
     ran = ctx.run(
         f'for d in {dirs} $(echo "${{LD_LIBRARY_PATH:-}}" | tr : " "); do [ -d "$d" ] && '
@@ -174,7 +183,7 @@ def aws_ofi_nccl_plugin(ctx: CheckContext) -> CheckResult:
     broken = {}
     for lib in libs:
         ldd = ctx.run(f"ldd {shlex.quote(lib)}")
-        missing = [line.split("=>")[0].strip() for line in ldd.out.splitlines() if "not found" in line]
+        missing = ldd_missing(ldd.out)
         if missing or not ldd.ok:
             broken[lib] = missing or [ldd.why()]
     found = ", ".join(libs)

@@ -18,7 +18,8 @@ from pydantic import Field
 
 from imgbuild import compat
 from imgbuild.checks import CheckContext, check, compare, fail
-from imgbuild.components._core import Block, Context, Contribution, Pin, Resolution
+from imgbuild.components import gaudi
+from imgbuild.components._core import Block, Context, Contribution, Details, Pin, Resolution
 from imgbuild.report import CheckResult
 from imgbuild.schema import Strict, pin_validator
 
@@ -38,6 +39,23 @@ class Efa(Strict):
     _pin = pin_validator("version")
 
 
+class EfaDetails(Details):
+    """The installer's pin: which Open MPI it installs, whether it is minimal, how its download is checked.
+    `prefix` is where its libfabric lives."""
+
+    prefix: str | None = "/opt/amazon/efa"
+    mpi: Literal["openmpi4", "openmpi5"]
+    minimal: bool = False
+    check: Literal["sha256", "signature"]
+    sha256: str | None = None
+    key_fingerprint: str | None = None
+
+    @property
+    def mpi_prefix(self) -> str:
+        """Where the installer puts its Open MPI."""
+        return "/opt/amazon/openmpi5" if self.mpi == "openmpi5" else "/opt/amazon/openmpi"
+
+
 def resolve(e: Efa, rs: Resolution) -> Pin:
     release = compat.EFA.get(e.version)
     if release is None:
@@ -51,17 +69,14 @@ def resolve(e: Efa, rs: Resolution) -> Pin:
             f"EFA installer {e.version} supports {', '.join(release.os)}, not {rs.os_id}",
         )
     if e.source == "base":
-        gaudi_opts = rs.options("gaudi")
-        gaudi = compat.GAUDI.get(gaudi_opts.version) if gaudi_opts else None
-        if gaudi is not None and gaudi.efa != e.version:
-            raise rs.fail(
-                "components.efa.version", f"Gaudi {gaudi_opts.version}'s image has EFA {gaudi.efa}, got {e.version}"
-            )
-    details = {"mpi": e.mpi, "check": "sha256" if e.sha256 else "signature"}
-    if e.sha256:
-        details["sha256"] = e.sha256
-    else:
-        details["key_fingerprint"] = compat.EFA_KEY_FINGERPRINT
+        gaudi.check_base(rs, "components.efa.version", "efa", e.version)
+    details = EfaDetails(
+        mpi=e.mpi,
+        minimal=e.minimal,
+        check="sha256" if e.sha256 else "signature",
+        sha256=e.sha256,
+        key_fingerprint=None if e.sha256 else compat.EFA_KEY_FINGERPRINT,
+    )
     return Pin(version=e.version, source=e.source, origin="recipe", details=details)
 
 
@@ -69,27 +84,23 @@ def contribute(pin: Pin, ctx: Context) -> Contribution:
     c = Contribution(name="efa")
     if pin.source == "installer":
         c.builder_packages |= {"curl", "ca-certificates", "gnupg"}
-        mpi_bin = "/opt/amazon/openmpi5/bin" if pin.details.get("mpi") == "openmpi5" else "/opt/amazon/openmpi/bin"
-        c.path += [mpi_bin, "/opt/amazon/efa/bin"]
-        c.ld_library_path += ["/opt/amazon/efa/lib"]
-        if not ctx.resolved.recipe.components.efa.minimal:
+        d = pin.typed(EfaDetails)
+        c.path += [f"{d.mpi_prefix}/bin", f"{d.prefix}/bin"]
+        c.ld_library_path += [f"{d.prefix}/lib"]
+        if not d.minimal:
             # nccl-tests (and whatever else links -lmpi) carry no rpath to the installer's Open MPI.
-            c.ld_library_path.append(mpi_bin.removesuffix("/bin") + "/lib")
+            c.ld_library_path.append(f"{d.mpi_prefix}/lib")
     return c
 
 
-def facts(pin: Pin, out: dict[str, object]) -> None:
-    out.setdefault("libfabric_prefix", "/opt/amazon/efa")  # unless a libfabric block says otherwise
-
-
-def efa_flags(resolved: object) -> str:
-    """The EFA installer's command line inside a container build."""
-    r = resolved.recipe  # type: ignore[attr-defined]
-    e = r.components.efa
-    flags = [*compat.EFA_CONTAINER_FLAGS, f"--mpi={e.mpi}"]
-    if e.minimal:
+def efa_flags(pin: Pin, ctx: Context) -> str:
+    """The EFA installer's command line inside a container build (from the pins: the installer's, the base
+    image's and the plugin's)."""
+    d = pin.typed(EfaDetails)
+    flags = [*compat.EFA_CONTAINER_FLAGS, f"--mpi={d.mpi}"]
+    if d.minimal:
         flags.append("--minimal")
-    flags += ngc_flags(e.version, r.base.image, resolved.pins.get("aws_ofi_nccl"))  # type: ignore[attr-defined]
+    flags += ngc_flags(str(pin.version), ctx.details("base").image, ctx.pin("aws_ofi_nccl"))
     return " ".join(flags)
 
 
@@ -108,7 +119,8 @@ BLOCK = Block(
     modes={"installer": "fragment", "base": "provided"},
     resolve=resolve,
     contribute=contribute,
-    facts=facts,
+    details=EfaDetails,
+    provides=("libfabric",),
     tag=(6, "efa"),
     template_globals={"efa_flags": efa_flags},
 )

@@ -7,7 +7,7 @@ Recipe options (`components.gaudi`):
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from imgbuild import compat
 from imgbuild.components._core import Block, Pin, Resolution
@@ -41,7 +41,7 @@ def resolve(g: Gaudi, rs: Resolution) -> Pin:
         raise rs.fail("components.pytorch.source", "Gaudi's PyTorch comes with the base image: 'base'")
     if rs.os_id not in release.os:
         raise rs.fail("os", f"Gaudi {g.version} supports {', '.join(release.os)}, got {rs.os_id}")
-    image = f"{rs.r.base.image}:{rs.r.base.tag}"
+    image = f"{rs.recipe.base.image}:{rs.recipe.base.tag}"
     if g.version not in image or f"pytorch-installer-{release.pytorch}" not in image:
         raise rs.fail(
             "base.image",
@@ -49,6 +49,18 @@ def resolve(g: Gaudi, rs: Resolution) -> Pin:
             f"(expected .../{g.version}/.../pytorch-installer-{release.pytorch})",
         )
     return Pin(version=g.version, source="base", origin="recipe")
+
+
+_NAMES = {"efa": "EFA", "libfabric": "libfabric", "openmpi": "Open MPI"}
+
+
+def check_base(rs: Resolution, key: str, what: Literal["efa", "libfabric", "openmpi"], version: str | None) -> None:
+    """For a block that comes with the base image (`what`): on a Gaudi recipe, `version` must be the one that
+    release's image has (compat.GAUDI); a ResolveError naming `key` otherwise. Nothing to check off Gaudi."""
+    g = rs.options("gaudi")
+    release = compat.GAUDI.get(g.version) if g is not None else None
+    if release is not None and getattr(release, what) != version:
+        raise rs.fail(key, f"Gaudi {g.version}'s image has {_NAMES[what]} {getattr(release, what)}, got {version}")
 
 
 def required(recipe: Recipe) -> str | None:

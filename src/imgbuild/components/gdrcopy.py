@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import shlex
 
-from imgbuild.checks import CheckContext, check, fail, passed, skip
-from imgbuild.components._core import Block, Context, Contribution, Pin, Resolution
+from imgbuild.checks import CheckContext, check, fail, ldd_missing, passed, skip
+from imgbuild.components._core import Block, Context, Contribution, Installed, Pin, Resolution
 from imgbuild.report import CheckResult
 from imgbuild.schema import AbsPath, Strict, pin_validator
 
@@ -27,9 +27,9 @@ class GdrCopy(Strict):
 
 
 def resolve(g: GdrCopy, rs: Resolution) -> Pin:
-    if rs.r.cuda is None:
+    if rs.recipe.cuda is None:
         raise rs.fail("components.gdrcopy", "GDRCopy builds against CUDA (an nvidia platform)")
-    return Pin(version=g.version, source="release", origin="recipe", details={"prefix": g.prefix})
+    return Pin(version=g.version, source="release", origin="recipe", details=Installed(prefix=g.prefix))
 
 
 # The library needs the host's gdrdrv device in the container. ONE rule, contributed here: the image's ENV sets
@@ -47,7 +47,7 @@ GDRDRV = "/dev/gdrdrv"
 def contribute(pin: Pin, ctx: Context) -> Contribution:
     c = Contribution(name="gdrcopy")
     c.builder_packages |= {"curl", "ca-certificates", "build-essential"}
-    c.ld_library_path.append(f"{pin.details['prefix']}/lib")
+    c.ld_library_path.append(f"{pin.typed(Installed).prefix}/lib")
     c.env["NVIDIA_GDRCOPY"] = "enabled"
     c.host_devices.append(GDRDRV)
     return c
@@ -59,18 +59,19 @@ BLOCK = Block(
     modes={"release": "fragment"},
     resolve=resolve,
     contribute=contribute,
+    details=Installed,
 )
 
 
 @check("gdrcopy-library", "gdrcopy")
 def gdrcopy_library(ctx: CheckContext) -> CheckResult:
     """libgdrapi.so.2 is in the GDRCopy prefix and `ldd` resolves all its libraries."""
-    prefix = ctx.components["gdrcopy"].get("prefix", "/opt/gdrcopy")
+    prefix = ctx.details("gdrcopy").prefix
     lib = f"{prefix}/lib/libgdrapi.so.2"
     ldd = ctx.run(f"ldd {shlex.quote(lib)}")
     if not ldd.ok:
         return fail(f"ldd {lib}: {ldd.why()}", expected=lib, found="missing")
-    missing = [line.split("=>")[0].strip() for line in ldd.out.splitlines() if "not found" in line]
+    missing = ldd_missing(ldd.out)
     if missing:
         return fail(f"{lib}: {', '.join(missing)} not found", expected="resolves", found=lib)
     return passed(lib, "resolves")

@@ -14,7 +14,8 @@ from typing import Any, Literal
 
 from imgbuild import compat
 from imgbuild.checks import CheckContext, check, compare, fail, first_executable, passed, skip
-from imgbuild.components._core import Block, Context, Contribution, Pin, Resolution
+from imgbuild.components import gaudi
+from imgbuild.components._core import Block, Context, Contribution, Details, Pin, Resolution
 from imgbuild.report import CheckResult
 from imgbuild.schema import AbsPath, Strict, pin_validator
 
@@ -38,33 +39,24 @@ def resolve(lf: Libfabric, rs: Resolution) -> Pin:
         if lf.version is not None and version is not None and lf.version != version:
             raise rs.fail(f"{key}.version", f"EFA {efa.version} bundles {version}")
         return pin.model_copy(
-            update={"version": lf.version or version, "details": {"prefix": lf.prefix or "/opt/amazon/efa"}}
+            update={"version": lf.version or version, "details": Details(prefix=lf.prefix or "/opt/amazon/efa")}
         )
     if lf.source == "distro":
-        return rs.distro_pin(key, "libfabric", lf.version)
+        return rs.distro_pin(key, "libfabric", lf.version).model_copy(update={"details": Details(prefix="/usr")})
     if lf.version is None:
         raise rs.fail(f"{key}.version", "required when libfabric comes with the base image")
-    gaudi_opts = rs.options("gaudi")
-    gaudi = compat.GAUDI.get(gaudi_opts.version) if gaudi_opts else None
-    if gaudi is not None and gaudi.libfabric != lf.version:
-        raise rs.fail(f"{key}.version", f"Gaudi's image has libfabric {gaudi.libfabric}")
-    details = {"prefix": lf.prefix} if lf.prefix else {}
-    return Pin(version=lf.version, source="base", origin="base image", details=details)
-
-
-def facts(pin: Pin, out: dict[str, Any]) -> None:
-    prefix = pin.details.get("prefix") or ("/usr" if pin.source == "distro" else None)
-    out["libfabric_prefix"] = prefix
+    gaudi.check_base(rs, f"{key}.version", "libfabric", lf.version)
+    return Pin(version=lf.version, source="base", origin="base image", details=Details(prefix=lf.prefix))
 
 
 def contribute(pin: Pin, ctx: Context) -> Contribution:
     c = Contribution(name="libfabric")
     if pin.source == "distro":
         c.runtime_packages |= {"libfabric1", "libfabric-bin"}
-    elif pin.source == "base" and ctx.libfabric_prefix:
-        c.env["LIBFABRIC_ROOT"] = ctx.libfabric_prefix
-        c.path.append(f"{ctx.libfabric_prefix}/bin")
-        c.ld_library_path.append(f"{ctx.libfabric_prefix}/lib")
+    elif pin.source == "base" and pin.details.prefix:
+        c.env["LIBFABRIC_ROOT"] = pin.details.prefix
+        c.path.append(f"{pin.details.prefix}/bin")
+        c.ld_library_path.append(f"{pin.details.prefix}/lib")
     return c
 
 
@@ -74,18 +66,17 @@ BLOCK = Block(
     modes={"efa": "provided", "distro": "packages", "base": "provided"},
     resolve=resolve,
     contribute=contribute,
-    facts=facts,
 )
 
 
 def _fi_info(ctx: CheckContext) -> str | None:
     def find() -> str | None:
-        lf = ctx.components.get("libfabric", {})
+        lf = ctx.components.get("libfabric")
         candidates = ["${LIBFABRIC_ROOT:+$LIBFABRIC_ROOT/bin/fi_info}"]
-        if lf.get("prefix"):
-            candidates.append(f"{lf['prefix']}/bin/fi_info")
-        if ctx.has("efa") and lf.get("source") in (None, "efa"):
-            candidates.append("/opt/amazon/efa/bin/fi_info")
+        if lf is not None and lf.details.prefix:
+            candidates.append(f"{lf.details.prefix}/bin/fi_info")
+        if ctx.has("efa") and (lf is None or lf.source == "efa"):
+            candidates.append(f"{ctx.prefix('efa')}/bin/fi_info")
         return first_executable(ctx, candidates, "fi_info")
 
     return ctx.once("fi_info", find)
@@ -120,7 +111,7 @@ def libfabric_providers(ctx: CheckContext) -> CheckResult:
     built = sorted({m.lower() for m in re.findall(r"^#\s*FI_([A-Z0-9]+)_", params.out, re.M)})
     have = {p for name in listed for p in name.split(";")} | set(built)
     want = []
-    if ctx.components.get("libfabric", {}).get("source") == "distro":
+    if ctx.components["libfabric"].source == "distro":
         want.append("tcp")
     if ctx.has("efa"):
         want.append("efa")

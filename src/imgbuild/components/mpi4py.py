@@ -46,7 +46,7 @@ def contribute(pin: Pin, ctx: Context) -> Contribution:
         c.runtime_packages.add("python3-mpi4py")
         return c
     c.builder_packages |= {"build-essential", "python3-dev"}
-    mpi = ctx.resolved.pins["openmpi"]
+    mpi = ctx.need("openmpi")
     if mpi.source == "distro":
         c.builder_packages.add("libopenmpi-dev")
     c.needs_fabric_in_builder = mpi.source == "efa"
@@ -55,16 +55,15 @@ def contribute(pin: Pin, ctx: Context) -> Contribution:
 
 def mpicc(ctx: Context) -> str:
     """The MPI compiler wrapper pip builds mpi4py with."""
-    mpi = ctx.resolved.pins["openmpi"]
-    return "mpicc" if mpi.source == "distro" else f"{ctx.mpi_home}/bin/mpicc"
+    mpi = ctx.need("openmpi")
+    return "mpicc" if mpi.source == "distro" else f"{mpi.details.prefix}/bin/mpicc"
 
 
 def wheel_cache_id(ctx: Context) -> str:
     """The cache id of the pip wheel cache mpi4py's build writes to: one per MPI it can be compiled against (the
     builder stage's base image, the Open MPI pin, mpicc), so that a wheel built for one MPI is never installed for
     another. Readable part: the MPI; a digest of all three keeps bases apart."""
-    mpi = ctx.resolved.pins["openmpi"]
-    efa = ctx.resolved.pins.get("efa")
+    mpi, efa = ctx.need("openmpi"), ctx.pin("efa")
     what = f"openmpi-{mpi.source}-{mpi.version or (efa.version if efa and mpi.source == 'efa' else mpi.origin)}"
     key = "\n".join([builder_base(ctx.resolved), mpi.model_dump_json(), mpicc(ctx)])
     return f"imgbuild-pip-wheels-mpi4py-{slug(what)}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"

@@ -15,9 +15,9 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from imgbuild import compat
 from imgbuild.checks import CONTAINER, CheckContext, Ran, check, compare, fail, passed, skip
-from imgbuild.components._core import Block, Context, Contribution, Pin, Resolution
+from imgbuild.components._core import Block, Context, Contribution, Details, Pin, Resolution
+from imgbuild.components.python import site_packages
 from imgbuild.components.pytorch import torch_probe
 from imgbuild.report import CheckResult
 from imgbuild.schema import AbsPath, Strict, pin_validator
@@ -36,6 +36,13 @@ class NCCL(Strict):
     _pin = pin_validator("version")
 
 
+class NcclDetails(Details):
+    """NCCL's pin: `prefix` is the NCCL others compile against and load (include/ and lib/): the build's, or the
+    wheel's folder in the venv; `package` is the wheel."""
+
+    package: str | None = None
+
+
 def resolve(n: NCCL, rs: Resolution) -> Pin:
     torch = rs.torch_wheel
     t = rs.options("pytorch")
@@ -52,45 +59,37 @@ def resolve(n: NCCL, rs: Resolution) -> Pin:
         origin = f"= PyTorch {t.version}'s pin"
     if version is None:
         raise rs.fail("components.nccl.version", "required when PyTorch is not in the recipe")
-    details: dict[str, str] = {}
     if n.source == "wheel":
         rs.require_venv()
         package = n.package
         if package is None:
             if torch is not None:
                 package = torch.nccl_package
-            elif rs.r.cuda is not None:
-                package = f"nvidia-nccl-cu{rs.r.cuda.version.split('.')[0]}"
+            elif rs.recipe.cuda is not None:
+                package = f"nvidia-nccl-cu{rs.recipe.cuda.version.split('.')[0]}"
             else:
                 package = "nvidia-nccl-cu12"
         if torch is not None and package != torch.nccl_package:
             raise rs.fail(
                 "components.nccl.package", f"{package} is not the package PyTorch pins ({torch.nccl_package})"
             )
-        details["package"] = package
+        venv_packages = site_packages(rs.pins["python"])
+        details = NcclDetails(package=package, prefix=f"{venv_packages}/nvidia/nccl" if venv_packages else None)
     else:
-        if rs.r.cuda is None:
+        if rs.recipe.cuda is None:
             raise rs.fail("components.nccl.source", "'build' needs CUDA (an nvidia platform)")
-        details["prefix"] = n.prefix
-        details["gencode"] = compat.gencode(rs.r.platform.gpu_arch or "")
+        details = NcclDetails(prefix=n.prefix)
     return Pin(version=version, source=n.source, origin=origin, details=details)
-
-
-def facts(pin: Pin, out: dict[str, Any]) -> None:
-    if pin.source == "build":
-        out["nccl_home"] = pin.details["prefix"]
-    elif out.get("site_packages"):
-        out["nccl_home"] = f"{out['site_packages']}/nvidia/nccl"  # the wheel's include/ and lib/
 
 
 def contribute(pin: Pin, ctx: Context) -> Contribution:
     c = Contribution(name="nccl")
     if pin.source == "build":
         c.builder_packages |= {"curl", "ca-certificates", "build-essential"}
-    if ctx.nccl_home:
+    if pin.details.prefix:
         # One NCCL: the loader finds the one PyTorch loads (its wheel's, through its RPATH) for everything else too.
-        c.ld_library_path.append(f"{ctx.nccl_home}/lib")
-        c.env["NCCL_HOME"] = ctx.nccl_home
+        c.ld_library_path.append(f"{pin.details.prefix}/lib")
+        c.env["NCCL_HOME"] = pin.details.prefix
     return c
 
 
@@ -100,7 +99,7 @@ BLOCK = Block(
     modes={"build": "fragment", "wheel": "fragment"},
     resolve=resolve,
     contribute=contribute,
-    facts=facts,
+    details=NcclDetails,
     after=("pytorch", "python"),
     build_after=("python",),
     tag=(4, "nccl"),
@@ -182,9 +181,9 @@ def code_to_version(code: int) -> str:
 
 def nccl_probe(ctx: CheckContext) -> tuple[dict[str, Any] | None, Ran]:
     def probe() -> tuple[dict[str, Any] | None, Ran]:
-        n = ctx.components.get("nccl", {})
-        patterns = [f"{n['prefix']}/lib"] if n.get("prefix") else []
-        venv = ctx.components.get("python", {}).get("venv")
+        n = ctx.details("nccl")
+        patterns = [f"{n.prefix}/lib"] if n is not None and n.prefix else []
+        venv = ctx.prefix("python")
         if venv:
             patterns.append(f"{venv}/lib/python*/site-packages/nvidia/nccl/lib")
         patterns.append("/opt/nccl/lib")

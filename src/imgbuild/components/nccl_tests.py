@@ -9,33 +9,34 @@ from __future__ import annotations
 
 import shlex
 
-from imgbuild.checks import CONTAINER, CheckContext, check, fail, passed
-from imgbuild.components._core import Block, Context, Contribution, Pin, Resolution
+from imgbuild.checks import CONTAINER, CheckContext, check, fail, ldd_missing, passed
+from imgbuild.components._core import Block, Context, Contribution, Installed, Pin, Resolution
 from imgbuild.components.nccl import nccl_probe
 from imgbuild.report import CheckResult
 from imgbuild.schema import AbsPath, Strict, pin_validator
 
 NCCL_TESTS_BINARIES = ("all_reduce_perf", "all_gather_perf", "broadcast_perf", "reduce_scatter_perf")
+PREFIX = "/opt/nccl-tests"  # the default; nccltests.command runs all_reduce_perf from the manifest's prefix, else this
 
 
 class NcclTests(Strict):
     """nccl-tests built with MPI=1 against the recipe's NCCL and MPI."""
 
     version: str
-    prefix: AbsPath = "/opt/nccl-tests"
+    prefix: AbsPath = PREFIX
     _pin = pin_validator("version")
 
 
 def resolve(t: NcclTests, rs: Resolution) -> Pin:
     nccl, mpi = rs.pins.get("nccl"), rs.pins.get("openmpi")
-    if nccl is None or mpi is None or rs.r.cuda is None:
+    if nccl is None or mpi is None or rs.recipe.cuda is None:
         raise rs.fail("components.nccl_tests", "nccl-tests build against CUDA, the recipe's NCCL and Open MPI")
-    return Pin(version=t.version, source="release", origin="recipe", details={"prefix": t.prefix})
+    return Pin(version=t.version, source="release", origin="recipe", details=Installed(prefix=t.prefix))
 
 
 def contribute(pin: Pin, ctx: Context) -> Contribution:
     c = Contribution(name="nccl_tests")
-    c.path.append(pin.details["prefix"])
+    c.path.append(pin.typed(Installed).prefix)
     c.needs_fabric_in_builder = True
     return c
 
@@ -46,6 +47,7 @@ BLOCK = Block(
     modes={"release": "fragment"},
     resolve=resolve,
     contribute=contribute,
+    details=Installed,
     after=("nccl", "openmpi"),
     build_after=("efa", "openmpi", "nccl"),
 )
@@ -54,7 +56,7 @@ BLOCK = Block(
 @check("nccl-tests-binaries", "nccl_tests", scopes=CONTAINER)
 def nccl_tests_binaries(ctx: CheckContext) -> CheckResult:
     """nccl-tests' binaries (all_reduce_perf, ...) are in the image and executable."""
-    prefix = ctx.components["nccl_tests"].get("prefix", "/opt/nccl-tests")
+    prefix = ctx.details("nccl_tests").prefix
     paths = " ".join(shlex.quote(f"{prefix}/{b}") for b in NCCL_TESTS_BINARIES)
     ran = ctx.run(f'for f in {paths}; do [ -x "$f" ] || echo "$f"; done')
     missing = ran.out.split()
@@ -67,8 +69,8 @@ def nccl_tests_binaries(ctx: CheckContext) -> CheckResult:
 @check("nccl-tests-libnccl", "nccl_tests", scopes=CONTAINER)
 def nccl_tests_libnccl(ctx: CheckContext) -> CheckResult:
     """all_reduce_perf links libnccl from the recipe's NCCL prefix, and ldd finds every library."""
-    prefix = ctx.components["nccl_tests"].get("prefix", "/opt/nccl-tests")
-    nccl_prefix = ctx.components.get("nccl", {}).get("prefix")
+    prefix = ctx.details("nccl_tests").prefix
+    nccl_prefix = ctx.prefix("nccl")
     if nccl_prefix:
         want = f"{nccl_prefix}/lib/"
     else:
@@ -80,7 +82,7 @@ def nccl_tests_libnccl(ctx: CheckContext) -> CheckResult:
     if not ran.ok:
         return fail(f"ldd all_reduce_perf: {ran.why()}", expected=want)
     lines = ran.out.splitlines()
-    missing = [line.split("=>")[0].strip() for line in lines if "not found" in line]
+    missing = ldd_missing(ran.out)
     nccl = next((line.split("=>")[1].split("(")[0].strip() for line in lines if "libnccl.so" in line and "=>" in line),
                 None)  # fmt: skip
     if missing:

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import Any, Literal
+from typing import Literal
 
-from imgbuild import compat
 from imgbuild.checks import CheckContext, check, compare, fail, first_executable
-from imgbuild.components._core import Block, Context, Contribution, Pin, Resolution
+from imgbuild.components import gaudi
+from imgbuild.components._core import Block, Context, Contribution, Details, Pin, Resolution
 from imgbuild.report import CheckResult
 from imgbuild.schema import AbsPath, Strict, pin_validator
 
@@ -37,22 +37,15 @@ def resolve(m: OpenMPI, rs: Resolution) -> Pin:
         pin = rs.from_efa(f"{key}.source", "Open MPI")
         efa = rs.options("efa")
         prefix = m.prefix or ("/opt/amazon/openmpi5" if efa.mpi == "openmpi5" else "/opt/amazon/openmpi")
-        return pin.model_copy(update={"version": m.version, "details": {"prefix": prefix}})
+        return pin.model_copy(update={"version": m.version, "details": Details(prefix=prefix)})
     if m.source == "distro":
-        return rs.distro_pin(key, "openmpi", m.version)
+        return rs.distro_pin(key, "openmpi", m.version).model_copy(update={"details": Details(prefix=DISTRO_PREFIX)})
     if m.version is None:
         raise rs.fail(f"{key}.version", f"required when Open MPI comes from '{m.source}'")
-    gaudi_opts = rs.options("gaudi")
-    gaudi = compat.GAUDI.get(gaudi_opts.version) if gaudi_opts else None
-    if gaudi is not None and m.source == "base" and gaudi.openmpi != m.version:
-        raise rs.fail(f"{key}.version", f"Gaudi's image has Open MPI {gaudi.openmpi}, got {m.version}")
-    prefix = m.prefix or ("/opt/openmpi" if m.source == "source" else "")
-    details = {"prefix": prefix} if prefix else {}
-    return Pin(version=m.version, source=m.source, origin="recipe", details=details)
-
-
-def facts(pin: Pin, out: dict[str, Any]) -> None:
-    out["mpi_home"] = pin.details.get("prefix") or (DISTRO_PREFIX if pin.source == "distro" else None)
+    if m.source == "base":
+        gaudi.check_base(rs, f"{key}.version", "openmpi", m.version)
+    where = m.prefix or ("/opt/openmpi" if m.source == "source" else None)
+    return Pin(version=m.version, source=m.source, origin="recipe", details=Details(prefix=where))
 
 
 def contribute(pin: Pin, ctx: Context) -> Contribution:
@@ -61,11 +54,11 @@ def contribute(pin: Pin, ctx: Context) -> Contribution:
         c.runtime_packages |= {"openmpi-bin"}
     elif pin.source == "source":
         c.builder_packages |= {"curl", "ca-certificates", "build-essential", "bzip2"}
-        c.path.append(f"{ctx.mpi_home}/bin")
-        c.ld_library_path.append(f"{ctx.mpi_home}/lib")
-    elif pin.source == "base" and ctx.mpi_home:
-        c.env["MPI_ROOT"] = ctx.mpi_home
-        c.path.append(f"{ctx.mpi_home}/bin")
+        c.path.append(f"{pin.details.prefix}/bin")
+        c.ld_library_path.append(f"{pin.details.prefix}/lib")
+    elif pin.source == "base" and pin.details.prefix:
+        c.env["MPI_ROOT"] = pin.details.prefix
+        c.path.append(f"{pin.details.prefix}/bin")
     c.runtime_packages.add("openssh-client")  # mpirun starts remote daemons over ssh
     # Containers run as root: the mpirun lines people copy from guides then run unchanged (AWS's DL containers).
     c.env |= {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
@@ -78,7 +71,6 @@ BLOCK = Block(
     modes={"efa": "provided", "distro": "packages", "base": "provided", "source": "fragment"},
     resolve=resolve,
     contribute=contribute,
-    facts=facts,
     tag=(7, "ompi"),
 )
 
@@ -86,7 +78,7 @@ BLOCK = Block(
 @check("openmpi-version", "openmpi")
 def openmpi_version(ctx: CheckContext) -> CheckResult:
     """`mpirun --version` reports the pinned Open MPI."""
-    prefix = ctx.components["openmpi"].get("prefix")
+    prefix = ctx.prefix("openmpi")
     if prefix:  # the recipe says where Open MPI is (MPI_ROOT): it must be there, not merely some mpirun on PATH
         ran = ctx.run(f"test -x {shlex.quote(prefix)}/bin/mpirun")
         if not ran.ok:

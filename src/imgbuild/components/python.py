@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import Any, Literal
+from typing import Literal
 
 from imgbuild.checks import CheckContext, check, compare, fail
-from imgbuild.components._core import Block, Context, Contribution, Pin, Resolution
+from imgbuild.components._core import Block, Context, Contribution, Details, Pin, Resolution
 from imgbuild.report import CheckResult
 from imgbuild.schema import AbsPath, Strict, pin_validator
 
@@ -28,6 +28,19 @@ class Python(Strict):
     _pin = pin_validator("version")
 
 
+class PythonDetails(Details):
+    """The python pin: `prefix` is the virtual environment pip installs into (None: the system's Python)."""
+
+    @property
+    def venv(self) -> str | None:
+        return self.prefix
+
+
+def site_packages(pin: Pin) -> str | None:
+    """Where pip puts packages in the venv (the nvidia-* wheels' libraries and headers live below it)."""
+    return f"{pin.details.prefix}/lib/python{pin.version}/site-packages" if pin.details.prefix and pin.version else None
+
+
 def resolve(py: Python, rs: Resolution) -> Pin:
     if py.source == "distro":
         pin = rs.distro_pin("components.python", "python", py.version)
@@ -35,25 +48,18 @@ def resolve(py: Python, rs: Resolution) -> Pin:
         if py.version is None:
             raise rs.fail("components.python.version", "required when Python comes with the base image")
         pin = Pin(version=py.version, source="base", origin="base image")
-    return pin.model_copy(update={"details": {"venv": py.venv} if py.venv else {}})
-
-
-def facts(pin: Pin, out: dict[str, Any]) -> None:
-    venv = pin.details.get("venv")
-    out["venv"] = venv
-    out["python"] = f"{venv}/bin/python" if venv else "python3"
-    # Where pip puts packages (the nvidia-* wheels' libraries and headers live below it).
-    out["site_packages"] = f"{venv}/lib/python{pin.version}/site-packages" if venv and pin.version else None
+    return pin.model_copy(update={"details": PythonDetails(prefix=py.venv)})
 
 
 def contribute(pin: Pin, ctx: Context) -> Contribution:
     c = Contribution(name="python")
     c.runtime_packages |= {"python3"} if pin.source == "distro" else set()
     c.env["PYTHONUNBUFFERED"] = "1"  # training logs reach SageMaker / CloudWatch as they are written
-    if ctx.venv:
+    venv = pin.typed(PythonDetails).venv
+    if venv:
         c.builder_packages |= {"python3-venv", "ca-certificates"}
         c.runtime_packages.add("python3-venv")
-        c.path.append(f"{ctx.venv}/bin")
+        c.path.append(f"{venv}/bin")
     return c
 
 
@@ -63,7 +69,7 @@ BLOCK = Block(
     modes={"distro": "packages", "base": "provided"},
     resolve=resolve,
     contribute=contribute,
-    facts=facts,
+    details=PythonDetails,
 )
 
 

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from imgbuild import compat
 from imgbuild.checks import CheckContext, Ran, check, compare, fail
-from imgbuild.components._core import Block, Context, Contribution, Pin, Resolution
+from imgbuild.components._core import Block, Context, Contribution, Details, Pin, Resolution
 from imgbuild.errors import ImgbuildError, IndexLookupError
 from imgbuild.paths import display
 from imgbuild.report import CheckResult
@@ -41,7 +41,7 @@ def _major(version: str) -> int:
 
 def resolve(t: PyTorch, rs: Resolution) -> Pin:
     if t.source == "base":
-        return Pin(version=t.version, source="base", origin="base image")
+        return Pin(version=t.version, source="base", origin="base image", details=PyTorchDetails())
     rs.require_venv()
     wheel = compat.TORCH.get(t.version)
     origin = f"torch {t.version} wheel (shipped table)"
@@ -66,7 +66,7 @@ def resolve(t: PyTorch, rs: Resolution) -> Pin:
                 f"torch {t.version} is not in the shipped table and the index lookup failed: {exc}",
             ) from None
         origin = f"torch {t.version} wheel METADATA (package index)"
-    p, cuda = rs.r.platform, rs.r.cuda
+    p, cuda = rs.recipe.platform, rs.recipe.cuda
     if p.accelerator == "nvidia":
         assert cuda is not None and p.gpu_arch is not None
         if _major(wheel.cuda) != _major(cuda.version):
@@ -84,17 +84,32 @@ def resolve(t: PyTorch, rs: Resolution) -> Pin:
                 hint="V100 needs a PyTorch built for CUDA 12.6 or older (e.g. 2.7.1)",
             )
     rs.torch_wheel = wheel
-    return Pin(
-        version=t.version,
-        source="pip",
-        origin=origin,
-        details={
-            "cuda": wheel.cuda,
-            "nccl": f"{wheel.nccl_package}=={wheel.nccl}",
-            "cuda_wheels": " ".join(wheel.cuda_wheels),
-            **({"numpy": t.numpy} if t.numpy else {}),
-        },
+    details = PyTorchDetails(
+        cuda=wheel.cuda,
+        nccl_package=wheel.nccl_package,
+        nccl=wheel.nccl,
+        cuda_wheels=wheel.cuda_wheels,
+        numpy=t.numpy,
     )
+    return Pin(version=t.version, source="pip", origin=origin, details=details)
+
+
+class PyTorchDetails(Details):
+    """A pip-installed PyTorch's pin: what its wheel pins (its CUDA, its NCCL wheel, every CUDA wheel it requires,
+    read from the wheel's METADATA or the shipped table) and the numpy the recipe asks for. A PyTorch that comes
+    with the base image has none of them."""
+
+    cuda: str | None = None
+    nccl_package: str | None = None
+    nccl: str | None = None
+    cuda_wheels: tuple[str, ...] = ()
+    numpy: str | None = None
+
+    def wheel(self) -> compat.TorchWheel | None:
+        """The wheel's pins as the resolver's table has them (what a lock's pin says, without the network)."""
+        if not (self.nccl_package and self.nccl and self.cuda and self.cuda_wheels):
+            return None
+        return compat.TorchWheel(self.nccl_package, self.nccl, self.cuda, self.cuda_wheels)
 
 
 # Measured for torch 2.9.1 on BuildKit (pip's downloads 4.0 GB, the two runtime layers 4.14 + 2.56 GB): the engine
@@ -115,6 +130,7 @@ BLOCK = Block(
     modes={"pip": "fragment", "base": "provided"},
     resolve=resolve,
     contribute=contribute,
+    details=PyTorchDetails,
     after=("python",),
     tag=(2, "pt"),
 )

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Literal
 
 from imgbuild.checks import CONTAINER, CheckContext, check, fail, passed
-from imgbuild.components._core import Block, Pin, Resolution
+from imgbuild.components._core import Block, Details, Pin, Resolution
 from imgbuild.report import CheckResult
 from imgbuild.schema import Port, Strict
 
@@ -24,6 +24,13 @@ class SageMaker(Strict):
     ssh_port: Port = 22
 
 
+class SageMakerDetails(Details):
+    """The contract's pin: how `train` launches the program and the port the training toolkit checks."""
+
+    launcher: Literal["mpirun", "torchrun"]
+    ssh_port: Port
+
+
 def resolve(sm: SageMaker, rs: Resolution) -> Pin:
     if rs.options("sshd") is None:
         raise rs.fail("components.sagemaker", "SageMaker multi-node jobs need components.sshd")
@@ -31,7 +38,7 @@ def resolve(sm: SageMaker, rs: Resolution) -> Pin:
         version=None,
         source="imgbuild",
         origin="recipe",
-        details={"launcher": sm.launcher, "ssh_port": str(sm.ssh_port)},
+        details=SageMakerDetails(launcher=sm.launcher, ssh_port=sm.ssh_port),
     )
 
 
@@ -40,6 +47,7 @@ BLOCK = Block(
     options=SageMaker,
     modes={"imgbuild": "fragment"},
     resolve=resolve,
+    details=SageMakerDetails,
     files=(("imgbuild/train", "files/train.j2", 0o755),),
 )
 

@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import field_validator
 
 from imgbuild.checks import CONTAINER, CheckContext, check, fail, passed
-from imgbuild.components._core import Block, Context, Contribution, Pin, Resolution
+from imgbuild.components._core import Block, Context, Contribution, Details, Pin, Resolution
 from imgbuild.paths import SSHD_LOG
 from imgbuild.report import CheckResult
 from imgbuild.schema import Port, Strict
@@ -41,24 +41,25 @@ class Sshd(Strict):
         return ports
 
 
+class SshdDetails(Details):
+    """sshd's pin: the ports it listens on and whether root may log in (with a key only, or not at all)."""
+
+    ports: tuple[Port, ...]
+    permit_root_login: Literal["prohibit-password", "no"]
+
+
 def resolve(s: Sshd, rs: Resolution) -> Pin:
     return Pin(
         version=None,
         source="distro",
         origin=f"{rs.os_id} openssh-server",
-        details={"ports": ",".join(str(p) for p in s.ports)},
+        details=SshdDetails(ports=s.ports, permit_root_login=s.permit_root_login),
     )
-
-
-def ports(pin: Pin) -> list[int]:
-    """The ports of an sshd pin (the lock keeps details as strings)."""
-    return [int(p) for p in pin.details["ports"].split(",")]
 
 
 def contribute(pin: Pin, ctx: Context) -> Contribution:
     c = Contribution(name="sshd")
     c.runtime_packages.add("openssh-server")
-    c.manifest["ports"] = ports(pin)
     return c
 
 
@@ -68,6 +69,7 @@ BLOCK = Block(
     modes={"distro": "fragment"},
     resolve=resolve,
     contribute=contribute,
+    details=SshdDetails,
     files=(
         ("imgbuild/sshd_config", "files/sshd_config.j2", 0o644),
         ("imgbuild/ssh_config", "files/ssh_config.j2", 0o644),
@@ -78,8 +80,9 @@ BLOCK = Block(
 @check("sshd-config", "sshd", scopes=CONTAINER)
 def sshd_config(ctx: CheckContext) -> CheckResult:
     """`sshd -T`: the manifest's ports, no passwords, root only with keys."""
-    ports = sorted(int(p) for p in ctx.components["sshd"].get("ports", []))
-    permit = ctx.permit_root_login or "prohibit-password"
+    sshd: SshdDetails = ctx.details("sshd")
+    ports = sorted(sshd.ports)
+    permit = sshd.permit_root_login
     allowed = {"prohibit-password", "without-password"} if permit == "prohibit-password" else {permit}
     expected = f"ports {','.join(map(str, ports))}; passwordauthentication no; permitrootlogin {permit}"
     ran = ctx.run("/usr/sbin/sshd -T 2>&1 || sshd -T")
@@ -121,7 +124,7 @@ def listening_ports(proc_net_tcp: str) -> set[int]:
 @check("sshd-listening", "sshd", scopes=CONTAINER)
 def sshd_listening(ctx: CheckContext) -> CheckResult:
     """Once the entrypoint ran, sshd listens on the manifest's ports."""
-    ports = {int(p) for p in ctx.components["sshd"].get("ports", [])}
+    ports = set(ctx.details("sshd").ports)
     expected = ",".join(map(str, sorted(ports)))
     # sshd binds after it daemonizes: give it a moment, but not long once it listens elsewhere (a wrong port).
     start = time.monotonic()

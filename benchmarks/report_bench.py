@@ -24,7 +24,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from imgbuild.cluster.cli import app
+from imgbuild.cli.cluster import app
 
 LOG = (
     Path(__file__).resolve().parents[1]

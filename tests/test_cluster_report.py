@@ -13,10 +13,11 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import UPSTREAM
-from imgbuild.cluster import expected
-from imgbuild.cluster.cli import app
-from imgbuild.cluster.report import Expect, Report, judge, junit_xml, parse, report, to_json
+from imgbuild.cli.cluster import app
 from imgbuild.errors import OutputError, VerifyError
+from imgbuild.nccltests import expected
+from imgbuild.nccltests.log import parse
+from imgbuild.nccltests.verdict import Expect, Report, judge, junit_xml, report, to_json
 
 # tests/data/upstream/nccl-tests: real logs (copies of the shared data) with their sources in its README.
 DATA = UPSTREAM / "nccl-tests"

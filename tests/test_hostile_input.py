@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from conftest import REPO
 from imgbuild.cli import app
-from imgbuild.cluster.cli import app as cluster_app
+from imgbuild.cli.cluster import app as cluster_app
 
 runner = CliRunner()
 GOOD_LOCK = json.loads((REPO / "recipes" / "cpu.lock.json").read_text())

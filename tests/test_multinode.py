@@ -154,10 +154,11 @@ def _log(name: str) -> str:
     ],
 )  # fmt: skip
 def test_nccl_tests_are_judged_by_the_cluster_report(log: str, expect_efa: bool, status: str, why: str) -> None:
-    from imgbuild.cluster import report
+    from imgbuild.nccltests.log import parse
+    from imgbuild.nccltests.verdict import Expect, judge
 
     text = _log(log)
-    rep = report.judge(report.parse(text), report.Expect(nodes=None), source=log)
+    rep = judge(parse(text), Expect(nodes=None), source=log)
     res = nodechecks.nccl_tests_result("x", rep, Exec(0, text, 1.0), expect_efa=expect_efa, command="mpirun ...")
     assert res.status == status, res.reason
     assert why in res.reason

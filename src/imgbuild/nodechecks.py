@@ -20,7 +20,7 @@ The checks, in order:
    GPUs) launched by the image's mpirun line, then by torchrun on every node (master: node 1); the model's
    parameters must be identical on every rank afterwards; each launcher's time is reported;
 6. where the nodes have GPUs and the image has nccl-tests: all_reduce_perf across the nodes with the mpirun
-   line and NCCL_DEBUG=INFO, judged by `imgbuild.cluster.report` (results, NCCL version = the lock's, network).
+   line and NCCL_DEBUG=INFO, judged by `imgbuild.nccltests.verdict` (results, NCCL version = the lock's, network).
 
 One module over 500 lines: the six checks are one sequence (`run_checks`) over one `Session`, sharing its
 files, output patterns and result builders (`_env_result`, `_ddp_result`); split in two, each half would
@@ -626,7 +626,7 @@ def _ddp_result(
 
 
 def _nccl_tests(s: Session, *, sshd_down: list[str]) -> CheckResult:
-    """nccl-tests' all_reduce_perf across the nodes with the image's mpirun line, judged by cluster.report."""
+    """nccl-tests' all_reduce_perf across the nodes with the image's mpirun line, judged by nccltests.verdict."""
     name = s.name("nccl-tests all_reduce_perf")
     if not s.gpus:
         return CheckResult(name, "skip", reason="no GPUs on the nodes (or the image is not for NVIDIA GPUs)")
@@ -635,33 +635,32 @@ def _nccl_tests(s: Session, *, sshd_down: list[str]) -> CheckResult:
         return CheckResult(name, "skip", reason="the image has no nccl_tests component")
     if sshd_down:
         return CheckResult(name, "fail", found="not run", reason=f"sshd not answering on {', '.join(sshd_down)}")
-    from imgbuild.cluster import report
-    from imgbuild.cluster.jobplan import nccl_tests_args
+    from imgbuild.nccltests import command, verdict
+    from imgbuild.nccltests.log import parse
 
     types = s.manifest.platform.instance_types
     instance_type = types[0] if len(types) == 1 and s.expect_efa else None
-    binary = f"{comp.prefix or '/opt/nccl-tests'}/all_reduce_perf"
     ranks = s.n * s.per_node
-    # As far as the report judges on that instance type (the jobs' rule): 16 GiB on p5 and later, else 1 GiB.
-    argv = mpirun_argv(s.manifest, hostfile=s.hostfile, ranks=ranks, wdir=s.workdir,
-                       program=["env", "NCCL_DEBUG=INFO", binary, *nccl_tests_args(instance_type)])  # fmt: skip
+    # The jobs' line: as far as the verdict judges on that instance type (16 GiB on p5 and later, else 1 GiB).
+    program = ["env", "NCCL_DEBUG=INFO", *command.all_reduce_perf(comp.details.prefix, instance_type)]
+    argv = mpirun_argv(s.manifest, hostfile=s.hostfile, ranks=ranks, wdir=s.workdir, program=program)
     limit = s.left(NCCL_TESTS_TIMEOUT_S)
     res = s.nodes.run(0, f"{s.launch.shell_defaults()}exec {shlex.join(argv)}", timeout_s=limit, label="nccl-tests")
     s.timings["nccl_tests_s"] = round(res.duration_s, 3)
     nccl = s.manifest.components.get("nccl")
     ofi = s.manifest.components.get("aws_ofi_nccl")
-    expect = report.Expect(
+    expect = verdict.Expect(
         instance_type=instance_type,
         nodes=s.n,
         nccl_version=nccl.version if nccl is not None else None,
         aws_ofi_nccl_version=ofi.version if ofi is not None and s.expect_efa else None,
     )
-    rep = report.judge(report.parse(res.output), expect, source=f"all_reduce_perf on {', '.join(s.nodes.names)}")
+    rep = verdict.judge(parse(res.output), expect, source=f"all_reduce_perf on {', '.join(s.nodes.names)}")
     return nccl_tests_result(name, rep, res, expect_efa=s.expect_efa, command=shlex.join(argv))
 
 
 def nccl_tests_result(name: str, rep: Any, res: Exec, *, expect_efa: bool, command: str) -> CheckResult:
-    """A check result from a cluster.report verdict. Without EFA to expect (containers on one host, or instances
+    """A check result from an nccltests.verdict report. Without EFA to expect (containers on one host, or instances
     without EFA devices), the 'network' criterion is shown, not judged: sockets are all there is."""
     judged = [c for c in rep.criteria if expect_efa or c.name != "network"]
     failed = [c for c in judged if c.status == "FAIL"]

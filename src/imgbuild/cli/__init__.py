@@ -2,7 +2,7 @@
 only with IMGBUILD_DEBUG=1.
 
 One module per group of commands (`recipes`, `build`, `verify`, `run`, `publish`), each with a `register(app)`
-that adds its commands; `common` holds what they share. `imgbuild cluster` is `imgbuild.cluster.cli`'s own app.
+that adds its commands; `imgbuild cluster` is `cluster`'s own sub-app.
 Start-up is kept short: a command imports what it needs when it runs (pydantic, docker, requests, boto3, testinfra
 and rich are imported by the commands that use them), so `imgbuild --version` imports typer and nothing else of
 weight. `benchmarks/startup_bench.py` measures it.
@@ -19,7 +19,7 @@ import typer
 
 from imgbuild import __version__
 from imgbuild.cli import build, publish, recipes, run, verify
-from imgbuild.cluster.cli import app as cluster_app
+from imgbuild.cli.cluster import app as cluster_app
 from imgbuild.console import err
 
 __all__ = ["app", "main"]

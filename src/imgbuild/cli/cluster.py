@@ -1,5 +1,15 @@
-"""`imgbuild cluster report LOG`: the command line of report.py (a typer sub-app; the main CLI mounts `app` as
-`imgbuild cluster`). Reading the log and writing the outputs happen here; the verdict is report.py's."""
+"""`imgbuild cluster ...`: the command lines of the cluster commands (a typer sub-app; the main CLI mounts `app` as
+`imgbuild cluster`).
+
+- `job`: a ready-to-apply job for a recipe's image (imgbuild.cluster.jobs renders it);
+- `test`: the multi-node checks on containers running on hosts (imgbuild.cluster.live runs them over ssh; the
+  results are shown and written as `imgbuild verify`'s are);
+- `report LOG`: the verdict on an nccl-tests log (imgbuild.nccltests.verdict). Reading the log, writing the outputs
+  and the terminal view happen here.
+
+Start-up stays light: at the top only typer and what the options' types and callbacks need; each command imports
+the rest when it runs.
+"""
 
 from __future__ import annotations
 
@@ -11,16 +21,18 @@ from typing import TYPE_CHECKING, Annotated, BinaryIO
 
 import typer
 
-from imgbuild.cluster.jobs import job_command
-from imgbuild.cluster.live import cluster_test_command
-from imgbuild.errors import OutputError, VerifyError
+from imgbuild import validate
+from imgbuild.cluster.jobplan import EFA_MAX, NAME_MAX, NODES_MAX, Engine, program_words
+from imgbuild.console import handled
+from imgbuild.errors import OutputError, RecipeError, VerifyError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from rich.console import Console
 
-    from imgbuild.cluster.report import Report
+    from imgbuild.manifest import Manifest
+    from imgbuild.nccltests.verdict import Report
 
 app = typer.Typer(
     name="cluster",
@@ -34,9 +46,231 @@ def cluster() -> None:
     """Run the image where clusters run jobs (EKS, Slurm, ssh hosts) and judge nccl-tests logs."""
 
 
-app.command("job")(job_command)  # jobs.py imports only typer at the top: start-up stays light
-app.command("test")(cluster_test_command)  # so does live.py
+# --------------------------------------------------------------------------------------------------------------
+# Command line: `imgbuild cluster job`
+#
+# A malformed value (its grammar, its range) is a usage error naming the option (exit 2), refused before the recipe
+# is read; a well-formed one that the recipe cannot run with (an engine without PyTorch, an instance type without
+# the recipe's accelerator, no known EFA count) is plan_job's RecipeError (exit 3).
 
+
+def _command_words(words: list[str] | None) -> list[str] | None:
+    try:
+        program_words(words or ())
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    return words
+
+
+@app.command("job")
+def job_command(
+    recipe: Annotated[str, typer.Argument(help="A shipped recipe's name (see `imgbuild list`) or a YAML file.")],
+    command: Annotated[
+        list[str] | None,
+        typer.Argument(
+            metavar="COMMAND",
+            help="After `--`: what the ranks run instead of the default (nccl-tests all_reduce_perf, else an MPI "
+            "check); for trainjob/pytorchjob, torchrun's program (a script and its arguments).",
+            callback=_command_words,
+        ),
+    ] = None,
+    engine: Annotated[
+        Engine,
+        typer.Option(
+            "--engine", "-e", help="MPI Operator, Trainer v2, training-operator 1.9, or Slurm.", case_sensitive=False
+        ),
+    ] = Engine.mpijob,
+    nodes: Annotated[
+        int, typer.Option("--nodes", "-n", min=1, max=NODES_MAX, help="Nodes (workers) the job runs on.")
+    ] = 2,
+    image: Annotated[
+        str | None,
+        typer.Option(
+            "--image",
+            metavar="URI",
+            help="A pushed copy of the image (default: the lock's local tag).",
+            callback=validate.option(validate.image_ref),
+        ),
+    ] = None,
+    instance_type: Annotated[
+        str | None,
+        typer.Option(
+            "--instance-type",
+            help="EC2 instance type of the nodes (default: the recipe's first; one that carries the recipe's "
+            "accelerator); sets the EFA count and how far nccl-tests runs.",
+            callback=validate.option(validate.instance_type),
+        ),
+    ] = None,
+    efa: Annotated[
+        int | None,
+        typer.Option("--efa", min=0, max=EFA_MAX, help="EFA devices per node, for an instance type not in the table."),
+    ] = None,
+    memory: Annotated[
+        str | None,
+        typer.Option(
+            "--memory",
+            help="Memory per node (Kubernetes quantity; default 32Gi, 2Gi on CPU).",
+            callback=validate.option(validate.quantity),
+        ),
+    ] = None,
+    name: Annotated[
+        str | None,
+        typer.Option(
+            "--name",
+            help=f"The job's name (default imgbuild-RECIPE; a DNS label of at most {NAME_MAX} characters).",
+            callback=validate.option(lambda v: validate.dns_label(v, NAME_MAX)),
+        ),
+    ] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", metavar="FILE", help="Write the job here instead of stdout.")
+    ] = None,
+) -> None:
+    """Render a ready-to-apply job for the recipe's image: an MPIJob, a TrainJob, a PyTorchJob or an sbatch script
+    that runs nccl-tests' all_reduce_perf (or COMMAND) across the nodes."""
+    handled(_job)(recipe, list(command or ()), engine, nodes, image, instance_type, efa, memory, name, output)
+
+
+def _job(
+    ref: str,
+    command: list[str],
+    engine: Engine,
+    nodes: int,
+    image: str | None,
+    instance_type: str | None,
+    efa: int | None,
+    memory: str | None,
+    name: str | None,
+    output: Path | None,
+) -> None:
+    from imgbuild import lock, recipe
+    from imgbuild.cluster.jobs import plan_job, render_plan
+    from imgbuild.console import err, warn
+
+    loaded = recipe.load(ref).concrete()
+    resolved, _ = lock.resolved_for(loaded, lookup_torch=None)
+    warn(resolved)
+    job = plan_job(
+        resolved,
+        engine,
+        nodes,
+        image=image,
+        instance_type=instance_type,
+        command=command,
+        name=name,
+        efa=efa,
+        memory=memory,
+    )
+    text = render_plan(job)
+    if not job.image_pushed:
+        err().print(
+            f"imgbuild: note: {job.image} is the local build's tag; push it (imgbuild push {job.recipe}) and "
+            "pass --image URI so that the cluster can pull it",
+            markup=False,
+        )
+    if output is None:
+        sys.stdout.write(text)
+        return
+    try:
+        output.write_text(text)
+    except OSError as exc:
+        raise RecipeError(f"{output}: cannot write the job: {exc.strerror}") from None
+    err().print(f"imgbuild: wrote {output} ({job.engine.value}, {job.nodes} nodes)", markup=False)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Command line: `imgbuild cluster test`
+
+
+@app.command("test")
+@handled
+def cluster_test_command(
+    hosts: Annotated[
+        str,
+        typer.Option(
+            "--hosts",
+            metavar="H1,H2[,...]",
+            help="The hosts running the image's container (imgbuild run), in order: the first runs the "
+            "launchers. Names or addresses this machine and the first host reach them by.",
+        ),
+    ],
+    port: Annotated[
+        int | None, typer.Option("--port", min=1, max=65535, help="Their sshd port (default: the recipe's; 3022).")
+    ] = None,
+    recipe_ref: Annotated[
+        str | None, typer.Option("--recipe", metavar="RECIPE", help="The recipe whose image must be running.")
+    ] = None,
+    image: Annotated[
+        str | None,
+        typer.Option(
+            "--image",
+            metavar="IMAGE",
+            help="A local image whose manifest must be running.",
+            callback=validate.option(validate.image_ref),
+        ),
+    ] = None,
+    ssh_key: Annotated[
+        Path | None,
+        typer.Option("--ssh-key", metavar="FILE", help="Private key for ssh to the hosts (default: ssh's own)."),
+    ] = None,
+    user: Annotated[
+        str, typer.Option("--user", help="The user to log in as.", callback=validate.option(validate.user_name))
+    ] = "root",
+    master_port: Annotated[
+        int | None, typer.Option("--master-port", min=1, max=65535, help="torchrun's port on the first host (29500).")
+    ] = None,
+    junit: Annotated[Path | None, typer.Option("--junit", help="Write JUnit XML here.")] = None,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Write the results and timings as JSON.")] = None,
+) -> None:
+    """Check a running cluster: from the first host, over ssh, the environment, MPI, PyTorch DDP (mpirun and
+    torchrun) and nccl-tests (where there are GPUs) across the hosts, with the launch line `train` uses.
+    Exit 11 when a check fails."""
+    from imgbuild.cli.verify import finish
+    from imgbuild.cluster.live import run_live
+
+    if recipe_ref and image:
+        raise typer.BadParameter("give --recipe or --image, not both", param_hint="'--recipe' / '--image'")
+    # Host names reach ssh's command line, the hostfile and the checks' scripts: a name, never an option.
+    try:
+        names = validate.hosts(hosts)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="'--hosts'") from None
+    if ssh_key is not None and not ssh_key.is_file():
+        raise typer.BadParameter(f"{ssh_key}: no such file", param_hint="'--ssh-key'")
+    expected = _expected(recipe_ref, image)
+    finish(
+        run_live(names, port=port, user=user, key=ssh_key, expected=expected, master_port=master_port), junit, json_path
+    )
+
+
+def _expected(recipe_ref: str | None, image: str | None) -> Manifest | None:
+    """The manifest the running image must have: the recipe's lock, or a local image's own; None: no expectation."""
+    from imgbuild import verify
+
+    if recipe_ref:
+        target = verify.target_for_recipe(recipe_ref)
+        return target.expected_manifest
+    if image:
+        from imgbuild import engine
+        from imgbuild.containers import Containers
+
+        client = engine.connect()
+        containers = Containers(client)
+        try:
+            target = verify.resolve_target(image, client)
+            manifest = verify.image_manifest(containers, target)
+        finally:
+            containers.remove_all()
+            client.close()
+        if manifest is None:
+            from imgbuild.paths import MANIFEST_PATH
+
+            raise VerifyError(f"{image} has no {MANIFEST_PATH}: not an imgbuild image")
+        return manifest
+    return None
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Command line: `imgbuild cluster report`
 
 _STYLE = {"PASS": "green", "FAIL": "bold red", "WARN": "yellow", "SKIP": "dim"}
 _OPTION = {"instance_type": "--instance-type", "nodes": "--nodes", "nccl_version": "--nccl-version"}
@@ -81,8 +315,6 @@ def report_command(
     asked for (--json, --junit, --plot) could not be written (11 still wins on FAIL), 2 for a LOG that cannot be
     read (missing, a folder or a device, over 256 MiB). With --json - or --junit -, that document alone goes to
     stdout and the table to stderr."""
-    from imgbuild.console import handled
-
     targets = _targets(json_path, junit, plot)
     handled(_report)(log, instance_type, nodes, nccl_version, *targets)
 
@@ -98,19 +330,20 @@ def _report(
 ) -> None:
     from pydantic import ValidationError
 
-    from imgbuild.cluster import report
     from imgbuild.console import err, out
+    from imgbuild.nccltests import verdict
+    from imgbuild.nccltests.log import parse
 
     text, source = _read(log)
     try:
-        expect = report.Expect(instance_type=instance_type, nodes=nodes, nccl_version=nccl_version)
+        expect = verdict.Expect(instance_type=instance_type, nodes=nodes, nccl_version=nccl_version)
     except ValidationError as exc:
         first = exc.errors()[0]
         field = str(first["loc"][0]) if first["loc"] else ""
         raise typer.BadParameter(
             f"{first['input']!r}: {first['msg']}", param_hint=f"'{_OPTION.get(field, field)}'"
         ) from None
-    rep = report.judge(report.parse(text), expect, source=source)
+    rep = verdict.judge(parse(text), expect, source=source)
     # A document asked for on stdout is all stdout carries, so that `--json - | jq` reads JSON; the table, which says
     # the same for people, goes to stderr then.
     render(rep, err() if any(p is STDOUT for p in (json_path, junit)) else out())
@@ -136,7 +369,7 @@ def _outputs(
     rep: Report, json_path: Path | None, junit: Path | None, plot: Path | None
 ) -> list[tuple[Path, Callable[[], bytes]]]:
     """The files asked for, each with what makes its bytes (drawing the plot is left until it is written)."""
-    from imgbuild.cluster import report
+    from imgbuild.nccltests import verdict
 
     def png() -> bytes:
         from imgbuild.cluster import plot as plotting
@@ -144,8 +377,8 @@ def _outputs(
         return plotting.png(rep)
 
     wanted: list[tuple[Path | None, Callable[[], bytes]]] = [
-        (json_path, lambda: report.to_json(rep).encode()),
-        (junit, lambda: report.junit_xml(rep).encode()),
+        (json_path, lambda: verdict.to_json(rep).encode()),
+        (junit, lambda: verdict.junit_xml(rep).encode()),
         (plot, png),
     ]
     return [(path, make) for path, make in wanted if path is not None]
@@ -252,7 +485,7 @@ def render(rep: Report, console: Console) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from imgbuild.cluster.report import human_size
+    from imgbuild.nccltests.verdict import human_size
 
     parsed = rep.log
     console.print(Text(f"nccl-tests report: {rep.source}", style="bold"))

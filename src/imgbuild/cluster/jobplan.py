@@ -1,14 +1,15 @@
 """A cluster job decided before any engine's format is written: `plan_job(resolved, engine, nodes, ...)` ->
-`JobPlan`. jobs.py renders a plan (k8s.py, slurm.py) and is its command line.
+`JobPlan`. jobs.py renders a plan (k8s.py, slurm.py); `imgbuild cluster job` (cli/cluster.py) is its command line.
 
 Everything comes from the recipe's lock and the image's manifest (the one `render.plan` writes into the image):
 the image's content-addressed tag (or `--image URI` for a pushed copy), the devices and slots per node, the EFA
 devices by instance type, the Python, the run profile's environment and capabilities, and the launch line, which
 is `imgbuild.launch`'s (the line `train` and `verify --nodes` run). A pure function of its input.
 
-The default program: nccl-tests' all_reduce_perf where the recipe has nccl-tests; else a small MPI check (mpi4py
-allreduce that also checks the ranks ran on every node) where it has mpi4py; else `hostname` on every rank. The
-torch engines (trainjob, pytorchjob) run a torch.distributed all_reduce check (nccl-tests need MPI).
+The default program: nccl-tests' all_reduce_perf where the recipe has nccl-tests (`nccltests.command`'s line, the
+one the nccl-tests check of `verify --nodes` runs); else a small MPI check (mpi4py allreduce that also checks the
+ranks ran on every node) where it has mpi4py; else `hostname` on every rank. The torch engines (trainjob,
+pytorchjob) run a torch.distributed all_reduce check (nccl-tests need MPI).
 NCCL_DEBUG=INFO is set on NVIDIA targets so that `imgbuild cluster report` can tell which network NCCL used.
 """
 
@@ -163,18 +164,6 @@ def accelerator_mismatch(platform: Platform, instance_type: str) -> str | None:
         if has_major != want_major or has_minor < want_minor:
             return f"{instance_type} carries {device} ({arch}), which cannot run code built for {platform.gpu_arch}"
     return None
-
-
-def nccl_tests_args(instance_type: str | None) -> tuple[str, ...]:
-    """all_reduce_perf's arguments for a run on `instance_type` (None: not known): -e is 1 GiB, or the largest size
-    `imgbuild cluster report` judges for that instance type when it is larger (the report's own rule,
-    `expected.max_judged_size`: 16 GiB on p5 and later), rounded up to a power of two so that the doubling from -b 8
-    reaches it."""
-    from imgbuild.cluster import expected
-
-    end = max(1 << 30, expected.max_judged_size(instance_type))
-    end = 1 << (end - 1).bit_length()
-    return ("-b", "8", "-e", expected.size_option(end), "-f", "2", "-g", "1")
 
 
 def job_name(recipe_name: str) -> str:
@@ -347,9 +336,10 @@ def _program(
         return check, "a torch.distributed all_reduce check (nccl-tests need MPI: use --engine mpijob for them)"
     tests = manifest.components.get("nccl_tests")
     if tests is not None:
-        prefix = tests.prefix or "/opt/nccl-tests"
-        args = nccl_tests_args(instance_type)
-        return (f"{prefix}/all_reduce_perf", *args), f"nccl-tests all_reduce_perf {shlex.join(args)}"
+        from imgbuild.nccltests import command as nccl_tests
+
+        argv = nccl_tests.all_reduce_perf(tests.details.prefix, instance_type)
+        return argv, f"nccl-tests all_reduce_perf {shlex.join(argv[1:])}"
     if "mpi4py" in manifest.components:
         return (
             (manifest.python, "-c", _program_text("mpi_check.py"), str(nodes)),

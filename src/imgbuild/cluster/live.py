@@ -1,4 +1,5 @@
-"""`imgbuild cluster test --hosts H1,H2[,...]`: the multi-node checks on containers already running on hosts.
+"""The multi-node checks on containers already running on hosts: `run_live(hosts)` -> `VerifyReport`, which
+`imgbuild cluster test --hosts H1,H2[,...]` (cli/cluster.py) shows and writes as `imgbuild verify` does.
 
 The containers were started by the user on each host (`imgbuild run RECIPE`: the recipe's run profile, host
 network, the job's ssh keys installed by the entrypoint). From this machine, imgbuild reaches each of them over
@@ -6,7 +7,7 @@ ssh on the image's sshd port (`SshNodes`, one connection per host kept open for 
 checks of `imgbuild verify --nodes` (nodechecks.run_checks) from the first host: every node's sshd reached from
 it, the image's mpirun line across the hosts (allreduce, every rank's environment), plain ssh sessions'
 environment, fi_pingpong, the DDP training under mpirun and torchrun where the image has PyTorch, and
-nccl-tests' all_reduce_perf judged by cluster.report where the hosts have GPUs.
+nccl-tests' all_reduce_perf judged by nccltests.verdict where the hosts have GPUs.
 
 What the run needs from the hosts: ssh from this machine to each container as `--user` (root) with `--ssh-key`
 (or ssh's own defaults), and ssh between the containers with the job's key (what mpirun needs anyway). It
@@ -29,12 +30,9 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
-
-import typer
+from typing import TYPE_CHECKING, Any
 
 from imgbuild import validate
-from imgbuild.console import handled
 from imgbuild.errors import VerifyError
 
 if TYPE_CHECKING:
@@ -324,93 +322,3 @@ def _inspect(nodes: SshNodes, expected: Manifest | None) -> tuple[Manifest | Non
     names = [*first.rank_env, *sorted(first.runtime.env)]
     probe["env"] = {name: environ[name] for name in names if name in environ}
     return first, results, probe
-
-
-# --------------------------------------------------------------------------------------------------------
-# the command
-
-
-@handled
-def cluster_test_command(
-    hosts: Annotated[
-        str,
-        typer.Option(
-            "--hosts",
-            metavar="H1,H2[,...]",
-            help="The hosts running the image's container (imgbuild run), in order: the first runs the "
-            "launchers. Names or addresses this machine and the first host reach them by.",
-        ),
-    ],
-    port: Annotated[
-        int | None, typer.Option("--port", min=1, max=65535, help="Their sshd port (default: the recipe's; 3022).")
-    ] = None,
-    recipe_ref: Annotated[
-        str | None, typer.Option("--recipe", metavar="RECIPE", help="The recipe whose image must be running.")
-    ] = None,
-    image: Annotated[
-        str | None,
-        typer.Option(
-            "--image",
-            metavar="IMAGE",
-            help="A local image whose manifest must be running.",
-            callback=validate.option(validate.image_ref),
-        ),
-    ] = None,
-    ssh_key: Annotated[
-        Path | None,
-        typer.Option("--ssh-key", metavar="FILE", help="Private key for ssh to the hosts (default: ssh's own)."),
-    ] = None,
-    user: Annotated[
-        str, typer.Option("--user", help="The user to log in as.", callback=validate.option(validate.user_name))
-    ] = "root",
-    master_port: Annotated[
-        int | None, typer.Option("--master-port", min=1, max=65535, help="torchrun's port on the first host (29500).")
-    ] = None,
-    junit: Annotated[Path | None, typer.Option("--junit", help="Write JUnit XML here.")] = None,
-    json_path: Annotated[Path | None, typer.Option("--json", help="Write the results and timings as JSON.")] = None,
-) -> None:
-    """Check a running cluster: from the first host, over ssh, the environment, MPI, PyTorch DDP (mpirun and
-    torchrun) and nccl-tests (where there are GPUs) across the hosts, with the launch line `train` uses.
-    Exit 11 when a check fails."""
-    from imgbuild.cli.verify import finish
-
-    if recipe_ref and image:
-        raise typer.BadParameter("give --recipe or --image, not both", param_hint="'--recipe' / '--image'")
-    # Host names reach ssh's command line, the hostfile and the checks' scripts: a name, never an option.
-    try:
-        names = validate.hosts(hosts)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="'--hosts'") from None
-    if ssh_key is not None and not ssh_key.is_file():
-        raise typer.BadParameter(f"{ssh_key}: no such file", param_hint="'--ssh-key'")
-    expected = _expected(recipe_ref, image)
-    finish(
-        run_live(names, port=port, user=user, key=ssh_key, expected=expected, master_port=master_port), junit, json_path
-    )
-
-
-def _expected(recipe_ref: str | None, image: str | None) -> Manifest | None:
-    """The manifest the running image must have: the recipe's lock, or a local image's own; None: no expectation."""
-    from imgbuild import verify
-
-    if recipe_ref:
-        target = verify.target_for_recipe(recipe_ref)
-        return target.expected_manifest
-    if image:
-        from imgbuild import engine
-        from imgbuild.containers import Containers
-
-        client = engine.connect()
-        containers = Containers(client)
-        try:
-            target = verify.resolve_target(image, client)
-            manifest = verify.image_manifest(containers, target)
-        finally:
-            containers.remove_all()
-            client.close()
-        if manifest is None:
-            from imgbuild.paths import MANIFEST_PATH
-
-            raise VerifyError(f"{image} has no {MANIFEST_PATH}: not an imgbuild image")
-        return manifest
-    return None

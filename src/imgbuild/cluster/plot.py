@@ -11,9 +11,9 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from imgbuild.cluster.nccllog import Measurement
-from imgbuild.cluster.report import Report, human_size
 from imgbuild.errors import OutputError
+from imgbuild.nccltests.log import Measurement
+from imgbuild.nccltests.verdict import Report, human_size
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

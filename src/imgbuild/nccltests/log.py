@@ -1,6 +1,6 @@
 """Read an nccl-tests log (or any NCCL_DEBUG=INFO log) into typed data: `parse(text)` -> `ParsedLog`.
 
-A pure function, no I/O, that never fails: what a log does not say stays empty. report.py judges what it finds.
+A pure function, no I/O, that never fails: what a log does not say stays empty. verdict.py judges what it finds.
 
 What the parser understands, from the logs in tests/data/upstream/nccl-tests:
 - line prefixes: Open MPI's `--tag-output` (`[1,0]<stdout>:`) and `srun -l` (`0: `), also indented;

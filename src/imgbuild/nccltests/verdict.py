@@ -1,8 +1,8 @@
 """Judge an nccl-tests run: the network NCCL used, its version, correct results, bus bandwidth.
 
-Pure functions, no I/O: `judge(log, expect)` -> `Report` from what nccllog.py's `parse(text)` read, and the
-report's outputs (`junit_xml`, `to_json`). cli.py reads the log and writes the outputs; plot.py draws.
-`parse` and `ParsedLog` stay importable from here (nodechecks and the CLI call `report.parse`).
+Pure functions, no I/O: `judge(log, expect)` -> `Report` from what log.py's `parse(text)` read, and the
+report's outputs (`junit_xml`, `to_json`). `imgbuild cluster report` (cli/cluster.py) reads the log, writes the
+outputs and draws (cluster/plot.py); the nccl-tests check across nodes (nodechecks.py) judges its run here too.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Literal, TypeVar
 
 from pydantic import Field
 
-from imgbuild.cluster import expected
-from imgbuild.cluster.nccllog import Frozen, Network, ParsedLog, Printed, ResultTable, distinct, parse
+from imgbuild.nccltests import expected
+from imgbuild.nccltests.log import Frozen, Network, ParsedLog, Printed, ResultTable, distinct, parse
 
 if TYPE_CHECKING:
     from imgbuild.resolver import Resolved

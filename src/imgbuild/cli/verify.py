@@ -1,4 +1,5 @@
-"""`imgbuild verify RECIPE|IMAGE`: the command line of imgbuild.verify, and its results table."""
+"""`imgbuild verify RECIPE|IMAGE`: the command line of imgbuild.verify, and its results table (`finish`, which
+`imgbuild cluster test` ends with too)."""
 
 from __future__ import annotations
 

@@ -199,7 +199,7 @@ def plan_job(
     engine = Engine(engine)
     r = resolved.recipe
     where = f"recipe '{r.name}'"
-    # The command line refuses these first, as usage errors (jobs.py); here they guard every other caller.
+    # The command line refuses these first, as usage errors (cli/cluster.py); here they guard every other caller.
     if not 1 <= nodes <= NODES_MAX:
         raise RecipeError(f"{where}: --nodes must be 1 to {NODES_MAX}, got {nodes}")
     if efa is not None and not 0 <= efa <= EFA_MAX:

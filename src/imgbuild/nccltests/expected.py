@@ -4,8 +4,8 @@ are judged on which instance types.
 The figures live in `bandwidth.yaml` next to this module (one row per instance type, node count and message size,
 each with its source and the NCCL that produced it; one rule per instance family saying from which size bus
 bandwidth is judged and how far a job must run, with the why) so that a new published run is a data change reviewed
-like one. This module loads and checks that file; `max_judged_size(instance_type)` tells the job generators how far
-all_reduce_perf must run (`-e`) for the report to judge it.
+like one. This module loads and checks that file; `max_judged_size(instance_type)` tells command.py how far
+all_reduce_perf must run (`-e`) for the verdict to judge it.
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ def test_render_to_stdout_and_folder(tmp_path: Path) -> None:
     result = run("render", "cpu", "-o", str(tmp_path / "ctx"))
     assert result.exit_code == 0, result.output
     assert (tmp_path / "ctx" / "Dockerfile").read_text() == run("render", "cpu").stdout
-    assert (tmp_path / "ctx" / "imgbuild" / "entrypoint.sh").stat().st_mode & 0o111
+    assert (tmp_path / "ctx" / "imgbuild" / "imgbuild-entrypoint").stat().st_mode & 0o111
 
 
 def test_unknown_recipe_exit_code() -> None:

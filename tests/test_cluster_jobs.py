@@ -26,7 +26,7 @@ import yaml
 from typer.testing import CliRunner
 
 from conftest import REPO, UPSTREAM
-from imgbuild import lock, recipe, render
+from imgbuild import lock, paths, recipe, render
 from imgbuild.cli.cluster import job_command
 from imgbuild.cluster import jobs
 from imgbuild.errors import RecipeError
@@ -294,14 +294,14 @@ def test_mpijob_works_with_what_the_operator_does(name: str) -> None:
     manifest, _ = jobs.image_manifest(resolved(name))
     # The operator replaces a command-less worker's entrypoint with `sshd -De`: both run the image's entrypoint.
     assert worker["command"] == launcher["command"] == ["/usr/local/bin/imgbuild-entrypoint"]
-    assert (REPO / "images" / "Dockerfile.j2").read_text().count('ENTRYPOINT ["/usr/local/bin/imgbuild-entrypoint"]')
+    assert f'ENTRYPOINT ["{paths.ENTRYPOINT}"]' in render.plan(resolved(name)).dockerfile
     # Keys: not mounted over /root/.ssh (read-only there) nor where the entrypoint reads keys from; the private key
     # comes from the operator's Secret through IMGBUILD_SSH_PRIVATE_KEY, which the entrypoint installs.
     assert spec["sshAuthMountPath"] not in ("/root/.ssh", "/run/imgbuild/ssh", "/opt/ml/input/data/ssh")
     secret = {"secretKeyRef": {"name": f"{p.name}-ssh", "key": "ssh-privatekey"}}
     assert env_of(worker)["IMGBUILD_SSH_PRIVATE_KEY"] == env_of(launcher)["IMGBUILD_SSH_PRIVATE_KEY"] == secret
     files = {f.path: f.content.decode() for f in render.plan(resolved(name)).files}
-    assert "IMGBUILD_SSH_PRIVATE_KEY" in files["imgbuild/entrypoint.sh"]
+    assert "IMGBUILD_SSH_PRIVATE_KEY" in files["imgbuild/sshd/50-sshd.sh"]
     # sshd's port: the readiness probe, and the image's ssh client config (which the operator's plm_rsh_args,
     # "-o ConnectionAttempts=10", does not override).
     port = manifest.ssh_ports[0]

@@ -10,7 +10,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import subprocess
 import tempfile
 from typing import Any
 
@@ -31,11 +30,6 @@ def manifest_of(name: str, **over: Any) -> Manifest:
     resolved = lock.resolved_for(recipe.load(name), lookup_torch=None)[0]
     text = next(f.content for f in render.plan(resolved).files if f.path == "imgbuild/manifest.json")
     return Manifest.model_validate({**json.loads(text), **over})
-
-
-def train_of(name: str) -> str:
-    resolved = lock.resolved_for(recipe.load(name), lookup_torch=None)[0]
-    return next(f.content for f in render.plan(resolved).files if f.path == "imgbuild/train").decode()
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -80,32 +74,28 @@ def test_other_launcher_ifname_default_and_the_recipes_own_mca() -> None:
         "python3", "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=8", "--rdzv-backend=c10d",
         "--rdzv-endpoint=algo-1:29500", "--rdzv-id=job", "--local-addr=algo-2", "t.py",
     ]  # fmt: skip
-    # The recipe's NCCL_SOCKET_IFNAME is a default: the job's interface (set before) wins.
-    defaults = line.shell_defaults()
-    show = 'printf "%s|" "$NCCL_SOCKET_IFNAME"; bash -c \'printf "%s" "$NCCL_SOCKET_IFNAME"\''
-    unset = subprocess.run(["bash", "-euc", defaults + show], capture_output=True, text=True, check=True, env={})
-    assert unset.stdout == "^lo,docker|^lo,docker"
-    env = {"NCCL_SOCKET_IFNAME": "eth0"}
-    given = subprocess.run(["bash", "-euc", defaults + show], capture_output=True, text=True, check=True, env=env)
-    assert given.stdout == "eth0|eth0"
+    # The recipe's NCCL_SOCKET_IFNAME is a default: a value the launcher's environment sets wins.
+    assert line.env_defaults == (("NCCL_SOCKET_IFNAME", "^lo,docker"),)
+    assert line.defaults_for(["PATH"]) == ["NCCL_SOCKET_IFNAME=^lo,docker"]
+    assert line.defaults_for(["NCCL_SOCKET_IFNAME"]) == []
 
 
 @pytest.mark.parametrize("name", ["cpu", "a100", "gaudi-1.15"])
-def test_train_holds_the_launch_line_of_its_manifest(name: str, tmp_path: Any) -> None:
-    """The MPIRUN and TORCHRUN arrays of the rendered `train`, as bash reads them, are the launch module's."""
-    script = tmp_path / "train"
-    script.write_text(train_of(name))
-    arrays = 'eval "$(sed -n "/^readonly MPIRUN=(/,/^)/p; /^readonly TORCHRUN=(/p" "$1")"; ' + (
-        'printf "%s\\n" "${MPIRUN[@]}"; echo ---; printf "%s\\n" "${TORCHRUN[@]}"'
+def test_train_reads_the_launch_line_of_its_manifest(name: str) -> None:
+    """The data train reads (mpirun.args, torchrun.args, launch-env.conf) is the launch module's, as bash reads it."""
+    resolved = lock.resolved_for(recipe.load(name), lookup_torch=None)[0]
+    files = {f.path: f.content.decode() for f in render.plan(resolved).files}
+    line = launch.for_manifest(render.manifest(resolved))
+    assert files["imgbuild/sagemaker/mpirun.args"].splitlines() == list(line.mpirun)
+    torchrun = files["imgbuild/sagemaker/torchrun.args"].splitlines()
+    assert torchrun == line.torchrun_template()
+    values = {"nnodes": "2", "nproc_per_node": "8", "endpoint": "a:1", "run_id": "r", "local_addr": "b"}
+    assert [arg.format(**values) for arg in torchrun] == line.torchrun_argv(
+        nnodes=2, nproc_per_node=8, endpoint="a:1", run_id="r", local_addr="b", program=[]
     )
-    out = subprocess.run(["bash", "-c", arrays, "_", str(script)], capture_output=True, text=True, check=True).stdout
-    mpirun, torchrun = out.split("---\n")
-    line = launch.for_manifest(manifest_of(name))
-    assert mpirun.splitlines() == list(line.mpirun)
-    assert torchrun.splitlines() == list(line.torchrun)
-    if name == "a100":  # its recipe's NCCL_SOCKET_IFNAME default is set before mpirun
-        defaults = line.shell_defaults().splitlines()
-        assert defaults and all(f"\n    {d}\n" in script.read_text() for d in defaults)
+    defaults = files["imgbuild/sagemaker/launch-env.conf"].splitlines()
+    assert defaults == [f"{k}={v}" for k, v in line.env_defaults]
+    assert bool(defaults) == (name == "a100")  # its recipe's NCCL_SOCKET_IFNAME default
 
 
 def test_an_image_without_sshd_is_refused() -> None:

@@ -131,7 +131,8 @@ def test_one_buildkit_dialect(name: str) -> None:
 def test_layers_ordered_by_change_rate(name: str) -> None:
     text = runtime_stage(plan_of(name).dockerfile)
     marks = ["apt-get install", "efa_installer.sh", "dpkg --purge libnccl-dev libnccl2", "/opt/nccl-tests",
-             "/opt/venv /opt/venv", "imgbuild/sshd_config", "imgbuild/train", "imgbuild-entrypoint",
+             "/opt/venv /opt/venv", "imgbuild/sshd_config", "imgbuild/sagemaker/train",
+             "COPY imgbuild/imgbuild-entrypoint",
              "/etc/imgbuild/manifest.json", "LABEL "]  # fmt: skip
     positions = [text.index(m) for m in marks]
     assert positions == sorted(positions), dict(zip(marks, positions, strict=True))
@@ -187,10 +188,13 @@ def test_ssh_host_keys_removed_in_the_layer_that_makes_them() -> None:
 def test_context_files_and_manifest() -> None:
     plan = plan_of("cpu")
     files = {f.path: f for f in plan.files}
-    assert set(files) == {"imgbuild/entrypoint.sh", "imgbuild/manifest.json", "imgbuild/ssh_config",
-                          "imgbuild/sshd_config", "imgbuild/train"}  # fmt: skip
-    assert files["imgbuild/entrypoint.sh"].mode == 0o755 and files["imgbuild/train"].mode == 0o755
-    copied = set(re.findall(r"^COPY (imgbuild/\S+)", plan.dockerfile, re.M))
+    assert set(files) == {"imgbuild/imgbuild-entrypoint", "imgbuild/manifest.json", "imgbuild/ssh_config",
+                          "imgbuild/sshd_config", "imgbuild/sshd/50-sshd.sh", "imgbuild/sshd/sshd.conf",
+                          "imgbuild/sagemaker/train", "imgbuild/sagemaker/40-sagemaker.sh",
+                          "imgbuild/sagemaker/sagemaker.conf", "imgbuild/sagemaker/mpirun.args",
+                          "imgbuild/sagemaker/torchrun.args", "imgbuild/sagemaker/launch-env.conf"}  # fmt: skip
+    assert files["imgbuild/imgbuild-entrypoint"].mode == 0o755 and files["imgbuild/sagemaker/train"].mode == 0o755
+    copied = set(re.findall(r"(?:^COPY|\s)(imgbuild/\S+)", plan.dockerfile, re.M))
     assert copied == set(files)
     manifest = json.loads(files["imgbuild/manifest.json"].content)
     assert manifest["recipe"] == "cpu" and manifest["lock_digest"] == plan.lock_digest

@@ -7,8 +7,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import shutil
-import subprocess
+import re
 import time
 import uuid
 from pathlib import Path
@@ -17,8 +16,10 @@ from typing import Any
 import pytest
 
 from conftest import SHIPPED, Host, Job, ssh_key_pair
-from imgbuild import recipe, render
+from imgbuild import paths, recipe, render
+from imgbuild.components import TEMPLATE_DIR, sagemaker
 from imgbuild.lock import resolved_for
+from imgbuild.paths import SSHD_LOG
 
 # --------------------------------------------------------------------------------------------------------------
 # Rendering (no engine)
@@ -29,51 +30,66 @@ def context_files(ref: str | Path) -> dict[str, str]:
     return {f.path: f.content.decode() for f in render.plan(resolved).files}
 
 
+STATIC = {  # context path -> the static script it is (tests/test_scripts.py lints and runs them)
+    "imgbuild/imgbuild-entrypoint": paths.images_dir() / "files" / "imgbuild-entrypoint",
+    "imgbuild/sshd/50-sshd.sh": TEMPLATE_DIR / "files" / "sshd" / "50-sshd.sh",
+    "imgbuild/sagemaker/train": TEMPLATE_DIR / "files" / "sagemaker" / "train",
+    "imgbuild/sagemaker/40-sagemaker.sh": TEMPLATE_DIR / "files" / "sagemaker" / "40-sagemaker.sh",
+}
+
+
+def conf(text: str) -> dict[str, str]:
+    pairs = [line.partition("=") for line in text.splitlines()]
+    assert all(key and sep for key, sep, _ in pairs), text
+    return {key: value for key, _, value in pairs}
+
+
 @pytest.mark.parametrize("name", SHIPPED)
-def test_scripts_are_valid_bash(name: str, tmp_path: Path) -> None:
+def test_scripts_are_static_and_their_data_plain(name: str) -> None:
+    """Every image gets the same scripts; what differs is data (KEY=VALUE, one argument per line), no shell code."""
     files = context_files(name)
-    scripts = []
-    for path in ("imgbuild/train", "imgbuild/entrypoint.sh"):
-        script = tmp_path / Path(path).name
-        script.write_text(files[path])
-        scripts.append(str(script))
-        proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, check=False)
-        assert proc.returncode == 0, proc.stderr
-    if shutil.which("shellcheck"):
-        proc = subprocess.run(["shellcheck", *scripts], capture_output=True, text=True, check=False)
-        assert proc.returncode == 0, proc.stdout
+    for path, source in STATIC.items():
+        assert path not in files or files[path] == source.read_text(), path
+    assert "imgbuild/imgbuild-entrypoint" in files
+    for path, text in files.items():
+        if path.endswith(".conf"):
+            assert all(re.fullmatch(r"[A-Z][A-Z0-9_]*", key) for key in conf(text)), (path, text)
 
 
 @pytest.mark.parametrize(
     ("name", "slots", "ifname_vars", "mca"),
     [
-        ("cpu", 1, "NCCL_SOCKET_IFNAME", "--mca pml ob1"),
-        ("a100", 8, "NCCL_SOCKET_IFNAME", "--mca pml '^cm,ucx'"),
-        ("gaudi-1.15", 8, "NCCL_SOCKET_IFNAME HCCL_SOCKET_IFNAME", "--mca btl_vader_single_copy_mechanism none"),
+        ("cpu", 1, "NCCL_SOCKET_IFNAME", ["--mca", "pml", "ob1"]),
+        ("a100", 8, "NCCL_SOCKET_IFNAME", ["--mca", "pml", "^cm,ucx"]),
+        ("gaudi-1.15", 8, "NCCL_SOCKET_IFNAME,HCCL_SOCKET_IFNAME",
+         ["--mca", "btl_vader_single_copy_mechanism", "none"]),
     ],
-)
-def test_train_renders_the_recipe(name: str, slots: int, ifname_vars: str, mca: str) -> None:
-    train = context_files(name)["imgbuild/train"]
-    assert f"readonly DEFAULT_SLOTS={slots}\n" in train
-    assert f"readonly IFNAME_VARS=({ifname_vars})\n" in train
-    assert "readonly SSH_PORTS=(3022 22)\n" in train
-    assert "readonly DEFAULT_LAUNCHER=mpirun\n" in train
-    assert mca in train and "--mca btl_tcp_if_exclude lo,docker0" in train and "--allow-run-as-root" in train
-    assert "{{" not in train and "{%" not in train
+)  # fmt: skip
+def test_train_data_of_the_recipe(name: str, slots: int, ifname_vars: str, mca: list[str]) -> None:
+    files = context_files(name)
+    data = conf(files["imgbuild/sagemaker/sagemaker.conf"])
+    assert (data["SLOTS"], data["IFNAME_VARS"], data["SSH_PORTS"], data["LAUNCHER"]) == (
+        str(slots),
+        ifname_vars,
+        "3022,22",
+        "mpirun",
+    )
+    assert (data["FAILURE"], data["JOB_DONE"], data["SSHD_LOG"]) == (sagemaker.FAILURE, sagemaker.JOB_DONE, SSHD_LOG)
+    args = files["imgbuild/sagemaker/mpirun.args"].splitlines()
+    assert any(args[i : i + 3] == mca for i in range(len(args)))
+    assert "lo,docker0" in args and "--allow-run-as-root" in args
 
 
 def test_torchrun_launcher_and_no_sagemaker(recipe_dir: Path) -> None:
     mine = recipe_dir / "mine.yaml"
     mine.write_text("extends: cpu\ncomponents:\n  sagemaker: {launcher: torchrun, ssh_port: 2222}\n")
-    files = context_files(mine)
-    assert "readonly DEFAULT_LAUNCHER=torchrun\n" in files["imgbuild/train"]
-    assert "readonly SSH_PORTS=(3022 2222)\n" in files["imgbuild/train"]
-    assert '${IMGBUILD_SSHD_PORTS},}2222"' in files["imgbuild/entrypoint.sh"]
+    data = conf(context_files(mine)["imgbuild/sagemaker/sagemaker.conf"])
+    assert (data["LAUNCHER"], data["SSH_PORTS"], data["SSH_SAGEMAKER_PORT"]) == ("torchrun", "3022,2222", "2222")
     plain = recipe_dir / "plain.yaml"
     plain.write_text("extends: cpu\ncomponents:\n  sagemaker: null\n")
     files = context_files(plain)
-    assert "imgbuild/train" not in files
-    assert "== train" not in files["imgbuild/entrypoint.sh"]
+    assert not [path for path in files if path.startswith("imgbuild/sagemaker/")]
+    assert "imgbuild/sshd/50-sshd.sh" in files
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -253,7 +269,7 @@ def test_worker_stopped_after_the_leader_is_done_ends_as_the_leader(sm_job: Any)
     job = sm_job(2, script=SLEEPY)
     leader, worker = job.hosts
     wait_for_log(job, leader, "started")
-    done = "echo 3 >/tmp/imgbuild-job-done.tmp && mv /tmp/imgbuild-job-done.tmp /tmp/imgbuild-job-done"
+    done = f"echo 3 >{sagemaker.JOB_DONE}.tmp && mv {sagemaker.JOB_DONE}.tmp {sagemaker.JOB_DONE}"
     exec_id = job.client.api.exec_create(worker.container_id, ["sh", "-c", done])["Id"]
     job.client.api.exec_start(exec_id)
     job.client.api.stop(worker.container_id, timeout=30)

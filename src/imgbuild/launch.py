@@ -1,8 +1,9 @@
 """The launch line of a multi-node job: the one place that builds the mpirun (and torchrun) command.
 
-The SageMaker `train` script gets the fixed part rendered in (`MpiLaunch.args`, `torchrun_args`) and adds the
-job's hosts, program and environment; `imgbuild verify --nodes` runs `MpiLaunch.argv` for its own hosts. Both
-come from the image's manifest (its `mpirun` section is the recipe's), so what verify proves is what jobs run.
+The SageMaker `train` script reads the fixed part as data the sagemaker block writes into the image (`Launch.mpirun`,
+`Launch.torchrun_template`, `Launch.env_defaults`: one argument or NAME=VALUE per line) and adds the job's hosts,
+program and environment; `imgbuild verify --nodes` runs `Launch.mpirun_argv` for its own hosts. Both come from the
+image's manifest (its `mpirun` section is the recipe's), so what verify proves is what jobs run.
 
 The mpirun line, in order:
 
@@ -17,13 +18,12 @@ The mpirun line, in order:
     -np N --hostfile FILE [--wdir DIR] PROGRAM...    per run
 
 `mpirun.nccl_socket_ifname` is the default of NCCL_SOCKET_IFNAME in the launcher's environment
-(`MpiLaunch.shell_defaults`): a value the job sets (train: the job's network interface) wins, and `-x` passes
-whichever it is to every rank.
+(`Launch.env_defaults`, `Launch.defaults_for`): a value the job sets (train: the job's network interface) wins, and
+`-x` passes whichever it is to every rank.
 """
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -34,16 +34,24 @@ if TYPE_CHECKING:
 
 NO_TREE_SPAWN = "plm_rsh_no_tree_spawn"
 INTERFACE_EXCLUDES = ("btl_tcp_if_exclude", "oob_tcp_if_exclude")
+# The per-host values of torchrun's options (`Launch.torchrun_options`' arguments): `train` substitutes them for
+# their placeholders in `Launch.torchrun_template`.
+TORCHRUN_FIELDS = ("nnodes", "nproc_per_node", "endpoint", "run_id", "local_addr")
 
 
 @dataclass(frozen=True)
 class Launch:
     """The launch lines of one image: the fixed parts of its mpirun and torchrun commands, and the launcher
-    environment's defaults. `train` gets `mpirun`, `torchrun` and `shell_defaults()` rendered in."""
+    environment's defaults (each applies where the launcher's environment does not set the variable). `train` reads
+    `mpirun`, `torchrun_template()` and `env_defaults` from the image's data files (the sagemaker block's)."""
 
     mpirun: tuple[str, ...]
     torchrun: tuple[str, ...]
     env_defaults: tuple[tuple[str, str], ...] = ()
+
+    def defaults_for(self, already_set: Sequence[str]) -> list[str]:
+        """`NAME=VALUE` for each default whose variable is not among `already_set` (for `env NAME=VALUE ... CMD`)."""
+        return [f"{name}={value}" for name, value in self.env_defaults if name not in already_set]
 
     def mpirun_argv(self, *, hostfile: str, np: int, program: Sequence[str], wdir: str | None = None) -> list[str]:
         """The whole mpirun command for `np` ranks on the hosts of `hostfile` (what train runs)."""
@@ -83,33 +91,10 @@ class Launch:
         )
         return [*self.torchrun, *options, *program]
 
-    def torchrun_shell(self) -> str:
-        """The torchrun options as `train` writes them: the same options, with the job's shell variables."""
-        options = self.torchrun_options(
-            nnodes="${#hosts[@]}",
-            nproc_per_node="${slots}",
-            endpoint="${leader}:${IMGBUILD_MASTER_PORT:-29500}",
-            run_id="${TRAINING_JOB_NAME:-imgbuild}",
-            local_addr="${current_host}",  # resourceconfig.json's current_host (one host without it: hostname)
-        )
-        return " ".join(f'"{option}"' for option in options)
-
-    def mpirun_lines(self) -> list[str]:
-        """The fixed part shell-quoted, one option with its values per line (for a bash array)."""
-        lines: list[list[str]] = []
-        for arg in self.mpirun:
-            if lines and not arg.startswith("-") and lines[-1][0].startswith("-"):
-                lines[-1].append(arg)
-            else:
-                lines.append([arg])
-        return [shlex.join(line) for line in lines]
-
-    def shell_defaults(self) -> str:
-        """Shell lines that give the launcher's environment its defaults (each kept when already set)."""
-        return "".join(
-            f'[ -n "${{{name}:-}}" ] || {name}={shlex.quote(value)}\nexport {name}\n'
-            for name, value in self.env_defaults
-        )
+    def torchrun_template(self) -> list[str]:
+        """The whole torchrun command with a placeholder `{NAME}` for each per-host value of `torchrun_options`
+        (TORCHRUN_FIELDS): what `train` reads, one argument per line, and fills in for its job."""
+        return [*self.torchrun, *self.torchrun_options(**{name: "{" + name + "}" for name in TORCHRUN_FIELDS})]
 
 
 def for_manifest(manifest: Manifest) -> Launch:

@@ -43,6 +43,7 @@ from imgbuild.nodechecks import (
     run_checks,
     timings_result,
 )
+from imgbuild.paths import SSH_KEY_DIR
 from imgbuild.report import CheckResult
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ __all__ = [
     "run_multinode",
 ]
 
-KEY_MOUNT = "/run/imgbuild/ssh"
+KEY_MOUNT = SSH_KEY_DIR  # where sshd's entrypoint hook looks for the run's keys
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -113,6 +113,13 @@ def mpirun_argv(manifest: Manifest, *, hostfile: str, ranks: int, program: list[
     return for_manifest(manifest).mpirun_argv(hostfile=hostfile, np=ranks, program=program, wdir=wdir)
 
 
+def with_defaults(s: Session, argv: list[str]) -> list[str]:
+    """`argv` under `env` with the launch line's environment defaults that the containers' environment (the image's
+    ENV, the recipe's runtime env) does not set (`Launch.defaults_for`), as `train` gives them to its launcher."""
+    defaults = s.launch.defaults_for([*s.manifest.rank_env, *s.manifest.runtime.env])
+    return ["env", *defaults, *argv] if defaults else argv
+
+
 # --------------------------------------------------------------------------------------------------------
 # where the checks run: the node executor (multinode.DockerNodes, cluster.live's ssh executor)
 
@@ -375,7 +382,7 @@ def _allreduce(s: Session, *, sshd_down: list[str]) -> list[CheckResult]:
         s.manifest, hostfile=s.hostfile, ranks=ranks, program=[s.manifest.python, s.program, s.env_names],
         wdir=s.workdir,
     )  # fmt: skip
-    script = f"{s.launch.shell_defaults()}exec {shlex.join(argv)}"
+    script = f"exec {shlex.join(with_defaults(s, argv))}"
     limit = s.left(MPIRUN_TIMEOUT_S)
     res = s.nodes.run(0, script, timeout_s=limit, label="mpirun")
     s.timings["mpirun_s"] = round(res.duration_s, 3)
@@ -551,7 +558,7 @@ def _ddp_mpirun(s: Session, *, sshd_down: list[str]) -> CheckResult:
         wdir=s.workdir,
     )  # fmt: skip
     limit = s.left(DDP_TIMEOUT_S)
-    res = s.nodes.run(0, f"{s.launch.shell_defaults()}exec {shlex.join(argv)}", timeout_s=limit, label="ddp-mpirun")
+    res = s.nodes.run(0, f"exec {shlex.join(with_defaults(s, argv))}", timeout_s=limit, label="ddp-mpirun")
     s.timings["ddp_mpirun_s"] = round(res.duration_s, 3)
     return _ddp_result(s, name, "mpirun", [res], res.duration_s, limit, {"command": shlex.join(argv), "argv": argv})
 
@@ -575,11 +582,10 @@ def _ddp_torchrun(s: Session, *, sshd_down: list[str]) -> CheckResult:
     ]
     limit = s.left(DDP_TIMEOUT_S)
     started = time.monotonic()
-    defaults = s.launch.shell_defaults()
     handles = [
         s.nodes.spawn(
             k,
-            f"{defaults}cd {shlex.quote(s.workdir)} && exec {shlex.join(argv)}",
+            f"cd {shlex.quote(s.workdir)} && exec {shlex.join(with_defaults(s, argv))}",
             timeout_s=limit,
             label=f"ddp-torchrun-{k}",
         )
@@ -645,7 +651,7 @@ def _nccl_tests(s: Session, *, sshd_down: list[str]) -> CheckResult:
     program = ["env", "NCCL_DEBUG=INFO", *command.all_reduce_perf(comp.details.prefix, instance_type)]
     argv = mpirun_argv(s.manifest, hostfile=s.hostfile, ranks=ranks, wdir=s.workdir, program=program)
     limit = s.left(NCCL_TESTS_TIMEOUT_S)
-    res = s.nodes.run(0, f"{s.launch.shell_defaults()}exec {shlex.join(argv)}", timeout_s=limit, label="nccl-tests")
+    res = s.nodes.run(0, f"exec {shlex.join(with_defaults(s, argv))}", timeout_s=limit, label="nccl-tests")
     s.timings["nccl_tests_s"] = round(res.duration_s, 3)
     nccl = s.manifest.components.get("nccl")
     ofi = s.manifest.components.get("aws_ofi_nccl")

@@ -6,8 +6,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-MANIFEST_PATH = "/etc/imgbuild/manifest.json"  # in every image: what render wrote and verify reads
-SSHD_LOG = "/var/log/imgbuild-sshd.log"  # where the entrypoint's sshd logs (`sshd -E`); train and verify read it
+# Paths inside the images. The scripts that run there (static files: images/files/, components/files/<block>/) get
+# them from the data files render writes (a block's `data`), never typed again in bash; tests and verify use these.
+IMAGE_ETC = "/etc/imgbuild"  # render's data files in every image (the scripts' IMGBUILD_ETC default)
+MANIFEST_PATH = f"{IMAGE_ETC}/manifest.json"  # in every image: what render wrote and verify reads
+ENTRYPOINT = "/usr/local/bin/imgbuild-entrypoint"  # the image's ENTRYPOINT: runs the hooks, then the command
+ENTRYPOINT_D = f"{IMAGE_ETC}/entrypoint.d"  # the hooks blocks drop there (sourced in name order)
+SSHD_LOG = "/var/log/imgbuild-sshd.log"  # sshd's log (`sshd -E`, its entrypoint hook); train and verify read it
+SSH_KEY_DIR = "/run/imgbuild/ssh"  # the run's ssh keys, mounted (sshd's hook installs them; verify --nodes mounts them)
 
 _PKG = Path(__file__).resolve().parent
 _REPO = _PKG.parent.parent

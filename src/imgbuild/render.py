@@ -29,7 +29,6 @@ from imgbuild.components import (
     slug,
 )
 from imgbuild.errors import RenderError
-from imgbuild.launch import for_manifest
 from imgbuild.lock import Lock
 from imgbuild.manifest import Manifest
 from imgbuild.recipe import Runtime
@@ -38,6 +37,7 @@ from imgbuild.resolver import Resolved
 if TYPE_CHECKING:
     import jinja2
 
+BLOCK_DIR = TEMPLATE_DIR  # the blocks' modules; their static files (scripts) are under files/<block>/
 BASE_BUILD_DISK_GB = 2.0  # an image without big blocks: the base, OS packages, small downloads
 # The CA bundle downloads during a build trust travels as a BuildKit build secret (never a file of the context,
 # never in a layer): `RUN --mount=type=secret,id=CA_SECRET_ID,target=CA_SECRET_PATH` on every step that downloads.
@@ -206,6 +206,7 @@ def environment() -> jinja2.Environment:
         cache_mount=cache_mount,
         pip_install=pip_install,
         builder_base=builder_base,
+        paths=paths,  # where things are in the image (paths.ENTRYPOINT, paths.IMAGE_ETC...)
     )
     # NAME="value" pairs of one ENV or LABEL instruction, one per line, sorted.
     env.filters["kvlines"] = lambda mapping, indent: f" \\\n{indent}".join(
@@ -430,18 +431,26 @@ def runtime_profile(runtime: Runtime, contribs: dict[str, Contribution]) -> Runt
 def _files(
     resolved: Resolved, ctx: Context, contribs: dict[str, Contribution], manifest: Manifest
 ) -> list[ContextFile]:
+    """The context files: the manifest, the entrypoint (static; it runs the hooks blocks put in
+    paths.ENTRYPOINT_D), and each block's `files` (templates rendered, static files as they are) and `data`."""
     r, pins = resolved.recipe, resolved.pins
-    files = [ContextFile("imgbuild/manifest.json", manifest.to_json().encode())]
+    entrypoint = (paths.images_dir() / "files" / "imgbuild-entrypoint").read_bytes()
+    files = [
+        ContextFile("imgbuild/manifest.json", manifest.to_json().encode()),
+        ContextFile("imgbuild/imgbuild-entrypoint", entrypoint, 0o755),
+    ]
     env = environment()
     options = {b.name: getattr(r.components, b.name) for b in REGISTRY}
-    variables = {"r": r, "ctx": ctx, "pins": pins, "launch": for_manifest(manifest), "manifest": manifest, **options}
+    variables = {"r": r, "ctx": ctx, "pins": pins, "manifest": manifest, **options}
     for block in REGISTRY:
-        if block.name in pins:
-            for path, template, mode in block.files:
-                files.append(ContextFile(path, env.get_template(template).render(**variables).encode(), mode))
-    files.append(
-        ContextFile(
-            "imgbuild/entrypoint.sh", env.get_template("files/entrypoint.sh.j2").render(**variables).encode(), 0o755
-        )
-    )
+        if block.name not in pins:
+            continue
+        for path, source, mode in block.files:
+            if source.endswith(".j2"):
+                content = env.get_template(source).render(**variables).encode()
+            else:
+                content = (BLOCK_DIR / source).read_bytes()
+            files.append(ContextFile(path, content, mode))
+        for path, text in block.data(pins[block.name], manifest).items():
+            files.append(ContextFile(path, text.encode()))
     return files

@@ -164,16 +164,22 @@ RUN --mount=type=secret,id=imgbuild-ca,target=/run/secrets/imgbuild-ca.pem,requi
     PIP_CERT=/run/secrets/imgbuild-ca.pem PIP_DISABLE_PIP_VERSION_CHECK=1 /opt/venv/bin/pip download --dest /root/.cache/pip/imgbuild-wheelhouse torch==2.7.1 numpy==2.2.6 \
  && /opt/venv/bin/pip install --no-index --find-links /root/.cache/pip/imgbuild-wheelhouse torch==2.7.1 numpy==2.2.6
 
-# sshd on 3022 for mpirun. No keys in the image: the entrypoint makes host keys and
-# installs the run's authorized key when the container starts.
+# sshd on 3022 for mpirun. No keys in the image: its entrypoint hook makes host keys, installs the
+# run's authorized key and starts sshd when the container starts.
 COPY imgbuild/sshd_config /etc/ssh/sshd_config
 COPY imgbuild/ssh_config /etc/ssh/ssh_config.d/imgbuild.conf
+COPY imgbuild/sshd/50-sshd.sh /etc/imgbuild/entrypoint.d/
+COPY imgbuild/sshd/sshd.conf /etc/imgbuild/
 RUN mkdir -p /run/sshd /root/.ssh \
  && chmod 700 /root/.ssh
 
-# SageMaker training contract: the /opt/ml tree and `train` on PATH (`docker run IMAGE train`).
+# SageMaker training contract: the /opt/ml tree and `train` on PATH (`docker run IMAGE train`). train and its
+# entrypoint hook are static scripts; what differs between images is the data next to the manifest.
 RUN mkdir -p /opt/ml/code /opt/ml/model /opt/ml/input/config /opt/ml/input/data /opt/ml/output
-COPY imgbuild/train /usr/local/bin/train
+COPY imgbuild/sagemaker/train /usr/local/bin/train
+COPY imgbuild/sagemaker/40-sagemaker.sh /etc/imgbuild/entrypoint.d/
+COPY imgbuild/sagemaker/sagemaker.conf imgbuild/sagemaker/mpirun.args imgbuild/sagemaker/torchrun.args \
+     imgbuild/sagemaker/launch-env.conf /etc/imgbuild/
 
 ENV PATH=/opt/amazon/openmpi/bin:/opt/amazon/efa/bin:/opt/nccl-tests:/opt/venv/bin:${PATH}
 ENV LD_LIBRARY_PATH=/opt/amazon/efa/lib:/opt/amazon/openmpi/lib:/opt/gdrcopy/lib:/opt/venv/lib/python3.10/site-packages/nvidia/nccl/lib:/opt/amazon/ofi-nccl/lib:/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}
@@ -186,7 +192,8 @@ ENV NCCL_HOME="/opt/venv/lib/python3.10/site-packages/nvidia/nccl" \
     OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1" \
     PYTHONUNBUFFERED="1"
 
-COPY imgbuild/entrypoint.sh /usr/local/bin/imgbuild-entrypoint
+# The entrypoint runs the hooks blocks put in /etc/imgbuild/entrypoint.d (sshd's starts sshd), then the command.
+COPY imgbuild/imgbuild-entrypoint /usr/local/bin/imgbuild-entrypoint
 ENTRYPOINT ["/usr/local/bin/imgbuild-entrypoint"]
 CMD ["/bin/bash"]
 

@@ -119,7 +119,8 @@ def sbatch(job: JobPlan) -> str:
         lines.append(f"export {k}={q(v)}")
     if job.launch.env_defaults:
         lines.append("# The launch line's defaults (a value already set wins).")
-        lines += job.launch.shell_defaults().rstrip("\n").split("\n")
+        for k, v in job.launch.env_defaults:
+            lines += [f'[ -n "${{{k}:-}}" ] || {k}={q(v)}', f"export {k}"]
     # A multi-line argument (the check programs) goes into a variable from a quoted here-document, readable as it is.
     program: list[str] = []
     texts = 0

@@ -228,8 +228,11 @@ class Block:
     build_after  blocks whose builder output its builder fragment uses (their fragments come first);
     tag          (rank, short name) for the readable image tag, None to leave it out;
     required     why a recipe without the block is wrong (None when it may be left out);
-    files        (context path, template, mode) of the files its fragments COPY (rendered with the recipe,
-                 the context, the pins and every block's options by name).
+    files        (context path, source, mode) of the files its fragments COPY: a source `*.j2` is a template
+                 (rendered with the recipe, the context, the pins and every block's options by name), any other a
+                 static file under imgbuild/components/ (its scripts: files/<name>/), copied as it is;
+    data         the data files its scripts read (context path -> text), made from its pin and the image's
+                 manifest: KEY=VALUE or one-argument-per-line text, never shell code.
     Its Dockerfile fragments are the macros `builder` and `runtime` of `<name>.j2` next to its module, and its
     verify checks are registered with `imgbuild.checks.check(..., "<name>")` in its module.
     """
@@ -246,6 +249,7 @@ class Block:
     tag: tuple[int, str] | None = None
     required: Callable[[Recipe], str | None] = lambda recipe: None
     files: tuple[tuple[str, str, int], ...] = ()
+    data: Callable[[Pin, Any], Mapping[str, str]] = lambda pin, manifest: {}
     template_globals: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
 
     @property

@@ -3,7 +3,8 @@
 Recipe options (`components.sshd`):
     ports               [3022] (default): where sshd listens (not 22: the host's own sshd has it under --net=host)
     permit_root_login   prohibit-password (default) | no
-Host keys are generated and the run's authorized key installed by the entrypoint when the container starts.
+Host keys are generated and the run's authorized key installed by its entrypoint hook (files/sshd/50-sshd.sh) when
+the container starts.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pydantic import field_validator
 
 from imgbuild.checks import CONTAINER, CheckContext, check, fail, passed
 from imgbuild.components._core import Block, Context, Contribution, Details, Pin, Resolution
-from imgbuild.paths import SSHD_LOG
+from imgbuild.paths import SSH_KEY_DIR, SSHD_LOG
 from imgbuild.report import CheckResult
 from imgbuild.schema import Port, Strict
 
@@ -73,7 +74,10 @@ BLOCK = Block(
     files=(
         ("imgbuild/sshd_config", "files/sshd_config.j2", 0o644),
         ("imgbuild/ssh_config", "files/ssh_config.j2", 0o644),
+        ("imgbuild/sshd/50-sshd.sh", "files/sshd/50-sshd.sh", 0o644),
     ),
+    # the entrypoint hook's data: where the run's keys are mounted and where sshd logs
+    data=lambda pin, manifest: {"imgbuild/sshd/sshd.conf": f"SSH_KEY_DIR={SSH_KEY_DIR}\nSSHD_LOG={SSHD_LOG}\n"},
 )
 
 

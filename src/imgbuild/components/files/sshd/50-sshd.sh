@@ -1,67 +1,53 @@
-#!/bin/bash
-{% set sm = r.components.sagemaker if "sagemaker" in pins else none %}
-# Entrypoint of imgbuild recipe '{{ r.name }}': prepares and starts sshd, then runs the command.
+# shellcheck shell=bash
+# Entrypoint hook of the sshd block: sourced by imgbuild-entrypoint (after the sagemaker block's hook, which may
+# add a port), with the command as its arguments. Prepares and starts sshd. Its data: sshd.conf in IMGBUILD_ETC
+# (default /etc/imgbuild), KEY=VALUE lines: SSH_KEY_DIR (/run/imgbuild/ssh), SSHD_LOG.
 #
 #   IMGBUILD_SSHD=0               do not start sshd
 #   IMGBUILD_SSH_DIR=DIR          a mounted folder holding this run's keys: authorized_keys and/or
 #                                 id_ed25519 | id_ecdsa | id_rsa (+ .pub); private keys never live in the image.
-#                                 Default /run/imgbuild/ssh, else the SageMaker channel /opt/ml/input/data/ssh
+#                                 Default /run/imgbuild/ssh (SSH_KEY_DIR); in SageMaker images, where that folder
+#                                 does not exist, the SageMaker channel /opt/ml/input/data/ssh
 #   IMGBUILD_AUTHORIZED_KEYS=...  public key line(s) to authorize, instead of or besides the folder
 #   IMGBUILD_SSH_PRIVATE_KEY=...  a private key (PEM/OpenSSH text) for ssh to peers; its public half is authorized
-#   IMGBUILD_SSHD_PORTS=22,3022   extra ports for sshd (SageMaker mode adds {{ sm.ssh_port if sm else 22 }})
+#   IMGBUILD_SSHD_PORTS=22,3022   extra ports for sshd (SageMaker mode adds SageMaker's ssh port)
 #
 # /root/.ssh/authorized_keys is rebuilt from these sources at every start: a key that came with the image is
 # never trusted (unless authorized_keys itself is bind-mounted, which is then used as it is).
-{% if sm %}
-#
-# SageMaker mode (`docker run IMAGE train`): sshd also listens on {{ sm.ssh_port }}, where the SageMaker training
-# toolkit looks for peers, and the job markers of a previous run of `train` are cleared before sshd starts.
-{% endif %}
-set -euo pipefail
 
-log() { printf 'imgbuild-entrypoint: %s\n' "$*" >&2; }
+sshd_log() { printf 'imgbuild-entrypoint: %s\n' "$*" >&2; }
 
-{% if sm %}
-if [[ "${1:-}" == train || "${1:-}" == /usr/local/bin/train ]]; then
-    IMGBUILD_SSHD_PORTS="${IMGBUILD_SSHD_PORTS:+${IMGBUILD_SSHD_PORTS},}{{ sm.ssh_port }}"
-    export IMGBUILD_SSHD_PORTS
-    # Cleared before sshd starts, so that the leader's first contact (see train) can never be lost.
-    rm -f /tmp/imgbuild-leader-seen /tmp/imgbuild-job-done /tmp/imgbuild-job-done.tmp
-fi
+declare -A sshd_conf=()
+while IFS='=' read -r sshd_key sshd_value || [[ -n "${sshd_key}" ]]; do
+    [[ -z "${sshd_key}" || "${sshd_key}" == '#'* ]] || sshd_conf["${sshd_key}"]="${sshd_value}"
+done <"${IMGBUILD_ETC:-/etc/imgbuild}/sshd.conf"
 
-{% endif %}
-ssh_dir() {
-    if [[ -n "${IMGBUILD_SSH_DIR:-}" ]]; then
-        printf '%s' "${IMGBUILD_SSH_DIR}"
-    elif [[ -d /run/imgbuild/ssh ]]; then
-        printf '%s' /run/imgbuild/ssh
-    else
-        printf '%s' /opt/ml/input/data/ssh
-    fi
+sshd_dir() {
+    printf '%s' "${IMGBUILD_SSH_DIR:-${sshd_conf[SSH_KEY_DIR]}}"
 }
 
-is_mounted() {
+sshd_is_mounted() {
     grep -q " $1 " /proc/self/mountinfo 2>/dev/null
 }
 
 # The private key's file name follows its type, so that ssh finds it without an IdentityFile line.
-install_private_key() {
+sshd_install_private_key() {
     local src="$1" pub name
-    pub="$(ssh-keygen -y -f "${src}" 2>/dev/null)" || { log "ignoring ${2:-${src}}: not a private key without passphrase"; return 0; }
+    pub="$(ssh-keygen -y -f "${src}" 2>/dev/null)" || { sshd_log "ignoring ${2:-${src}}: not a private key without passphrase"; return 0; }
     case "${pub}" in
         ssh-ed25519*) name=id_ed25519 ;;
         ecdsa-*) name=id_ecdsa ;;
         ssh-rsa*) name=id_rsa ;;
-        *) log "ignoring ${2:-${src}}: unsupported key type"; return 0 ;;
+        *) sshd_log "ignoring ${2:-${src}}: unsupported key type"; return 0 ;;
     esac
     install -m 600 "${src}" "/root/.ssh/${name}"
     printf '%s\n' "${pub}" >"/root/.ssh/${name}.pub"
     printf '%s\n' "${pub}" >>"${keys}"
 }
 
-prepare_ssh() {
+sshd_prepare_ssh() {
     local dir key keys
-    dir="$(ssh_dir)"
+    dir="$(sshd_dir)"
     ssh-keygen -A >/dev/null
     install -d -m 700 /root/.ssh
     keys="$(mktemp)"
@@ -73,21 +59,21 @@ prepare_ssh() {
     fi
     for key in "${dir}"/id_ed25519 "${dir}"/id_ecdsa "${dir}"/id_rsa; do
         [[ -f "${key}" ]] || continue
-        install_private_key "${key}"
+        sshd_install_private_key "${key}"
     done
     if [[ -n "${IMGBUILD_SSH_PRIVATE_KEY:-}" ]]; then
         local tmp
         tmp="$(mktemp)"
         printf '%s\n' "${IMGBUILD_SSH_PRIVATE_KEY}" >"${tmp}"
-        install_private_key "${tmp}" IMGBUILD_SSH_PRIVATE_KEY
+        sshd_install_private_key "${tmp}" IMGBUILD_SSH_PRIVATE_KEY
         rm -f "${tmp}"
     fi
-    if is_mounted /root/.ssh/authorized_keys || is_mounted /root/.ssh; then
-        log "/root/.ssh/authorized_keys is mounted: using it as it is"
+    if sshd_is_mounted /root/.ssh/authorized_keys || sshd_is_mounted /root/.ssh; then
+        sshd_log "/root/.ssh/authorized_keys is mounted: using it as it is"
     else
         grep -v '^[[:space:]]*$' "${keys}" | sort -u >/root/.ssh/authorized_keys || true
         chmod 600 /root/.ssh/authorized_keys
-        [[ -s /root/.ssh/authorized_keys ]] || log "no authorized key given (${dir}, IMGBUILD_AUTHORIZED_KEYS): nobody can log in"
+        [[ -s /root/.ssh/authorized_keys ]] || sshd_log "no authorized key given (${dir}, IMGBUILD_AUTHORIZED_KEYS): nobody can log in"
     fi
     rm -f "${keys}"
     # A locked root account ('!' in shadow) refuses public-key logins without PAM.
@@ -95,7 +81,7 @@ prepare_ssh() {
         usermod -p '*' root
     fi
     mkdir -p /etc/ssh/imgbuild.d
-    (umask 077 && setenv_directive >/etc/ssh/imgbuild.d/env.conf)
+    (umask 077 && sshd_setenv_directive >/etc/ssh/imgbuild.d/env.conf)
     : >/etc/ssh/imgbuild.d/ports.conf
     if [[ -n "${IMGBUILD_SSHD_PORTS:-}" ]]; then
         local port
@@ -113,7 +99,7 @@ prepare_ssh() {
 # are not written to disk. Each value is double-quoted for OpenSSH's argument splitting, which undoes \\ and \"
 # inside quotes and keeps anything else as it is; a config line cannot hold a newline, so a value with one is
 # left out, with a warning.
-setenv_directive() {
+sshd_setenv_directive() {
     local name value line=SetEnv
     for name in $(compgen -e | LC_ALL=C sort); do
         case "${name}" in
@@ -122,7 +108,7 @@ setenv_directive() {
         esac
         value="${!name}"
         if [[ "${value}" == *$'\n'* ]]; then
-            log "warning: not passing ${name} to ssh sessions: sshd_config cannot carry a newline in a value"
+            sshd_log "warning: not passing ${name} to ssh sessions: sshd_config cannot carry a newline in a value"
             continue
         fi
         # sed, not ${value//...}: bash 5.1 and 5.2 treat backslashes in a replacement differently.
@@ -132,20 +118,19 @@ setenv_directive() {
 }
 
 # Starts sshd, or restarts it when one is already running (train does that to add a port).
-start_sshd() {
+sshd_start() {
     local pid
-    /usr/sbin/sshd -t || { log "sshd configuration is invalid"; exit 1; }
+    /usr/sbin/sshd -t || { sshd_log "sshd configuration is invalid"; exit 1; }
     if [[ -f /run/sshd.pid ]] && pid="$(cat /run/sshd.pid)" && kill -0 "${pid}" 2>/dev/null; then
         kill "${pid}"
         while kill -0 "${pid}" 2>/dev/null; do sleep 0.1; done
     fi
-    /usr/sbin/sshd -E /var/log/imgbuild-sshd.log
-    log "sshd listening on $(grep -h '^Port ' /etc/ssh/sshd_config /etc/ssh/imgbuild.d/*.conf | awk '{print $2}' | paste -sd, -)"
+    /usr/sbin/sshd -E "${sshd_conf[SSHD_LOG]}"
+    sshd_log "sshd listening on $(grep -h '^Port ' /etc/ssh/sshd_config /etc/ssh/imgbuild.d/*.conf | awk '{print $2}' | paste -sd, -)"
 }
 
 if [[ "${IMGBUILD_SSHD:-1}" != 0 && -x /usr/sbin/sshd && "$(id -u)" == 0 ]]; then
-    prepare_ssh
-    start_sshd
+    sshd_prepare_ssh
+    sshd_start
 fi
-
-exec "$@"
+unset sshd_conf sshd_key sshd_value

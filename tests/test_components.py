@@ -176,3 +176,135 @@ def test_mpi4py_pip_builds_and_verifies(docker_client, tmp_path: Path) -> None:
     report = json.loads(out.read_text())
     mpi4py = next(c for c in report["results"] if c["name"] == "mpi4py-version")
     assert mpi4py["status"] == "pass" and mpi4py["found"] == "4.0.3", mpi4py
+
+
+# ---- blocks that own everything about themselves: offers, post-install lines, shared build steps -------------------
+
+
+def _dockerfile(resolved) -> str:
+    """The Dockerfile alone (render.plan renders the context files too)."""
+    ctx, contribs = render.contributions(resolved)
+    return render._dockerfile(resolved, ctx, contribs, render._labels(resolved, render.lock_digest(resolved)))
+
+
+def _configure_line(text: str, marker: str) -> str:
+    """The ./configure command of the builder step that downloads `marker`, its continuation lines joined."""
+    step = next(s for s in text.split("\n\n") if marker in s and "./configure" in s)
+    start = step.index("./configure")
+    command = step[start:].split("\n && ")[0].removesuffix(" \\")
+    return " ".join(part.strip() for part in command.split("\\\n"))
+
+
+def test_hwloc_is_offered_to_the_builds_that_use_it(recipe_dir: Path) -> None:
+    """hwloc's own contribution: its packages in both stages, --with-hwloc=/usr in Open MPI's and the plugin's
+    configure when they build from source (neither names hwloc)."""
+    (recipe_dir / "ompi.yaml").write_text(
+        "extends: a100\ncomponents:\n  openmpi: {source: source, version: 4.1.6}\n  mpi4py: null\n"
+    )
+    resolved = resolve(recipe.load(recipe_dir / "ompi.yaml"), lookup_torch=None)
+    text = _dockerfile(resolved)
+    builder, runtime = text.split("# ---- runtime")
+    assert "      libhwloc-dev \\\n" in builder and "      libhwloc15 \\\n" in runtime
+    assert _configure_line(text, "openmpi-4.1.6") == (
+        "./configure --prefix=/opt/openmpi --disable-static --with-ofi=/opt/amazon/efa --with-hwloc=/usr "
+        "--with-cuda=/usr/local/cuda"
+    )
+    assert _configure_line(_dockerfile(_resolved("ofi-release")), "aws-ofi-nccl").endswith(
+        "--enable-platform-aws --with-hwloc=/usr"
+    )
+    ctx, _ = render.contributions(resolved)
+    assert ctx.configure_args("openmpi") == ["--with-ofi=/opt/amazon/efa", "--with-hwloc=/usr"]
+    assert ctx.configure_args("nccl") == []
+
+
+def test_without_hwloc_nothing_asks_for_it(recipe_dir: Path) -> None:
+    (recipe_dir / "bare.yaml").write_text(
+        "extends: a100\ncomponents:\n  aws_ofi_nccl: {source: release, version: 1.16.3}\n  hwloc: null\n"
+    )
+    text = _dockerfile(resolve(recipe.load(recipe_dir / "bare.yaml"), lookup_torch=None))
+    assert "hwloc" not in text
+    assert "--with-hwloc" not in _dockerfile(_resolved("modes"))  # Open MPI from source, no hwloc block
+    assert _configure_line(_dockerfile(_resolved("modes")), "openmpi-4.1.6") == (
+        "./configure --prefix=/opt/openmpi --disable-static"
+    )
+
+
+def test_only_the_hwloc_block_and_the_registry_name_hwloc() -> None:
+    """Adding hwloc touched only its own files: no other module or template of the package names it (compat's
+    distribution table is data: the versions each release ships)."""
+    src = REPO / "src" / "imgbuild"
+    allowed = {
+        src / "components" / "hwloc.py",
+        src / "components" / "hwloc.j2",
+        src / "components" / "__init__.py",
+        src / "compat.py",
+    }
+    naming = [
+        str(p.relative_to(REPO))
+        for p in sorted([*src.rglob("*.py"), *src.rglob("*.j2"), *(REPO / "images").rglob("*.j2")])
+        if p not in allowed and "hwloc" in p.read_text().lower()
+    ]
+    assert naming == []
+
+
+def test_render_and_the_skeleton_name_no_block() -> None:
+    """Dockerfile.j2 and render.py ask the blocks generically (post_install lines, tag specs, offers): no Jinja
+    expression of the skeleton and no string in render names a block (its comments may)."""
+    skeleton = " ".join(re.findall(r"\{[{%](.*?)[}%]\}", (REPO / "images" / "Dockerfile.j2").read_text(), re.S))
+    code = (REPO / "src" / "imgbuild" / "render.py").read_text()
+    for block in REGISTRY:
+        assert not re.search(rf"\b(has_)?{block.name}\b", skeleton), block.name
+        assert f'"{block.name}"' not in code, block.name
+
+
+def test_post_install_lines_follow_the_runtime_apt_install(recipe_dir: Path) -> None:
+    text = _dockerfile(_resolved("cpu"))
+    assert "      python3-venv \\\n && rm -f /etc/ssh/ssh_host_*\n" in text
+    (recipe_dir / "nossh.yaml").write_text("extends: cpu\ncomponents: {sshd: null, sagemaker: null}\n")
+    text = _dockerfile(resolve(recipe.load(recipe_dir / "nossh.yaml"), lookup_torch=None))
+    assert "ssh_host_" not in text and "      python3-venv\n" in text
+
+
+def test_shared_download_verifies_a_checksum_when_one_is_given() -> None:
+    """The place sha256 checks go (no pin carries one yet): the tarball is saved, checked, then unpacked."""
+    build = render.environment().get_template("components/_build.j2").module
+    url = "https://example.org/x-1.0.tar.bz2"
+    assert str(build.download(url)) == f"curl -fsSL {url} | tar -xj -C /tmp"
+    assert str(build.download(url, sha256="ab" * 32)) == (
+        f"curl -fsSL -o /tmp/x-1.0.tar.bz2 {url} \\\n"
+        f' && echo "{"ab" * 32}  /tmp/x-1.0.tar.bz2" | sha256sum -c - \\\n'
+        " && tar -xjf /tmp/x-1.0.tar.bz2 -C /tmp \\\n"
+        " && rm /tmp/x-1.0.tar.bz2"
+    )
+    assert str(build.copy_to_runtime("/opt/x")) == "COPY --from=builder /opt/x /opt/x"
+
+
+def test_copy_to_runtime_is_written_once() -> None:
+    templates = Path(render.TEMPLATE_DIR)
+    copies = [p.name for p in templates.glob("*.j2") if "COPY --from=builder" in p.read_text()]
+    assert copies == ["_build.j2"]
+    downloads = [p.name for p in templates.glob("*.j2") if "| tar" in p.read_text()]
+    assert downloads == ["_build.j2"]
+
+
+def test_hwloc_check_reads_the_loader_cache_and_the_package_version() -> None:
+    from imgbuild.checks import Ran
+    from imgbuild.components import hwloc
+
+    class Ctx:
+        def __init__(self, pinned: str, ldconfig: str) -> None:
+            self.pinned, self.ldconfig = pinned, ldconfig
+
+        def version(self, name: str) -> str:
+            return self.pinned
+
+        def run(self, cmd: str, **kwargs) -> Ran:
+            if cmd.startswith("ldconfig"):
+                return Ran(0 if self.ldconfig else 1, self.ldconfig, "")
+            return Ran(0, "2.7.0-2ubuntu1", "")
+
+    lib = "\tlibhwloc.so.15 (libc6,x86-64) => /lib/x86_64-linux-gnu/libhwloc.so.15\n"
+    assert hwloc.hwloc_library(Ctx("2.7.0", lib)).status == "pass"
+    assert hwloc.hwloc_library(Ctx("2.9.0", lib)).status == "fail"
+    missing = hwloc.hwloc_library(Ctx("2.7.0", ""))
+    assert missing.status == "fail" and missing.found == "missing"

@@ -296,3 +296,19 @@ def test_built_plugin_older_than_the_installers_libfabric(recipe_dir: Path) -> N
     assert any("EFA installer 1.47.0's libfabric is not in the shipped tables" in w for w in old_v100.warnings)
     same = resolve_text(recipe_dir, "extends: a100\ncomponents:\n  aws_ofi_nccl: {source: release, version: 1.16.3}\n")
     assert not [w for w in same.warnings if "libfabric" in w]
+
+
+@pytest.mark.parametrize(("name", "version"), [("a100", "2.7.0"), ("v100", "2.7.0"), ("h100", "2.10.0")])
+def test_hwloc_is_the_distributions_in_the_cuda_recipes(name: str, version: str) -> None:
+    pin = resolve(recipe.load(name), lookup_torch=None).pins["hwloc"]
+    assert (pin.version, pin.source) == (version, "distro")
+    assert pin.origin.endswith(" package")
+
+
+def test_hwloc_version_is_checked_against_the_distribution(tmp_path: Path) -> None:
+    ok = resolve_text(tmp_path, "extends: cpu\ncomponents: {hwloc: {version: 2.9.0}}\n")
+    assert ok.version("hwloc") == compat.DISTRO["debian12"].hwloc == "2.9.0"
+    msg = resolve_error(tmp_path, "extends: cpu\ncomponents: {hwloc: {version: 2.8.0}}\n")
+    assert "components.hwloc.version" in msg and "debian12 ships hwloc 2.9.0, got 2.8.0" in msg
+    with pytest.raises(ImgbuildError, match="source"):
+        resolve_text(tmp_path, "extends: cpu\ncomponents: {hwloc: {source: build}}\n")

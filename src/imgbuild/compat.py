@@ -312,12 +312,13 @@ class Distro:
     libfabric: str
     python: str
     mpi4py: str
+    hwloc: str  # libhwloc15 (Debian 12: 2.9.0-1, Ubuntu 22.04: 2.7.0-2ubuntu1, Ubuntu 24.04: 2.10.0-1build1)
 
 
 DISTRO: dict[str, Distro] = {
-    "debian12": Distro(openmpi="4.1.4", libfabric="1.17.0", python="3.11", mpi4py="3.1.4"),
-    "ubuntu22.04": Distro(openmpi="4.1.2", libfabric="1.11.0", python="3.10", mpi4py="3.1.3"),
-    "ubuntu24.04": Distro(openmpi="4.1.6", libfabric="1.17.0", python="3.12", mpi4py="3.1.5"),
+    "debian12": Distro(openmpi="4.1.4", libfabric="1.17.0", python="3.11", mpi4py="3.1.4", hwloc="2.9.0"),
+    "ubuntu22.04": Distro(openmpi="4.1.2", libfabric="1.11.0", python="3.10", mpi4py="3.1.3", hwloc="2.7.0"),
+    "ubuntu24.04": Distro(openmpi="4.1.6", libfabric="1.17.0", python="3.12", mpi4py="3.1.5", hwloc="2.10.0"),
 }
 
 

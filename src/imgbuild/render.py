@@ -32,7 +32,7 @@ from imgbuild.errors import RenderError
 from imgbuild.lock import Lock
 from imgbuild.manifest import Manifest
 from imgbuild.recipe import Runtime
-from imgbuild.resolver import Resolved
+from imgbuild.resolver import TARGET_TAGS, Resolved
 
 if TYPE_CHECKING:
     import jinja2
@@ -222,13 +222,11 @@ def lock_digest(resolved: Resolved) -> str:
     return Lock.of(resolved).digest()
 
 
-CUDA_TAG = (3, "cuda")  # the target's CUDA ranks among the blocks' tags (gaudi, pt, cuda, nccl, ofi, efa, ompi)
-
-
 def readable_tag(resolved: Resolved) -> str:
-    """A tag a person can read: the versions that matter most for this target."""
-    ranked = [(CUDA_TAG, resolved.version("cuda"))]
-    ranked += [(b.tag, resolved.version(b.name)) for b in REGISTRY if b.tag is not None]
+    """A tag a person can read: the versions that matter most for this target, ranked by the tags of the target's
+    own pins (resolver.TARGET_TAGS) and of the blocks (`Block.tag`)."""
+    specs = {**TARGET_TAGS, **{b.name: b.tag for b in REGISTRY if b.tag is not None}}
+    ranked = [(spec, resolved.version(name)) for name, spec in specs.items()]
     parts = [f"{short}{version}" for (_, short), version in sorted(ranked) if version]
     return "-".join(parts) or "latest"
 
@@ -243,11 +241,13 @@ def contributions(resolved: Resolved) -> tuple[Context, dict[str, Contribution]]
     """Every pinned block's contribution, and the context with what they ask of the builder."""
     ctx = context_for(resolved)
     contribs = {b.name: b.contribution(resolved.pins[b.name], ctx) for b in REGISTRY if b.name in resolved.pins}
-    efa = resolved.pins.get("efa")
-    in_builder = (
-        efa is not None and efa.source == "installer" and any(c.needs_fabric_in_builder for c in contribs.values())
-    )
-    return replace(ctx, efa_in_builder=in_builder), contribs
+    in_builder = any(c.needs_fabric_in_builder for c in contribs.values())
+    offered: dict[str, list[str]] = {}
+    for c in contribs.values():  # registry order
+        for consumer, args in c.offers.items():
+            offered.setdefault(consumer, []).extend(args)
+    offers = {consumer: tuple(dedupe(args)) for consumer, args in offered.items() if consumer in resolved.pins}
+    return replace(ctx, fabric_in_builder=in_builder, offers=offers), contribs
 
 
 def plan(resolved: Resolved) -> BuildPlan:
@@ -325,7 +325,7 @@ def image_env(resolved: Resolved, contribs: dict[str, Contribution]) -> tuple[di
 
 
 def _dockerfile(resolved: Resolved, ctx: Context, contribs: dict[str, Contribution], labels: dict[str, str]) -> str:
-    r, pins = resolved.recipe, resolved.pins
+    r = resolved.recipe
     fragments = _fragments(resolved, ctx)
     builder = [f for name in builder_order() if (f := fragments.get(name, {}).get("builder"))]
     runtime = [f for name in runtime_order() if (f := fragments.get(name, {}).get("runtime"))]
@@ -349,8 +349,7 @@ def _dockerfile(resolved: Resolved, ctx: Context, contribs: dict[str, Contributi
             env=recipe_env,
             labels=dict(sorted(labels.items())),
             builder_env={**CA_ENV, **PIP_QUIET},
-            has_sshd="sshd" in pins,
-            has_sagemaker="sagemaker" in pins,
+            post_install=[line for name in runtime_order() if name in contribs for line in contribs[name].post_install],
         )
     )
 

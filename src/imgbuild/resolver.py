@@ -35,6 +35,9 @@ class CudaDetails(Details):
 
 
 TARGET_DETAILS: dict[str, type[Details]] = {"base": BaseImageDetails, "cuda": CudaDetails}
+# The target's own pins in the readable image tag: (rank, short name), ranked with the blocks' `Block.tag`s
+# (gaudi 1, pt 2, cuda 3, nccl 4, ofi 5, efa 6, ompi 7).
+TARGET_TAGS: dict[str, tuple[int, str]] = {"cuda": (3, "cuda")}
 
 
 def details_model(name: str) -> type[Details]:

@@ -19,6 +19,7 @@ from imgbuild.components import (
     efa,
     gaudi,
     gdrcopy,
+    hwloc,
     libfabric,
     mpi4py,
     nccl,
@@ -45,14 +46,15 @@ from imgbuild.components._core import (
 )
 
 # Runtime layer order: what changes least goes first, so bumping a component rebuilds only what follows it:
-# EFA/libfabric, MPI, GDRCopy, NCCL, plugin, tests, Python (+PyTorch), then the parts that change most often (sshd and
-# the entrypoint, SageMaker). The builder stage keeps this order except where a block's builder needs another's
-# output first (`build_after`: the venv before anything pip installs).
+# EFA/libfabric, hwloc, MPI, GDRCopy, NCCL, plugin, tests, Python (+PyTorch), then the parts that change most often
+# (sshd and the entrypoint, SageMaker). The builder stage keeps this order except where a block's builder needs
+# another's output first (`build_after`: the venv before anything pip installs).
 REGISTRY: tuple[Block, ...] = tuple(
     m.BLOCK
     for m in (
         efa,
         libfabric,
+        hwloc,
         openmpi,
         gdrcopy,
         nccl,

@@ -87,21 +87,34 @@ class Contribution:
     env: dict[str, str] = field(default_factory=dict)
     # Device nodes a container of the image is given where the host has them (the manifest's runtime.host_devices).
     host_devices: list[str] = field(default_factory=list)
-    # The builder compiles against libfabric / Open MPI, so the EFA installer must run in the builder too.
+    # The builder compiles against libfabric / Open MPI, so what brings them (the EFA installer) runs there too.
     needs_fabric_in_builder: bool = False
     # Free disk the engine needs for this block's layers while they are written and committed.
     build_disk_gb: float = 0.0
+    # Configure arguments this block offers to another block's build, by that block's name ({"openmpi":
+    # ["--with-LIB=/usr"]}): a consumer's template appends `ctx.configure_args(its name)` when it builds from
+    # source, so a block others use changes only its own files. Offers to a block the image lacks are ignored.
+    offers: dict[str, list[str]] = field(default_factory=dict)
+    # Shell commands run right after the runtime stage's apt-get install, in its RUN (sshd: remove the host keys the
+    # package made, so no image carries keys).
+    post_install: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
 class Context:
     """What a block may ask about the rest of the image while it contributes and renders: the target's facts
     (CUDA, the GPU architecture) and, through generic queries, any other block's pin (`has`, `pin`, `details`,
-    `prefix`). No field names a block: a block that others use (hwloc, say) is found by its name."""
+    `prefix`). No field names a block: a block that others use (a library several builds link) is found by its name."""
 
     resolved: Any  # imgbuild.resolver.Resolved
     providers: Mapping[str, str] = field(default_factory=dict)  # what a pinned block provides -> that block
-    efa_in_builder: bool = False  # the EFA installer also runs in the builder (a block compiles against it)
+    fabric_in_builder: bool = False  # a block compiles against the fabric (libfabric, MPI) in the builder
+    offers: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # consumer -> what blocks offer it
+
+    def configure_args(self, name: str) -> list[str]:
+        """The configure arguments other blocks offer to block `name`'s build (`Contribution.offers`), in the
+        registry's order."""
+        return list(self.offers.get(name, ()))
 
     def has(self, name: str) -> bool:
         """Whether the image has block `name`."""

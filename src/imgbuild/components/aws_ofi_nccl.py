@@ -138,8 +138,7 @@ def contribute(pin: Pin, ctx: Context) -> Contribution:
     c = Contribution(name="aws_ofi_nccl")
     prefix = pin.details.prefix
     if pin.source == "release":
-        c.builder_packages |= {"curl", "ca-certificates", "build-essential", "libhwloc-dev"}
-        c.runtime_packages.add("libhwloc15")
+        c.builder_packages |= {"curl", "ca-certificates", "build-essential"}
         c.ld_library_path.append(f"{prefix}/lib")
         c.needs_fabric_in_builder = True
     else:

@@ -90,6 +90,8 @@ def contribute(pin: Pin, ctx: Context) -> Contribution:
         if not d.minimal:
             # nccl-tests (and whatever else links -lmpi) carry no rpath to the installer's Open MPI.
             c.ld_library_path.append(f"{d.mpi_prefix}/lib")
+        if not ctx.has("libfabric"):  # the installer's libfabric stands in for the block (Block.provides)
+            c.offers["openmpi"] = [f"--with-ofi={d.prefix}"]
     return c
 
 

@@ -57,6 +57,8 @@ def contribute(pin: Pin, ctx: Context) -> Contribution:
         c.env["LIBFABRIC_ROOT"] = pin.details.prefix
         c.path.append(f"{pin.details.prefix}/bin")
         c.ld_library_path.append(f"{pin.details.prefix}/lib")
+    if pin.details.prefix and pin.details.prefix != "/usr":  # in the system's paths, Open MPI finds it unasked
+        c.offers["openmpi"] = [f"--with-ofi={pin.details.prefix}"]
     return c
 
 

@@ -61,6 +61,7 @@ def resolve(s: Sshd, rs: Resolution) -> Pin:
 def contribute(pin: Pin, ctx: Context) -> Contribution:
     c = Contribution(name="sshd")
     c.runtime_packages.add("openssh-server")
+    c.post_install.append("rm -f /etc/ssh/ssh_host_*")  # the package makes host keys: none in the image
     return c
 
 

@@ -25,9 +25,10 @@ from pathlib import Path
 
 import docker
 
-from imgbuild import build, engine, multinode, verify
-from imgbuild.containers import Containers
-from imgbuild.manifest import MANIFEST_PATH, Manifest
+from imgbuild import build, engine, verify
+from imgbuild.engine.containers import Containers
+from imgbuild.image.manifest import MANIFEST_PATH, Manifest
+from imgbuild.verify import multinode
 
 RECIPES = ("cpu", "pytorch")
 # The layer that must not be rebuilt (downloaded again) by a late bump: the largest download of each recipe.

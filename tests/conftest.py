@@ -76,9 +76,9 @@ def cpu_image(docker_client):
 
 def read_manifest(client, image: str):
     """The image's manifest, read through the container helper (as verify reads it)."""
-    from imgbuild.containers import Containers
-    from imgbuild.manifest import Manifest
-    from imgbuild.paths import MANIFEST_PATH
+    from imgbuild.core.paths import MANIFEST_PATH
+    from imgbuild.engine.containers import Containers
+    from imgbuild.image.manifest import Manifest
 
     containers = Containers(client)
     try:

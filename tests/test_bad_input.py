@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from imgbuild import render
-from imgbuild.errors import RenderError
+from imgbuild.core.errors import RenderError
+from imgbuild.image import render
 
 REPO = Path(__file__).resolve().parent.parent
 GIB = 1 << 30

@@ -1,4 +1,4 @@
-"""Tests of imgbuild.bootstrap: name -> spec mapping (pure), tree trimming and packing (pure, on a fake
+"""Tests of imgbuild.engine.bootstrap: name -> spec mapping (pure), tree trimming and packing (pure, on a fake
 tree), cleanup when debootstrap fails or is interrupted, and one real bootstrap into a throwaway image."""
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from imgbuild import bootstrap
-from imgbuild.bootstrap import (
+from imgbuild.core.errors import ImgbuildError, Interrupted
+from imgbuild.engine import bootstrap
+from imgbuild.engine.bootstrap import (
     DEBIAN_MIRROR,
     TEMP_PREFIX,
     UBUNTU_MIRROR,
@@ -25,7 +26,6 @@ from imgbuild.bootstrap import (
     spec_for,
     split_name,
 )
-from imgbuild.errors import ImgbuildError, Interrupted
 
 
 @pytest.fixture

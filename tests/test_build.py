@@ -15,9 +15,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from imgbuild import build, lock, recipe, render
+from imgbuild import build
 from imgbuild.cli import app
-from imgbuild.errors import BaseImageMissing, BuildError
+from imgbuild.core.errors import BaseImageMissing, BuildError
+from imgbuild.image import render
+from imgbuild.pin import lock
+from imgbuild.spec import recipe
 
 pytestmark = pytest.mark.docker
 runner = CliRunner()
@@ -73,7 +76,7 @@ def test_the_cli_says_builder_cache_steps_and_time(cpu_image) -> None:
 
 
 def test_builder_option_without_buildx_is_exit_8_naming_it(docker_client) -> None:
-    from imgbuild import builders
+    from imgbuild.build import builders
 
     try:
         if builders.select().kind == "buildx":
@@ -186,10 +189,10 @@ def test_ctrl_c_leaves_no_container(tmp_path: Path, docker_client, cpu_image) ->
 
 
 def test_context_holds_only_what_the_dockerfile_copies(tmp_path: Path) -> None:
-    from imgbuild import context
+    from imgbuild.build import dockercontext
 
     plan = cpu_plan()
-    written = context.write(plan, tmp_path / "ctx")
+    written = dockercontext.write(plan, tmp_path / "ctx")
     rel = sorted(str(p.relative_to(tmp_path / "ctx")) for p in written)
     on_disk = sorted(str(p.relative_to(tmp_path / "ctx")) for p in (tmp_path / "ctx").rglob("*") if p.is_file())
     assert rel == on_disk
@@ -209,9 +212,11 @@ def test_build_leaves_no_context_folder(cpu_image) -> None:
 
 
 def test_a_build_the_disk_cannot_hold_is_refused_with_the_figures() -> None:
-    from imgbuild import build, recipe, render
-    from imgbuild.errors import BuildError
-    from imgbuild.lock import resolved_for
+    from imgbuild import build
+    from imgbuild.core.errors import BuildError
+    from imgbuild.image import render
+    from imgbuild.pin.lock import resolved_for
+    from imgbuild.spec import recipe
 
     plan = render.plan(resolved_for(recipe.load("pytorch"), lookup_torch=None)[0])
     assert plan.disk_gb >= 16  # torch's wheels: measured about 16 GB while the layer is committed

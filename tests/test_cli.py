@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from conftest import SHIPPED
 from imgbuild.cli import app
-from imgbuild.errors import LockError, RecipeError, ResolveError
+from imgbuild.core.errors import LockError, RecipeError, ResolveError
 
 runner = CliRunner()
 

@@ -26,12 +26,15 @@ import yaml
 from typer.testing import CliRunner
 
 from conftest import REPO, UPSTREAM
-from imgbuild import lock, paths, recipe, render
 from imgbuild.cli.cluster import job_command
 from imgbuild.cluster import jobs
-from imgbuild.errors import RecipeError
-from imgbuild.launch import for_manifest
+from imgbuild.core import paths
+from imgbuild.core.errors import RecipeError
+from imgbuild.image import render
 from imgbuild.nccltests import command
+from imgbuild.pin import lock
+from imgbuild.spec import recipe
+from imgbuild.spec.launch import for_manifest
 
 DATA = UPSTREAM
 K8S = DATA / "k8s"
@@ -747,7 +750,7 @@ def test_cluster_test_refuses_hostile_user_and_image(option: str, value: str) ->
 def test_run_live_refuses_a_host_that_would_be_an_option() -> None:
     """The library call refuses it too (before ssh is looked for)."""
     from imgbuild.cluster import live
-    from imgbuild.errors import VerifyError
+    from imgbuild.core.errors import VerifyError
 
     with pytest.raises(VerifyError, match="--hosts: expected a host name"):
         live.run_live(["10.0.0.1", "-oProxyCommand=id"])
@@ -758,7 +761,7 @@ def test_run_live_refuses_a_host_that_would_be_an_option() -> None:
     ["node-1", "node-1.cluster.local", "10.0.0.1", "::1", "fd00::1", "a" * 63, "ip-10-0-0-1.ec2.internal."],
 )
 def test_host_names_that_are_legal(value: str) -> None:
-    from imgbuild import validate
+    from imgbuild.core import validate
 
     assert validate.host(value) == value
 
@@ -771,7 +774,7 @@ def test_host_names_that_are_legal(value: str) -> None:
      "a:b@sha256:" + "f" * 64],
 )  # fmt: skip
 def test_image_references_that_are_legal(value: str) -> None:
-    from imgbuild import validate
+    from imgbuild.core import validate
 
     assert validate.image_ref(value) == value
 
@@ -782,7 +785,7 @@ def test_image_references_that_are_legal(value: str) -> None:
      "-a", "a:b:c", "a@b"],
 )  # fmt: skip
 def test_image_references_that_are_not(value: str) -> None:
-    from imgbuild import validate
+    from imgbuild.core import validate
 
     with pytest.raises(ValueError, match="expected a Docker image reference"):
         validate.image_ref(value)

@@ -18,12 +18,12 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import read_manifest
-from imgbuild import multinode, nodechecks
+from imgbuild.checks.results import CheckResult, failures
 from imgbuild.cli import app
 from imgbuild.cluster import live
-from imgbuild.containers import Containers
-from imgbuild.report import CheckResult, failures
-from imgbuild.runprofile import for_engine, run_spec
+from imgbuild.engine.containers import Containers
+from imgbuild.engine.runprofile import for_engine, run_spec
+from imgbuild.verify import multinode, nodechecks
 
 
 class Running:

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from conftest import UPSTREAM
 from imgbuild.cli.cluster import app
-from imgbuild.errors import OutputError, VerifyError
+from imgbuild.core.errors import OutputError, VerifyError
 from imgbuild.nccltests import expected
 from imgbuild.nccltests.log import parse
 from imgbuild.nccltests.verdict import Expect, Report, judge, junit_xml, report, to_json
@@ -443,7 +443,8 @@ def test_ranks_with_different_nccl_fail() -> None:
 
 
 def test_expectations_from_a_lock() -> None:
-    from imgbuild import lock, recipe
+    from imgbuild.pin import lock
+    from imgbuild.spec import recipe
 
     resolved, how = lock.resolved_for(recipe.load("a100"), lookup_torch=None)
     assert how == "lock"

@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, SHIPPED
-from imgbuild import recipe, render
-from imgbuild.components import BY_NAME, REGISTRY, builder_order, resolve_order, runtime_order
-from imgbuild.errors import RenderError
-from imgbuild.lock import resolved_for
-from imgbuild.resolver import resolve
+from imgbuild.blocks import BY_NAME, REGISTRY, builder_order, resolve_order, runtime_order
+from imgbuild.core.errors import RenderError
+from imgbuild.image import render
+from imgbuild.pin.lock import resolved_for
+from imgbuild.pin.resolver import resolve
+from imgbuild.spec import recipe
 
 GOLDEN = REPO / "tests" / "golden"
 TEST_RECIPES = REPO / "tests" / "recipes"
@@ -234,10 +235,10 @@ def test_only_the_hwloc_block_and_the_registry_name_hwloc() -> None:
     distribution table is data: the versions each release ships)."""
     src = REPO / "src" / "imgbuild"
     allowed = {
-        src / "components" / "hwloc.py",
-        src / "components" / "hwloc.j2",
-        src / "components" / "__init__.py",
-        src / "compat.py",
+        src / "blocks" / "hwloc.py",
+        src / "blocks" / "hwloc.j2",
+        src / "blocks" / "__init__.py",
+        src / "spec" / "compat.py",
     }
     naming = [
         str(p.relative_to(REPO))
@@ -251,7 +252,7 @@ def test_render_and_the_skeleton_name_no_block() -> None:
     """Dockerfile.j2 and render.py ask the blocks generically (post_install lines, tag specs, offers): no Jinja
     expression of the skeleton and no string in render names a block (its comments may)."""
     skeleton = " ".join(re.findall(r"\{[{%](.*?)[}%]\}", (REPO / "images" / "Dockerfile.j2").read_text(), re.S))
-    code = (REPO / "src" / "imgbuild" / "render.py").read_text()
+    code = (REPO / "src" / "imgbuild" / "image" / "render.py").read_text()
     for block in REGISTRY:
         assert not re.search(rf"\b(has_)?{block.name}\b", skeleton), block.name
         assert f'"{block.name}"' not in code, block.name
@@ -267,7 +268,7 @@ def test_post_install_lines_follow_the_runtime_apt_install(recipe_dir: Path) -> 
 
 def test_shared_download_verifies_a_checksum_when_one_is_given() -> None:
     """The place sha256 checks go (no pin carries one yet): the tarball is saved, checked, then unpacked."""
-    build = render.environment().get_template("components/_build.j2").module
+    build = render.environment().get_template("blocks/_build.j2").module
     url = "https://example.org/x-1.0.tar.bz2"
     assert str(build.download(url)) == f"curl -fsSL {url} | tar -xj -C /tmp"
     assert str(build.download(url, sha256="ab" * 32)) == (
@@ -288,8 +289,8 @@ def test_copy_to_runtime_is_written_once() -> None:
 
 
 def test_hwloc_check_reads_the_loader_cache_and_the_package_version() -> None:
+    from imgbuild.blocks import hwloc
     from imgbuild.checks import Ran
-    from imgbuild.components import hwloc
 
     class Ctx:
         def __init__(self, pinned: str, ldconfig: str) -> None:

@@ -1,4 +1,4 @@
-"""Tests of imgbuild.doctor: against a live engine, an unreachable one, and a stub client."""
+"""Tests of imgbuild.build.doctor: against a live engine, an unreachable one, and a stub client."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from imgbuild import doctor
-from imgbuild.doctor import Check, failed, render_table, run_checks
-from imgbuild.errors import DoctorError
+from imgbuild.build import doctor
+from imgbuild.build.doctor import Check, failed, render_table, run_checks
+from imgbuild.core.errors import DoctorError
 
 
 def _by_name(checks: list[Check]) -> dict[str, Check]:
@@ -305,7 +305,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def test_builder_row_says_which_builder_and_why_and_what_was_skipped():
-    from imgbuild import builders
+    from imgbuild.build import builders
 
     _need_both_clis()
     env = _env(PATH="/usr/local/bin:/usr/bin")
@@ -326,7 +326,7 @@ def test_builder_row_says_which_builder_and_why_and_what_was_skipped():
 
 
 def test_no_builder_fails_doctor_like_a_missing_engine():
-    from imgbuild import builders
+    from imgbuild.build import builders
 
     _need_both_clis()
     env = _env(IMGBUILD_DOCKER_CLI=NEW_CLI)

@@ -10,8 +10,8 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from imgbuild import ecr
-from imgbuild.errors import PushError
+from imgbuild.core.errors import PushError
+from imgbuild.publish import ecr
 
 ACCOUNT = "123456789012"  # moto's default account
 REGION = "us-east-1"

@@ -1,4 +1,4 @@
-"""Tests for imgbuild.engine and imgbuild.builders against a real Docker engine and real docker CLIs (BuildKit).
+"""Tests for imgbuild.engine and imgbuild.build.builders against a real Docker engine and real docker CLIs (BuildKit).
 
 The base image is made on the spot from the host's own /bin/sh and sleep plus the libraries they load
 (`docker import`, well under a second, no registry, no network) and tagged with a unique name, so these
@@ -30,11 +30,12 @@ import pytest
 from rich.console import Console
 
 import imgbuild
-from imgbuild import builders, engine
-from imgbuild.builders import Builder, BuildOutcome
+from imgbuild import engine
+from imgbuild.build import builders
+from imgbuild.build.builders import Builder, BuildOutcome
+from imgbuild.core.errors import BaseImageMissing, BuildError, EngineError, UsageError
+from imgbuild.core.progress import BuildProgress
 from imgbuild.engine import connect, ensure_base_images
-from imgbuild.errors import BaseImageMissing, BuildError, EngineError, UsageError
-from imgbuild.progress import BuildProgress
 
 TEST_REPO = "imgbuild-test/engine"
 MISSING_IMAGE = "imgbuild-test.invalid/definitely-missing:nope"  # .invalid never resolves: fails fast
@@ -435,11 +436,11 @@ INTERRUPT_SCRIPT = textwrap.dedent(
     import signal, sys
     from pathlib import Path
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with SIGINT ignored
-    from imgbuild import builders
+    from imgbuild.build import builders
     from imgbuild.engine import connect
-    from imgbuild.interrupts import terminable
-    from imgbuild.progress import BuildProgress
-    from imgbuild.errors import ImgbuildError
+    from imgbuild.core.interrupts import terminable
+    from imgbuild.core.progress import BuildProgress
+    from imgbuild.core.errors import ImgbuildError
     ctx, log, tag = sys.argv[1:4]
 
     @terminable
@@ -640,7 +641,7 @@ def test_inline_cache_round_trip_through_a_registry(
 
 @pytest.mark.docker
 def test_a_failed_cache_push_leaves_no_tag(docker_client: docker.DockerClient, base_image: str, tmp_path: Path) -> None:
-    from imgbuild.errors import PushError
+    from imgbuild.core.errors import PushError
     from test_publish import free_port
 
     ref = f"127.0.0.1:{free_port()}/imgbuild-test/cache:nothing-listens"

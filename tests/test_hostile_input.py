@@ -378,7 +378,7 @@ def test_report_refuses_dash_where_stdout_cannot_hold_it(tmp_path: Path, monkeyp
 
 @pytest.mark.parametrize("kind", ["a file", "a symlink loop", "under /proc"])
 def test_render_without_a_usable_state_folder_warns_and_renders(tmp_path: Path, kind: str) -> None:
-    from imgbuild import render
+    from imgbuild.image import render
 
     (tmp_path / "file").write_text("x\n")
     (tmp_path / "loop").symlink_to("loop")

@@ -18,9 +18,10 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import REPO
-from imgbuild import build, interrupts, publish, verify
+from imgbuild import build, publish, verify
 from imgbuild.cli import app
-from imgbuild.errors import Interrupted, Terminated
+from imgbuild.core import interrupts
+from imgbuild.core.errors import Interrupted, Terminated
 
 runner = CliRunner()
 
@@ -112,7 +113,7 @@ def test_ctrl_c_still_exits_130(monkeypatch) -> None:
 
 def test_other_commands_keep_their_sigterm_handler(fallback_handler: Any, tmp_path: Path, monkeypatch) -> None:
     """Only build, push and verify turn SIGTERM into a cleanup; `lock`, for one, leaves the handler alone."""
-    from imgbuild import lock
+    from imgbuild.pin import lock
 
     seen: list[Any] = []
     original = lock.write

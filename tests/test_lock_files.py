@@ -15,8 +15,9 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import REPO
-from imgbuild import lock, recipe
 from imgbuild.cli import app
+from imgbuild.pin import lock
+from imgbuild.spec import recipe
 
 
 @pytest.fixture

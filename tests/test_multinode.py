@@ -17,12 +17,15 @@ import docker
 import pytest
 
 from conftest import UPSTREAM, read_manifest
-from imgbuild import launch, lock, multinode, nodechecks, recipe, render
-from imgbuild.containers import Exec
-from imgbuild.errors import Interrupted, VerifyError
-from imgbuild.manifest import Manifest
-from imgbuild.recipe import MpiRun
-from imgbuild.report import CheckResult, failures
+from imgbuild.checks.results import CheckResult, failures
+from imgbuild.core.errors import Interrupted, VerifyError
+from imgbuild.engine.containers import Exec
+from imgbuild.image import render
+from imgbuild.image.manifest import Manifest
+from imgbuild.pin import lock
+from imgbuild.spec import launch, recipe
+from imgbuild.spec.recipe import MpiRun
+from imgbuild.verify import multinode, nodechecks
 
 
 def manifest_of(name: str, **over: Any) -> Manifest:
@@ -323,7 +326,7 @@ def test_a_missing_image_is_a_clear_failure(docker_client) -> None:
 
 def test_rank_lines_that_mpirun_joined_are_split() -> None:
     """mpirun can forward two ranks' lines joined without a newline: both are still read."""
-    from imgbuild.nodechecks import _ALLREDUCE_RE, _ENV_RE, _rank_lines
+    from imgbuild.verify.nodechecks import _ALLREDUCE_RE, _ENV_RE, _rank_lines
 
     joined = (
         "IMGBUILD-ALLREDUCE rank=0 size=3 host=a sum=6 expected=6IMGBUILD-ALLREDUCE rank=2 size=3 host=c sum=6 "

@@ -30,11 +30,12 @@ import responses
 import typer
 from typer.testing import CliRunner
 
-from imgbuild import matrix, publish
+from imgbuild import publish
 from imgbuild.cli.publish import register
-from imgbuild.errors import PushError
-from imgbuild.progress import LivePushProgress, PlainPushProgress, push_progress_for
-from imgbuild.registry import MANIFEST_TYPES, RegistryAPI, RemoteManifest, parse_registry
+from imgbuild.core.errors import PushError
+from imgbuild.core.progress import LivePushProgress, PlainPushProgress, push_progress_for
+from imgbuild.publish import matrix
+from imgbuild.publish.registry import MANIFEST_TYPES, RegistryAPI, RemoteManifest, parse_registry
 
 CPU_REF = "imgbuild/cpu:lock-0123456789ab"
 CPU_READABLE = "imgbuild/cpu:nccl2.21.5-ompi4.1.4"
@@ -332,7 +333,7 @@ def test_interrupt_still_removes_the_temporary_tag() -> None:
             raise KeyboardInterrupt
 
     api = Interrupting()
-    from imgbuild.errors import Interrupted
+    from imgbuild.core.errors import Interrupted
 
     with pytest.raises(Interrupted):
         publisher(api, Sleeps()).publish(source())
@@ -342,7 +343,7 @@ def test_interrupt_still_removes_the_temporary_tag() -> None:
 def test_ecr_publisher_uses_the_token_and_creates_the_repository(monkeypatch: pytest.MonkeyPatch) -> None:
     from moto import mock_aws
 
-    from imgbuild import ecr
+    from imgbuild.publish import ecr
 
     for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                        "AWS_DEFAULT_REGION": "us-east-1"}.items():  # fmt: skip

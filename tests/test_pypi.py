@@ -1,4 +1,4 @@
-"""imgbuild.pypi and imgbuild.httprange: reading a wheel's METADATA from the index with HTTP range requests.
+"""imgbuild.pin.pypi and imgbuild.pin.httprange: reading a wheel's METADATA from the index with HTTP range requests.
 
 Offline tests run a small real HTTP server on 127.0.0.1 (Range ``bytes=a-b``, ``bytes=a-`` and ``bytes=-n``
 answered with 206 + Content-Range; HEAD) that serves a generated simple page and real wheels made with
@@ -26,10 +26,10 @@ from pathlib import Path
 import pytest
 import requests
 
-from imgbuild import httprange, pypi
-from imgbuild.compat import TORCH
-from imgbuild.errors import IndexLookupError
-from imgbuild.pypi import TorchPins, WheelMetadata, cuda_wheels, index_url, read_wheel_metadata, torch_pins
+from imgbuild.core.errors import IndexLookupError
+from imgbuild.pin import httprange, pypi
+from imgbuild.pin.pypi import TorchPins, WheelMetadata, cuda_wheels, index_url, read_wheel_metadata, torch_pins
+from imgbuild.spec.compat import TORCH
 
 CP = f"cp{sys.version_info.major}{sys.version_info.minor}"
 

@@ -17,8 +17,8 @@ import pytest
 from typer.testing import CliRunner
 
 from imgbuild import probes
+from imgbuild.checks.results import CheckResult, failures
 from imgbuild.cli import app
-from imgbuild.report import CheckResult, failures
 from test_sagemaker import explain
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]

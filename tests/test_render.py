@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 
 from conftest import REPO, SHIPPED, hadolint
-from imgbuild import recipe, render
-from imgbuild.lock import resolved_for
+from imgbuild.image import render
+from imgbuild.pin.lock import resolved_for
+from imgbuild.spec import recipe
 
 GOLDEN = REPO / "tests" / "golden"
 
@@ -92,7 +93,7 @@ ALL = [*SHIPPED, *sorted(p.stem for p in (REPO / "tests" / "recipes").glob("*.ya
 def rendered(name: str) -> str:
     if name in SHIPPED:
         return plan_of(name).dockerfile
-    from imgbuild.resolver import resolve
+    from imgbuild.pin.resolver import resolve
 
     return render.plan(resolve(recipe.load(REPO / "tests" / "recipes" / f"{name}.yaml"), lookup_torch=None)).dockerfile
 
@@ -139,7 +140,7 @@ def test_layers_ordered_by_change_rate(name: str) -> None:
 
 
 def test_compiled_parts_in_builder_only() -> None:
-    from imgbuild.resolver import resolve
+    from imgbuild.pin.resolver import resolve
 
     resolved = resolve(recipe.load(REPO / "tests" / "recipes" / "ofi-release.yaml"), lookup_torch=None)
     text = render.plan(resolved).dockerfile
@@ -339,7 +340,7 @@ def test_efa_installer_flags_on_an_ngc_base(recipe_dir: Path) -> None:
     """EFA >= 1.48 on an nvidia/cuda base takes it for an NGC image: `--disable-build-ngc` (else rdma-core is
     skipped and libfabric1-aws's `ibverbs-providers >= 59` fails) wherever the plugin comes from, `--disable-ngc`
     only when the image uses the installer's plugin; older installers and other bases get neither."""
-    from imgbuild.resolver import resolve
+    from imgbuild.pin.resolver import resolve
 
     def runs(text: str) -> list[str]:
         path = recipe_dir / "r.yaml"
@@ -359,8 +360,8 @@ def test_efa_installer_flags_on_an_ngc_base(recipe_dir: Path) -> None:
 def test_a_torch_bump_that_keeps_its_cuda_pins_changes_only_the_torch_layer(recipe_dir: Path) -> None:
     """torch 2.9.0 and 2.9.1 pin the same CUDA and NCCL wheels: bumping one to the other changes the torch RUN (and the
     labels) and no other instruction, so the layer of CUDA wheels (about 3 GB) is reused and not pushed again."""
-    from imgbuild import compat
-    from imgbuild.resolver import resolve
+    from imgbuild.pin.resolver import resolve
+    from imgbuild.spec import compat
 
     assert compat.TORCH["2.9.0"].cuda_wheels == compat.TORCH["2.9.1"].cuda_wheels
     path = recipe_dir / "older.yaml"
@@ -390,8 +391,8 @@ def cuda_wheels_of(step: str) -> list[str]:
 def test_torch_cuda_wheels_are_shell_words(recipe_dir: Path) -> None:
     """cuda-toolkit's extras and a range pin (torch 2.12.1's nvidia-cublas<=...,>=...) reach pip as one word each,
     not as a glob or a redirection."""
-    from imgbuild import compat
-    from imgbuild.resolver import resolve
+    from imgbuild.pin.resolver import resolve
+    from imgbuild.spec import compat
 
     path = recipe_dir / "r.yaml"
     path.write_text("extends: h100\ncomponents: {pytorch: {version: 2.12.1}}\n")

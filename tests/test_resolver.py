@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from imgbuild import compat, recipe
-from imgbuild.errors import ImgbuildError, ResolveError
-from imgbuild.resolver import resolve
+from imgbuild.core.errors import ImgbuildError, ResolveError
+from imgbuild.pin.resolver import resolve
+from imgbuild.spec import compat, recipe
 
 
 def resolve_text(d: Path, text: str, **kwargs):
@@ -135,7 +135,7 @@ def test_the_torch_table_pins_its_nccl_among_its_cuda_wheels() -> None:
 
 def test_a_lock_of_a_release_from_the_index_keeps_its_cuda_wheels(recipe_dir: Path) -> None:
     """A release looked up on the index is locked with its CUDA wheels, and the lock reads back offline."""
-    from imgbuild import lock
+    from imgbuild.pin import lock
 
     def lookup(version: str) -> compat.TorchWheel:
         return compat.TorchWheel("nvidia-nccl-cu12", "2.26.2", "12.6", compat.TORCH["2.7.1"].cuda_wheels)
@@ -203,8 +203,8 @@ def test_mpi4py_needs_python(recipe_dir: Path) -> None:
 def test_a_lock_edited_by_hand_is_refused(recipe_dir: Path) -> None:
     import json
 
-    from imgbuild import lock
-    from imgbuild.errors import LockError
+    from imgbuild.core.errors import LockError
+    from imgbuild.pin import lock
 
     (recipe_dir / "mine.yaml").write_text("extends: a100\n")
     loaded = recipe.load(recipe_dir / "mine.yaml")
@@ -225,8 +225,8 @@ def test_a_lock_of_the_untyped_format_says_older(recipe_dir: Path) -> None:
     run."""
     import json
 
-    from imgbuild import lock
-    from imgbuild.errors import LockError
+    from imgbuild.core.errors import LockError
+    from imgbuild.pin import lock
 
     (recipe_dir / "mine.yaml").write_text("extends: cpu\n")
     loaded = recipe.load(recipe_dir / "mine.yaml")
@@ -245,8 +245,8 @@ def test_a_lock_without_the_cuda_wheels_is_refused(recipe_dir: Path, version: st
     refused, naming the pin, with the command that writes a good lock."""
     import json
 
-    from imgbuild import lock
-    from imgbuild.errors import LockError
+    from imgbuild.core.errors import LockError
+    from imgbuild.pin import lock
 
     def lookup(v: str) -> compat.TorchWheel:
         return compat.TorchWheel("nvidia-nccl-cu12", "2.26.2", "12.6", compat.TORCH["2.7.1"].cuda_wheels)
@@ -263,7 +263,7 @@ def test_a_lock_without_the_cuda_wheels_is_refused(recipe_dir: Path, version: st
 
 
 def test_an_index_that_cannot_answer_is_exit_7(recipe_dir: Path) -> None:
-    from imgbuild.errors import IndexLookupError
+    from imgbuild.core.errors import IndexLookupError
 
     def refused(version: str) -> compat.TorchWheel:
         raise IndexLookupError(f"torch {version}: connection refused")

@@ -11,11 +11,13 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from imgbuild import recipe, render, runprofile
 from imgbuild.cli import run as cli_run
-from imgbuild.errors import EngineError
-from imgbuild.lock import resolved_for
-from imgbuild.resolver import Resolved
+from imgbuild.core.errors import EngineError
+from imgbuild.engine import runprofile
+from imgbuild.image import render
+from imgbuild.pin.lock import resolved_for
+from imgbuild.pin.resolver import Resolved
+from imgbuild.spec import recipe
 
 HABANA = (
     "--runtime=habana -e HABANA_VISIBLE_DEVICES=all -e OMPI_MCA_btl_vader_single_copy_mechanism=none "
@@ -241,7 +243,7 @@ def test_verify_reports_gdrdrv() -> None:
     import testinfra
 
     from imgbuild import checks
-    from imgbuild.components import gdrcopy
+    from imgbuild.blocks import gdrcopy
 
     host = testinfra.get_host("local://")
     ctx = checks.CheckContext(host=host, scope="host", components={"gdrcopy": {"version": "2.5.1"}})

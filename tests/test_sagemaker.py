@@ -16,10 +16,12 @@ from typing import Any
 import pytest
 
 from conftest import SHIPPED, Host, Job, ssh_key_pair
-from imgbuild import paths, recipe, render
-from imgbuild.components import TEMPLATE_DIR, sagemaker
-from imgbuild.lock import resolved_for
-from imgbuild.paths import SSHD_LOG
+from imgbuild.blocks import TEMPLATE_DIR, sagemaker
+from imgbuild.core import paths
+from imgbuild.core.paths import SSHD_LOG
+from imgbuild.image import render
+from imgbuild.pin.lock import resolved_for
+from imgbuild.spec import recipe
 
 # --------------------------------------------------------------------------------------------------------------
 # Rendering (no engine)
@@ -414,9 +416,9 @@ def test_torchrun_publishes_the_hosts_sagemaker_name(sm_job: Any, docker_client:
     """IMGBUILD_LAUNCHER=torchrun on two SageMaker hosts: each host's torchrun line is the launch module's, with
     `--local-addr` = its resourceconfig.json `current_host` (rank 0 publishes it as the rendezvous master; the
     container's own hostname need not resolve on SageMaker)."""
-    from imgbuild import launch
-    from imgbuild.manifest import Manifest
-    from imgbuild.paths import MANIFEST_PATH
+    from imgbuild.core.paths import MANIFEST_PATH
+    from imgbuild.image.manifest import Manifest
+    from imgbuild.spec import launch
 
     job = sm_job(2, script="", files=FAKE_TORCHRUN, env={"IMGBUILD_LAUNCHER": "torchrun"})
     leader, workers, _ = finish(job, 120)

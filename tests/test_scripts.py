@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from imgbuild import launch, paths, recipe, render
-from imgbuild.components import TEMPLATE_DIR, sagemaker
-from imgbuild.lock import resolved_for
+from imgbuild.blocks import TEMPLATE_DIR, sagemaker
+from imgbuild.core import paths
+from imgbuild.image import render
+from imgbuild.pin.lock import resolved_for
+from imgbuild.spec import launch, recipe
 
 SCRIPTS = sorted([paths.images_dir() / "files" / "imgbuild-entrypoint", *(TEMPLATE_DIR / "files").glob("*/*")], key=str)
 

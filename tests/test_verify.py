@@ -25,11 +25,11 @@ import typer
 from typer.testing import CliRunner
 
 from imgbuild import checks, verify
+from imgbuild.blocks import aws_ofi_nccl, nccl, runtime_order, sshd
+from imgbuild.checks.results import CheckResult, Status
 from imgbuild.cli import verify as cli_verify
-from imgbuild.components import aws_ofi_nccl, nccl, sshd
-from imgbuild.errors import Interrupted, VerifyError
-from imgbuild.manifest import MANIFEST_PATH, Manifest
-from imgbuild.report import CheckResult, Status
+from imgbuild.core.errors import Interrupted, VerifyError
+from imgbuild.image.manifest import MANIFEST_PATH, Manifest
 
 runner = CliRunner()
 
@@ -86,14 +86,16 @@ def ctx_for(answers: dict[str, Out], **kw: Any) -> checks.CheckContext:
 
 
 def test_registry_runs_only_the_checks_of_components_in_the_manifest() -> None:
-    names = [c.name for c in checks.selected(["openmpi", "sshd"], "container")]
+    names = [c.name for c in checks.selected(["openmpi", "sshd"], "container", runtime_order())]
     assert "openmpi-version" in names and "sshd-config" in names and "sshd-listening" in names
     assert "manifest" in names and "no-keys-in-image" in names and "gpu-nvidia-smi" in names
     assert not {"nccl-runtime-version", "aws-ofi-nccl-plugin", "sagemaker-contract"} & set(names)
     # libfabric's checks come with either component, once
-    assert [c.name for c in checks.selected(["efa", "libfabric"], "container")].count("libfabric-version") == 1
+    assert [c.name for c in checks.selected(["efa", "libfabric"], "container", runtime_order())].count(
+        "libfabric-version"
+    ) == 1
     # --host: no image-only checks
-    host_names = [c.name for c in checks.selected(["openmpi", "sshd", "nccl"], "host")]
+    host_names = [c.name for c in checks.selected(["openmpi", "sshd", "nccl"], "host", runtime_order())]
     assert "nccl-runtime-version" in host_names and "openmpi-version" in host_names
     assert not {"sshd-config", "env", "no-keys-in-image", "ca-bundle-absent"} & set(host_names)
     assert all(c.doc for items in checks.REGISTRY.values() for c in items)
@@ -247,7 +249,8 @@ def test_manifest_diffs_name_each_difference() -> None:
 
 
 def cpu_resolved() -> Any:
-    from imgbuild import lock, recipe
+    from imgbuild.pin import lock
+    from imgbuild.spec import recipe
 
     return lock.resolved_for(recipe.load("cpu"), lookup_torch=None)[0]
 
@@ -258,7 +261,7 @@ def manifest_with(**over: Any) -> Manifest:
 
 
 def test_the_lock_gives_the_manifest_render_writes() -> None:
-    from imgbuild import render
+    from imgbuild.image import render
 
     resolved = cpu_resolved()
     written = next(f.content for f in render.plan(resolved).files if f.path == "imgbuild/manifest.json")
@@ -286,7 +289,7 @@ def test_run_options_follow_the_runtime_profile(monkeypatch: pytest.MonkeyPatch)
     assert kwargs["devices"][:2] == ["/dev/fuse:/dev/fuse:rwm", "/dev/infiniband/uverbs1:/dev/infiniband/uverbs1:rwm"]
     assert "runtime" not in kwargs and "network_mode" not in kwargs and any("habana" in n for n in opts.notes)
     # the CLI's `imgbuild run` gets the same profile from the same function, devices in the same order
-    from imgbuild import runprofile
+    from imgbuild.engine import runprofile
 
     cli = runprofile.run_spec(manifest.runtime, verify.host_efa_devices(), ["/dev/fuse", "/dev/infiniband/uverbs1"])
     assert cli.devices == opts.spec.devices

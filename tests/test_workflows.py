@@ -19,7 +19,7 @@ import typer
 import yaml
 
 from conftest import REPO
-from imgbuild import matrix
+from imgbuild.publish import matrix
 
 WORKFLOWS = REPO / ".github" / "workflows"
 FILES = ["ci.yml", "publish.yml"]

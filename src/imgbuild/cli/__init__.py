@@ -20,7 +20,7 @@ import typer
 from imgbuild import __version__
 from imgbuild.cli import build, publish, recipes, run, verify
 from imgbuild.cli.cluster import app as cluster_app
-from imgbuild.console import err
+from imgbuild.cli.console import err
 
 __all__ = ["app", "main"]
 

@@ -8,8 +8,8 @@ from typing import Annotated
 
 import typer
 
-from imgbuild.console import RecipeArg, err, handled, out, print_json, resolved
-from imgbuild.interrupts import terminable
+from imgbuild.cli.console import RecipeArg, err, handled, out, print_json, resolved
+from imgbuild.core.interrupts import terminable
 
 base_app = typer.Typer(help="Base images built offline from a Debian or Ubuntu archive.", no_args_is_help=True)
 
@@ -24,7 +24,7 @@ def register(app: typer.Typer) -> None:
 def _build_args(values: list[str] | None) -> list[str] | None:
     """--build-arg KEY=VALUE: anything else is a usage error (exit 2) before the recipe is read."""
     from imgbuild import build
-    from imgbuild.errors import BuildError
+    from imgbuild.core.errors import BuildError
 
     try:
         build.parse_build_args(values or [])
@@ -37,11 +37,11 @@ def _ca_bundle(value: Path | None) -> Path | None:
     """--ca-bundle / IMGBUILD_CA_BUNDLE: a readable PEM file, else a usage error (exit 2) before anything is built."""
     if value is None:
         return None
-    from imgbuild import context
-    from imgbuild.errors import BuildError
+    from imgbuild.build import dockercontext
+    from imgbuild.core.errors import BuildError
 
     try:
-        context.read_ca_bundle(value)
+        dockercontext.read_ca_bundle(value)
     except BuildError as exc:
         raise typer.BadParameter(exc.message) from None
     return value
@@ -63,7 +63,7 @@ def _builder_name(value: str | None) -> str | None:
 
 def _cache_refs(values: list[str] | None) -> list[str] | None:
     """--cache-from REF (repeatable): each a Docker image reference, else a usage error naming the option."""
-    from imgbuild import builders
+    from imgbuild.build import builders
 
     for value in values or []:
         if problem := builders.cache_ref_problem(value, "--cache-from"):
@@ -73,7 +73,7 @@ def _cache_refs(values: list[str] | None) -> list[str] | None:
 
 def _cache_to(value: str | None) -> str | None:
     """--cache-to REF: an image reference with a tag (no digest), else a usage error naming the option."""
-    from imgbuild import builders
+    from imgbuild.build import builders
 
     if value is not None and (problem := builders.cache_ref_problem(value, "--cache-to")):
         raise typer.BadParameter(problem)
@@ -132,7 +132,7 @@ def build_(
     """Build a recipe's image with BuildKit on the Docker engine (DOCKER_HOST, a docker context, or the local
     socket); `imgbuild doctor` says which builder is used and why."""
     from imgbuild import build
-    from imgbuild.progress import BuildProgress
+    from imgbuild.core.progress import BuildProgress
 
     progress = BuildProgress.auto(err())
     result = build.build(
@@ -173,7 +173,8 @@ def base_bootstrap(
     variant: Annotated[str, typer.Option(help="debootstrap variant.")] = "minbase",
 ) -> None:
     """Build a base image with debootstrap and import it into the engine under NAME (air-gapped sites)."""
-    from imgbuild import bootstrap, engine
+    from imgbuild import engine
+    from imgbuild.engine import bootstrap
 
     spec = bootstrap.spec_for(name, suite=suite, mirror=mirror, variant=variant)
     client = engine.connect()
@@ -201,9 +202,10 @@ def doctor(
 ) -> None:
     """Check the engine, the builder (which one `imgbuild build` uses and why), base images, container runtimes and
     host devices the recipes need."""
-    from imgbuild import builders, recipe
-    from imgbuild import doctor as doc
-    from imgbuild.errors import DoctorError
+    from imgbuild.build import builders
+    from imgbuild.build import doctor as doc
+    from imgbuild.core.errors import DoctorError
+    from imgbuild.spec import recipe
 
     names = refs or recipe.shipped_names()
     bases: dict[str, list[str]] = {}

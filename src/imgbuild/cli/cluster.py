@@ -21,17 +21,17 @@ from typing import TYPE_CHECKING, Annotated, BinaryIO
 
 import typer
 
-from imgbuild import validate
+from imgbuild.cli.console import handled
 from imgbuild.cluster.jobplan import EFA_MAX, NAME_MAX, NODES_MAX, Engine, program_words
-from imgbuild.console import handled
-from imgbuild.errors import OutputError, RecipeError, VerifyError
+from imgbuild.core import validate
+from imgbuild.core.errors import OutputError, RecipeError, VerifyError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from rich.console import Console
 
-    from imgbuild.manifest import Manifest
+    from imgbuild.image.manifest import Manifest
     from imgbuild.nccltests.verdict import Report
 
 app = typer.Typer(
@@ -142,9 +142,10 @@ def _job(
     name: str | None,
     output: Path | None,
 ) -> None:
-    from imgbuild import lock, recipe
+    from imgbuild.cli.console import err, warn
     from imgbuild.cluster.jobs import plan_job, render_plan
-    from imgbuild.console import err, warn
+    from imgbuild.pin import lock
+    from imgbuild.spec import recipe
 
     loaded = recipe.load(ref).concrete()
     resolved, _ = lock.resolved_for(loaded, lookup_torch=None)
@@ -251,7 +252,7 @@ def _expected(recipe_ref: str | None, image: str | None) -> Manifest | None:
         return target.expected_manifest
     if image:
         from imgbuild import engine
-        from imgbuild.containers import Containers
+        from imgbuild.engine.containers import Containers
 
         client = engine.connect()
         containers = Containers(client)
@@ -262,7 +263,7 @@ def _expected(recipe_ref: str | None, image: str | None) -> Manifest | None:
             containers.remove_all()
             client.close()
         if manifest is None:
-            from imgbuild.paths import MANIFEST_PATH
+            from imgbuild.core.paths import MANIFEST_PATH
 
             raise VerifyError(f"{image} has no {MANIFEST_PATH}: not an imgbuild image")
         return manifest
@@ -330,7 +331,7 @@ def _report(
 ) -> None:
     from pydantic import ValidationError
 
-    from imgbuild.console import err, out
+    from imgbuild.cli.console import err, out
     from imgbuild.nccltests import verdict
     from imgbuild.nccltests.log import parse
 

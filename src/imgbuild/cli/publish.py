@@ -1,5 +1,5 @@
-"""`imgbuild push` (imgbuild.publish) and `imgbuild matrix` (imgbuild.matrix): publishing images and the CI matrix
-that drives it."""
+"""`imgbuild push` (imgbuild.publish) and `imgbuild matrix` (imgbuild.publish.matrix): publishing images and the
+CI matrix that drives it."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Annotated
 
 import typer
 
-from imgbuild.console import err, handled, out
-from imgbuild.interrupts import terminable
+from imgbuild.cli.console import err, handled, out
+from imgbuild.core.interrupts import terminable
 
 
 def register(app: typer.Typer) -> None:
@@ -24,8 +24,8 @@ def _registry_value(value: str | None) -> str | None:
     anything is contacted, naming no part of a password."""
     if value is None:
         return None
-    from imgbuild.errors import PushError
-    from imgbuild.registry import parse_registry
+    from imgbuild.core.errors import PushError
+    from imgbuild.publish.registry import parse_registry
 
     try:
         parse_registry(value)
@@ -75,7 +75,7 @@ def push(
 ) -> None:
     """Re-tag an image under a registry and push it; prints the pushed digest of every tag."""
     from imgbuild import publish
-    from imgbuild.progress import push_progress_for
+    from imgbuild.core.progress import push_progress_for
 
     result = publish.publish(
         what,
@@ -103,7 +103,7 @@ def matrix_(
     as_json: Annotated[bool, typer.Option("--json", help="One line of JSON for a GitHub Actions matrix.")] = False,
 ) -> None:
     """The buildable recipes with their tags and runners, for a CI job matrix."""
-    from imgbuild import matrix
+    from imgbuild.publish import matrix
 
     data = matrix.matrix(recipes or None)
     if as_json:

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from imgbuild.console import RecipeArg, err, handled, out, print_json, resolved, warn
+from imgbuild.cli.console import RecipeArg, err, handled, out, print_json, resolved, warn
 
 
 def register(app: typer.Typer) -> None:
@@ -23,8 +23,9 @@ def register(app: typer.Typer) -> None:
 @handled
 def list_(as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False) -> None:
     """List the shipped recipes and the state of their locks."""
-    from imgbuild import lock, recipe
-    from imgbuild.errors import LockError
+    from imgbuild.core.errors import LockError
+    from imgbuild.pin import lock
+    from imgbuild.spec import recipe
 
     rows = []
     for name in recipe.shipped_names():
@@ -54,7 +55,8 @@ def show(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Show a recipe's resolved components: versions, sources and why each version."""
-    from imgbuild import recipe, render
+    from imgbuild.image import render
+    from imgbuild.spec import recipe
 
     loaded, res, how = resolved(ref)
     refs = render.image_refs(res)
@@ -95,7 +97,7 @@ def render_(
     ] = None,
 ) -> None:
     """Render a recipe's Dockerfile (to stdout, or with its build context into a folder)."""
-    from imgbuild import render
+    from imgbuild.image import render
 
     _, res, _ = resolved(ref)
     plan = render.plan(res)
@@ -103,9 +105,9 @@ def render_(
     if output is None:
         sys.stdout.write(plan.dockerfile)
         return
-    from imgbuild import context
+    from imgbuild.build import dockercontext
 
-    context.write(plan, output)
+    dockercontext.write(plan, output)
     err().print(f"wrote {output}/Dockerfile and {len(plan.files)} context files", markup=False)
 
 
@@ -115,8 +117,9 @@ def lock_(
     offline: Annotated[bool, typer.Option("--offline", help="Use only the shipped tables, no index lookups.")] = False,
 ) -> None:
     """Resolve a recipe and write its pins to a lock file beside it."""
-    from imgbuild import lock, recipe
-    from imgbuild.resolver import index_lookup, resolve
+    from imgbuild.pin import lock
+    from imgbuild.pin.resolver import index_lookup, resolve
+    from imgbuild.spec import recipe
 
     loaded = recipe.load(ref).concrete()
     res = resolve(loaded, lookup_torch=None if offline else index_lookup)

@@ -14,8 +14,8 @@ from typing import Annotated
 
 import typer
 
-from imgbuild.console import RecipeArg, err, handled, out, resolved, warn
-from imgbuild.errors import EngineError
+from imgbuild.cli.console import RecipeArg, err, handled, out, resolved, warn
+from imgbuild.core.errors import EngineError
 
 
 def register(app: typer.Typer) -> None:
@@ -38,7 +38,8 @@ def run(
     ] = None,
 ) -> None:
     """Run a container of a recipe's image with its runtime profile (devices, runtime, limits)."""
-    from imgbuild import render, runprofile
+    from imgbuild.engine import runprofile
+    from imgbuild.image import render
 
     _, res, _ = resolved(ref)
     warn(res)

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from imgbuild.console import handled, out
-from imgbuild.errors import VerifyError
-from imgbuild.interrupts import terminable
+from imgbuild.cli.console import handled, out
+from imgbuild.core.errors import VerifyError
+from imgbuild.core.interrupts import terminable
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -4,7 +4,7 @@
 Everything comes from the recipe's lock and the image's manifest (the one `render.plan` writes into the image):
 the image's content-addressed tag (or `--image URI` for a pushed copy), the devices and slots per node, the EFA
 devices by instance type, the Python, the run profile's environment and capabilities, and the launch line, which
-is `imgbuild.launch`'s (the line `train` and `verify --nodes` run). A pure function of its input.
+is `imgbuild.spec.launch`'s (the line `train` and `verify --nodes` run). A pure function of its input.
 
 The default program: nccl-tests' all_reduce_perf where the recipe has nccl-tests (`nccltests.command`'s line, the
 one the nccl-tests check of `verify --nodes` runs); else a small MPI check (mpi4py allreduce that also checks the
@@ -24,13 +24,13 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from imgbuild.errors import RecipeError
+from imgbuild.core.errors import RecipeError
 
 if TYPE_CHECKING:
-    from imgbuild.launch import Launch
-    from imgbuild.manifest import Manifest
-    from imgbuild.recipe import Platform
-    from imgbuild.resolver import Resolved
+    from imgbuild.image.manifest import Manifest
+    from imgbuild.pin.resolver import Resolved
+    from imgbuild.spec.launch import Launch
+    from imgbuild.spec.recipe import Platform
 
 
 class Engine(str, enum.Enum):
@@ -174,7 +174,7 @@ def job_name(recipe_name: str) -> str:
 
 def image_manifest(resolved: Resolved) -> tuple[Manifest, str]:
     """The manifest the recipe's image carries (render writes it into the image) and the image's lock tag."""
-    from imgbuild import render
+    from imgbuild.image import render
 
     return render.manifest(resolved), render.image_ref(resolved)
 
@@ -192,9 +192,9 @@ def plan_job(
     memory: str | None = None,
 ) -> JobPlan:
     """Decide a job: RecipeError when the recipe cannot run on that engine or an input is invalid (named)."""
-    from imgbuild import validate
-    from imgbuild.launch import for_manifest
-    from imgbuild.runprofile import run_spec
+    from imgbuild.core import validate
+    from imgbuild.engine.runprofile import run_spec
+    from imgbuild.spec.launch import for_manifest
 
     engine = Engine(engine)
     r = resolved.recipe

@@ -30,7 +30,7 @@ from imgbuild.cluster.k8s import TRAINER_CONTAINER, k8s_object, k8s_text
 from imgbuild.cluster.slurm import mca_pairs, pyxis_image, sbatch
 
 if TYPE_CHECKING:
-    from imgbuild.resolver import Resolved
+    from imgbuild.pin.resolver import Resolved
 
 __all__ = [
     "ENGINES",

@@ -34,7 +34,7 @@ from functools import cache
 from typing import Any
 
 from imgbuild.cluster.jobplan import Engine, JobPlan
-from imgbuild.paths import SSHD_LOG
+from imgbuild.core.paths import SSHD_LOG
 
 # The image (images/Dockerfile.j2, images/files/entrypoint.sh.j2).
 ENTRYPOINT = "/usr/local/bin/imgbuild-entrypoint"

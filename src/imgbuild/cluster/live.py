@@ -32,13 +32,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from imgbuild import validate
-from imgbuild.errors import VerifyError
+from imgbuild.core import validate
+from imgbuild.core.errors import VerifyError
 
 if TYPE_CHECKING:
-    from imgbuild.containers import Exec
-    from imgbuild.manifest import Manifest
-    from imgbuild.report import CheckResult
+    from imgbuild.checks.results import CheckResult
+    from imgbuild.engine.containers import Exec
+    from imgbuild.image.manifest import Manifest
     from imgbuild.verify import VerifyReport
 
 DEFAULT_PORT = 3022  # imgbuild's sshd default (components.sshd.ports)
@@ -133,7 +133,7 @@ class SshNodes:
         return _Spawned(proc, time.monotonic(), timeout_s)
 
     def wait(self, handle: _Spawned, *, timeout_s: float) -> Exec:
-        from imgbuild.containers import Exec
+        from imgbuild.engine.containers import Exec
 
         give_up = handle.started + math.ceil(handle.timeout_s) + KILL_GRACE_S + 10
         rc: int | None
@@ -150,7 +150,7 @@ class SshNodes:
         return self.wait(self.spawn(k, script, timeout_s=timeout_s, label=label), timeout_s=timeout_s)
 
     def put_files(self, files: dict[str, tuple[bytes, int]]) -> None:
-        from imgbuild.containers import _tar  # the same archive docker's put_archive takes
+        from imgbuild.engine.containers import _tar  # the same archive docker's put_archive takes
 
         data = _tar(files, {})
         for host in self.names:
@@ -185,9 +185,8 @@ def run_live(
     to reach a host that refuses (a container that has just started); expected: the manifest of the image that
     should be running (a recipe's lock, or a local image's), else the first host's is the reference.
     Returns a VerifyReport ("cluster: ..." results, then timings); a `VerifyError` when no host can be reached."""
-    from imgbuild import nodechecks
-    from imgbuild.report import CheckResult
-    from imgbuild.verify import VerifyReport
+    from imgbuild.checks.results import CheckResult
+    from imgbuild.verify import VerifyReport, nodechecks
 
     if not hosts:
         raise VerifyError("--hosts: expected one host or more, e.g. --hosts 10.0.0.1,10.0.0.2")
@@ -275,9 +274,9 @@ def _inspect(nodes: SshNodes, expected: Manifest | None) -> tuple[Manifest | Non
     and EFA devices."""
     import base64
 
-    from imgbuild.manifest import Manifest
-    from imgbuild.paths import MANIFEST_PATH
-    from imgbuild.report import CheckResult
+    from imgbuild.checks.results import CheckResult
+    from imgbuild.core.paths import MANIFEST_PATH
+    from imgbuild.image.manifest import Manifest
 
     seen: dict[str, Manifest | str] = {}
     probe: dict[str, Any] = {}

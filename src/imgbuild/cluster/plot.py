@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from imgbuild.errors import OutputError
+from imgbuild.core.errors import OutputError
 from imgbuild.nccltests.log import Measurement
 from imgbuild.nccltests.verdict import Report, human_size
 

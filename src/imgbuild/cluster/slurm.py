@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from imgbuild.cluster.jobplan import JobPlan
-    from imgbuild.launch import Launch
+    from imgbuild.spec.launch import Launch
 
 HEREDOC_END = "IMGBUILD_PROGRAM_END"
 # Set for every rank, named in --container-env (see the module's docstring).

@@ -18,6 +18,6 @@ def args(instance_type: str | None) -> tuple[str, ...]:
 def all_reduce_perf(prefix: str | None, instance_type: str | None) -> tuple[str, ...]:
     """all_reduce_perf and its arguments (`args`), from the image's nccl_tests prefix (the manifest's; None: the
     block's default)."""
-    from imgbuild.components.nccl_tests import PREFIX
+    from imgbuild.blocks.nccl_tests import PREFIX
 
     return (f"{prefix or PREFIX}/all_reduce_perf", *args(instance_type))

@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from imgbuild.errors import VerifyError
+from imgbuild.core.errors import VerifyError
 
 TABLE_PATH = Path(__file__).with_name("bandwidth.yaml")
 

@@ -16,7 +16,7 @@ from imgbuild.nccltests import expected
 from imgbuild.nccltests.log import Frozen, Network, ParsedLog, Printed, ResultTable, distinct, parse
 
 if TYPE_CHECKING:
-    from imgbuild.resolver import Resolved
+    from imgbuild.pin.resolver import Resolved
 
 T = TypeVar("T", str, int)
 Status = Literal["PASS", "WARN", "FAIL", "SKIP"]
@@ -535,9 +535,9 @@ def report(text: str, expect: Expect | None = None, *, source: str = "-") -> Rep
 def junit_xml(rep: Report) -> str:
     """JUnit XML: one testcase per criterion; FAIL -> <failure>, WARN and SKIP -> <skipped> (WARN says so), PASS
     carries its evidence in <system-out>."""
-    from imgbuild.report import CheckResult
-    from imgbuild.report import Status as CheckStatus
-    from imgbuild.report import junit_xml as junit_suite
+    from imgbuild.checks.results import CheckResult
+    from imgbuild.checks.results import Status as CheckStatus
+    from imgbuild.checks.results import junit_xml as junit_suite
 
     status: dict[Status, CheckStatus] = {"PASS": "pass", "FAIL": "fail", "WARN": "skip", "SKIP": "skip"}
     results = [

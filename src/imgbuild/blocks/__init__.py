@@ -1,0 +1,133 @@
+"""The building blocks of an image, one module each, and the registry that lists them in layer order.
+
+A block (see `_core.Block`) holds, in one place: its recipe options (pydantic), its pin rule, what it contributes
+(packages, PATH / LD_LIBRARY_PATH, environment, manifest entry), its Dockerfile fragments (`<name>.j2` next to
+its module: Jinja macros `builder` and `runtime`) and its verify checks. The recipe schema, the resolver, the
+renderer and verify iterate over `REGISTRY`; none of them names a component.
+
+Adding a component: write `<name>.py` (options, resolve, contribute, BLOCK, checks) and `<name>.j2`, and put it
+in REGISTRY where its runtime layer belongs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from functools import cache
+
+from imgbuild.blocks import (
+    aws_ofi_nccl,
+    efa,
+    gaudi,
+    gdrcopy,
+    hwloc,
+    libfabric,
+    mpi4py,
+    nccl,
+    nccl_tests,
+    openmpi,
+    python,
+    pytorch,
+    sagemaker,
+    sshd,
+)
+from imgbuild.blocks._core import (
+    HERE,
+    Block,
+    Context,
+    Contribution,
+    Details,
+    Installed,
+    Pin,
+    Provides,
+    Resolution,
+    builder_base,
+    python_of,
+    slug,
+)
+
+# Runtime layer order: what changes least goes first, so bumping a component rebuilds only what follows it:
+# EFA/libfabric, hwloc, MPI, GDRCopy, NCCL, plugin, tests, Python (+PyTorch), then the parts that change most often
+# (sshd and the entrypoint, SageMaker). The builder stage keeps this order except where a block's builder needs
+# another's output first (`build_after`: the venv before anything pip installs).
+REGISTRY: tuple[Block, ...] = tuple(
+    m.BLOCK
+    for m in (
+        efa,
+        libfabric,
+        hwloc,
+        openmpi,
+        gdrcopy,
+        nccl,
+        aws_ofi_nccl,
+        nccl_tests,
+        python,
+        pytorch,
+        mpi4py,
+        gaudi,
+        sshd,
+        sagemaker,
+    )
+)
+BY_NAME: dict[str, Block] = {b.name: b for b in REGISTRY}
+TEMPLATE_DIR = HERE
+
+
+def _ordered(deps: dict[str, tuple[str, ...]]) -> tuple[str, ...]:
+    """Registry order, moved only as far as each block's dependencies require (a stable topological sort)."""
+    done: list[str] = []
+
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        if name in done:
+            return
+        if name in path:
+            raise ValueError(f"component dependency cycle: {' -> '.join((*path, name))}")
+        for dep in deps[name]:
+            visit(dep, (*path, name))
+        done.append(name)
+
+    for b in REGISTRY:
+        visit(b.name, ())
+    return tuple(done)
+
+
+@cache
+def resolve_order() -> tuple[str, ...]:
+    """The order pin rules run in: a block after the blocks whose pins it reads."""
+    return _ordered({b.name: b.after for b in REGISTRY})
+
+
+@cache
+def builder_order() -> tuple[str, ...]:
+    """The order of builder-stage fragments."""
+    return _ordered({b.name: b.build_after for b in REGISTRY})
+
+
+def runtime_order() -> tuple[str, ...]:
+    return tuple(b.name for b in REGISTRY)
+
+
+def dedupe(items: Iterable[str]) -> list[str]:
+    """Keep the first occurrence of each item, in order."""
+    return list(dict.fromkeys(items))
+
+
+__all__ = [
+    "BY_NAME",
+    "REGISTRY",
+    "TEMPLATE_DIR",
+    "Block",
+    "Context",
+    "Contribution",
+    "Details",
+    "Installed",
+    "Pin",
+    "Provides",
+    "Resolution",
+    "builder_base",
+    "builder_order",
+    "dedupe",
+    "python_of",
+    "resolve_order",
+    "runtime_order",
+    "slug",
+]

@@ -1,0 +1,276 @@
+"""What every building block is made of: its pin, its contribution, the facts blocks pass to each other, and
+the resolution state a block's pin rule works on. Component modules import this; nothing here names one."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, SerializeAsAny
+
+from imgbuild.core.errors import ResolveError
+from imgbuild.core.paths import display
+from imgbuild.spec import compat
+from imgbuild.spec.schema import Strict
+
+if TYPE_CHECKING:
+    from imgbuild.spec.recipe import Recipe
+
+HERE = Path(__file__).resolve().parent
+
+
+class Details(BaseModel):
+    """A block's own facts about its pin, typed: each block subclasses it (`Block.details`) with the fields its pin
+    rule decides (a prefix, ports, the wheels it installs...). The lock, the image's manifest and verify's checks
+    carry these models; only a block's `resolve` reads the recipe's options, everything after it reads the pin.
+    Spack's `spec["dep"].prefix`: other blocks ask `Context.prefix(name)` / `Context.details(name)`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    prefix: str | None = None  # where the block installs, when not in the system's paths
+
+
+class Installed(Details):
+    """Details of a block always installed under a prefix of its own (nccl-tests, GDRCopy)."""
+
+    prefix: str
+
+
+D = TypeVar("D", bound=Details)
+
+
+class Pin(BaseModel):
+    """One component, pinned: its version, where it comes from, why that version, and its block's typed details.
+
+    A Pin read from JSON (a lock, a manifest) gets its block's details model through `with_details`.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    version: str | None
+    source: str
+    origin: str
+    details: SerializeAsAny[Details] = Details()
+
+    def typed(self, model: type[D]) -> D:
+        """The details as `model` (the block's own), checked: a pin of another block is an error, not a guess."""
+        if not isinstance(self.details, model):
+            raise TypeError(f"pin details are {type(self.details).__name__}, not {model.__name__}")
+        return self.details
+
+    def with_details(self, model: type[Details]) -> Pin:
+        """This pin with its details read as `model` (a lock's or manifest's JSON gives plain `Details` first)."""
+        if type(self.details) is model:
+            return self
+        return self.model_copy(update={"details": model.model_validate(self.details.model_dump(exclude_unset=True))})
+
+
+# How a source mode reaches the image:
+#   fragment - the block's template renders Dockerfile instructions for it (an empty render is an error);
+#   packages - the block adds distribution packages to a stage (and may add paths, env);
+#   provided - another part (the base image, the EFA installer) already brings it; the block adds paths/env only.
+Provides = Literal["fragment", "packages", "provided"]
+
+
+@dataclass
+class Contribution:
+    """What one block adds to the image besides its Dockerfile fragments."""
+
+    name: str
+    builder_packages: set[str] = field(default_factory=set)
+    runtime_packages: set[str] = field(default_factory=set)
+    path: list[str] = field(default_factory=list)
+    ld_library_path: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    # Device nodes a container of the image is given where the host has them (the manifest's runtime.host_devices).
+    host_devices: list[str] = field(default_factory=list)
+    # The builder compiles against libfabric / Open MPI, so what brings them (the EFA installer) runs there too.
+    needs_fabric_in_builder: bool = False
+    # Free disk the engine needs for this block's layers while they are written and committed.
+    build_disk_gb: float = 0.0
+    # Configure arguments this block offers to another block's build, by that block's name ({"openmpi":
+    # ["--with-LIB=/usr"]}): a consumer's template appends `ctx.configure_args(its name)` when it builds from
+    # source, so a block others use changes only its own files. Offers to a block the image lacks are ignored.
+    offers: dict[str, list[str]] = field(default_factory=dict)
+    # Shell commands run right after the runtime stage's apt-get install, in its RUN (sshd: remove the host keys the
+    # package made, so no image carries keys).
+    post_install: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a block may ask about the rest of the image while it contributes and renders: the target's facts
+    (CUDA, the GPU architecture) and, through generic queries, any other block's pin (`has`, `pin`, `details`,
+    `prefix`). No field names a block: a block that others use (a library several builds link) is found by its name."""
+
+    resolved: Any  # imgbuild.pin.resolver.Resolved
+    providers: Mapping[str, str] = field(default_factory=dict)  # what a pinned block provides -> that block
+    fabric_in_builder: bool = False  # a block compiles against the fabric (libfabric, MPI) in the builder
+    offers: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # consumer -> what blocks offer it
+
+    def configure_args(self, name: str) -> list[str]:
+        """The configure arguments other blocks offer to block `name`'s build (`Contribution.offers`), in the
+        registry's order."""
+        return list(self.offers.get(name, ()))
+
+    def has(self, name: str) -> bool:
+        """Whether the image has block `name`."""
+        return name in self.resolved.pins
+
+    def pin(self, name: str) -> Pin | None:
+        return self.resolved.pins.get(name)
+
+    def need(self, name: str) -> Pin:
+        """Block `name`'s pin, which the asking block's pin rule made sure is there."""
+        pin = self.pin(name)
+        if pin is None:
+            raise KeyError(f"no {name} pin (the asking block's resolve should have refused the recipe)")
+        return pin
+
+    def details(self, name: str) -> Any:
+        """Block `name`'s typed details (None when the image has no such block)."""
+        pin = self.pin(name)
+        return pin.details if pin is not None else None
+
+    def prefix(self, name: str) -> str | None:
+        """Where `name` is installed: its block's details' prefix, or, without that block, the prefix of a block
+        that provides it (`Block.provides`: the EFA installer's libfabric). None: absent or in the system's paths."""
+        details = self.details(name)
+        if details is None and name in self.providers:
+            details = self.details(self.providers[name])
+        return details.prefix if details is not None else None
+
+    @property
+    def cuda_home(self) -> str | None:
+        """The target's CUDA_HOME (the `cuda` pin's prefix; None off NVIDIA)."""
+        return self.prefix("cuda")
+
+    @property
+    def gencode(self) -> str | None:
+        """nvcc's -gencode flags for the target's GPU architecture (None off NVIDIA)."""
+        details = self.details("cuda")
+        return details.gencode if details is not None else None
+
+    @property
+    def python(self) -> str:
+        """The interpreter pip-installed packages run under: the python block's venv's, else python3."""
+        return python_of(self.resolved.pins)
+
+
+def python_of(pins: Mapping[str, Pin]) -> str:
+    """The image's Python, from its pins: the python block's venv's interpreter, else python3 on PATH."""
+    py = pins.get("python")
+    return f"{py.details.prefix}/bin/python" if py is not None and py.details.prefix else "python3"
+
+
+def builder_base(resolved: Any) -> str:
+    """The builder stage's base: the recipe's `base.builder_tag` of the same image, else the runtime's base."""
+    return resolved.pins["base"].details.builder or resolved.base_ref
+
+
+def slug(text: str) -> str:
+    """`text` as a BuildKit cache id part a person can read: lower case, runs of anything but letters, digits and dots
+    as one '-' (nvidia/cuda:12.8.1-devel-ubuntu22.04 -> nvidia-cuda-12.8.1-devel-ubuntu22.04); an image digest keeps
+    its first 12 hex digits."""
+    text = re.sub(r"@sha256:([0-9a-f]{12})[0-9a-f]*", r"@\1", text.lower())
+    return re.sub(r"[^a-z0-9.]+", "-", text).strip("-")
+
+
+class Resolution:
+    """The state a block's pin rule reads and writes: the recipe, the pins made so far, warnings."""
+
+    def __init__(self, recipe: Recipe, path: Path, lookup_torch: Callable[[str], compat.TorchWheel] | None) -> None:
+        self.recipe = recipe
+        self.path = path
+        self.lookup_torch = lookup_torch
+        self.pins: dict[str, Pin] = {}
+        self.warnings: list[str] = []
+        self.os_id = f"{recipe.os.family}{recipe.os.version}"
+        self.torch_wheel: compat.TorchWheel | None = None  # what the pytorch block found (nccl reads it)
+
+    def options(self, name: str) -> Any:
+        """A block's options in the recipe (None when the recipe leaves it out)."""
+        return getattr(self.recipe.components, name)
+
+    def fail(self, keys: str, message: str, hint: str | None = None) -> ResolveError:
+        return ResolveError(f"{display(self.path)}: {keys}: {message}", hint=hint)
+
+    def distro_pin(self, key: str, what: str, wanted: str | None) -> Pin:
+        """The version the target distribution ships of `what` (compat.DISTRO), checked against `wanted`."""
+        distro = compat.DISTRO.get(self.os_id)
+        if distro is None:
+            raise self.fail(f"{key}.source", f"no package table for {self.os_id} (known: {list(compat.DISTRO)})")
+        version = getattr(distro, what)
+        if wanted is not None and wanted != version:
+            raise self.fail(f"{key}.version", f"{self.os_id} ships {what} {version}, got {wanted}")
+        return Pin(version=version, source="distro", origin=f"{self.os_id} package")
+
+    def require_venv(self) -> None:
+        """Blocks that pip-install need the python block with its virtual environment."""
+        py = self.options("python")
+        if py is None or py.venv is None:
+            raise self.fail("components.python", "pip-installed components need components.python (with a venv)")
+
+    def from_efa(self, key: str, component: str) -> Pin:
+        """A pin for something the EFA installer brings (needs a non-minimal components.efa)."""
+        e = self.options("efa")
+        if e is None or e.minimal:
+            raise self.fail(key, f"{component} from the EFA installer needs components.efa (not minimal)")
+        return Pin(version=None, source="efa", origin=f"EFA installer {e.version}")
+
+
+def _no_contribution(pin: Pin, ctx: Context) -> Contribution:
+    return Contribution(name="")
+
+
+@dataclass(frozen=True)
+class Block:
+    """One building block of an image, whole: hpccm's building block plus its pin rule and its checks.
+
+    name         the key under `components:` in a recipe;
+    options      its pydantic model (parameters with defaults; unknown keys are errors);
+    modes        each source mode it accepts and how that mode reaches the image (`Provides`);
+    resolve      its pin rule: options + resolution state -> its Pin (compatibility checks it owns included);
+    contribute   packages, PATH / LD_LIBRARY_PATH, environment, manifest extras of a pin;
+    details      its typed pin details (a `Details` subclass): what its pin rule decided, for everything after it;
+    provides     what else it installs that other blocks may ask for by name (`Context.prefix`), e.g. efa: libfabric;
+    after        blocks whose pins its rule reads (they resolve first);
+    build_after  blocks whose builder output its builder fragment uses (their fragments come first);
+    tag          (rank, short name) for the readable image tag, None to leave it out;
+    required     why a recipe without the block is wrong (None when it may be left out);
+    files        (context path, source, mode) of the files its fragments COPY: a source `*.j2` is a template
+                 (rendered with the recipe, the context, the pins and every block's options by name), any other a
+                 static file under imgbuild/blocks/ (its scripts: files/<name>/), copied as it is;
+    data         the data files its scripts read (context path -> text), made from its pin and the image's
+                 manifest: KEY=VALUE or one-argument-per-line text, never shell code.
+    Its Dockerfile fragments are the macros `builder` and `runtime` of `<name>.j2` next to its module, and its
+    verify checks are registered with `imgbuild.checks.check(..., "<name>")` in its module.
+    """
+
+    name: str
+    options: type[Strict]
+    modes: Mapping[str, Provides]
+    resolve: Callable[[Any, Resolution], Pin]
+    contribute: Callable[[Pin, Context], Contribution] = _no_contribution
+    details: type[Details] = Details
+    provides: tuple[str, ...] = ()
+    after: tuple[str, ...] = ()
+    build_after: tuple[str, ...] = ()
+    tag: tuple[int, str] | None = None
+    required: Callable[[Recipe], str | None] = lambda recipe: None
+    files: tuple[tuple[str, str, int], ...] = ()
+    data: Callable[[Pin, Any], Mapping[str, str]] = lambda pin, manifest: {}
+    template_globals: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
+
+    @property
+    def template(self) -> str:
+        return f"blocks/{self.name}.j2"
+
+    def contribution(self, pin: Pin, ctx: Context) -> Contribution:
+        """The block's contribution, under its name."""
+        c = self.contribute(pin, ctx)
+        c.name = self.name
+        return c

@@ -1,0 +1,138 @@
+"""efa: the AWS EFA installer (libfabric with the efa provider, Open MPI, and since about 1.39 aws-ofi-nccl).
+
+Recipe options (`components.efa`):
+    version   the installer release, e.g. 1.43.2 (compat.EFA says which OS releases it supports and what it bundles)
+    source    installer (default): downloaded in the builder, checked, run in the runtime stage;
+              base: the base image already has it (Gaudi's images)
+    sha256    check the tarball by this digest instead of AWS's GPG signature
+    mpi       openmpi4 (default) | openmpi5: which Open MPI the installer puts in /opt/amazon
+    minimal   --minimal: libfabric only, no Open MPI
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from imgbuild.blocks import gaudi
+from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution
+from imgbuild.checks import CheckContext, check, compare, fail
+from imgbuild.checks.results import CheckResult
+from imgbuild.spec import compat
+from imgbuild.spec.schema import Strict, pin_validator
+
+
+class Efa(Strict):
+    """AWS EFA installer: libfabric with the efa provider, Open MPI, and (since about 1.39) aws-ofi-nccl.
+
+    source: `installer` downloads and runs it (checked by sha256 when given, else by its GPG signature
+    against AWS's key fingerprint); `base` records the one the base image already has.
+    """
+
+    version: str
+    source: Literal["installer", "base"] = "installer"
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
+    mpi: Literal["openmpi4", "openmpi5"] = "openmpi4"
+    minimal: bool = False
+    _pin = pin_validator("version")
+
+
+class EfaDetails(Details):
+    """The installer's pin: which Open MPI it installs, whether it is minimal, how its download is checked.
+    `prefix` is where its libfabric lives."""
+
+    prefix: str | None = "/opt/amazon/efa"
+    mpi: Literal["openmpi4", "openmpi5"]
+    minimal: bool = False
+    check: Literal["sha256", "signature"]
+    sha256: str | None = None
+    key_fingerprint: str | None = None
+
+    @property
+    def mpi_prefix(self) -> str:
+        """Where the installer puts its Open MPI."""
+        return "/opt/amazon/openmpi5" if self.mpi == "openmpi5" else "/opt/amazon/openmpi"
+
+
+def resolve(e: Efa, rs: Resolution) -> Pin:
+    release = compat.EFA.get(e.version)
+    if release is None:
+        rs.warnings.append(
+            f"EFA installer {e.version} is not in the shipped table: OS support and the bundled "
+            "plugin version are unchecked"
+        )
+    elif rs.os_id not in release.os:
+        raise rs.fail(
+            "components.efa.version / os",
+            f"EFA installer {e.version} supports {', '.join(release.os)}, not {rs.os_id}",
+        )
+    if e.source == "base":
+        gaudi.check_base(rs, "components.efa.version", "efa", e.version)
+    details = EfaDetails(
+        mpi=e.mpi,
+        minimal=e.minimal,
+        check="sha256" if e.sha256 else "signature",
+        sha256=e.sha256,
+        key_fingerprint=None if e.sha256 else compat.EFA_KEY_FINGERPRINT,
+    )
+    return Pin(version=e.version, source=e.source, origin="recipe", details=details)
+
+
+def contribute(pin: Pin, ctx: Context) -> Contribution:
+    c = Contribution(name="efa")
+    if pin.source == "installer":
+        c.builder_packages |= {"curl", "ca-certificates", "gnupg"}
+        d = pin.typed(EfaDetails)
+        c.path += [f"{d.mpi_prefix}/bin", f"{d.prefix}/bin"]
+        c.ld_library_path += [f"{d.prefix}/lib"]
+        if not d.minimal:
+            # nccl-tests (and whatever else links -lmpi) carry no rpath to the installer's Open MPI.
+            c.ld_library_path.append(f"{d.mpi_prefix}/lib")
+        if not ctx.has("libfabric"):  # the installer's libfabric stands in for the block (Block.provides)
+            c.offers["openmpi"] = [f"--with-ofi={d.prefix}"]
+    return c
+
+
+def efa_flags(pin: Pin, ctx: Context) -> str:
+    """The EFA installer's command line inside a container build (from the pins: the installer's, the base
+    image's and the plugin's)."""
+    d = pin.typed(EfaDetails)
+    flags = [*compat.EFA_CONTAINER_FLAGS, f"--mpi={d.mpi}"]
+    if d.minimal:
+        flags.append("--minimal")
+    flags += ngc_flags(str(pin.version), ctx.details("base").image, ctx.pin("aws_ofi_nccl"))
+    return " ".join(flags)
+
+
+def ngc_flags(version: str, base_image: str, plugin: Pin | None) -> list[str]:
+    """THE rule for the installer's NGC detection (compat.EFA_NGC_DETECTION): from 1.48 on an nvidia/cuda base,
+    `--disable-build-ngc` (else rdma-core is skipped and libfabric1-aws's dependencies fail, whatever the plugin's
+    source) and, when the image uses the installer's plugin, `--disable-ngc` (else the plugin is skipped)."""
+    if compat.Version(version) < compat.Version(compat.EFA_NGC_DETECTION) or not compat.ngc_base(base_image):
+        return []
+    return ["--disable-build-ngc", *(["--disable-ngc"] if plugin is not None and plugin.source == "efa" else [])]
+
+
+BLOCK = Block(
+    name="efa",
+    options=Efa,
+    modes={"installer": "fragment", "base": "provided"},
+    resolve=resolve,
+    contribute=contribute,
+    details=EfaDetails,
+    provides=("libfabric",),
+    tag=(6, "efa"),
+    template_globals={"efa_flags": efa_flags},
+)
+
+
+@check("efa-installer-version", "efa")
+def efa_installer_version(ctx: CheckContext) -> CheckResult:
+    """/opt/amazon/efa_installed_packages records the pinned EFA installer."""
+    ran = ctx.run("cat /opt/amazon/efa_installed_packages")
+    m = re.search(r"EFA installer version:\s*(\S+)", ran.out)
+    if not ran.ok or m is None:
+        return fail(f"no EFA installer record: {ran.why()}", expected=ctx.version("efa") or "", found="missing")
+    return compare(ctx.version("efa"), m.group(1), "EFA installer")

@@ -1,0 +1,77 @@
+"""gaudi: the Intel Gaudi software release (SynapseAI) that Habana's PyTorch base image carries.
+
+Recipe options (`components.gaudi`):
+    version   the release, e.g. 1.15.1: compat.GAUDI says which PyTorch, OS, EFA, libfabric and Open MPI its
+              image has, and the pin rule holds the recipe to them (base.image must be that release's image)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+from imgbuild.blocks._core import Block, Pin, Resolution
+from imgbuild.spec import compat
+from imgbuild.spec.schema import Strict, pin_validator
+
+if TYPE_CHECKING:
+    from imgbuild.spec.recipe import Recipe
+
+
+class Gaudi(Strict):
+    """Intel Gaudi software release (SynapseAI) that the base image carries."""
+
+    version: str
+    _pin = pin_validator("version")
+
+
+def resolve(g: Gaudi, rs: Resolution) -> Pin:
+    release = compat.GAUDI.get(g.version)
+    if release is None:
+        raise rs.fail(
+            "components.gaudi.version",
+            f"Gaudi {g.version} is not in the shipped table (known: {', '.join(compat.GAUDI)})",
+        )
+    t = rs.options("pytorch")
+    if t is None or t.version != release.pytorch:
+        raise rs.fail(
+            "components.pytorch.version",
+            f"Gaudi {g.version} ships PyTorch {release.pytorch}, got {t.version if t else 'none'}",
+        )
+    if t.source != "base":
+        raise rs.fail("components.pytorch.source", "Gaudi's PyTorch comes with the base image: 'base'")
+    if rs.os_id not in release.os:
+        raise rs.fail("os", f"Gaudi {g.version} supports {', '.join(release.os)}, got {rs.os_id}")
+    image = f"{rs.recipe.base.image}:{rs.recipe.base.tag}"
+    if g.version not in image or f"pytorch-installer-{release.pytorch}" not in image:
+        raise rs.fail(
+            "base.image",
+            f"{image} is not Gaudi {g.version}'s PyTorch {release.pytorch} image "
+            f"(expected .../{g.version}/.../pytorch-installer-{release.pytorch})",
+        )
+    return Pin(version=g.version, source="base", origin="recipe")
+
+
+_NAMES = {"efa": "EFA", "libfabric": "libfabric", "openmpi": "Open MPI"}
+
+
+def check_base(rs: Resolution, key: str, what: Literal["efa", "libfabric", "openmpi"], version: str | None) -> None:
+    """For a block that comes with the base image (`what`): on a Gaudi recipe, `version` must be the one that
+    release's image has (compat.GAUDI); a ResolveError naming `key` otherwise. Nothing to check off Gaudi."""
+    g = rs.options("gaudi")
+    release = compat.GAUDI.get(g.version) if g is not None else None
+    if release is not None and getattr(release, what) != version:
+        raise rs.fail(key, f"Gaudi {g.version}'s image has {_NAMES[what]} {getattr(release, what)}, got {version}")
+
+
+def required(recipe: Recipe) -> str | None:
+    return "a gaudi platform needs components.gaudi.version" if recipe.platform.accelerator == "gaudi" else None
+
+
+BLOCK = Block(
+    name="gaudi",
+    options=Gaudi,
+    modes={"base": "provided"},
+    resolve=resolve,
+    tag=(1, "gaudi"),
+    required=required,
+)

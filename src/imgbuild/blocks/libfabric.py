@@ -1,0 +1,145 @@
+"""libfabric: from the EFA installer (efa provider), the distribution (tcp, shm), or the base image.
+
+Recipe options (`components.libfabric`):
+    source    efa | distro | base
+    version   checked against what that source has (required for base)
+    prefix    where it lives (efa: /opt/amazon/efa; distro: /usr; base: the base image's prefix)
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from typing import Any, Literal
+
+from imgbuild.blocks import gaudi
+from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution
+from imgbuild.checks import CheckContext, check, compare, fail, first_executable, passed, skip
+from imgbuild.checks.results import CheckResult
+from imgbuild.spec import compat
+from imgbuild.spec.schema import AbsPath, Strict, pin_validator
+
+
+class Libfabric(Strict):
+    """libfabric: from the EFA installer, the distribution (tcp/shm providers), or the base image."""
+
+    source: Literal["efa", "distro", "base"]
+    version: str | None = None
+    prefix: AbsPath | None = None
+    _pin = pin_validator("version")
+
+
+def resolve(lf: Libfabric, rs: Resolution) -> Pin:
+    key = "components.libfabric"
+    efa = rs.options("efa")
+    if lf.source == "efa":
+        pin = rs.from_efa(f"{key}.source", "libfabric")
+        bundled = compat.EFA.get(efa.version) if efa else None
+        version = bundled.libfabric if bundled else None
+        if lf.version is not None and version is not None and lf.version != version:
+            raise rs.fail(f"{key}.version", f"EFA {efa.version} bundles {version}")
+        return pin.model_copy(
+            update={"version": lf.version or version, "details": Details(prefix=lf.prefix or "/opt/amazon/efa")}
+        )
+    if lf.source == "distro":
+        return rs.distro_pin(key, "libfabric", lf.version).model_copy(update={"details": Details(prefix="/usr")})
+    if lf.version is None:
+        raise rs.fail(f"{key}.version", "required when libfabric comes with the base image")
+    gaudi.check_base(rs, f"{key}.version", "libfabric", lf.version)
+    return Pin(version=lf.version, source="base", origin="base image", details=Details(prefix=lf.prefix))
+
+
+def contribute(pin: Pin, ctx: Context) -> Contribution:
+    c = Contribution(name="libfabric")
+    if pin.source == "distro":
+        c.runtime_packages |= {"libfabric1", "libfabric-bin"}
+    elif pin.source == "base" and pin.details.prefix:
+        c.env["LIBFABRIC_ROOT"] = pin.details.prefix
+        c.path.append(f"{pin.details.prefix}/bin")
+        c.ld_library_path.append(f"{pin.details.prefix}/lib")
+    if pin.details.prefix and pin.details.prefix != "/usr":  # in the system's paths, Open MPI finds it unasked
+        c.offers["openmpi"] = [f"--with-ofi={pin.details.prefix}"]
+    return c
+
+
+BLOCK = Block(
+    name="libfabric",
+    options=Libfabric,
+    modes={"efa": "provided", "distro": "packages", "base": "provided"},
+    resolve=resolve,
+    contribute=contribute,
+)
+
+
+def _fi_info(ctx: CheckContext) -> str | None:
+    def find() -> str | None:
+        lf = ctx.components.get("libfabric")
+        candidates = ["${LIBFABRIC_ROOT:+$LIBFABRIC_ROOT/bin/fi_info}"]
+        if lf is not None and lf.details.prefix:
+            candidates.append(f"{lf.details.prefix}/bin/fi_info")
+        if ctx.has("efa") and (lf is None or lf.source == "efa"):
+            candidates.append(f"{ctx.prefix('efa')}/bin/fi_info")
+        return first_executable(ctx, candidates, "fi_info")
+
+    return ctx.once("fi_info", find)
+
+
+@check("libfabric-version", "libfabric", "efa")
+def libfabric_version(ctx: CheckContext) -> CheckResult:
+    """`fi_info --version` ($LIBFABRIC_ROOT/bin/fi_info first) reports the pinned libfabric."""
+    fi_info = _fi_info(ctx)
+    if fi_info is None:
+        return fail("fi_info not found", expected=ctx.version("libfabric") or "fi_info", found="missing")
+    ran = ctx.run(f"{shlex.quote(fi_info)} --version")
+    m = re.search(r"^libfabric:\s*(\S+)", ran.out, re.M)
+    if not ran.ok or m is None:
+        return fail(f"{fi_info} --version: {ran.why()}", expected=ctx.version("libfabric") or "libfabric")
+    return compare(ctx.version("libfabric"), m.group(1), "libfabric", path=fi_info)
+
+
+@check("libfabric-providers", "libfabric", "efa")
+def libfabric_providers(ctx: CheckContext) -> CheckResult:
+    """The providers the image needs are in libfabric: tcp for the distribution's, efa with the EFA installer.
+
+    `fi_info -l` lists only providers that found a device, so a provider counts as present when it is listed
+    or when it registered its parameters (`fi_info -e` shows FI_<PROVIDER>_* for every provider compiled in).
+    """
+    fi_info = _fi_info(ctx)
+    if fi_info is None:
+        return fail("fi_info not found", found="missing")
+    listed_run = ctx.run(f"{shlex.quote(fi_info)} -l")
+    listed = sorted(set(re.findall(r"^([a-z0-9_;]+):\s*$", listed_run.out, re.M)))
+    params = ctx.run(f"{shlex.quote(fi_info)} -e")
+    built = sorted({m.lower() for m in re.findall(r"^#\s*FI_([A-Z0-9]+)_", params.out, re.M)})
+    have = {p for name in listed for p in name.split(";")} | set(built)
+    want = []
+    if ctx.components["libfabric"].source == "distro":
+        want.append("tcp")
+    if ctx.has("efa"):
+        want.append("efa")
+    missing = [p for p in want if p not in have]
+    found = f"listed: {','.join(listed) or '-'}"
+    details: dict[str, Any] = {"listed": listed, "compiled_in": built, "path": fi_info}
+    if missing:
+        return fail(f"provider(s) missing: {', '.join(missing)}", ",".join(want), found, **details)
+    if not want:
+        return passed("(none required)", found, **details)
+    unlisted = [p for p in want if p not in listed]
+    reason = f"{', '.join(unlisted)} compiled in but not listed (no device here)" if unlisted else ""
+    return passed(",".join(want), found, reason, **details)
+
+
+@check("libfabric-efa", "efa", "libfabric")
+def libfabric_efa(ctx: CheckContext) -> CheckResult:
+    """`fi_info -p efa` finds the EFA devices when they are passed in (or --expect-efa)."""
+    if not (ctx.efa_devices or ctx.expect_efa):
+        why = "no EFA devices passed in" if ctx.scope == "container" else "no EFA devices expected"
+        return skip(f"{why} (give --expect-efa on an EFA instance)", expected="efa provider")
+    fi_info = _fi_info(ctx)
+    if fi_info is None:
+        return fail("fi_info not found", expected="efa provider", found="missing")
+    ran = ctx.run(f"{shlex.quote(fi_info)} -p efa")
+    domains = sorted(set(re.findall(r"^\s*domain:\s*(\S+)", ran.out, re.M)))
+    if not ran.ok or not domains:
+        return fail(f"fi_info -p efa: {ran.why()}", expected="efa provider", found="none")
+    return passed("efa provider", f"{len(domains)} domain(s): {', '.join(domains[:4])}")

@@ -1,0 +1,90 @@
+"""mpi4py: MPI for Python, from the distribution's package or pip (compiled against the image's Open MPI).
+
+Recipe options (`components.mpi4py`):
+    source    distro (default): python3-mpi4py | pip: `pip install --no-binary mpi4py mpi4py==VERSION` into the
+              venv, built with the image's mpicc (never a prebuilt wheel made for another MPI)
+    version   checked against the distribution's (distro); required for pip
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Literal
+
+from imgbuild.blocks._core import Block, Context, Contribution, Pin, Resolution, builder_base, slug
+from imgbuild.checks import CheckContext, check, compare, fail
+from imgbuild.checks.results import CheckResult
+from imgbuild.spec.schema import Strict, pin_validator
+
+
+class MPI4Py(Strict):
+    """mpi4py: the distribution's package, or pip (built against the image's MPI)."""
+
+    source: Literal["distro", "pip"] = "distro"
+    version: str | None = None
+    _pin = pin_validator("version")
+
+
+def resolve(mp: MPI4Py, rs: Resolution) -> Pin:
+    if rs.options("python") is None:
+        raise rs.fail("components.mpi4py", "mpi4py needs components.python")
+    if mp.source == "distro":
+        return rs.distro_pin("components.mpi4py", "mpi4py", mp.version)
+    rs.require_venv()
+    if mp.version is None:
+        raise rs.fail("components.mpi4py.version", "required for pip")
+    if "openmpi" not in rs.pins:
+        raise rs.fail(
+            "components.mpi4py.source", "'pip' compiles mpi4py against the image's MPI: add components.openmpi"
+        )
+    return Pin(version=mp.version, source="pip", origin="recipe")
+
+
+def contribute(pin: Pin, ctx: Context) -> Contribution:
+    c = Contribution(name="mpi4py")
+    if pin.source == "distro":
+        c.runtime_packages.add("python3-mpi4py")
+        return c
+    c.builder_packages |= {"build-essential", "python3-dev"}
+    mpi = ctx.need("openmpi")
+    if mpi.source == "distro":
+        c.builder_packages.add("libopenmpi-dev")
+    c.needs_fabric_in_builder = mpi.source == "efa"
+    return c
+
+
+def mpicc(ctx: Context) -> str:
+    """The MPI compiler wrapper pip builds mpi4py with."""
+    mpi = ctx.need("openmpi")
+    return "mpicc" if mpi.source == "distro" else f"{mpi.details.prefix}/bin/mpicc"
+
+
+def wheel_cache_id(ctx: Context) -> str:
+    """The cache id of the pip wheel cache mpi4py's build writes to: one per MPI it can be compiled against (the
+    builder stage's base image, the Open MPI pin, mpicc), so that a wheel built for one MPI is never installed for
+    another. Readable part: the MPI; a digest of all three keeps bases apart."""
+    mpi, efa = ctx.need("openmpi"), ctx.pin("efa")
+    what = f"openmpi-{mpi.source}-{mpi.version or (efa.version if efa and mpi.source == 'efa' else mpi.origin)}"
+    key = "\n".join([builder_base(ctx.resolved), mpi.model_dump_json(), mpicc(ctx)])
+    return f"imgbuild-pip-wheels-mpi4py-{slug(what)}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+
+
+BLOCK = Block(
+    name="mpi4py",
+    options=MPI4Py,
+    modes={"distro": "packages", "pip": "fragment"},
+    resolve=resolve,
+    contribute=contribute,
+    after=("python", "openmpi"),
+    build_after=("python", "openmpi"),
+    template_globals={"mpi4py_mpicc": mpicc, "mpi4py_wheel_cache_id": wheel_cache_id},
+)
+
+
+@check("mpi4py-version", "mpi4py")
+def mpi4py_version(ctx: CheckContext) -> CheckResult:
+    """mpi4py imports and is the pinned version."""
+    data, ran = ctx.python_json("import json, mpi4py; print(json.dumps({'version': mpi4py.__version__}))")
+    if data is None:
+        return fail(f"import mpi4py: {ran.why()}", expected=ctx.version("mpi4py") or "mpi4py")
+    return compare(ctx.version("mpi4py"), str(data["version"]), "mpi4py")

@@ -1,0 +1,182 @@
+"""pytorch: PyTorch from the package index (the default Linux wheels: they carry CUDA and NCCL) or the base image.
+
+Recipe options (`components.pytorch`):
+    source    pip (default): pip-installs it into the venv in the runtime stage, in two layers: the CUDA and NCCL
+              wheels the release pins, then `torch==VERSION` (and numpy) | base: the base image has it (Gaudi)
+    numpy     2.2.6 (default): the numpy installed beside it; null for none
+    version   the release; its wheel's pins (CUDA, nvidia-nccl-cuXX, every CUDA wheel) come from the shipped table,
+              else from the wheel's METADATA on the index (range requests: see pypi.py)
+The NCCL block takes PyTorch's NCCL pin, so the NCCL of the image is the one PyTorch was built with. The lock keeps
+the CUDA wheels (details.cuda_wheels, space-separated requirements), so the first layer's RUN is the same text for
+every release that pins the same wheels (2.9.0 and 2.9.1, say): a torch patch bump re-sends only the torch layer.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from typing import Any, Literal
+
+from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution
+from imgbuild.checks import CheckContext, Ran, check, compare, fail
+from imgbuild.checks.results import CheckResult
+from imgbuild.core.errors import ImgbuildError, IndexLookupError
+from imgbuild.core.paths import display
+from imgbuild.spec import compat
+from imgbuild.spec.schema import Strict, pin_validator
+
+
+class PyTorch(Strict):
+    """PyTorch: pip from the configured index (the default wheels), or already in the base image."""
+
+    source: Literal["pip", "base"] = "pip"
+    version: str
+    numpy: str | None = "2.2.6"  # installed beside torch (pip); without it torch warns "Failed to initialize NumPy"
+    _pin = pin_validator("version", "numpy")
+
+
+def _major(version: str) -> int:
+    return int(version.split(".")[0])
+
+
+def resolve(t: PyTorch, rs: Resolution) -> Pin:
+    if t.source == "base":
+        return Pin(version=t.version, source="base", origin="base image", details=PyTorchDetails())
+    rs.require_venv()
+    wheel = compat.TORCH.get(t.version)
+    origin = f"torch {t.version} wheel (shipped table)"
+    if wheel is None:
+        if rs.lookup_torch is None:
+            raise rs.fail(
+                "components.pytorch.version",
+                f"torch {t.version} is not in the shipped table and index lookups are off",
+                hint=f"known releases: {', '.join(compat.TORCH)}",
+            )
+        try:
+            wheel = rs.lookup_torch(t.version)
+        except IndexLookupError as exc:  # the index could not answer: exit 7, not a version conflict
+            raise IndexLookupError(
+                f"{display(rs.path)}: components.pytorch.version: torch {t.version} is not in the shipped table "
+                f"and the index lookup failed: {exc.message}",
+                hint=exc.hint,
+            ) from None
+        except ImgbuildError as exc:
+            raise rs.fail(
+                "components.pytorch.version",
+                f"torch {t.version} is not in the shipped table and the index lookup failed: {exc}",
+            ) from None
+        origin = f"torch {t.version} wheel METADATA (package index)"
+    p, cuda = rs.recipe.platform, rs.recipe.cuda
+    if p.accelerator == "nvidia":
+        assert cuda is not None and p.gpu_arch is not None
+        if _major(wheel.cuda) != _major(cuda.version):
+            raise rs.fail(
+                "components.pytorch.version / cuda.version",
+                f"torch {t.version} wheels are built for CUDA {wheel.cuda}, the base has CUDA "
+                f"{cuda.version}: the major versions must match",
+            )
+        if not compat.torch_wheel_has_arch(t.version, wheel.cuda, p.gpu_arch):
+            gpu = compat.ARCH[p.gpu_arch].gpu
+            raise rs.fail(
+                "components.pytorch.version / platform.gpu_arch",
+                f"torch {t.version} wheels (CUDA {wheel.cuda}) have no {p.gpu_arch} kernels, so they "
+                f"don't run on {gpu}",
+                hint="V100 needs a PyTorch built for CUDA 12.6 or older (e.g. 2.7.1)",
+            )
+    rs.torch_wheel = wheel
+    details = PyTorchDetails(
+        cuda=wheel.cuda,
+        nccl_package=wheel.nccl_package,
+        nccl=wheel.nccl,
+        cuda_wheels=wheel.cuda_wheels,
+        numpy=t.numpy,
+    )
+    return Pin(version=t.version, source="pip", origin=origin, details=details)
+
+
+class PyTorchDetails(Details):
+    """A pip-installed PyTorch's pin: what its wheel pins (its CUDA, its NCCL wheel, every CUDA wheel it requires,
+    read from the wheel's METADATA or the shipped table) and the numpy the recipe asks for. A PyTorch that comes
+    with the base image has none of them."""
+
+    cuda: str | None = None
+    nccl_package: str | None = None
+    nccl: str | None = None
+    cuda_wheels: tuple[str, ...] = ()
+    numpy: str | None = None
+
+    def wheel(self) -> compat.TorchWheel | None:
+        """The wheel's pins as the resolver's table has them (what a lock's pin says, without the network)."""
+        if not (self.nccl_package and self.nccl and self.cuda and self.cuda_wheels):
+            return None
+        return compat.TorchWheel(self.nccl_package, self.nccl, self.cuda, self.cuda_wheels)
+
+
+# Measured for torch 2.9.1 on BuildKit (pip's downloads 4.0 GB, the two runtime layers 4.14 + 2.56 GB): the engine
+# needs about 16 GB free for a build with an empty pip cache: the wheels kept in the pip cache mount (4.0 GB, once
+# per machine), pip's temporary copy of what one step downloads (up to 3.3 GB, the CUDA wheels) and the layers while
+# they are written and committed (6.7 GB); no builder-stage copy of torch any more. With the wheels already cached a
+# rebuild needs the layers alone (about 7 GB), but the check cannot know that, so it asks for the cold figure.
+PIP_BUILD_DISK_GB = 16.0
+
+
+def contribute(pin: Pin, ctx: Context) -> Contribution:
+    return Contribution(name="pytorch", build_disk_gb=PIP_BUILD_DISK_GB if pin.source == "pip" else 0.0)
+
+
+BLOCK = Block(
+    name="pytorch",
+    options=PyTorch,
+    modes={"pip": "fragment", "base": "provided"},
+    resolve=resolve,
+    contribute=contribute,
+    details=PyTorchDetails,
+    after=("python",),
+    tag=(2, "pt"),
+)
+
+
+# Imports torch (without a GPU too), asks which NCCL it was built with, and finds the libnccl this very process
+# loaded from its own memory map (not by guessing a path), then asks that library its version.
+_TORCH_PROBE = """
+import ctypes, json, os, torch
+try:
+    nccl = torch.cuda.nccl.version()
+except Exception as exc:
+    nccl = "error: %s" % exc
+loaded = []
+with open("/proc/self/maps") as maps:
+    for line in maps:
+        path = line.split()[-1] if len(line.split()) >= 6 else ""
+        if "/libnccl.so" in path and path not in loaded:
+            loaded.append(path)
+res = {"version": torch.__version__, "nccl": nccl, "cuda": torch.version.cuda,
+       "cuda_available": torch.cuda.is_available(), "loaded_nccl": loaded}
+if loaded:
+    try:
+        code = ctypes.c_int(0)
+        res["loaded_rc"] = ctypes.CDLL(loaded[0]).ncclGetVersion(ctypes.byref(code))
+        res["loaded_code"] = code.value
+        res["loaded_real"] = os.path.realpath(loaded[0])
+    except Exception as exc:
+        res["loaded_error"] = "%s: %s" % (type(exc).__name__, exc)
+print(json.dumps(res))
+"""
+
+
+def torch_probe(ctx: CheckContext) -> tuple[Any, Ran]:
+    return ctx.once("torch", lambda: ctx.python_json(_TORCH_PROBE, timeout_s=120))
+
+
+@check("pytorch-version", "pytorch")
+def pytorch_version(ctx: CheckContext) -> CheckResult:
+    """torch imports and is the pinned release (local version labels such as +cu128 are ignored)."""
+    data, ran = torch_probe(ctx)
+    if data is None:
+        return fail(f"import torch: {ran.why()}", expected=ctx.version("pytorch") or "torch")
+    found = str(data["version"])
+    expected = ctx.version("pytorch")
+    base = re.match(r"\d+(\.\d+)*", found)
+    result = compare(expected, base.group(0) if base else found, "torch", full=found, cuda=data.get("cuda"))
+    gpu = "a GPU" if data.get("cuda_available") else "no GPU"
+    return replace(result, reason=result.reason or f"imports; torch.cuda sees {gpu}")

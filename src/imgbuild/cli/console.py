@@ -1,0 +1,129 @@
+"""What every command (imgbuild.cli, imgbuild.cluster) shares: the consoles, the error handler, the RECIPE argument.
+
+Kept light on purpose: every command module imports it when `imgbuild` starts, so rich and the recipe model are
+imported only when a command first prints or loads a recipe (`imgbuild --version` needs neither).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, Any, TextIO, TypeVar
+
+import typer
+
+from imgbuild.core.errors import ImgbuildError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from imgbuild.pin.resolver import Resolved
+    from imgbuild.spec.recipe import LoadedRecipe
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+RecipeArg = Annotated[str, typer.Argument(help="A shipped recipe's name (see `imgbuild list`) or a YAML file.")]
+
+
+# The width of a table written to a pipe or a CI log without COLUMNS: wide enough that no row is wrapped (a table
+# takes the width its cells need, never this whole width).
+UNWRAPPED_WIDTH = 10_000
+_OFF = ("0", "false", "no", "off")
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # no isatty, or closed
+        return False
+
+
+def width_for(stream: TextIO) -> int:
+    """The width tables on `stream` are laid out for: COLUMNS when set, the terminal's width on a TTY, otherwise
+    UNWRAPPED_WIDTH (a pipe or a CI log: a row stays on one line)."""
+    columns = os.environ.get("COLUMNS", "").strip()
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    if _isatty(stream):
+        try:
+            return os.get_terminal_size(stream.fileno()).columns or 80
+        except (AttributeError, ValueError, OSError):
+            return 80
+    return UNWRAPPED_WIDTH
+
+
+def _console(stderr: bool) -> Console:
+    """A console for stdout or stderr with the width `width_for` gives (TERM=dumb or FORCE_COLOR do not bring
+    back rich's 80 columns). FORCE_COLOR=0 (or false/no/off: what CI sets to ask for no colour) means no colour
+    and no escape sequences, and whether the stream is a terminal is then its own answer; NO_COLOR and other
+    FORCE_COLOR values are rich's."""
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    lines = os.environ.get("LINES", "").strip()
+    options: dict[str, Any] = {
+        "stderr": stderr,
+        "highlight": False,
+        "soft_wrap": True,
+        "width": width_for(stream),
+        "height": int(lines) if lines.isdigit() and int(lines) > 0 else 25,
+    }
+    force_color = os.environ.get("FORCE_COLOR")
+    if force_color is not None and force_color.strip().lower() in _OFF:
+        options.update(color_system=None, force_terminal=_isatty(stream))
+    return Console(**options)
+
+
+@functools.cache
+def out() -> Console:
+    """The console for results (stdout)."""
+    return _console(stderr=False)
+
+
+@functools.cache
+def err() -> Console:
+    """The console for progress, warnings and errors (stderr)."""
+    return _console(stderr=True)
+
+
+def print_json(data: Any) -> None:
+    """`data` as JSON on stdout, indented, exactly as json.dumps writes it: no colour, no escape sequences and no
+    wrapping whatever FORCE_COLOR, NO_COLOR, TERM or the terminal say (a program reads it)."""
+    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+
+
+def handled(fn: F) -> F:
+    """Turn ImgbuildError into a message on stderr and the error class's exit code (a traceback only with
+    IMGBUILD_DEBUG=1)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except ImgbuildError as exc:
+            if os.environ.get("IMGBUILD_DEBUG"):
+                raise
+            err().print(f"imgbuild: error: {exc.message}", markup=False)
+            if exc.hint:
+                err().print(f"hint: {exc.hint}", markup=False)
+            raise typer.Exit(exc.exit_code) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def warn(resolved: Resolved) -> None:
+    """The resolution's warnings, one line each on stderr."""
+    for w in resolved.warnings:
+        err().print(f"imgbuild: warning: {w}", markup=False)
+
+
+def resolved(ref: str) -> tuple[LoadedRecipe, Resolved, str]:
+    """The recipe REF (refused when abstract) with its pins: from its lock when fresh ("lock"), else freshly
+    resolved ("resolved")."""
+    from imgbuild.pin import lock
+
+    return lock.for_ref(ref)

@@ -1,0 +1,2 @@
+"""The ground floor every other package stands on: errors and their exit codes, paths, value checks, progress
+output and interrupt handling. It imports nothing else of imgbuild."""

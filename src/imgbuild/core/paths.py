@@ -1,0 +1,55 @@
+"""Where the shipped templates and recipes are: the repository's images/ and recipes/ when running from a
+checkout (editable install), else the copies packaged in the wheel."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# Paths inside the images. The scripts that run there (static files: images/files/, components/files/<block>/) get
+# them from the data files render writes (a block's `data`), never typed again in bash; tests and verify use these.
+IMAGE_ETC = "/etc/imgbuild"  # render's data files in every image (the scripts' IMGBUILD_ETC default)
+MANIFEST_PATH = f"{IMAGE_ETC}/manifest.json"  # in every image: what render wrote and verify reads
+ENTRYPOINT = "/usr/local/bin/imgbuild-entrypoint"  # the image's ENTRYPOINT: runs the hooks, then the command
+ENTRYPOINT_D = f"{IMAGE_ETC}/entrypoint.d"  # the hooks blocks drop there (sourced in name order)
+SSHD_LOG = "/var/log/imgbuild-sshd.log"  # sshd's log (`sshd -E`, its entrypoint hook); train and verify read it
+SSH_KEY_DIR = "/run/imgbuild/ssh"  # the run's ssh keys, mounted (sshd's hook installs them; verify --nodes mounts them)
+
+_PKG = Path(__file__).resolve().parent.parent
+_REPO = _PKG.parent.parent
+
+
+def _pick(env: str, repo_dir: str, packaged: str) -> Path:
+    if os.environ.get(env):
+        return Path(os.environ[env])
+    in_repo = _REPO / repo_dir
+    return in_repo if in_repo.is_dir() else _PKG / packaged
+
+
+def recipes_dir() -> Path:
+    """Shipped recipes (override with IMGBUILD_RECIPES_DIR)."""
+    return _pick("IMGBUILD_RECIPES_DIR", "recipes", "_recipes")
+
+
+def images_dir() -> Path:
+    """Jinja2 templates (override with IMGBUILD_IMAGES_DIR)."""
+    return _pick("IMGBUILD_IMAGES_DIR", "images", "_images")
+
+
+def state_dir() -> Path:
+    """Build logs and compiled templates of this user (IMGBUILD_STATE_DIR, default ~/.cache/imgbuild)."""
+    return Path(os.environ.get("IMGBUILD_STATE_DIR") or Path.home() / ".cache" / "imgbuild")
+
+
+def state_dir_named() -> str:
+    """Where state_dir() comes from, for a message: `IMGBUILD_STATE_DIR=PATH`, or the default and that it is unset."""
+    value = os.environ.get("IMGBUILD_STATE_DIR")
+    return f"IMGBUILD_STATE_DIR={value}" if value else f"the state folder {state_dir()} (IMGBUILD_STATE_DIR is unset)"
+
+
+def display(path: Path) -> str:
+    """A path as the user would type it: relative to the working directory when it is below it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)

@@ -1,0 +1,453 @@
+"""Rendering: a resolved recipe -> a BuildPlan (Dockerfile text, context files, labels, tags).
+
+A pure function of its input: no Docker, no network, no clock, byte-for-byte stable (mappings are sorted).
+The Dockerfile is for BuildKit (the classic builder cannot build it): downloads trust the CA bundle through a build
+secret, apt and pip keep their downloads in cache mounts. Each mount is written once here and reaches the templates
+as a Jinja global (`run`, `ca_mount`, `pip_cache_mount`, `pip_install`, `apt_mounts`, `cache_mount`). It needs no
+`# syntax` line (the Dockerfile frontend built into Docker 20.10's BuildKit reads it) and no `COPY --chmod`: file
+modes travel in the build context.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from dataclasses import dataclass, replace
+from functools import cache
+from typing import TYPE_CHECKING
+
+from imgbuild.blocks import (
+    REGISTRY,
+    TEMPLATE_DIR,
+    Context,
+    Contribution,
+    builder_base,
+    builder_order,
+    dedupe,
+    runtime_order,
+    slug,
+)
+from imgbuild.core import paths
+from imgbuild.core.errors import RenderError
+from imgbuild.image.manifest import Manifest
+from imgbuild.pin.lock import Lock
+from imgbuild.pin.resolver import TARGET_TAGS, Resolved
+from imgbuild.spec.recipe import Runtime
+
+if TYPE_CHECKING:
+    import jinja2
+
+BLOCK_DIR = TEMPLATE_DIR  # the blocks' modules; their static files (scripts) are under files/<block>/
+BASE_BUILD_DISK_GB = 2.0  # an image without big blocks: the base, OS packages, small downloads
+# The CA bundle downloads during a build trust travels as a BuildKit build secret (never a file of the context,
+# never in a layer): `RUN --mount=type=secret,id=CA_SECRET_ID,target=CA_SECRET_PATH` on every step that downloads.
+# The build always passes it (context.ca_secret: certifi's roots, plus --ca-bundle), so the mount is required: a
+# build without it fails at the first download instead of trusting something else.
+CA_SECRET_ID = "imgbuild-ca"
+CA_SECRET_PATH = "/run/secrets/imgbuild-ca.pem"
+CA_MOUNT = f"--mount=type=secret,id={CA_SECRET_ID},target={CA_SECRET_PATH},required=true"
+# What points downloading tools at the secret: the builder stage's ENV (that stage is never shipped); in the runtime
+# stage only PIP_CERT, as a prefix of the pip command (the final image's ENV never names the secret).
+CA_ENV = {name: CA_SECRET_PATH for name in ("CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "PIP_CERT", "REQUESTS_CA_BUNDLE",
+                                           "SSL_CERT_FILE")}  # fmt: skip
+PIP_QUIET = {"PIP_DISABLE_PIP_VERSION_CHECK": "1"}  # both stages' pip: no check for a newer pip
+PIP_ENV = " ".join(f"{k}={v}" for k, v in {"PIP_CERT": CA_SECRET_PATH, **PIP_QUIET}.items())
+# One pip cache for every pip step of every recipe (the nccl wheel, PyTorch's CUDA wheels and torch, mpi4py's
+# sdist): `locked`, since two builds writing one pip cache at once would race. What pip builds from an sdist is kept
+# apart (see the mpi4py block).
+PIP_CACHE_DIR = "/root/.cache/pip"
+PIP_CACHE_ID = "imgbuild-pip"
+# apt's lists and downloaded packages, one pair per base image (a stage's own base: Debian and Ubuntu releases
+# never share lists), `locked` because apt takes its own lock on both.
+APT_CACHE_DIRS = {"cache": "/var/cache/apt", "lists": "/var/lib/apt/lists"}
+
+
+def cache_mount(cache_id: str, target: str) -> str:
+    """A BuildKit cache mount shared by concurrent builds one at a time (`sharing=locked`)."""
+    return f"--mount=type=cache,id={cache_id},target={target},sharing=locked"
+
+
+PIP_CACHE_MOUNT = cache_mount(PIP_CACHE_ID, PIP_CACHE_DIR)
+# pip's HTTP cache keeps a download only when the index's answer allows it (Cache-Control, ETag or Last-Modified):
+# behind an index or proxy that sends none of them (the one this project's machines reach does not), every rebuild
+# would download every wheel again. So prebuilt wheels are fetched by `pip download` into a folder of the pip cache
+# mount, which skips a file already there ("File was already downloaded", checked against the index's sha256), and
+# installed from that folder alone (--no-index). mpi4py, built from its sdist, keeps pip's own caches (see its block).
+WHEELHOUSE = f"{PIP_CACHE_DIR}/imgbuild-wheelhouse"
+
+
+def pip_install(pip: str, requirements: list[str] | tuple[str, ...], env: str = "") -> str:
+    """The command that installs prebuilt `requirements` with `pip` through the wheelhouse (WHEELHOUSE): each
+    requirement a shell word (quoted where it needs it: extras, ranges), one to a line when there are more than two.
+    `env` prefixes the download (the runtime stage's PIP_ENV)."""
+    words = [shlex.quote(r) for r in requirements]
+    download = f"{env + ' ' if env else ''}{pip} download --dest {WHEELHOUSE}"
+    install = f"{pip} install --no-index --find-links {WHEELHOUSE}"
+    if len(words) <= 2:
+        reqs = " ".join(words)
+        return f"{download} {reqs} \\\n && {install} {reqs}"
+    listed = " \\\n".join(f"      {w}" for w in words)
+    return f'set -- \\\n{listed} \\\n && {download} "$@" \\\n && {install} "$@"'
+
+
+def apt_mounts(base_ref: str) -> list[str]:
+    """The cache mounts of a stage's apt-get steps: `imgbuild-apt-<base slug>-cache` and `-lists`."""
+    return [cache_mount(f"imgbuild-apt-{slug(base_ref)}-{name}", target) for name, target in APT_CACHE_DIRS.items()]
+
+
+def run(*mounts: str) -> str:
+    """`RUN` with its mounts, one to a line, and the indent of the command that follows on the next line."""
+    return "RUN " + "".join(f"{m} \\\n    " for m in mounts)
+
+
+@dataclass(frozen=True)
+class ContextFile:
+    """A file the Dockerfile copies, with its mode (the mode travels in the context: no COPY --chmod)."""
+
+    path: str
+    content: bytes
+    mode: int = 0o644
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    """Everything a build needs, decided before any engine is touched."""
+
+    recipe: str
+    dockerfile: str
+    files: tuple[ContextFile, ...]
+    labels: dict[str, str]
+    lock_digest: str
+    repository: str
+    tags: tuple[str, ...]  # content-addressed first, then readable
+    base_images: tuple[str, ...]
+    manifest: Manifest | None = None  # what /etc/imgbuild/manifest.json holds (also among `files`)
+    disk_gb: float = BASE_BUILD_DISK_GB  # free disk the engine needs to build it (see build.check_disk)
+
+    @property
+    def image_refs(self) -> list[str]:
+        return [f"{self.repository}:{t}" for t in self.tags]
+
+
+def _bytecode_cache() -> jinja2.BytecodeCache | None:
+    """Templates compiled by earlier runs, kept in the state folder: compiling the skeleton and every block's
+    fragments is most of what `render` and `show` spend beyond imports (about 60 ms here). Jinja checks each entry
+    against its template's source checksum and its own and Python's versions, so an edited template is compiled
+    again. The entries are code this process will run: none is read from a folder this user does not own or that
+    others can write to (IMGBUILD_STATE_DIR set to a shared folder); there, or where the folder cannot be made
+    (IMGBUILD_STATE_DIR naming a file, a symlink loop, a folder under /proc: a warning on stderr says so), templates
+    are compiled each time, as without a cache: the cache is never a reason for render to fail."""
+    import jinja2
+
+    folder = paths.state_dir() / "jinja"
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = folder.stat()
+    except OSError as exc:
+        why = "it is not a folder" if isinstance(exc, FileExistsError) else exc.strerror or str(exc)
+        print(
+            f"imgbuild: warning: {paths.state_dir_named()}: cannot keep compiled templates in {folder} ({why}); "
+            "rendering without that cache",
+            file=sys.stderr,
+        )
+        return None
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022 or not os.access(folder, os.W_OK):
+        return None
+    return jinja2.FileSystemBytecodeCache(str(folder), f"jinja2-{jinja2.__version__}-%s.cache")
+
+
+@cache
+def environment() -> jinja2.Environment:
+    """The one Jinja environment: StrictUndefined, so a missing variable is an error, not an empty string.
+    jinja2 is imported here, not at the top: `show` and `run` need the image's references, not its templates."""
+    import jinja2
+
+    env = jinja2.Environment(
+        # images/ holds the Dockerfile skeleton and the files it copies; each block's fragments sit next to its
+        # module (imgbuild/blocks/<name>.j2) and load as blocks/<name>.j2.
+        loader=jinja2.ChoiceLoader(
+            [
+                jinja2.PrefixLoader({"blocks": jinja2.FileSystemLoader(str(TEMPLATE_DIR))}),
+                jinja2.FileSystemLoader(str(paths.images_dir())),
+            ]
+        ),
+        undefined=jinja2.StrictUndefined,
+        bytecode_cache=_bytecode_cache(),
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+    from imgbuild.spec.schema import one_line
+
+    def dockerfile_value(value: object) -> str:
+        """A value Docker's ENV and LABEL read back exactly: in double quotes, with \\ " and $
+        escaped, since Docker expands $VAR and ${VAR} in both (a JSON string would not do: Docker keeps its
+        \\n, \\t and \\u00e9 as written). A line break cannot be written at all: the schema refuses it in
+        recipes, and here it is an error rather than a broken instruction."""
+        text = str(value)
+        try:
+            one_line(text)
+        except ValueError as exc:
+            raise RenderError(f"cannot write {text!r} as a Dockerfile ENV/LABEL value: {exc}") from None
+        return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$") + '"'
+
+    env.filters["shquote"] = shlex.quote
+    env.globals.update(
+        run=run,
+        ca_secret_id=CA_SECRET_ID,
+        ca_mount=CA_MOUNT,
+        pip_cache_mount=PIP_CACHE_MOUNT,
+        pip_cache_dir=PIP_CACHE_DIR,
+        pip_env=PIP_ENV,
+        apt_mounts=apt_mounts,
+        cache_mount=cache_mount,
+        pip_install=pip_install,
+        builder_base=builder_base,
+        paths=paths,  # where things are in the image (paths.ENTRYPOINT, paths.IMAGE_ETC...)
+    )
+    # NAME="value" pairs of one ENV or LABEL instruction, one per line, sorted.
+    env.filters["kvlines"] = lambda mapping, indent: f" \\\n{indent}".join(
+        f"{k}={dockerfile_value(v)}" for k, v in sorted(mapping.items())
+    )
+    for block in REGISTRY:
+        env.globals.update(block.template_globals)
+    return env
+
+
+def lock_digest(resolved: Resolved) -> str:
+    """sha256 of the lock's canonical JSON: the content-addressed tag derives from it."""
+    return Lock.of(resolved).digest()
+
+
+def readable_tag(resolved: Resolved) -> str:
+    """A tag a person can read: the versions that matter most for this target, ranked by the tags of the target's
+    own pins (resolver.TARGET_TAGS) and of the blocks (`Block.tag`)."""
+    specs = {**TARGET_TAGS, **{b.name: b.tag for b in REGISTRY if b.tag is not None}}
+    ranked = [(spec, resolved.version(name)) for name, spec in specs.items()]
+    parts = [f"{short}{version}" for (_, short), version in sorted(ranked) if version]
+    return "-".join(parts) or "latest"
+
+
+def context_for(resolved: Resolved) -> Context:
+    """What blocks may ask of each other: the pins, and which pinned block provides what it does not name."""
+    providers = {what: b.name for b in REGISTRY if b.name in resolved.pins for what in b.provides}
+    return Context(resolved=resolved, providers=providers)
+
+
+def contributions(resolved: Resolved) -> tuple[Context, dict[str, Contribution]]:
+    """Every pinned block's contribution, and the context with what they ask of the builder."""
+    ctx = context_for(resolved)
+    contribs = {b.name: b.contribution(resolved.pins[b.name], ctx) for b in REGISTRY if b.name in resolved.pins}
+    in_builder = any(c.needs_fabric_in_builder for c in contribs.values())
+    offered: dict[str, list[str]] = {}
+    for c in contribs.values():  # registry order
+        for consumer, args in c.offers.items():
+            offered.setdefault(consumer, []).extend(args)
+    offers = {consumer: tuple(dedupe(args)) for consumer, args in offered.items() if consumer in resolved.pins}
+    return replace(ctx, fabric_in_builder=in_builder, offers=offers), contribs
+
+
+def plan(resolved: Resolved) -> BuildPlan:
+    """Render the Dockerfile and the context files of a resolved recipe."""
+    import jinja2
+
+    ctx, contribs = contributions(resolved)
+    digest = lock_digest(resolved)
+    labels = _labels(resolved, digest)
+    manifest = _manifest(resolved, digest, contribs)
+    try:
+        files = _files(resolved, ctx, contribs, manifest)
+        dockerfile = _dockerfile(resolved, ctx, contribs, labels)
+    except jinja2.TemplateError as exc:
+        where = f"{exc.filename}:{exc.lineno}" if isinstance(exc, jinja2.TemplateSyntaxError) else "template"
+        raise RenderError(f"rendering {resolved.name} failed in {where}: {exc}") from None
+    bases = dedupe([builder_base(resolved), resolved.base_ref])
+    return BuildPlan(
+        recipe=resolved.name,
+        dockerfile=dockerfile,
+        files=tuple(sorted(files, key=lambda f: f.path)),
+        labels=labels,
+        lock_digest=digest,
+        repository=repository(resolved),
+        tags=tags(resolved, digest),
+        base_images=tuple(bases),
+        manifest=manifest,
+        disk_gb=BASE_BUILD_DISK_GB + sum(c.build_disk_gb for c in contribs.values()),
+    )
+
+
+def _fragments(resolved: Resolved, ctx: Context) -> dict[str, dict[str, str]]:
+    """Each pinned block's rendered `builder` and `runtime` fragments; a source mode that should render and
+    renders nothing (or a mode the block doesn't declare) is an error, never an empty layer."""
+    import jinja2
+
+    r, pins = resolved.recipe, resolved.pins
+    out: dict[str, dict[str, str]] = {}
+    for block in REGISTRY:
+        pin = pins.get(block.name)
+        if pin is None:
+            continue
+        provides = block.modes.get(pin.source)
+        if provides is None:
+            raise RenderError(
+                f"{r.name}: components.{block.name}: source '{pin.source}' is not one the block renders "
+                f"(it has: {', '.join(block.modes)})"
+            )
+        try:
+            module = environment().get_template(block.template).module
+        except jinja2.TemplateNotFound:
+            module = None
+        texts = {}
+        for macro in ("builder", "runtime"):
+            fn = getattr(module, macro, None)
+            texts[macro] = str(fn(pin=pin, ctx=ctx, r=r, pins=pins)).strip("\n") if fn is not None else ""
+        if provides == "fragment" and not any(texts.values()):
+            raise RenderError(
+                f"{r.name}: components.{block.name}: source '{pin.source}' renders nothing from {block.template}"
+            )
+        out[block.name] = texts
+    return out
+
+
+def image_env(resolved: Resolved, contribs: dict[str, Contribution]) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """What the image's ENV instructions set: PATH / LD_LIBRARY_PATH entries (blocks in layer order) and the
+    blocks' and the recipe's variables (the recipe's win)."""
+    ordered = [contribs[n] for n in runtime_order() if n in contribs]
+    env_paths = {
+        "PATH": dedupe([p for c in ordered for p in c.path]),
+        "LD_LIBRARY_PATH": dedupe([p for c in ordered for p in c.ld_library_path]),
+    }
+    component_env = {k: v for c in ordered for k, v in c.env.items()}
+    return env_paths, dict(sorted({**component_env, **resolved.recipe.env}.items()))
+
+
+def _dockerfile(resolved: Resolved, ctx: Context, contribs: dict[str, Contribution], labels: dict[str, str]) -> str:
+    r = resolved.recipe
+    fragments = _fragments(resolved, ctx)
+    builder = [f for name in builder_order() if (f := fragments.get(name, {}).get("builder"))]
+    runtime = [f for name in runtime_order() if (f := fragments.get(name, {}).get("runtime"))]
+    runtime_pkgs = set(r.os.packages).union(*(c.runtime_packages for c in contribs.values()))
+    # The builder installs only what downloads and compiles need; the runtime stage gets the rest.
+    builder_pkgs = {"ca-certificates"}.union(*(c.builder_packages for c in contribs.values()))
+    env_paths, recipe_env = image_env(resolved, contribs)
+    return (
+        environment()
+        .get_template("Dockerfile.j2")
+        .render(
+            resolved=resolved,
+            r=r,
+            ctx=ctx,
+            builder_base=builder_base(resolved),
+            builder=builder,
+            runtime=runtime,
+            builder_packages=sorted(builder_pkgs),
+            runtime_packages=sorted(runtime_pkgs),
+            env_paths=env_paths,
+            env=recipe_env,
+            labels=dict(sorted(labels.items())),
+            builder_env={**CA_ENV, **PIP_QUIET},
+            post_install=[line for name in runtime_order() if name in contribs for line in contribs[name].post_install],
+        )
+    )
+
+
+def _labels(resolved: Resolved, digest: str) -> dict[str, str]:
+    r = resolved.recipe
+    labels = {
+        "org.opencontainers.image.title": f"imgbuild/{r.name}",
+        "org.opencontainers.image.description": r.description,
+        "org.opencontainers.image.base.name": resolved.base_ref,
+        "org.opencontainers.image.version": readable_tag(resolved),
+        "io.imgbuild.recipe": r.name,
+        "io.imgbuild.lock-digest": digest,
+    }
+    for name, pin in resolved.pins.items():
+        if pin.version and name != "base":
+            labels[f"io.imgbuild.component.{name}"] = pin.version
+    labels.update(r.labels)
+    return labels
+
+
+def manifest(resolved: Resolved) -> Manifest:
+    """The manifest the image of `resolved` carries (no template is rendered)."""
+    _, contribs = contributions(resolved)
+    return _manifest(resolved, lock_digest(resolved), contribs)
+
+
+def repository(resolved: Resolved) -> str:
+    """The local repository of the image: `imgbuild/NAME`."""
+    return f"imgbuild/{resolved.name}"
+
+
+def lock_tag(digest: str) -> str:
+    """The content-addressed tag of an image whose lock has sha256 `digest`: `lock-<12 hex>`."""
+    return f"lock-{digest[:12]}"
+
+
+def tags(resolved: Resolved, digest: str) -> tuple[str, str]:
+    """The image's tags, as `plan` gives them: the content-addressed one, then the readable one."""
+    return lock_tag(digest), readable_tag(resolved)
+
+
+def image_ref(resolved: Resolved) -> str:
+    """The content-addressed reference of the image (`imgbuild/NAME:lock-<12 hex>`), as `plan` tags it."""
+    return f"{repository(resolved)}:{lock_tag(lock_digest(resolved))}"
+
+
+def image_refs(resolved: Resolved) -> list[str]:
+    """Every reference `plan` tags the image with, without rendering a template."""
+    return [f"{repository(resolved)}:{tag}" for tag in tags(resolved, lock_digest(resolved))]
+
+
+def _manifest(resolved: Resolved, digest: str, contribs: dict[str, Contribution]) -> Manifest:
+    r = resolved.recipe
+    env_paths, env = image_env(resolved, contribs)
+    return Manifest(
+        recipe=r.name,
+        recipe_digest=resolved.recipe_digest,
+        lock_digest=digest,
+        base=resolved.base_ref,
+        platform=r.platform,
+        components={n: resolved.pins[n] for n in sorted(contribs)},
+        env=dict(sorted(r.env.items())),
+        image_env=tuple(sorted([*(name for name, paths in env_paths.items() if paths), *env])),
+        mpirun=r.mpirun,
+        runtime=runtime_profile(r.runtime, contribs),
+    )
+
+
+def runtime_profile(runtime: Runtime, contribs: dict[str, Contribution]) -> Runtime:
+    """The recipe's `runtime:` section with the device nodes the blocks give containers where the host has them."""
+    extra = [d for c in contribs.values() for d in c.host_devices]
+    if not extra:
+        return runtime
+    return runtime.model_copy(update={"host_devices": tuple(dict.fromkeys([*runtime.host_devices, *extra]))})
+
+
+def _files(
+    resolved: Resolved, ctx: Context, contribs: dict[str, Contribution], manifest: Manifest
+) -> list[ContextFile]:
+    """The context files: the manifest, the entrypoint (static; it runs the hooks blocks put in
+    paths.ENTRYPOINT_D), and each block's `files` (templates rendered, static files as they are) and `data`."""
+    r, pins = resolved.recipe, resolved.pins
+    entrypoint = (paths.images_dir() / "files" / "imgbuild-entrypoint").read_bytes()
+    files = [
+        ContextFile("imgbuild/manifest.json", manifest.to_json().encode()),
+        ContextFile("imgbuild/imgbuild-entrypoint", entrypoint, 0o755),
+    ]
+    env = environment()
+    variables = {"r": r, "ctx": ctx, "pins": pins, "manifest": manifest}
+    for block in REGISTRY:
+        if block.name not in pins:
+            continue
+        for path, source, mode in block.files:
+            if source.endswith(".j2"):
+                content = env.get_template(source).render(**variables).encode()
+            else:
+                content = (BLOCK_DIR / source).read_bytes()
+            files.append(ContextFile(path, content, mode))
+        for path, text in block.data(pins[block.name], manifest).items():
+            files.append(ContextFile(path, text.encode()))
+    return files

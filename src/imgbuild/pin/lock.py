@@ -1,0 +1,220 @@
+"""Lock files: the resolved pins of a recipe, written beside it (`cpu.yaml` -> `cpu.lock.json`).
+
+Builds and renders use the lock when it is there. A lock records the digest of the merged recipe it was made
+from, so a change to the recipe or to any parent makes it stale, and a stale lock is an error, not a guess. A lock
+whose pins were edited by hand (they no longer follow from the recipe by the resolver's rules) is an error too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Literal
+
+from pydantic import ValidationError
+
+from imgbuild.blocks.pytorch import PyTorchDetails
+from imgbuild.core.errors import ImgbuildError, LockError
+from imgbuild.pin.resolver import Pinned, Resolved, TorchLookup, index_lookup, resolve
+from imgbuild.spec import compat
+from imgbuild.spec.recipe import LoadedRecipe, display, load
+
+LOCK_VERSION: Literal[2] = 2  # 2: typed pin details (each block's own model)
+MAX_LOCK_BYTES = 4 << 20  # the shipped locks are about 5 KB
+
+
+class Lock(Pinned):
+    """What a lock file holds: a resolution's decisions under the recipe's name."""
+
+    lock_version: Literal[2] = LOCK_VERSION
+    recipe: str
+
+    @classmethod
+    def of(cls, resolved: Resolved) -> Lock:
+        return cls(
+            recipe=resolved.name,
+            recipe_digest=resolved.recipe_digest,
+            base_ref=resolved.base_ref,
+            pins=dict(sorted(resolved.pins.items())),
+            warnings=resolved.warnings,
+        )
+
+    def dumps(self) -> str:
+        """The lock file's text: sorted keys, stable across runs."""
+        return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
+
+    def digest(self) -> str:
+        """sha256 of the pins' canonical JSON (lock_version left out): the content-addressed tag derives from it."""
+        text = json.dumps(self.model_dump(mode="json", exclude={"lock_version"}), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+def lock_path(loaded: LoadedRecipe) -> Path:
+    return loaded.path.with_name(f"{loaded.path.stem}.lock.json")
+
+
+def dumps(resolved: Resolved) -> str:
+    """The lock file's text for a resolution."""
+    return Lock.of(resolved).dumps()
+
+
+def write(loaded: LoadedRecipe, resolved: Resolved) -> Path:
+    """Write the lock beside its recipe, atomically: readers (and other `imgbuild lock` runs of the same recipe)
+    see the old lock or the new one, never a part of either."""
+    path = lock_path(loaded)
+    try:
+        write_atomic(path, dumps(resolved))
+    except OSError as exc:
+        raise LockError(f"{display(path)}: cannot write the lock: {exc.strerror or exc}") from None
+    return path
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Replace `path` with `text` through a temporary file created exclusively (O_EXCL, a name no one can
+    predict) in the same folder, then renamed over it: a symlink planted beside the file is never followed, and
+    parallel writers each rename a whole file of their own. The file gets the mode a plain open() would give
+    it (0666 less the umask), not mkstemp's 0600. A symlink at `path` itself is replaced, not written through."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _umask() -> int:
+    """The process's umask (read back by setting it: a lock is written from the CLI's one thread)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def read(loaded: LoadedRecipe) -> Resolved | None:
+    """The recipe's lock as a Resolved, None when there is none; LockError when unreadable, stale or edited."""
+    path = lock_path(loaded)
+    if not path.exists():
+        return None
+    hint = f"imgbuild lock {_ref(loaded)}"
+    try:
+        with path.open("rb") as f:
+            raw = f.read(MAX_LOCK_BYTES + 1)
+        if len(raw) > MAX_LOCK_BYTES:
+            raise LockError(f"{display(path)}: larger than {MAX_LOCK_BYTES >> 20} MiB: not a lock file", hint=hint)
+        data = json.loads(raw.decode("utf-8"))
+    except OSError as exc:
+        raise LockError(f"{display(path)}: unreadable lock file: {exc.strerror or exc}", hint=hint) from None
+    except ValueError as exc:  # not UTF-8, not JSON, or a number past Python's 4300-digit limit
+        raise LockError(f"{display(path)}: unreadable lock file: {str(exc).split(';')[0]}", hint=hint) from None
+    except RecursionError:
+        raise LockError(f"{display(path)}: unreadable lock file: nested too deeply for a lock", hint=hint) from None
+    if not isinstance(data, dict) or data.get("lock_version") != LOCK_VERSION:
+        found = data.get("lock_version") if isinstance(data, dict) else None
+        older = " (written by an older imgbuild)" if isinstance(found, int) and 0 < found < LOCK_VERSION else ""
+        raise LockError(f"{display(path)}: lock_version: expected {LOCK_VERSION}{older}", hint=hint)
+    if data.get("recipe_digest") != loaded.digest:
+        raise LockError(
+            f"{display(path)} is stale: {display(loaded.path)} (or a recipe it extends) changed since the lock "
+            "was written",
+            hint=hint,
+        )
+    try:
+        lock = Lock.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        raise LockError(f"{display(path)}: malformed lock: {problems}", hint=hint) from None
+    resolved = Resolved(
+        recipe=loaded.recipe,
+        recipe_digest=lock.recipe_digest,
+        base_ref=lock.base_ref,
+        pins=lock.pins,
+        warnings=lock.warnings,
+    )
+    _check_not_edited(loaded, resolved, path, hint)
+    return resolved
+
+
+def _check_not_edited(loaded: LoadedRecipe, locked: Resolved, path: Path, hint: str) -> None:
+    """The lock's pins must be what the resolver's rules give for the recipe (with the lock's own record of a
+    PyTorch wheel's pins, so this needs no network): a pin edited by hand would build something never checked."""
+
+    def from_lock(version: str) -> compat.TorchWheel:
+        pin = locked.pins.get("pytorch")
+        wheel = pin.typed(PyTorchDetails).wheel() if pin is not None else None
+        if wheel is None:
+            raise LockError(
+                f"{display(path)}: pins.pytorch.details: the wheel's nccl_package, nccl, cuda and cuda_wheels pins "
+                "are missing (a lock written by an older imgbuild?)",
+                hint=hint,
+            )
+        return wheel
+
+    try:
+        fresh = resolve(loaded, lookup_torch=from_lock)
+    except LockError:
+        raise
+    except ImgbuildError as exc:  # the recipe's rules reject what the lock says (a bug elsewhere still surfaces)
+        raise LockError(f"{display(path)} does not follow from {display(loaded.path)}: {exc}", hint=hint) from None
+    diffs = []
+    for name in sorted(set(locked.pins) | set(fresh.pins)):
+        mine, theirs = locked.pins.get(name), fresh.pins.get(name)
+        if mine is None or theirs is None:
+            diffs += (
+                []
+                if mine == theirs
+                else [f"{name}: {'missing from the lock' if mine is None else 'not in the recipe'}"]
+            )
+            continue
+        diffs += [
+            f"{name}.{field}: lock {getattr(mine, field)!r}, the recipe gives {getattr(theirs, field)!r}"
+            for field in ("version", "source", "origin")
+            if getattr(mine, field) != getattr(theirs, field)
+        ]
+        a, b = mine.details.model_dump(), theirs.details.model_dump()
+        diffs += [
+            f"{name}.details.{key}: lock {a.get(key)!r}, the recipe gives {b.get(key)!r}"
+            for key in sorted(set(a) | set(b))
+            if a.get(key) != b.get(key)
+        ]
+    if diffs:
+        raise LockError(
+            f"{display(path)}: pins were edited by hand (they don't follow from {display(loaded.path)}): "
+            + "; ".join(diffs),
+            hint=hint,
+        )
+
+
+def for_ref(ref: str) -> tuple[LoadedRecipe, Resolved, Literal["lock", "resolved"]]:
+    """The recipe REF (refused when abstract) with its pins: from its lock when fresh ("lock"), else freshly
+    resolved ("resolved")."""
+    loaded = load(ref).concrete()
+    resolved, how = resolved_for(loaded)
+    return loaded, resolved, how
+
+
+def resolved_for(
+    loaded: LoadedRecipe, *, lookup_torch: TorchLookup | None = index_lookup
+) -> tuple[Resolved, Literal["lock", "resolved"]]:
+    """The lock when present (and fresh), else a fresh resolution."""
+    locked = read(loaded)
+    if locked is not None:
+        return locked, "lock"
+    return resolve(loaded, lookup_torch=lookup_torch), "resolved"
+
+
+def _ref(loaded: LoadedRecipe) -> str:
+    """How to name the recipe on the command line: its name when shipped, else its path."""
+    from imgbuild.core import paths
+
+    if loaded.path.resolve().parent == paths.recipes_dir().resolve():
+        return loaded.path.stem
+    return display(loaded.path)

@@ -1,0 +1,173 @@
+"""Pin every component of a recipe and prove the versions fit together, or say exactly why not.
+
+The target's own rules (base image, platform and CUDA) live here; every component's pin rule lives in its block
+(imgbuild.blocks), and this module runs them in dependency order. `resolve()` is pure when every PyTorch
+release it meets is in the shipped table; for another release it asks `lookup_torch` (by default the package
+index, through range requests on the wheel's METADATA).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from packaging.version import Version
+from pydantic import BaseModel, ConfigDict, field_validator
+
+from imgbuild.blocks import BY_NAME, Details, Pin, Resolution, resolve_order
+from imgbuild.spec import compat
+from imgbuild.spec.recipe import LoadedRecipe, Recipe
+
+__all__ = ["Pin", "Resolved", "TorchLookup", "details_model", "index_lookup", "resolve", "typed_pins"]
+
+
+class BaseImageDetails(Details):
+    """The `base` pin: the image, and the builder stage's own tag of it when the recipe names one."""
+
+    image: str
+    builder: str | None = None  # IMAGE:builder_tag
+
+
+class CudaDetails(Details):
+    """The `cuda` pin (the target's CUDA, from its base image): `prefix` is CUDA_HOME."""
+
+    gpu_arch: str
+    gencode: str  # nvcc's -gencode flags for gpu_arch
+
+
+TARGET_DETAILS: dict[str, type[Details]] = {"base": BaseImageDetails, "cuda": CudaDetails}
+# The target's own pins in the readable image tag: (rank, short name), ranked with the blocks' `Block.tag`s
+# (gaudi 1, pt 2, cuda 3, nccl 4, ofi 5, efa 6, ompi 7).
+TARGET_TAGS: dict[str, tuple[int, str]] = {"cuda": (3, "cuda")}
+
+
+def details_model(name: str) -> type[Details]:
+    """The details model of pin `name`: its block's, or the target's own (base, cuda)."""
+    block = BY_NAME.get(name)
+    return block.details if block is not None else TARGET_DETAILS.get(name, Details)
+
+
+def typed_pins(pins: dict[str, Pin]) -> dict[str, Pin]:
+    """`pins` with each pin's details read as its own model (a pin read from JSON starts with plain Details)."""
+    return {name: pin.with_details(details_model(name)) for name, pin in pins.items()}
+
+
+class Pinned(BaseModel):
+    """What a resolution decides: the merged recipe's digest, the base image reference, every pin, warnings."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    recipe_digest: str
+    base_ref: str
+    pins: dict[str, Pin]
+    warnings: tuple[str, ...] = ()
+
+    @field_validator("pins", mode="before")
+    @classmethod
+    def _typed(cls, value: object) -> object:
+        """A pin's details from JSON are validated against its block's model (unknown keys are errors)."""
+        if not isinstance(value, dict):
+            return value
+        return {
+            name: (
+                {**pin, "details": details_model(name).model_validate(pin.get("details", {}))}
+                if isinstance(pin, dict) and isinstance(pin.get("details", {}), dict)
+                else pin
+            )
+            for name, pin in value.items()
+        }
+
+
+class Resolved(Pinned):
+    """A recipe with every component pinned (what the lock file holds, with the recipe itself)."""
+
+    recipe: Recipe
+
+    @property
+    def name(self) -> str:
+        return self.recipe.name
+
+    def version(self, component: str) -> str | None:
+        pin = self.pins.get(component)
+        return pin.version if pin else None
+
+
+TorchLookup = Callable[[str], compat.TorchWheel]
+
+
+def index_lookup(torch_version: str) -> compat.TorchWheel:
+    """Read a PyTorch release's NCCL and CUDA pins, and the CUDA wheels it requires, from the package index (range
+    requests on its wheel's METADATA)."""
+    from imgbuild.core.errors import ResolveError
+    from imgbuild.pin import pypi  # network edge: imported only when a release is not in the shipped table
+
+    pins = pypi.torch_pins(torch_version)
+    if pins.cuda_version is None:
+        raise ResolveError(f"torch {torch_version}: its wheel pins no CUDA runtime (a CPU build?)")
+    return compat.TorchWheel(pins.nccl_package, pins.nccl_version, pins.cuda_version, pins.cuda_wheels)
+
+
+def resolve(loaded: LoadedRecipe, *, lookup_torch: TorchLookup | None = index_lookup) -> Resolved:
+    """Pin and check a loaded recipe. Raises ResolveError naming the file, the keys and the conflict."""
+    rs = Resolution(loaded.recipe, loaded.path, lookup_torch)
+    base_ref = _base(rs)
+    _platform(rs)
+    for name in resolve_order():
+        block = BY_NAME[name]
+        options = rs.options(name)
+        if options is None:
+            why = block.required(rs.recipe)
+            if why:
+                raise rs.fail(f"components.{name}", why)
+            continue
+        rs.pins[name] = block.resolve(options, rs)
+    return Resolved(
+        recipe=rs.recipe,
+        recipe_digest=loaded.digest,
+        base_ref=base_ref,
+        pins=dict(sorted(rs.pins.items())),
+        warnings=tuple(rs.warnings),
+    )
+
+
+def _major(version: str) -> int:
+    return int(version.split(".")[0])
+
+
+def _base(rs: Resolution) -> str:
+    b = rs.recipe.base
+    if b.tag == "latest" and not b.latest_only:
+        raise rs.fail(
+            "base.tag",
+            "'latest' is not a pinned version",
+            hint="use a versioned tag, or set base.latest_only: true with base.digest if the "
+            "publisher offers only 'latest'",
+        )
+    if b.latest_only and b.digest is None:
+        rs.warnings.append(
+            f"base image {b.image} publishes only '{b.tag}', so it is not pinned: add base.digest "
+            f"(docker inspect --format '{{{{index .RepoDigests 0}}}}' {b.image}:{b.tag}) to pin it"
+        )
+    ref = f"{b.image}@{b.digest}" if b.digest else f"{b.image}:{b.tag}"
+    details = BaseImageDetails(image=b.image, builder=f"{b.image}:{b.builder_tag}" if b.builder_tag else None)
+    rs.pins["base"] = Pin(version=b.digest or b.tag, source="image", origin="recipe", details=details)
+    return ref
+
+
+def _platform(rs: Resolution) -> None:
+    p, cuda = rs.recipe.platform, rs.recipe.cuda
+    if p.accelerator != "nvidia":
+        if cuda is not None:
+            raise rs.fail("cuda", f"only nvidia platforms take cuda, this one is '{p.accelerator}'")
+        return
+    assert cuda is not None and p.gpu_arch is not None  # the schema guarantees both
+    arch = compat.ARCH[p.gpu_arch]
+    if Version(cuda.version) < Version(arch.min_cuda):
+        raise rs.fail("cuda.version", f"{p.gpu_arch} ({arch.gpu}) needs CUDA >= {arch.min_cuda}, got {cuda.version}")
+    if arch.max_cuda_major is not None and _major(cuda.version) > arch.max_cuda_major:
+        raise rs.fail(
+            "cuda.version / platform.gpu_arch",
+            f"{p.gpu_arch} ({arch.gpu}) needs CUDA <= {arch.max_cuda_major}.x, got {cuda.version} "
+            f"(CUDA 13 dropped sm_70 and everything below sm_75)",
+        )
+    details = CudaDetails(prefix=cuda.home, gpu_arch=p.gpu_arch, gencode=compat.gencode(p.gpu_arch))
+    rs.pins["cuda"] = Pin(version=cuda.version, source="base", origin="recipe", details=details)

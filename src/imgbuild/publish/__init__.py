@@ -1,0 +1,517 @@
+"""`imgbuild push`: re-tag an image under a registry, push it with retries, report the pushed digest.
+
+What is pushed: a recipe's lock-derived refs (``imgbuild/cpu:lock-<12hex>`` and the readable tag), or the
+tags of a local image. Each ``<repo>:<tag>`` becomes ``HOST[/PREFIX]/<repo>:<tag>``, is tagged in the engine
+for the push and untagged afterwards, whatever happens (a tag that was already there is left, or put back).
+
+Progress goes to a `PushObserver` (`progress.push_progress_for` picks one for a console); the registry's own
+HTTP API is in `registry`, the engine calls' errors are translated by `engine.engine_error`.
+
+The push goes through docker-py's low-level API and its JSON stream is read by hand: an ``error`` /
+``errorDetail`` record is a failure although the HTTP call succeeded, and the ``aux`` record carries the
+digest. Failures are sorted three ways:
+
+* transient (registry 5xx, connection reset/refused, EOF, timeouts): retried with exponential backoff
+  (`Retry`: 4 tries, 1, 2, 4 s between them), then a `PushError` naming registry, ref and last error;
+* authentication ("unauthorized", "no basic auth credentials", "denied"): a `PushError` at once, with a hint
+  about ``docker login`` or AWS credentials;
+* everything else: a `PushError` at once.
+
+Immutable repositories (ECR's default here, or ``immutable=True``): before pushing, the registry's manifest
+for the tag is fetched over the registry HTTP API (``GET /v2/<name>/manifests/<tag>``). Absent: push. Present
+and the same image (its manifest digest is one of the image's RepoDigests, or its config digest is the local
+image id): "already published", a success. Present and different: a `PushError`. ECR's own refusal ("tag
+invalid: ... already exists") is read the same way.
+
+One module of about 510 lines: tagging, the push stream, retries and the immutable-tag check are the steps of
+one `Publisher.push_ref`, sharing the publisher's client, destination and progress.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import re
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from typing import Any, Literal, Protocol
+
+import docker
+import docker.errors
+import docker.utils
+
+from imgbuild.core.errors import EngineError, Interrupted, PushError
+from imgbuild.engine import ENGINE_ERRORS, connect, engine_error, inspect_image, reason
+from imgbuild.publish.registry import (
+    LOGIN_HINT,
+    Destination,
+    RegistryAPI,
+    RemoteManifest,
+    TransientError,
+    docker_credentials,
+    engine_insecure,
+    parse_registry,
+    strip_domain,
+)
+
+__all__ = [
+    "PublishResult",
+    "Publisher",
+    "PushObserver",
+    "PushedRef",
+    "QuietProgress",
+    "Retry",
+    "Source",
+    "classify",
+    "publish",
+    "resolve_source",
+]
+
+log = logging.getLogger("imgbuild.publish")
+
+Kind = Literal["transient", "auth", "exists", "fatal"]
+
+# Removing or restoring a temporary tag: a failure becomes a warning, never hides the push's own outcome.
+_UNTAG_ERRORS: tuple[type[BaseException], ...] = (*ENGINE_ERRORS, EngineError)
+
+_EXISTS = re.compile(
+    r"tag invalid|ImageTagAlreadyExists|already exists in the .* repository|cannot be overwritten", re.I
+)
+_AUTH = re.compile(
+    r"unauthori[sz]ed|no basic auth credentials|\bdenied\b|authentication required|authorization token has expired"
+    r"|incorrect username or password|\b401\b",
+    re.I,
+)
+_TRANSIENT = re.compile(
+    r"received unexpected HTTP status: 5\d\d|\b5\d\d (?:Internal Server Error|Bad Gateway|Service Unavailable"
+    r"|Gateway Timeout)|connection reset|connection refused|broken pipe|\bEOF\b|i/o timeout|TLS handshake timeout"
+    r"|timeout exceeded|request canceled|server closed idle connection|toomanyrequests|too many requests"
+    r"|no route to host|network is unreachable|temporary failure in name resolution",
+    re.I,
+)
+_IMAGE_ID_RE = re.compile(r"^(?:sha256:)?[0-9a-f]{12,64}$")
+
+
+def classify(message: str) -> Kind:
+    """Which of the retry policies a push error message falls under."""
+    if _EXISTS.search(message):
+        return "exists"
+    if _AUTH.search(message):
+        return "auth"
+    if _TRANSIENT.search(message):
+        return "transient"
+    return "fatal"
+
+
+def _split_ref(ref: str) -> tuple[str, str]:
+    repo, tag = docker.utils.parse_repository_tag(ref)
+    return repo, tag or "latest"
+
+
+# --------------------------------------------------------------------------------------------------------
+# what
+
+
+@dataclass(frozen=True)
+class Source:
+    """A local image and the refs of it to publish (``<repo>:<tag>``)."""
+
+    image_id: str
+    refs: tuple[str, ...]
+    repo_digests: tuple[str, ...] = ()
+    recipe: str | None = None
+
+
+def _is_recipe(what: str) -> bool:
+    from imgbuild.spec import recipe
+
+    return what.endswith((".yaml", ".yml")) or what in recipe.shipped_names()
+
+
+def resolve_source(client: docker.DockerClient, what: str) -> Source:
+    """RECIPE -> its lock-derived refs (which must be built); IMAGE -> that image's tags.
+
+    An IMAGE given by name (``imgbuild/cpu:lock-...``) publishes every tag of that image in the same repository;
+    given by id, every tag of the image that names no registry.
+    """
+    if _is_recipe(what):
+        from imgbuild.image import render
+        from imgbuild.pin import lock
+
+        _, resolved, _ = lock.for_ref(what)
+        plan = render.plan(resolved)
+        refs = plan.image_refs
+        found = inspect_image(client, refs[0])
+        if found is None:
+            raise PushError(f"{refs[0]} is not in the engine: recipe {plan.recipe} has not been built from its lock",
+                            hint=f"imgbuild build {what}")  # fmt: skip
+        image_id = str(found["Id"])
+        for ref in refs[1:]:
+            other = inspect_image(client, ref)
+            if other is None or other["Id"] != image_id:
+                state = "is not in the engine" if other is None else f"is a different image ({other['Id'][:19]})"
+                raise PushError(f"{ref} {state}; expected the image of {refs[0]} ({image_id[:19]})",
+                                hint=f"imgbuild build {what}")  # fmt: skip
+        return Source(image_id, tuple(refs), tuple(found.get("RepoDigests") or ()), plan.recipe)
+
+    found = inspect_image(client, what)
+    if found is None:
+        raise PushError(f"{what!r} is neither a recipe nor an image in the engine",
+                        hint="`imgbuild list` names the recipes; `docker images` the images")  # fmt: skip
+    tags = [t for t in (found.get("RepoTags") or []) if t and t != "<none>:<none>"]
+    if _IMAGE_ID_RE.match(what):
+        refs = [t for t in tags if strip_domain(_split_ref(t)[0]) == _split_ref(t)[0]]
+    else:
+        name = _split_ref(what)[0]
+        refs = [t for t in tags if _split_ref(t)[0] == name]
+    if not refs:
+        raise PushError(f"image {what} has no tags to publish", hint="tag it first: docker tag IMAGE NAME:TAG")
+    return Source(str(found["Id"]), tuple(dict.fromkeys(refs)), tuple(found.get("RepoDigests") or ()))
+
+
+# --------------------------------------------------------------------------------------------------------
+# retries and progress
+
+
+@dataclass(frozen=True)
+class Retry:
+    """Bounded retries with exponential backoff: `attempts` tries, `delay_s` * `factor`**n between them."""
+
+    attempts: int = 4
+    delay_s: float = 1.0
+    factor: float = 2.0
+    max_delay_s: float = 60.0
+    sleep: Callable[[float], None] = time.sleep
+
+    def delay(self, failed_attempt: int) -> float:
+        return float(min(self.delay_s * self.factor ** (failed_attempt - 1), self.max_delay_s))
+
+
+class PushObserver(Protocol):
+    """What a push reports as it runs (`progress.PlainPushProgress`, `progress.LivePushProgress`, or a test's own)."""
+
+    def start(self, target: str, attempt: int) -> None: ...
+    def record(self, rec: dict[str, Any]) -> None: ...
+    def retry(self, target: str, attempt: int, attempts: int, error: str, delay_s: float) -> None: ...
+    def done(self, pushed: PushedRef) -> None: ...
+    def failed(self, target: str, message: str) -> None: ...
+    def close(self) -> None: ...
+
+
+class QuietProgress:
+    """Reports nothing: the default observer."""
+
+    def start(self, target: str, attempt: int) -> None:
+        pass
+
+    def record(self, rec: dict[str, Any]) -> None:
+        pass
+
+    def retry(self, target: str, attempt: int, attempts: int, error: str, delay_s: float) -> None:
+        pass
+
+    def done(self, pushed: PushedRef) -> None:
+        pass
+
+    def failed(self, target: str, message: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+# --------------------------------------------------------------------------------------------------------
+# pushing
+
+
+@dataclass(frozen=True)
+class PushedRef:
+    source: str  # imgbuild/cpu:lock-...
+    target: str  # 127.0.0.1:5000/team/imgbuild/cpu:lock-...
+    digest: str  # sha256:... of the manifest in the registry
+    size: int | None
+    status: Literal["pushed", "already published"]
+    attempts: int
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    registry: str
+    image_id: str
+    refs: tuple[PushedRef, ...]
+    warnings: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"registry": self.registry, "image_id": self.image_id, "refs": [asdict(r) for r in self.refs],
+                "warnings": list(self.warnings)}  # fmt: skip
+
+
+@dataclass
+class _Attempt:
+    digest: str | None = None
+    size: int | None = None
+    error: str | None = None
+
+
+class Publisher:
+    """Pushes images to one registry (an `ecr.EcrRegistry` for ECR: credentials and repositories from AWS).
+
+    `immutable`: None follows the repository (ECR's tag mutability; False for other registries); True makes
+    the digest check run first on any registry (tests use it on a plain registry:2).
+    """
+
+    def __init__(
+        self,
+        client: docker.DockerClient,
+        destination: Destination,
+        *,
+        ecr: Any | None = None,
+        immutable: bool | None = None,
+        retry: Retry | None = None,
+        progress: PushObserver | None = None,
+        auth_config: dict[str, str] | None = None,
+    ) -> None:
+        self.client = client
+        self.destination = destination
+        self.ecr = ecr
+        self.immutable = immutable
+        self.retry = retry or Retry()
+        self.progress: PushObserver = progress or QuietProgress()
+        self._auth_config = auth_config
+        self._api: RegistryAPI | None = None
+
+    # -- credentials ---------------------------------------------------------------------------------------
+    def _auth(self) -> dict[str, str] | None:
+        if self.ecr is not None:
+            return dict(self.ecr.auth_config())
+        return self._auth_config  # None: docker-py sends what `docker login` stored
+
+    def _credentials(self) -> tuple[str, str] | None:
+        auth = self._auth()
+        if auth and auth.get("username") and auth.get("password"):
+            return auth["username"], auth["password"]
+        return docker_credentials(self.destination.host)
+
+    def registry_api(self) -> RegistryAPI:
+        if self._api is None:
+            insecure = engine_insecure(self.client, self.destination.host)
+            self._api = RegistryAPI(self.destination.host, insecure=insecure, credentials=self._credentials)
+        return self._api
+
+    def _hint(self) -> str:
+        if self.ecr is not None:
+            from imgbuild.publish.ecr import CREDENTIALS_HINT
+
+            return CREDENTIALS_HINT
+        return LOGIN_HINT.format(host=self.destination.host)
+
+    # -- the whole image -----------------------------------------------------------------------------------
+    def publish(self, source: Source) -> PublishResult:
+        pushed: list[PushedRef] = []
+        warnings: list[str] = []
+        try:
+            for ref in source.refs:
+                pushed.append(self.push_ref(source, ref, warnings))
+        finally:
+            self.progress.close()
+            if self._api is not None:
+                self._api.close()
+                self._api = None
+        return PublishResult(str(self.destination), source.image_id, tuple(pushed), tuple(warnings))
+
+    def _is_immutable(self, path: str) -> bool:
+        repo = self.ecr.repository(path) if self.ecr is not None else None  # creates it when missing
+        if self.immutable is not None:
+            return self.immutable
+        return bool(repo is not None and repo.immutable)
+
+    def push_ref(self, source: Source, ref: str, warnings: list[str] | None = None) -> PushedRef:
+        """Push one local ref; the temporary tag is removed (or the previous one restored) whatever happens."""
+        src_repo, tag = _split_ref(ref)
+        path = self.destination.path(strip_domain(src_repo))
+        target_repo = self.destination.repository(strip_domain(src_repo))
+        target = f"{target_repo}:{tag}"
+        immutable = self._is_immutable(path)
+        previous = inspect_image(self.client, target)
+        previous_id = str(previous["Id"]) if previous else None
+        try:
+            self._tag(source.image_id, target_repo, tag, target)
+            return self._push_with_retries(source, ref, path, target_repo, tag, target, immutable)
+        except KeyboardInterrupt:
+            self.progress.failed(target, "interrupted")
+            raise Interrupted(f"push of {target} interrupted; temporary tags removed") from None
+        finally:
+            problem = self._untag(source.image_id, target_repo, tag, target, previous_id)
+            if problem and warnings is not None:
+                warnings.append(problem)
+
+    def _tag(self, image_id: str, repo: str, tag: str, target: str) -> None:
+        try:
+            self.client.api.tag(image_id, repo, tag=tag, force=True)
+        except ENGINE_ERRORS as exc:
+            raise engine_error(exc, f"tagging {image_id[:19]} as {target}") from exc
+
+    def _untag(self, image_id: str, repo: str, tag: str, target: str, previous_id: str | None) -> str | None:
+        try:
+            if previous_id is None:
+                if inspect_image(self.client, target) is not None:
+                    self.client.api.remove_image(target, noprune=True)
+            elif previous_id != image_id:
+                self.client.api.tag(previous_id, repo, tag=tag, force=True)
+        except _UNTAG_ERRORS as exc:
+            message = f"could not remove the temporary tag {target}: {reason(exc)}"
+            log.warning(message)
+            return message
+        return None
+
+    # -- one ref -------------------------------------------------------------------------------------------
+    def _push_with_retries(
+        self, source: Source, ref: str, path: str, target_repo: str, tag: str, target: str, immutable: bool
+    ) -> PushedRef:
+        attempts = max(1, self.retry.attempts)
+        refreshed = False
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                if immutable:
+                    remote = self.registry_api().manifest(path, tag)
+                    if remote is not None:
+                        return self._existing(source, ref, target, remote, attempt)
+                self.progress.start(target, attempt)
+                result = self._push_once(target_repo, tag)
+                if result.error is None:
+                    if not result.digest:
+                        raise self._fail(target, "the engine reported no digest for the push", attempt)
+                    pushed = PushedRef(ref, target, result.digest, result.size, "pushed", attempt)
+                    self.progress.done(pushed)
+                    return pushed
+                kind = classify(result.error)
+                if kind == "exists":
+                    remote = self.registry_api().manifest(path, tag)
+                    if remote is not None:
+                        return self._existing(source, ref, target, remote, attempt)
+                    raise self._fail(target, result.error, attempt)
+                if kind == "auth":
+                    if self.ecr is not None and not refreshed:  # an ECR token can expire mid-publish: ask once
+                        refreshed = True
+                        self.ecr.tokens.invalidate()
+                        attempt -= 1
+                        continue
+                    raise self._fail(target, f"authentication failed: {result.error}", attempt, hint=self._hint())
+                if kind == "transient":
+                    raise TransientError(result.error)
+                raise self._fail(target, result.error, attempt)
+            except TransientError as exc:
+                if attempt >= attempts:
+                    raise self._fail(target, f"gave up after {attempt} attempts; last error: {exc}", attempt,
+                                     hint="the registry may be down or overloaded; retry later") from None  # fmt: skip
+                delay = self.retry.delay(attempt)
+                log.warning("push of %s failed (attempt %d/%d): %s; retrying in %gs", target, attempt, attempts, exc,
+                            delay)  # fmt: skip
+                self.progress.retry(target, attempt, attempts, str(exc), delay)
+                self.retry.sleep(delay)
+
+    def _fail(self, target: str, message: str, attempt: int, *, hint: str | None = None) -> PushError:
+        self.progress.failed(target, message)
+        return PushError(f"push of {target} to {self.destination.host} failed: {message}", hint=hint)
+
+    def _existing(self, source: Source, ref: str, target: str, remote: RemoteManifest, attempt: int) -> PushedRef:
+        local_digests = {d.partition("@")[2] for d in source.repo_digests}
+        local_digests |= {d.partition("@")[2] for d in (self._repo_digests(source.image_id))}
+        if remote.digest in local_digests or remote.config_digest == source.image_id:
+            pushed = PushedRef(ref, target, remote.digest, None, "already published", attempt)
+            self.progress.done(pushed)
+            return pushed
+        raise self._fail(
+            target,
+            f"the tag already exists in the immutable repository with different content: the registry has "
+            f"{remote.digest} (image {remote.config_digest or 'unknown'}), the local image is {source.image_id}",
+            attempt,
+            hint="a published tag is never overwritten: change the recipe's lock (a new lock-<hash> tag) or delete "
+            "the tag in the registry on purpose",
+        )
+
+    def _repo_digests(self, image_id: str) -> list[str]:
+        found = inspect_image(self.client, image_id)
+        return list((found or {}).get("RepoDigests") or [])
+
+    def _push_once(self, target_repo: str, tag: str) -> _Attempt:
+        result = _Attempt()
+        try:
+            stream = self.client.api.push(target_repo, tag=tag, stream=True, decode=True, auth_config=self._auth())
+            for rec in _records(stream):
+                self.progress.record(rec)
+                if "error" in rec or "errorDetail" in rec:
+                    detail = rec.get("errorDetail") or {}
+                    result.error = str(detail.get("message") or rec.get("error") or "unknown push error").strip()
+                    break
+                aux = rec.get("aux")
+                if isinstance(aux, dict) and aux.get("Digest"):
+                    result.digest = str(aux["Digest"])
+                    result.size = int(aux["Size"]) if aux.get("Size") is not None else None
+        except docker.errors.APIError as exc:  # the engine refused before streaming (e.g. no such local tag)
+            result.error = reason(exc)
+        except ENGINE_ERRORS as exc:  # the connection to the engine broke
+            raise engine_error(exc, f"pushing {target_repo}:{tag}") from exc
+        return result
+
+
+def _records(stream: Any) -> Iterator[dict[str, Any]]:
+    for rec in stream:
+        if isinstance(rec, dict):
+            yield rec
+        elif isinstance(rec, bytes | str):  # not decoded (older docker-py): one JSON object per line
+            for line in (rec.decode(errors="replace") if isinstance(rec, bytes) else rec).splitlines():
+                with contextlib.suppress(ValueError):
+                    obj = json.loads(line)
+                    if isinstance(obj, dict):
+                        yield obj
+
+
+# --------------------------------------------------------------------------------------------------------
+# the whole command
+
+
+def publish(
+    what: str,
+    registry: str | None,
+    *,
+    ecr: bool = False,
+    immutable: bool | None = None,
+    retry: Retry | None = None,
+    progress: PushObserver | None = None,
+    client: docker.DockerClient | None = None,
+    auth_config: dict[str, str] | None = None,
+    ecr_registry: Any | None = None,
+) -> PublishResult:
+    """`imgbuild push WHAT --registry HOST[/PREFIX] [--ecr]`."""
+    if ecr_registry is None and (ecr or (registry and _ecr_host(registry))):
+        from imgbuild.publish.ecr import EcrRegistry
+
+        host = parse_registry(registry).host if registry else None
+        ecr_registry = EcrRegistry(host)
+    if registry:
+        destination = parse_registry(registry)
+    elif ecr_registry is not None:
+        destination = Destination(ecr_registry.host)
+    else:
+        raise PushError("no registry given", hint="--registry HOST[/PREFIX], or --ecr for your account's ECR")
+    own = client is None
+    docker_client = connect() if client is None else client
+    try:
+        source = resolve_source(docker_client, what)
+        publisher = Publisher(docker_client, destination, ecr=ecr_registry, immutable=immutable, retry=retry,
+                              progress=progress, auth_config=auth_config)  # fmt: skip
+        return publisher.publish(source)
+    finally:
+        if own:
+            docker_client.close()
+
+
+def _ecr_host(registry: str) -> bool:
+    from imgbuild.publish.ecr import parse_host
+
+    return parse_host(registry.strip().removeprefix("https://").split("/")[0]) is not None

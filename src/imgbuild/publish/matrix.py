@@ -1,0 +1,54 @@
+"""The CI job matrix: which recipes a workflow builds and publishes, with their tags and the runners they need.
+
+`imgbuild matrix --json` prints it for `.github/workflows/publish.yml` (``strategy.matrix: fromJSON(...)``).
+Plain data from the recipes and their locks: no engine, no network.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# The GitHub Actions runner labels a recipe's accelerator needs (``runs-on:``).
+RUNNERS: dict[str, list[str]] = {
+    "none": ["ubuntu-latest"],
+    "nvidia": ["self-hosted", "gpu"],
+    "gaudi": ["self-hosted", "gaudi"],
+}
+
+
+def matrix(names: list[str] | None = None) -> dict[str, Any]:
+    """The buildable recipes and their tags, as a GitHub Actions job matrix (``{"include": [...]}``).
+
+    Each entry: recipe, image (repository), tags (content-addressed first), accelerator, runner (labels joined
+    by spaces, for people) and runs_on (the label list, for ``runs-on:``). Only recipes with a fresh lock are
+    publishable: a missing or stale lock is an error naming the recipe. Abstract recipes (parents) are left
+    out, and refused when named.
+    """
+    from imgbuild.core.errors import LockError
+    from imgbuild.image import render
+    from imgbuild.pin import lock
+    from imgbuild.spec import recipe
+
+    include = []
+    for name in names or recipe.shipped_names():
+        loaded = recipe.load(name)
+        if loaded.recipe.abstract and not names:
+            continue  # a parent among the shipped files: nothing of its own to publish
+        loaded.concrete()
+        resolved = lock.read(loaded)
+        if resolved is None:
+            raise LockError(
+                f"{name} has no lock: a published image must come from a lock", hint=f"imgbuild lock {name}"
+            )
+        plan = render.plan(resolved)
+        accelerator = loaded.recipe.platform.accelerator
+        labels = RUNNERS[accelerator]
+        include.append({
+            "recipe": plan.recipe,
+            "image": plan.repository,
+            "tags": list(plan.tags),
+            "accelerator": accelerator,
+            "runner": " ".join(labels),
+            "runs_on": labels,
+        })  # fmt: skip
+    return {"include": include}

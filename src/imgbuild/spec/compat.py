@@ -1,0 +1,370 @@
+"""The shipped compatibility tables the resolver proves recipes against.
+
+Sources: PyTorch wheel METADATA (Requires-Dist), aws/aws-ofi-nccl release notes, the AWS EFA changelog,
+HabanaAI/Setup_and_Install, Debian and Ubuntu package archives. Entries marked "inferred" were not read in a
+source; the resolver treats them as facts, so correct them here when a source says otherwise.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from packaging.version import Version
+
+
+@dataclass(frozen=True)
+class TorchWheel:
+    """What the default Linux x86_64 wheel of a PyTorch release pins.
+
+    cuda_wheels: its CUDA and NCCL requirements (the `nvidia-*` ones and, from 2.11, `cuda-toolkit[...]`), as its
+    Requires-Dist states them for Linux x86_64 (markers evaluated and dropped), sorted. The image installs them in a
+    layer before torch's own, so a torch release that keeps them rebuilds only the torch layer.
+    """
+
+    nccl_package: str
+    nccl: str
+    cuda: str
+    cuda_wheels: tuple[str, ...]
+
+
+def _pins(text: str) -> tuple[str, ...]:
+    return tuple(text.split())
+
+
+# Read from each release's manylinux x86_64 wheel METADATA on the package index (imgbuild.pin.pypi.torch_pins).
+# 2.9.0 and 2.9.1 pin the same CUDA and NCCL wheels (their Requires-Dist differ only in triton 3.5.0 / 3.5.1): a torch
+# patch bump that rebuilds only the torch layer. So do 2.12.0 / 2.12.1 and 2.14.0 / 2.14.1 (not in the table).
+# 2.15.0 is built for CUDA 13.2 (cuda-toolkit==13.2.2), not 13.0 as this table said before its wheels were read.
+_CU128_NCCL_2_27_5 = _pins(
+    "nvidia-cublas-cu12==12.8.4.1 nvidia-cuda-cupti-cu12==12.8.90 nvidia-cuda-nvrtc-cu12==12.8.93 "
+    "nvidia-cuda-runtime-cu12==12.8.90 nvidia-cudnn-cu12==9.10.2.21 nvidia-cufft-cu12==11.3.3.83 "
+    "nvidia-cufile-cu12==1.13.1.3 nvidia-curand-cu12==10.3.9.90 nvidia-cusolver-cu12==11.7.3.90 "
+    "nvidia-cusparse-cu12==12.5.8.93 nvidia-cusparselt-cu12==0.7.1 nvidia-nccl-cu12==2.27.5 "
+    "nvidia-nvjitlink-cu12==12.8.93 nvidia-nvshmem-cu12==3.3.20 nvidia-nvtx-cu12==12.8.90"
+)
+
+TORCH: dict[str, TorchWheel] = {
+    "2.1.2": TorchWheel(
+        "nvidia-nccl-cu12",
+        "2.18.1",
+        "12.1",
+        _pins(
+            "nvidia-cublas-cu12==12.1.3.1 nvidia-cuda-cupti-cu12==12.1.105 nvidia-cuda-nvrtc-cu12==12.1.105 "
+            "nvidia-cuda-runtime-cu12==12.1.105 nvidia-cudnn-cu12==8.9.2.26 nvidia-cufft-cu12==11.0.2.54 "
+            "nvidia-curand-cu12==10.3.2.106 nvidia-cusolver-cu12==11.4.5.107 nvidia-cusparse-cu12==12.1.0.106 "
+            "nvidia-nccl-cu12==2.18.1 nvidia-nvtx-cu12==12.1.105"
+        ),
+    ),
+    "2.2.2": TorchWheel(
+        "nvidia-nccl-cu12",
+        "2.19.3",
+        "12.1",
+        _pins(
+            "nvidia-cublas-cu12==12.1.3.1 nvidia-cuda-cupti-cu12==12.1.105 nvidia-cuda-nvrtc-cu12==12.1.105 "
+            "nvidia-cuda-runtime-cu12==12.1.105 nvidia-cudnn-cu12==8.9.2.26 nvidia-cufft-cu12==11.0.2.54 "
+            "nvidia-curand-cu12==10.3.2.106 nvidia-cusolver-cu12==11.4.5.107 nvidia-cusparse-cu12==12.1.0.106 "
+            "nvidia-nccl-cu12==2.19.3 nvidia-nvtx-cu12==12.1.105"
+        ),
+    ),
+    "2.3.1": TorchWheel(
+        "nvidia-nccl-cu12",
+        "2.20.5",
+        "12.1",
+        _pins(
+            "nvidia-cublas-cu12==12.1.3.1 nvidia-cuda-cupti-cu12==12.1.105 nvidia-cuda-nvrtc-cu12==12.1.105 "
+            "nvidia-cuda-runtime-cu12==12.1.105 nvidia-cudnn-cu12==8.9.2.26 nvidia-cufft-cu12==11.0.2.54 "
+            "nvidia-curand-cu12==10.3.2.106 nvidia-cusolver-cu12==11.4.5.107 nvidia-cusparse-cu12==12.1.0.106 "
+            "nvidia-nccl-cu12==2.20.5 nvidia-nvtx-cu12==12.1.105"
+        ),
+    ),
+    "2.4.1": TorchWheel(
+        "nvidia-nccl-cu12",
+        "2.20.5",
+        "12.1",
+        _pins(
+            "nvidia-cublas-cu12==12.1.3.1 nvidia-cuda-cupti-cu12==12.1.105 nvidia-cuda-nvrtc-cu12==12.1.105 "
+            "nvidia-cuda-runtime-cu12==12.1.105 nvidia-cudnn-cu12==9.1.0.70 nvidia-cufft-cu12==11.0.2.54 "
+            "nvidia-curand-cu12==10.3.2.106 nvidia-cusolver-cu12==11.4.5.107 nvidia-cusparse-cu12==12.1.0.106 "
+            "nvidia-nccl-cu12==2.20.5 nvidia-nvtx-cu12==12.1.105"
+        ),
+    ),
+    "2.5.1": TorchWheel(
+        "nvidia-nccl-cu12",
+        "2.21.5",
+        "12.4",
+        _pins(
+            "nvidia-cublas-cu12==12.4.5.8 nvidia-cuda-cupti-cu12==12.4.127 nvidia-cuda-nvrtc-cu12==12.4.127 "
+            "nvidia-cuda-runtime-cu12==12.4.127 nvidia-cudnn-cu12==9.1.0.70 nvidia-cufft-cu12==11.2.1.3 "
+            "nvidia-curand-cu12==10.3.5.147 nvidia-cusolver-cu12==11.6.1.9 nvidia-cusparse-cu12==12.3.1.170 "
+            "nvidia-nccl-cu12==2.21.5 nvidia-nvjitlink-cu12==12.4.127 nvidia-nvtx-cu12==12.4.127"
+        ),
+    ),
+    "2.6.0": TorchWheel(
+        "nvidia-nccl-cu12",
+        "2.21.5",
+        "12.4",
+        _pins(
+            "nvidia-cublas-cu12==12.4.5.8 nvidia-cuda-cupti-cu12==12.4.127 nvidia-cuda-nvrtc-cu12==12.4.127 "
+            "nvidia-cuda-runtime-cu12==12.4.127 nvidia-cudnn-cu12==9.1.0.70 nvidia-cufft-cu12==11.2.1.3 "
+            "nvidia-curand-cu12==10.3.5.147 nvidia-cusolver-cu12==11.6.1.9 nvidia-cusparse-cu12==12.3.1.170 "
+            "nvidia-cusparselt-cu12==0.6.2 nvidia-nccl-cu12==2.21.5 nvidia-nvjitlink-cu12==12.4.127 "
+            "nvidia-nvtx-cu12==12.4.127"
+        ),
+    ),
+    "2.7.1": TorchWheel(
+        "nvidia-nccl-cu12",
+        "2.26.2",
+        "12.6",
+        _pins(
+            "nvidia-cublas-cu12==12.6.4.1 nvidia-cuda-cupti-cu12==12.6.80 nvidia-cuda-nvrtc-cu12==12.6.77 "
+            "nvidia-cuda-runtime-cu12==12.6.77 nvidia-cudnn-cu12==9.5.1.17 nvidia-cufft-cu12==11.3.0.4 "
+            "nvidia-cufile-cu12==1.11.1.6 nvidia-curand-cu12==10.3.7.77 nvidia-cusolver-cu12==11.7.1.2 "
+            "nvidia-cusparse-cu12==12.5.4.2 nvidia-cusparselt-cu12==0.6.3 nvidia-nccl-cu12==2.26.2 "
+            "nvidia-nvjitlink-cu12==12.6.85 nvidia-nvtx-cu12==12.6.77"
+        ),
+    ),
+    "2.8.0": TorchWheel(
+        "nvidia-nccl-cu12",
+        "2.27.3",
+        "12.8",
+        _pins(
+            "nvidia-cublas-cu12==12.8.4.1 nvidia-cuda-cupti-cu12==12.8.90 nvidia-cuda-nvrtc-cu12==12.8.93 "
+            "nvidia-cuda-runtime-cu12==12.8.90 nvidia-cudnn-cu12==9.10.2.21 nvidia-cufft-cu12==11.3.3.83 "
+            "nvidia-cufile-cu12==1.13.1.3 nvidia-curand-cu12==10.3.9.90 nvidia-cusolver-cu12==11.7.3.90 "
+            "nvidia-cusparse-cu12==12.5.8.93 nvidia-cusparselt-cu12==0.7.1 nvidia-nccl-cu12==2.27.3 "
+            "nvidia-nvjitlink-cu12==12.8.93 nvidia-nvtx-cu12==12.8.90"
+        ),
+    ),
+    "2.9.0": TorchWheel("nvidia-nccl-cu12", "2.27.5", "12.8", _CU128_NCCL_2_27_5),
+    "2.9.1": TorchWheel("nvidia-nccl-cu12", "2.27.5", "12.8", _CU128_NCCL_2_27_5),
+    "2.10.0": TorchWheel(
+        "nvidia-nccl-cu12",
+        "2.27.5",
+        "12.8",
+        _pins(
+            "nvidia-cublas-cu12==12.8.4.1 nvidia-cuda-cupti-cu12==12.8.90 nvidia-cuda-nvrtc-cu12==12.8.93 "
+            "nvidia-cuda-runtime-cu12==12.8.90 nvidia-cudnn-cu12==9.10.2.21 nvidia-cufft-cu12==11.3.3.83 "
+            "nvidia-cufile-cu12==1.13.1.3 nvidia-curand-cu12==10.3.9.90 nvidia-cusolver-cu12==11.7.3.90 "
+            "nvidia-cusparse-cu12==12.5.8.93 nvidia-cusparselt-cu12==0.7.1 nvidia-nccl-cu12==2.27.5 "
+            "nvidia-nvjitlink-cu12==12.8.93 nvidia-nvshmem-cu12==3.4.5 nvidia-nvtx-cu12==12.8.90"
+        ),
+    ),
+    "2.11.0": TorchWheel(
+        "nvidia-nccl-cu13",
+        "2.28.9",
+        "13.0",
+        _pins(
+            "cuda-toolkit[cublas,cudart,cufft,cufile,cupti,curand,cusolver,cusparse,nvjitlink,nvrtc,nvtx]==13.0.2 "
+            "nvidia-cudnn-cu13==9.19.0.56 nvidia-cusparselt-cu13==0.8.0 nvidia-nccl-cu13==2.28.9 "
+            "nvidia-nvshmem-cu13==3.4.5"
+        ),
+    ),
+    "2.12.1": TorchWheel(
+        "nvidia-nccl-cu13",
+        "2.29.7",
+        "13.0",
+        _pins(
+            "cuda-toolkit[cudart,cufft,cufile,cupti,curand,cusolver,cusparse,nvjitlink,nvrtc,nvtx]==13.0.2 "
+            "nvidia-cublas<=13.1.1.3,>=13.1.0.3 nvidia-cudnn-cu13==9.20.0.48 nvidia-cusparselt-cu13==0.8.1 "
+            "nvidia-nccl-cu13==2.29.7 nvidia-nvshmem-cu13==3.4.5"
+        ),
+    ),
+    "2.13.0": TorchWheel(
+        "nvidia-nccl-cu13",
+        "2.29.7",
+        "13.0",
+        _pins(
+            "cuda-toolkit[cublas,cudart,cufft,cufile,cupti,curand,cusolver,cusparse,nvjitlink,nvrtc,nvtx]==13.0.3 "
+            "nvidia-cudnn-cu13==9.20.0.48 nvidia-cusparselt-cu13==0.8.1 nvidia-nccl-cu13==2.29.7 "
+            "nvidia-nvshmem-cu13==3.4.5"
+        ),
+    ),
+    "2.14.1": TorchWheel(
+        "nvidia-nccl-cu13",
+        "2.30.7",
+        "13.0",
+        _pins(
+            "cuda-toolkit[cublas,cudart,cufft,cufile,cupti,curand,cusolver,cusparse,nvjitlink,nvrtc,nvtx]==13.0.3 "
+            "nvidia-cudnn-cu13==9.24.0.43 nvidia-cusparselt-cu13==0.8.1 nvidia-nccl-cu13==2.30.7 "
+            "nvidia-nvshmem-cu13==3.4.5"
+        ),
+    ),
+    "2.15.0": TorchWheel(
+        "nvidia-nccl-cu13",
+        "2.30.7",
+        "13.2",
+        _pins(
+            "cuda-toolkit[cublas,cudart,cufft,cufile,cupti,cusolver,cusparse,nvjitlink,nvrtc,nvtx]==13.2.2 "
+            "nvidia-cudnn-cu13==9.26.0.51 nvidia-cusparselt-cu13==0.8.1 nvidia-nccl-cu13==2.30.7 "
+            "nvidia-nvshmem-cu13==3.7.2"
+        ),
+    ),
+}
+
+
+def torch_wheel_has_arch(torch: str, cuda: str, arch: str) -> bool:
+    """Whether the default wheel of `torch` (built for `cuda`) carries kernels for `arch`.
+
+    cu12.1-12.6 wheels include sm_70; cu12.8 wheels dropped it in 2.11; cu13 wheels never had it.
+    """
+    if arch != "sm_70":
+        return True
+    major, minor = (int(x) for x in cuda.split(".")[:2])
+    if major >= 13:
+        return False
+    if (major, minor) >= (12, 8):
+        return Version(torch) < Version("2.11")
+    return True
+
+
+# aws-ofi-nccl release series (or one release, where its notes name another NCCL than the series' first) -> the
+# newest NCCL it was tested with (its RELEASENOTES.md). From 1.10.0 on it keeps backward compatibility down to NCCL
+# 2.17.1. 1.16.0 names NCCL 2.27.5, 1.16.1 names 2.27.6 and 1.16.3 (what EFA 1.43.2 bundles) names 2.27.7.
+PLUGIN_TESTED_NCCL: dict[str, str] = {
+    "1.9": "2.21.5",
+    "1.10": "2.21.5",
+    "1.11": "2.22.3",
+    "1.13": "2.23.4",
+    "1.14": "2.26.2",
+    "1.16": "2.27.5",
+    "1.16.1": "2.27.6",
+    "1.16.3": "2.27.7",
+    "1.17": "2.28.7",
+    "1.18": "2.29.2",
+    "1.20": "2.30.4",
+    "1.21": "2.31.2",
+}
+PLUGIN_OLDEST_NCCL = "2.17.1"
+
+# aws-ofi-nccl release (or series) -> the newest libfabric its release notes say it was tested with. A plugin
+# built from its release against an EFA installer whose libfabric is newer than that is untested (the resolver
+# refuses it: the installer's own plugin is tested with its own libfabric). 1.14.x: libfabric 2.1 (issue 15);
+# 1.16.0: 2.1.0amzn3.0; 1.16.3: 2.1.0amzn5.0; 1.19.2: 2.4.0amzn3.0; 1.21.1: 2.6.0amzn1.0.
+PLUGIN_TESTED_LIBFABRIC: dict[str, str] = {
+    "1.14": "2.1.0",
+    "1.16": "2.1.0amzn3.0",
+    "1.16.3": "2.1.0amzn5.0",
+    "1.19.2": "2.4.0amzn3.0",
+    "1.21.1": "2.6.0amzn1.0",
+}
+
+
+def for_release(table: dict[str, str], version: str) -> str | None:
+    """A per-plugin table's entry for `version`: the release's own row, else its series' (major.minor) row."""
+    return table.get(version) or table.get(".".join(version.split(".")[:2]))
+
+
+def libfabric_release(version: str) -> tuple[int, int, int]:
+    """A libfabric version's release number: 2.6.0amzn1.0 -> (2, 6, 0) (AWS's `amznN` builds of one release)."""
+    parts = [int(p) for p in re.findall(r"\d+", version.split("amzn")[0])[:3]]
+    return (*parts, *[0] * (3 - len(parts)))  # type: ignore[return-value]
+
+
+def plugin_tag(version: str) -> str:
+    """Git tag of an aws-ofi-nccl release: `vX.Y.Z-aws` up to 1.13.2, plain `vX.Y.Z` from 1.14.0."""
+    return f"v{version}-aws" if Version(version) < Version("1.14.0") else f"v{version}"
+
+
+@dataclass(frozen=True)
+class EfaRelease:
+    """An EFA installer release: what it bundles and which OS releases it installs on."""
+
+    plugin: str | None
+    libfabric: str | None
+    os: tuple[str, ...]  # "ubuntu22.04", "debian12", ...
+
+
+# OS support per release, from the AWS EFA changelog: 1.43.0 removed Ubuntu 20.04, 1.51.0 removed Debian 11.
+# Ubuntu 24.04 since about 1.32 (inferred: older rows here don't need it).
+_UBUNTU = ("ubuntu22.04", "ubuntu24.04")
+EFA: dict[str, EfaRelease] = {
+    "1.51.0": EfaRelease("1.22.0", "2.7.0amzn2.0", (*_UBUNTU, "debian12")),
+    "1.50.0": EfaRelease("1.21.1", "2.6.0amzn1.0", (*_UBUNTU, "debian11", "debian12")),
+    "1.47.0": EfaRelease(None, None, (*_UBUNTU, "debian11", "debian12")),
+    "1.44.0": EfaRelease(None, None, (*_UBUNTU, "debian11", "debian12")),
+    "1.43.2": EfaRelease("1.16.3", "2.1.0amzn5.0", (*_UBUNTU, "debian11", "debian12")),  # libfabric: 1.43.1's
+    "1.29.0": EfaRelease(None, None, ("ubuntu20.04", "ubuntu22.04", "debian11", "debian12")),
+}
+EFA_KEY_FINGERPRINT = "4E9091BCBB97A96B26B15E59A05480B1DD2D3CCC"
+EFA_CONTAINER_FLAGS = ("-y", "--skip-kmod", "--skip-limit-conf", "--no-verify")
+
+# From 1.48.0 the installer takes an nvidia/cuda base (Docker Hub's nvidia/cuda is NGC's nvcr.io/nvidia/cuda) for
+# an "NGC build image": it skips rdma-core, so libfabric1-aws fails its `ibverbs-providers >= 59` dependency
+# (`--disable-build-ngc` turns that off), and it skips its NCCL plugin (`--disable-ngc`). AWS's nccl-tests
+# Dockerfile passes both (awslabs/awsome-distributed-ai PR #1153, micro-benchmarks/nccl-tests). Which bases the
+# installer takes for NGC is inferred from those Dockerfiles (nvidia/cuda and nvcr.io/nvidia/* images), not read
+# in the installer.
+EFA_NGC_DETECTION = "1.48.0"
+NGC_BASE_IMAGES = ("nvidia/cuda", "docker.io/nvidia/cuda", "nvcr.io/nvidia/cuda")
+
+
+def ngc_base(image: str) -> bool:
+    """Whether the EFA installer (1.48+) takes a base image of this name (no tag) for an NGC build image."""
+    return image in NGC_BASE_IMAGES or image.startswith("nvcr.io/nvidia/")
+
+
+@dataclass(frozen=True)
+class Distro:
+    """Versions a distribution release ships (the packages imgbuild installs from it)."""
+
+    openmpi: str
+    libfabric: str
+    python: str
+    mpi4py: str
+    hwloc: str  # libhwloc15 (Debian 12: 2.9.0-1, Ubuntu 22.04: 2.7.0-2ubuntu1, Ubuntu 24.04: 2.10.0-1build1)
+
+
+DISTRO: dict[str, Distro] = {
+    "debian12": Distro(openmpi="4.1.4", libfabric="1.17.0", python="3.11", mpi4py="3.1.4", hwloc="2.9.0"),
+    "ubuntu22.04": Distro(openmpi="4.1.2", libfabric="1.11.0", python="3.10", mpi4py="3.1.3", hwloc="2.7.0"),
+    "ubuntu24.04": Distro(openmpi="4.1.6", libfabric="1.17.0", python="3.12", mpi4py="3.1.5", hwloc="2.10.0"),
+}
+
+
+@dataclass(frozen=True)
+class GaudiRelease:
+    """What a Gaudi software release's PyTorch image carries."""
+
+    pytorch: str
+    openmpi: str
+    efa: str
+    libfabric: str
+    os: tuple[str, ...]
+
+
+# Gaudi 1.15.x PyTorch images: Ubuntu 22.04 only (Habana's support matrix lists no 20.04 image for 1.15); Open MPI
+# from EFA 1.29.0 in /opt/amazon/openmpi (MPI_ROOT in Habana's dockerfiles/base/Dockerfile.ubuntu22.04).
+GAUDI: dict[str, GaudiRelease] = {
+    v: GaudiRelease("2.2.0", "4.1.6", "1.29.0", "1.20.0", ("ubuntu22.04",)) for v in ("1.15.0", "1.15.1", "1.15.3")
+}
+
+# GDRCopy (user-space libgdrapi; the gdrdrv kernel module is the host's): step 4 of AWS's EFA + NCCL guide.
+# aws-ofi-nccl 1.21's GIN path needs GDRCopy >= 2.5.
+GDRCOPY_MIN_FOR_PLUGIN: dict[str, str] = {"1.21": "2.5"}
+
+
+@dataclass(frozen=True)
+class Arch:
+    """A GPU architecture and the CUDA major versions that can target it."""
+
+    gpu: str
+    min_cuda: str
+    max_cuda_major: int | None
+
+
+ARCH: dict[str, Arch] = {
+    "sm_70": Arch("V100", "9.0", 12),  # CUDA 13 dropped sm_70 (and everything below sm_75)
+    "sm_75": Arch("T4", "10.0", None),
+    "sm_80": Arch("A100", "11.0", None),
+    "sm_86": Arch("A10G", "11.1", None),
+    "sm_89": Arch("L4/L40S", "11.8", None),
+    "sm_90": Arch("H100", "11.8", None),
+    "sm_100": Arch("B200", "12.8", None),
+}
+
+
+def gencode(arch: str) -> str:
+    """nvcc -gencode for one architecture (SASS for it, no PTX)."""
+    num = arch.removeprefix("sm_")
+    return f"-gencode=arch=compute_{num},code=sm_{num}"

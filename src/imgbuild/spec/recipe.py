@@ -1,0 +1,555 @@
+"""Recipes: YAML files that describe a target image, validated against a strict schema.
+
+A recipe may `extends:` another (a shipped recipe's name, or a path relative to the file). Parents are merged
+into children key by key: mappings merge recursively, lists and scalars are replaced, and `null` removes an
+inherited key (e.g. `components: {pytorch: null}`). Unknown keys are rejected with a "did you mean"; every error
+names the file, the line, the key path and what was expected.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import re
+import shlex
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args, get_origin
+
+import yaml
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
+
+from imgbuild.core import paths
+from imgbuild.core.errors import RecipeError
+from imgbuild.core.paths import display
+from imgbuild.spec.schema import (
+    AbsPath,
+    Capability,
+    Command,
+    DebPackage,
+    Digest,
+    EnvName,
+    InstanceType,
+    Interface,
+    LabelKey,
+    McaName,
+    NcclInterfaces,
+    Strict,
+    Text,
+    matching,
+    pin_validator,
+)
+
+# --------------------------------------------------------------------------------------------------------------
+# The target
+
+ImageTag = Annotated[
+    str,
+    AfterValidator(matching(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}", "a tag of letters, digits and . _ - (128 at most)")),
+]
+
+
+class Base(Strict):
+    """The image everything is built on.
+
+    `tag: latest` is refused unless `latest_only: true` says the publisher offers nothing else; such a base
+    is accepted with a warning, and pinned by `digest` when one is given. `builder_tag` gives the builder stage
+    another tag of the same image (nvidia/cuda: compile on `-devel`, ship `-runtime`, several GB smaller).
+    """
+
+    image: Annotated[
+        str,
+        AfterValidator(
+            matching(r"[a-z0-9][a-z0-9._/:-]*", "an image name such as debian or nvidia/cuda (a-z 0-9 . _ / : -)")
+        ),
+    ]
+    tag: ImageTag
+    builder_tag: ImageTag | None = None
+    digest: Digest | None = None
+    latest_only: bool = False
+
+
+class OS(Strict):
+    """The base image's distribution and the extra packages the recipe wants from it."""
+
+    family: Literal["debian", "ubuntu"]
+    version: Annotated[str, AfterValidator(matching(r"\d+(\.\d+)?", "a release number such as 12 or 22.04"))]
+    packages: tuple[DebPackage, ...] = ()
+
+
+class Platform(Strict):
+    """The hardware the image is for."""
+
+    accelerator: Literal["none", "nvidia", "gaudi"]
+    gpu_arch: Literal["sm_70", "sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_100"] | None = None
+    instance_types: tuple[InstanceType, ...] = ()
+    devices_per_node: int = Field(1, ge=1, le=64)
+
+
+class Cuda(Strict):
+    """The CUDA toolkit in the base image (nvidia/cuda devel images)."""
+
+    version: str
+    home: AbsPath = "/usr/local/cuda"
+    _pin = pin_validator("version")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Components: each block's options model lives in its module (imgbuild.blocks.<name>).
+
+
+def _components_model() -> type[Strict]:
+    from imgbuild.blocks import REGISTRY
+
+    fields: dict[str, Any] = {b.name: (b.options | None, None) for b in REGISTRY}
+    model: type[Strict] = create_model(
+        "Components",
+        __base__=Strict,
+        __doc__="The building blocks of an image; a missing (or null) block is not installed.",
+        **fields,
+    )
+    return model
+
+
+if TYPE_CHECKING:
+
+    class Components(Strict):
+        """The building blocks of an image (a field per registered block)."""
+
+        def __getattr__(self, name: str) -> Any: ...
+
+else:
+    Components = _components_model()
+
+
+class Runtime(Strict):
+    """How containers of the image are started (`imgbuild run`, `imgbuild verify`)."""
+
+    runtime: Literal["habana", "nvidia"] | None = None
+    gpus: Literal["all"] | None = None
+    env: dict[EnvName, Text] = {}
+    cap_add: tuple[Capability, ...] = ()
+    network: Literal["host"] | None = None
+    ipc: Literal["host"] | None = None
+    efa_devices: bool = False
+    # Device nodes passed only where the host has them (`imgbuild run`, verify); blocks add theirs (gdrcopy:
+    # /dev/gdrdrv) to the image manifest's copy of this section.
+    host_devices: tuple[Annotated[str, AfterValidator(matching(r"/dev/[A-Za-z0-9._/-]+", "a /dev path"))], ...] = ()
+    shm_size: (
+        Annotated[str, AfterValidator(matching(r"\d+[bkmg]?", "a size such as 1g, 512m or 1073741824"))] | None
+    ) = None
+    memlock_unlimited: bool = True
+
+
+class MpiRun(Strict):
+    """The mpirun command line used across nodes (launch.py builds it; `train` gets it shell-quoted)."""
+
+    launcher: Command = "mpirun"
+    mca: dict[McaName, Text] = {}
+    exclude_interfaces: tuple[Interface, ...] = ("lo", "docker0")
+    nccl_socket_ifname: NcclInterfaces | None = None
+    extra_args: tuple[Text, ...] = ()
+
+
+class Recipe(Strict):
+    """A whole target. `name` defaults to the file's stem; `abstract` recipes are only parents."""
+
+    name: Annotated[
+        str, AfterValidator(matching(r"[a-z0-9_][a-z0-9._-]*", "a name of lowercase letters, digits and . _ -"))
+    ]
+    description: Text = ""
+    abstract: bool = False
+    platform: Platform
+    base: Base
+    os: OS
+    cuda: Cuda | None = None
+    components: Components = Components()
+    env: dict[EnvName, Text] = {}
+    runtime: Runtime = Runtime()
+    mpirun: MpiRun = MpiRun()
+    labels: dict[LabelKey, Text] = {}
+
+    @model_validator(mode="after")
+    def _cuda_matches_platform(self) -> Recipe:
+        if self.platform.accelerator == "nvidia" and (self.cuda is None or self.platform.gpu_arch is None):
+            raise ValueError("an nvidia platform needs `cuda:` and `platform.gpu_arch`")
+        return self
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Loading
+
+
+class LoadedRecipe(BaseModel):
+    """A validated recipe with where it came from."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    recipe: Recipe
+    path: Path
+    chain: tuple[Path, ...]  # the file, then its parents
+    merged: dict[str, Any]  # the merged mapping that was validated (for the lock's fingerprint)
+
+    def concrete(self) -> LoadedRecipe:
+        """This recipe, or RecipeError when it is abstract (a parent: nothing is built, run or verified from it)."""
+        if self.recipe.abstract:
+            raise RecipeError(f"{display(self.path)}: '{self.recipe.name}' is abstract (a parent for other recipes)")
+        return self
+
+    @property
+    def digest(self) -> str:
+        """sha256 of the merged recipe in canonical JSON: a parent's change changes the child's too."""
+        text = json.dumps(self.merged, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+def shipped_names() -> list[str]:
+    """Names of the shipped, buildable recipes (files starting with `_` are parents only)."""
+    return sorted(p.stem for p in paths.recipes_dir().glob("*.yaml") if not p.name.startswith("_"))
+
+
+def find(ref: str) -> Path:
+    """A shipped recipe's name or a YAML file's path -> the file."""
+    candidate = Path(ref)
+    if candidate.suffix in (".yaml", ".yml") or "/" in ref:
+        if not _is_file(candidate, shown(ref)):
+            raise RecipeError(f"{shown(ref)}: no such recipe file")
+        return candidate
+    shipped = paths.recipes_dir() / f"{ref}.yaml"
+    if _is_file(shipped, f"recipe {_cut(ref)!r}"):
+        return shipped
+    names = shipped_names()
+    near = difflib.get_close_matches(ref, names, n=1)
+    hint = f"did you mean '{near[0]}'?" if near else f"shipped recipes: {', '.join(names)}"
+    raise RecipeError(f"no recipe named {_cut(ref)!r}", hint=hint)
+
+
+def _is_file(path: Path, label: str) -> bool:
+    """Path.is_file, with the errors it does not swallow (a name longer than the system takes, ENAMETOOLONG) as a
+    RecipeError starting with `label`."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the name
+        raise RecipeError(f"{label}: not a usable file name: {getattr(exc, 'strerror', None) or exc}") from None
+
+
+def load(ref: str | Path) -> LoadedRecipe:
+    """Load, merge `extends:` parents and validate a recipe."""
+    path = find(str(ref))
+    chain: list[Path] = []
+    docs: list[tuple[Path, dict[str, Any], dict[tuple[str, ...], int]]] = []
+    _read_chain(path, chain, docs, display(path))
+    merged: dict[str, Any] = {}
+    for _, doc, _ in reversed(docs):
+        merged = _merge(merged, doc)
+    # Only some keys are inherited: a child is its own recipe with its own name and is never abstract by default.
+    child = docs[0][1]
+    merged["name"] = child.get("name", path.stem)
+    merged["abstract"] = child.get("abstract", False)
+    merged.setdefault("description", "")
+    try:
+        recipe = Recipe.model_validate(merged)
+    except ValidationError as exc:
+        raise RecipeError(_format_errors(exc, docs)) from None
+    return LoadedRecipe(recipe=recipe, path=path, chain=tuple(chain), merged=merged)
+
+
+# A recipe is a few kilobytes: a bigger file is refused before it is parsed.
+MAX_BYTES = 1 << 20
+# Recipes nest a few levels (components.sshd.ports); deeper documents are refused while they are parsed, far
+# below Python's recursion limit.
+MAX_DEPTH = 32
+_RECIPE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
+
+
+def _cut(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def shown(text: object, limit: int = 80) -> str:
+    """Text from a recipe as an error message may carry it: as it is when it is one printable line, else its
+    repr (no raw newline or control character from a file ever reaches the terminal); long text is cut.
+    Values are shown as `{_cut(value)!r}`, which escapes the same way."""
+    s = _cut(str(text), limit)
+    return s if s.isprintable() else repr(s)
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader without what recipes never need and what makes loading unbounded.
+
+    - Anchors and aliases (`&name`, `*name`) are refused: a few hundred bytes of nested aliases (a "billion
+      laughs" document) expand to gigabytes wherever the document is walked. Recipes share settings with
+      `extends:` instead.
+    - Nesting deeper than MAX_DEPTH is refused.
+    - Tags that construct values a recipe cannot hold (!!binary, !!set, !!omap, !!pairs) are errors, and an
+      unquoted date stays the text it is (`2024-01-01`), so the merged recipe is plain JSON data.
+    """
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        event = self.peek_event()
+        if getattr(event, "anchor", None) is not None:
+            what = "an alias" if isinstance(event, yaml.AliasEvent) else "an anchor"
+            raise yaml.composer.ComposerError(
+                None,
+                None,
+                f"found {what} ({'*' if what == 'an alias' else '&'}{shown(event.anchor)}): anchors and aliases "
+                "are not allowed in recipes (share settings with `extends:`)",
+                event.start_mark,
+            )
+        if self._depth >= MAX_DEPTH:
+            raise yaml.composer.ComposerError(
+                None, None, f"nested deeper than {MAX_DEPTH} levels: not a recipe", event.start_mark
+            )
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def _as_text(loader: yaml.BaseLoader, node: yaml.Node) -> str:
+    return str(node.value)
+
+
+def _recipe_values(loader: type[yaml.constructor.SafeConstructor]) -> None:
+    """The constructors recipes get (both loaders): an unquoted date is text, and no tag builds bytes or sets."""
+    loader.add_constructor("tag:yaml.org,2002:timestamp", _as_text)
+    for tag in ("binary", "set", "omap", "pairs"):
+        loader.yaml_constructors.pop(f"tag:yaml.org,2002:{tag}", None)
+
+
+_recipe_values(_Loader)
+
+
+# libyaml's parser, where PyYAML was built with it (its wheels are), reads a recipe several times faster than
+# _Loader (about 3 ms instead of 20 for the shipped recipes, a part of every command's start-up). Its composer
+# runs in C and cannot be guarded like _Loader's: a document is first read as events (no recursion, no aliases
+# followed) and composed in C only when it has no anchor or alias and nests at most MAX_DEPTH levels.
+def _libyaml_loader() -> type[yaml.CSafeLoader] | None:
+    if not getattr(yaml, "__with_libyaml__", False):
+        return None
+
+    class CLoader(yaml.CSafeLoader):
+        """libyaml's safe loader with the recipe constructors."""
+
+    _recipe_values(CLoader)
+    return CLoader
+
+
+_CLoader = _libyaml_loader()
+
+
+def _plain(text: str) -> bool:
+    """Whether `text` parses (by libyaml) into events with no anchor or alias and no node deeper than MAX_DEPTH."""
+    assert _CLoader is not None
+    loader = _CLoader(text)
+    depth = 0
+    try:
+        while loader.check_event():
+            event = loader.get_event()
+            if isinstance(event, yaml.NodeEvent) and (event.anchor is not None or depth >= MAX_DEPTH):
+                return False
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
+    finally:
+        loader.dispose()
+    return True
+
+
+def _read(loader_class: type[yaml.SafeLoader] | type[yaml.CSafeLoader], text: str) -> tuple[yaml.Node | None, Any]:
+    """`text`'s root node (for the line of each key) and its value, as `loader_class` reads them."""
+    loader = loader_class(text)
+    try:
+        node = loader.get_single_node()
+        return node, loader.construct_document(node) if node is not None else None
+    finally:
+        loader.dispose()
+
+
+def _compose(text: str) -> tuple[yaml.Node | None, Any]:
+    """A document's root node (for the line of each key) and its value."""
+    if _CLoader is not None:
+        try:
+            if _plain(text):
+                return _read(_CLoader, text)
+        except yaml.YAMLError:
+            pass  # not thrown away: _Loader reads the document again just below and reports what is wrong
+    # Anything libyaml refused, or would not be given, is read by _Loader: its errors (and their lines and
+    # wording, which byte offsets from libyaml would not give) are the ones recipes have always had. Its reader
+    # refuses control characters at once.
+    return _read(_Loader, text)
+
+
+def _parse(path: Path, label: str) -> tuple[dict[str, Any], dict[tuple[str, ...], int]]:
+    """A recipe file's top-level mapping and the line of each key path. Errors start with `label`: the file's
+    name, or for a parent, the child's `extends:` key and the parent's name."""
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_BYTES + 1)
+    except OSError as exc:
+        raise RecipeError(f"{label}: cannot read: {exc.strerror}") from None
+    if len(data) > MAX_BYTES:
+        raise RecipeError(f"{label}: larger than {MAX_BYTES >> 10} KiB: not a recipe")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise RecipeError(
+            f"{label}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x}): recipes must be UTF-8 encoded",
+            hint=f"convert it, e.g. iconv -f latin1 -t utf-8 {shlex.quote(str(path))}",
+        ) from None
+    try:
+        node, doc = _compose(text)
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, exc.position) + 1
+        raise RecipeError(
+            f"{label}:{line}: not valid YAML: character U+{exc.character:04X} is not allowed in YAML"
+        ) from None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{label}:{mark.line + 1}" if mark is not None else label
+        raise RecipeError(f"{where}: not valid YAML: {shown(exc.problem or exc.context, 200)}") from None
+    except yaml.YAMLError as exc:
+        raise RecipeError(f"{label}: not valid YAML: {shown(exc, 200)}") from None
+    except ValueError as exc:  # a value Python will not convert: an integer past its 4300-digit limit
+        raise RecipeError(f"{label}: not a recipe value: {shown(str(exc).split(';')[0], 200)}") from None
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, dict):
+        kind = "a list" if isinstance(doc, list) else "a single value"
+        raise RecipeError(f"{label}: expected a mapping of keys at the top (a recipe), got {kind}")
+    return doc, _line_map(node)
+
+
+def _read_chain(
+    path: Path,
+    chain: list[Path],
+    docs: list[tuple[Path, dict[str, Any], dict[tuple[str, ...], int]]],
+    label: str,
+) -> None:
+    resolved = path.resolve()
+    if resolved in [p.resolve() for p in chain]:
+        cycle = " -> ".join(display(p) for p in [*chain, path])
+        raise RecipeError(f"{display(chain[-1])}: extends: cycle: {cycle}")
+    chain.append(path)
+    doc, lines = _parse(path, label)
+    parent = doc.pop("extends", None)
+    docs.append((path, doc, lines))
+    if parent is None:
+        return
+    key = f"{display(path)}:{lines.get(('extends',), 1)}: extends"
+    parent_path = _parent(path, parent, key)
+    _read_chain(parent_path, chain, docs, f"{key}: {display(parent_path)}")
+
+
+def _parent(path: Path, parent: object, key: str) -> Path:
+    """The file an `extends:` value names: a shipped recipe's name, or a .yaml/.yml path relative to the recipe.
+    Nothing else is opened, so an error never shows another kind of file's content."""
+    expected = "a shipped recipe's name or the path of a .yaml/.yml file"
+    if not isinstance(parent, str):
+        raise RecipeError(f"{key}: expected {expected}, got {type(parent).__name__}")
+    if parent.endswith((".yaml", ".yml")):
+        parent_path = path.parent / parent  # an absolute path stays itself
+        if not _is_file(parent_path, key):
+            raise RecipeError(f"{key}: no such file {shown(parent_path)}")
+        return parent_path
+    if "/" in parent or not _RECIPE_NAME.fullmatch(parent):
+        raise RecipeError(f"{key}: expected {expected}, got {_cut(parent)!r}")
+    parent_path = paths.recipes_dir() / f"{parent}.yaml"
+    if not parent_path.is_file():
+        names = sorted(p.stem for p in paths.recipes_dir().glob("*.yaml"))
+        near = difflib.get_close_matches(parent, names, n=1)
+        hint = f"did you mean '{near[0]}'?" if near else f"known recipes: {', '.join(names)}"
+        raise RecipeError(f"{key}: no recipe named {parent!r}", hint=hint)
+    return parent_path
+
+
+def _merge(parent: dict[str, Any], child: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(parent)
+    for key, value in child.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _merge(dict(out[key]), value)
+        else:
+            out[key] = value
+    return out
+
+
+def _line_map(root: yaml.Node | None) -> dict[tuple[str, ...], int]:
+    """Key path -> 1-based line of that key in the YAML document."""
+    out: dict[tuple[str, ...], int] = {}
+
+    def walk(node: yaml.Node, prefix: tuple[str, ...]) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                path = (*prefix, str(key.value))
+                out[path] = key.start_mark.line + 1
+                walk(value, path)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                out[(*prefix, str(i))] = item.start_mark.line + 1
+                walk(item, (*prefix, str(i)))
+
+    if root is not None:
+        walk(root, ())
+    return out
+
+
+def _fields_at(loc: tuple[str | int, ...]) -> list[str]:
+    """The field names of the schema object at `loc`, to suggest a close match for an unknown key."""
+    model: Any = Recipe
+    for part in loc:
+        fields = getattr(model, "model_fields", None)
+        if fields is None or part not in fields:
+            return []
+        model = _model_of(fields[part].annotation)
+    return list(getattr(model, "model_fields", {}))
+
+
+def _model_of(annotation: Any) -> Any:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if get_origin(annotation) is not None:
+        for arg in get_args(annotation):
+            found = _model_of(arg)
+            if found is not None:
+                return found
+    return None
+
+
+def _format_errors(exc: ValidationError, docs: list[tuple[Path, dict[str, Any], dict[tuple[str, ...], int]]]) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = tuple(str(p) for p in err["loc"] if not str(p).startswith("function-"))
+        key = ".".join(shown(part) for part in loc) or "(top level)"
+        where = _where(loc, docs)
+        if err["type"] == "extra_forbidden":
+            near = difflib.get_close_matches(loc[-1], _fields_at(err["loc"][:-1]), n=1)
+            allowed = _fields_at(err["loc"][:-1])
+            msg = f"unknown key; did you mean '{near[0]}'?" if near else f"unknown key; expected one of {allowed}"
+        elif err["type"] == "missing":
+            msg = "required key is missing"
+        else:
+            msg = err["msg"].removeprefix("Value error, ")
+            given = err.get("input")
+            if not isinstance(given, dict | list) and "got" not in msg:
+                msg += f", got {_cut(given) if isinstance(given, str) else given!r}"
+        lines.append(f"{where}: {key}: {msg}")
+    return "invalid recipe:\n  " + "\n  ".join(lines)
+
+
+def _where(loc: tuple[str, ...], docs: list[tuple[Path, dict[str, Any], dict[tuple[str, ...], int]]]) -> str:
+    """The file (child first) that sets the longest prefix of `loc`, with the line of that key."""
+    for depth in range(len(loc), 0, -1):
+        for path, _, lines in docs:
+            if loc[:depth] in lines:
+                return f"{display(path)}:{lines[loc[:depth]]}"
+    return display(docs[0][0])

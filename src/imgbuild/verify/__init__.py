@@ -1,0 +1,492 @@
+"""`imgbuild verify`: prove that an image (or a machine) holds what its recipe's lock says.
+
+RECIPE -> its content-addressed image `imgbuild/<name>:lock-<digest12>`; IMAGE -> the recipe its label
+`io.imgbuild.recipe` names (and that recipe's lock when it is a shipped one). What to check comes from the
+image's own manifest (/etc/imgbuild/manifest.json, manifest.py): its components, their paths, its run profile;
+the lock only says what the manifest must hold (the `manifest` check). One container of the image is started
+through its entrypoint (so sshd starts), with the run profile's devices and GPUs when the host has them
+(runprofile.py); the checks of `checks.py` run in it through pytest-testinfra, while a second,
+entrypoint-less container scans the image's own filesystem for keys. Every container is removed whatever
+happens (errors, Ctrl-C; containers.py).
+
+`--host local|ssh://USER@HOST` runs the host-level checks (versions, fi_info, NCCL, plugin, GPU, torch) on a
+machine instead, against the recipe's lock.
+
+This is an edge module: it talks to the Docker engine (docker-py) and to containers and hosts (testinfra).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import docker
+import docker.errors
+
+from imgbuild import checks, engine
+from imgbuild.blocks import runtime_order
+from imgbuild.checks.results import CheckResult, failures
+from imgbuild.core.errors import ImgbuildError, Interrupted, LockError, RecipeError, VerifyError
+from imgbuild.core.interrupts import sigint_deferred
+from imgbuild.engine.containers import LABEL as LABEL_VERIFY
+from imgbuild.engine.containers import Containers
+from imgbuild.engine.runprofile import EFA_DEVICE_GLOB, RunSpec, for_engine, host_efa_devices, host_has_gpu, run_spec
+from imgbuild.image import render
+from imgbuild.image.manifest import MANIFEST_PATH, Manifest
+from imgbuild.pin import lock
+from imgbuild.pin.resolver import Resolved
+from imgbuild.spec import recipe
+
+LABEL_RECIPE = "io.imgbuild.recipe"
+READY_TIMEOUT_S = 60.0
+SCAN_TIMEOUT_S = 600
+
+# Runs in a container whose entrypoint did NOT run (so the host keys it would make are not there): key files
+# by name, and any PEM private key by content, on the image's own filesystem (-xdev: not /proc, /sys, /dev).
+_SCAN_SCRIPT = r"""
+find / -xdev \( -name 'ssh_host_*' -o -name id_rsa -o -name id_dsa -o -name id_ecdsa -o -name id_ed25519 \
+    -o -name id_ecdsa_sk -o -name id_ed25519_sk \) -print 2>/dev/null | sed 's/^/NAME /'
+find / -xdev -type f -size -256k -exec grep -lIE -- '^-----BEGIN ([A-Z0-9]+ )*PRIVATE KEY-----' {} + 2>/dev/null \
+    | sed 's/^/PEM /'
+echo IMGBUILD-SCAN-DONE
+"""
+
+
+# --------------------------------------------------------------------------------------------------------------
+# What to verify
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the user named, resolved: the image, the recipe and its lock (when there is one)."""
+
+    ref: str
+    kind: Literal["recipe", "image"]
+    image: str | None
+    recipe: str | None
+    resolved: Resolved | None
+    expected_manifest: Manifest | None  # what the lock says the image's manifest holds
+    note: str = ""  # why there is no lock to compare with, or where the expectations come from
+
+
+def expected_manifest(resolved: Resolved) -> Manifest:
+    """The manifest the lock gives (what /etc/imgbuild/manifest.json must hold): no template is rendered."""
+    return render.manifest(resolved)
+
+
+def looks_like_image(ref: str) -> bool:
+    return ":" in ref or "@" in ref
+
+
+def target_for_recipe(ref: str) -> Target:
+    loaded = recipe.load(ref)
+    if loaded.recipe.abstract:
+        raise RecipeError(f"{recipe.display(loaded.path)}: '{loaded.recipe.name}' is abstract (a parent): no image")
+    resolved, how = lock.resolved_for(loaded)
+    note = "" if how == "lock" else f"{loaded.recipe.name} has no lock: compared with a fresh resolution"
+    return Target(ref, "recipe", render.image_ref(resolved), resolved.name, resolved, expected_manifest(resolved), note)
+
+
+def target_for_image(ref: str, labels: dict[str, str]) -> Target:
+    """An image: the recipe its label names, and that recipe's lock when the recipe is shipped."""
+    name = labels.get(LABEL_RECIPE)
+    if not name:
+        return Target(ref, "image", ref, None, None, None, f"{ref} has no {LABEL_RECIPE} label: no lock to compare")
+    if name not in recipe.shipped_names():
+        note = f"recipe '{name}' is not a shipped recipe: the image's manifest is the only expectation"
+        return Target(ref, "image", ref, name, None, None, note)
+    loaded = recipe.load(name)
+    try:
+        resolved = lock.read(loaded)
+    except LockError as exc:
+        return Target(ref, "image", ref, name, None, None, f"the lock of '{name}' cannot be used: {exc.message}")
+    if resolved is None:
+        return Target(ref, "image", ref, name, None, None, f"shipped recipe '{name}' has no lock")
+    note = f"compared with the lock of shipped recipe '{name}'"
+    return Target(ref, "image", ref, name, resolved, expected_manifest(resolved), note)
+
+
+def resolve_target(ref: str, client: docker.DockerClient | None) -> Target:
+    """RECIPE (shipped name or YAML path) or IMAGE (has ':' or '@', or the engine knows it)."""
+    if not looks_like_image(ref):
+        try:
+            recipe.find(ref)
+        except ImgbuildError:
+            if client is None or _image_labels(client, ref) is None:
+                raise
+        else:
+            return target_for_recipe(ref)
+    if client is None:
+        raise VerifyError(f"{ref}: verifying an image needs the Docker engine")
+    labels = _image_labels(client, ref)
+    if labels is None:
+        raise VerifyError(f"image {ref} is not in the engine", hint="imgbuild build RECIPE, or docker pull it")
+    return target_for_image(ref, labels)
+
+
+def _image_labels(client: docker.DockerClient, ref: str) -> dict[str, str] | None:
+    info = engine.inspect_image(client, ref)
+    return None if info is None else dict((info.get("Config") or {}).get("Labels") or {})
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The report
+
+
+@dataclass
+class VerifyReport:
+    """The results of one verification, with where they were taken and how long each phase took."""
+
+    target: str
+    image: str | None
+    recipe: str | None
+    where: str  # "container", "local://", "ssh://user@host"
+    note: str
+    results: list[CheckResult]
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> list[CheckResult]:
+        return failures(self.results)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    def counts(self) -> dict[str, int]:
+        return {s: sum(1 for r in self.results if r.status == s) for s in ("pass", "fail", "skip")}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "target": self.target,
+            "image": self.image,
+            "recipe": self.recipe,
+            "where": self.where,
+            "note": self.note,
+            "ok": self.ok,
+            "summary": self.counts(),
+            "timings": self.timings,
+            "results": [r.to_json() for r in self.results],
+        }
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The entry point
+
+
+def verify(
+    ref: str,
+    *,
+    host: str | None = None,
+    devices: Sequence[str] = (),
+    expect_efa: bool = False,
+    nodes: int = 1,
+    workers: int = 8,
+) -> VerifyReport:
+    """Verify RECIPE|IMAGE in one container (or, with `host`, on that machine); then `nodes` >= 2 across nodes."""
+    if nodes < 1:
+        raise VerifyError(f"--nodes must be at least 1, got {nodes}")
+    if host and nodes > 1:
+        raise VerifyError("--nodes runs containers: it cannot be combined with --host")
+    start = time.monotonic()
+    timings: dict[str, float] = {}
+    try:
+        if host:
+            report = _verify_host(ref, host, expect_efa=expect_efa, workers=workers, timings=timings)
+        else:
+            report = _verify_container(ref, devices=devices, expect_efa=expect_efa, nodes=nodes, workers=workers,
+                                       timings=timings)  # fmt: skip
+    except KeyboardInterrupt:
+        raise Interrupted("interrupted: the verification's containers were removed") from None
+    timings["total_s"] = round(time.monotonic() - start, 3)
+    return report
+
+
+def host_spec(host: str) -> str:
+    """--host value -> testinfra host spec: 'local' -> local://, ssh://USER@HOST as is."""
+    if host in ("local", "local://"):
+        return "local://"
+    if re.fullmatch(r"ssh://(?:[A-Za-z0-9._-]+@)?[A-Za-z0-9.:\[\]-]+(?::\d+)?", host):
+        return host
+    raise VerifyError(f"--host {host!r}: expected 'local' or ssh://USER@HOST")
+
+
+def _verify_host(ref: str, host: str, *, expect_efa: bool, workers: int, timings: dict[str, float]) -> VerifyReport:
+    import testinfra
+
+    spec = host_spec(host)
+    t = time.monotonic()
+    client = None
+    if looks_like_image(ref):
+        client = engine.connect()
+    try:
+        target = resolve_target(ref, client)
+    finally:
+        if client is not None:
+            client.close()
+    if target.resolved is None or target.expected_manifest is None:
+        raise VerifyError(f"{ref}: --host checks need a recipe with a lock ({target.note})")
+    timings["resolve_s"] = round(time.monotonic() - t, 3)
+    th = testinfra.get_host(spec)
+    probe = checks.CheckContext(host=th, scope="host", components={})
+    # The host's Python: this interpreter on local:// (a DLAMI's torch lives in it), python3 over ssh.
+    python = sys.executable if spec == "local://" else "python3"
+    found_manifest = _host_manifest(probe)
+    gpu_run = probe.run("command -v nvidia-smi >/dev/null 2>&1 || test -e /dev/nvidia0")
+    efa = probe.run(f"ls {EFA_DEVICE_GLOB} 2>/dev/null")
+    ctx = checks.CheckContext(
+        host=th,
+        scope="host",
+        components=target.expected_manifest.components,
+        manifest=found_manifest,
+        expected_manifest=target.expected_manifest.as_data(),
+        manifest_note=target.note,
+        python=python,
+        efa_devices=tuple(efa.out.split()),
+        expect_efa=expect_efa,
+        gpu=gpu_run.ok,
+        gpu_reason="no GPU on this host (no nvidia-smi, no /dev/nvidia0)",
+    )
+    t = time.monotonic()
+    selected = checks.selected(ctx.components, "host", runtime_order())
+    results = checks.run_checks(ctx, selected, workers=workers)
+    timings["checks_s"] = round(time.monotonic() - t, 3)
+    return VerifyReport(ref, target.image, target.recipe, spec, target.note, results, timings)
+
+
+def _host_manifest(ctx: checks.CheckContext) -> dict[str, Any] | None:
+    ran = ctx.run(f"cat {MANIFEST_PATH}")
+    if not ran.ok:
+        return None
+    try:
+        data = json.loads(ran.out)
+    except json.JSONDecodeError:
+        return {"unreadable": ran.out[:200]}
+    return data if isinstance(data, dict) else None
+
+
+# --------------------------------------------------------------------------------------------------------------
+# One container
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How the verification container is started, and what that means for the checks."""
+
+    spec: RunSpec
+    efa_devices: tuple[str, ...]  # the EFA devices among spec.devices (paths inside the container)
+    gpu: bool
+    gpu_reason: str
+    notes: tuple[str, ...] = ()
+
+
+def run_options(
+    manifest: Manifest, extra_devices: Sequence[str], runtimes: Sequence[str], *, has_gpu: bool | None = None
+) -> RunOptions:
+    """The image's run profile (`runprofile.run_spec`) with --device, for this engine and host (network: the
+    engine's default, so a verification never takes the host's ports)."""
+    efa = host_efa_devices() if manifest.runtime.efa_devices else []
+    spec = run_spec(manifest.runtime, efa, extra_devices)
+    if has_gpu is None:
+        has_gpu = host_has_gpu()
+    spec, notes = for_engine(spec, runtimes=runtimes, has_gpu=has_gpu)
+    if manifest.runtime.efa_devices and not efa:
+        notes.append("the recipe uses EFA devices; this host has none")
+    wants_gpu = manifest.platform.accelerator == "nvidia" or bool(manifest.runtime.gpus)
+    gpu = wants_gpu and has_gpu
+    reason = "" if gpu else "no GPU on this host (/dev/nvidia0)" if wants_gpu else "the recipe is not for NVIDIA GPUs"
+    efa_inside = tuple(d for d in spec.devices_inside if d.startswith("/dev/infiniband/uverbs"))
+    return RunOptions(spec, efa_inside, gpu, reason, tuple(notes))
+
+
+class ImageScan(threading.Thread):
+    """Scans the image's own filesystem for keys in a container with the entrypoint overridden (in background)."""
+
+    def __init__(self, containers: Containers, image: str) -> None:
+        super().__init__(name="imgbuild-verify-scan", daemon=True)
+        self.containers, self.image = containers, image
+        self.outcome = checks.ImageScan(error="the scan did not finish")
+        self.duration_s = 0.0
+
+    def run(self) -> None:
+        start = time.monotonic()
+        try:
+            _, out = self.containers.run_to_end(
+                self.image, ["-c", _SCAN_SCRIPT], "scan", timeout_s=SCAN_TIMEOUT_S, entrypoint=["/bin/sh"],
+                network_disabled=True,
+            )  # fmt: skip
+            if "IMGBUILD-SCAN-DONE" not in out:
+                self.outcome = checks.ImageScan(error=f"the scan did not complete: {out[-300:]}")
+            else:
+                files = sorted({line.split(" ", 1)[1] for line in out.splitlines() if line[:5] in ("NAME ", "PEM ")})
+                self.outcome = checks.ImageScan(files=tuple(files))
+        except Exception as exc:  # reported as the check's failure, never lost in a thread
+            self.outcome = checks.ImageScan(error=f"{type(exc).__name__}: {exc}")
+        finally:
+            self.duration_s = round(time.monotonic() - start, 3)
+
+    def result(self) -> checks.ImageScan:
+        self.join()
+        return self.outcome
+
+
+def _wait_ready(client: docker.DockerClient, cid: str, timeout_s: float = READY_TIMEOUT_S) -> str | None:
+    """Wait until the entrypoint has exec'd the command (PID 1 is `sleep`); None when it runs, else why it exited.
+
+    A container still running after `timeout_s` whose entrypoint never exec'd counts as running: check it anyway.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        info = client.api.inspect_container(cid)
+        state = info.get("State") or {}
+        if not state.get("Running"):
+            logs = client.api.logs(cid, stdout=True, stderr=True, tail=20).decode("utf-8", "replace").strip()
+            return f"the container exited ({state.get('ExitCode')}): {logs[-600:] or 'no output'}"
+        try:
+            procs = client.api.top(cid).get("Processes") or []
+        except docker.errors.APIError:
+            procs = []
+        if procs and procs[0][-1].startswith("sleep"):
+            return None
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.1)
+
+
+def image_manifest(containers: Containers, target: Target) -> Manifest | None:
+    """The image's /etc/imgbuild/manifest.json (None when it has none; a `VerifyError` when it is not valid)."""
+    assert target.image is not None
+    raw = containers.read_image_file(target.image, MANIFEST_PATH)
+    return None if raw is None else Manifest.parse(raw, target.image)
+
+
+def _verify_container(
+    ref: str, *, devices: Sequence[str], expect_efa: bool, nodes: int, workers: int, timings: dict[str, float]
+) -> VerifyReport:
+    import testinfra
+
+    if shutil.which("docker") is None:
+        raise VerifyError("the docker command line is not installed (testinfra runs `docker exec`)",
+                          hint=engine.SETUP_HINT)  # fmt: skip
+    t = time.monotonic()
+    client = engine.connect()
+    containers = Containers(client)
+    try:
+        target = resolve_target(ref, client)
+        assert target.image is not None
+        if _image_labels(client, target.image) is None:
+            hint = f"imgbuild build {target.ref}" if target.kind == "recipe" else None
+            raise VerifyError(f"image {target.image} is not in the engine", hint=hint)
+        timings["resolve_s"] = round(time.monotonic() - t, 3)
+
+        t = time.monotonic()
+        manifest = image_manifest(containers, target)
+        timings["manifest_read_s"] = round(time.monotonic() - t, 3)
+        # What to check and how to start: the image's manifest; an image without one (not built by imgbuild,
+        # or its manifest deleted) is checked against the lock, and fails the `manifest` check.
+        profile = manifest or target.expected_manifest
+        if profile is None:
+            raise VerifyError(f"{target.image} has no {MANIFEST_PATH} and no lock to compare with ({target.note})")
+        runtimes = list((client.info().get("Runtimes") or {}).keys())
+        opts = run_options(profile, devices, runtimes)
+
+        scan = ImageScan(containers, target.image)
+        scan.start()
+
+        t = time.monotonic()
+        try:
+            container, spec, memlock_note = containers.start(target.image, ["sleep", "infinity"], "main", opts.spec)
+        except docker.errors.APIError as exc:
+            raise VerifyError(f"cannot start a container of {target.image}: {engine.reason(exc)}") from exc
+        not_ready = _wait_ready(client, container.id)
+        timings["container_start_s"] = round(time.monotonic() - t, 3)
+
+        components = profile.components
+        ctx = checks.CheckContext(
+            host=testinfra.get_host(f"docker://{container.id}"),
+            scope="container",
+            components=components,
+            manifest=manifest.as_data() if manifest is not None else None,
+            expected_manifest=target.expected_manifest.as_data() if target.expected_manifest is not None else None,
+            manifest_note=target.note,
+            python=profile.python,
+            devices=spec.devices_inside,
+            efa_devices=opts.efa_devices,
+            expect_efa=expect_efa,
+            gpu=opts.gpu,
+            gpu_reason=opts.gpu_reason,
+            image_scan=scan.result,
+        )
+        t = time.monotonic()
+        selected = checks.selected(components, "container", runtime_order())
+        if not_ready:
+            results = [CheckResult("container-start", "fail", "running", "exited", not_ready, component="image")]
+            static = [c for c in selected if c.name in ("manifest", "no-keys-in-image")]
+            results += checks.run_checks(ctx, static, workers=workers)
+            results += [CheckResult(c.name, "skip", reason="the container did not start", component=c.components[0])
+                        for c in selected if c not in static]  # fmt: skip
+        else:
+            results = checks.run_checks(ctx, selected, workers=workers)
+        timings["checks_s"] = round(time.monotonic() - t, 3)
+        scan.result()
+        timings["image_scan_s"] = scan.duration_s
+    finally:
+        t = time.monotonic()
+        with sigint_deferred("the verification's containers"):
+            left = containers.remove_all()
+            client.close()
+        timings["cleanup_s"] = round(time.monotonic() - t, 3)
+    if left:
+        raise VerifyError(f"could not remove {', '.join(left)} (labelled {LABEL_VERIFY}={containers.run_id})")
+
+    if nodes > 1:
+        t = time.monotonic()
+        if manifest is None:
+            results.append(CheckResult("multinode", "fail", f"{nodes} nodes", "not run",
+                                       f"the image has no {MANIFEST_PATH}: its mpirun line is unknown",
+                                       component="multinode"))  # fmt: skip
+        else:
+            from imgbuild.verify import multinode
+
+            results += multinode.run_multinode(target.image, manifest, nodes)
+        timings["multinode_s"] = round(time.monotonic() - t, 3)
+    notes = "; ".join(n for n in (target.note, *opts.notes, memlock_note or "") if n)
+    return VerifyReport(ref, target.image, target.recipe, "container", notes, results, timings)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Output files
+
+
+def write_json(report: VerifyReport, path: Path) -> None:
+    path.write_text(json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n")
+
+
+def junit_xml(report: VerifyReport) -> str:
+    """JUnit XML: one testcase per check, <failure> / <skipped> with the reason, expected and found."""
+    from imgbuild.checks.results import junit_xml as junit_suite
+
+    where = (("image", report.image), ("recipe", report.recipe), ("where", report.where))
+    properties = [(key, str(text or "")) for key, text in where]
+    properties += [(f"timing.{key}", str(seconds)) for key, seconds in sorted(report.timings.items())]
+    return junit_suite(
+        "imgbuild verify",
+        report.target,
+        report.results,
+        classname="imgbuild.verify",
+        failure_type="VerifyFailure",
+        properties=properties,
+        time_s=report.timings.get("total_s"),
+    )
+
+
+def write_junit(report: VerifyReport, path: Path) -> None:
+    path.write_text(junit_xml(report))

@@ -114,14 +114,15 @@ def test_unsafe_strings_are_refused_naming_file_line_and_key(tmp_path: Path, cas
 
 
 def test_what_remains_free_text_is_quoted_in_train(tmp_path: Path) -> None:
-    """mpirun values that may hold any printable text reach `train` shell-quoted."""
+    """mpirun values that may hold any printable text reach `train` as they are: one argument per line of its
+    data (read with mapfile, never evaluated by a shell)."""
     p = write(tmp_path, "q.yaml", "extends: cpu\nmpirun:\n  mca: {btl: 'tcp,self $(id)'}\n  extra_args: [\"a'b\"]\n")
     out = tmp_path / "ctx"
     proc = cli("render", p, "-o", out)
     assert proc.returncode == 0, proc.stderr
-    train = (out / "imgbuild" / "train").read_text()
-    assert "--mca btl 'tcp,self $(id)'" in train
-    assert "'a'\"'\"'b'" in train
+    args = (out / "imgbuild" / "sagemaker" / "mpirun.args").read_text().splitlines()
+    assert args[args.index("btl") + 1] == "tcp,self $(id)" and args[args.index("btl") - 1] == "--mca"
+    assert "a'b" in args
 
 
 # ---- 2. ENV and LABEL hold the recipe's literal text

@@ -29,7 +29,8 @@ from imgbuild.blocks import aws_ofi_nccl, nccl, runtime_order, sshd
 from imgbuild.checks.results import CheckResult, Status
 from imgbuild.cli import verify as cli_verify
 from imgbuild.core.errors import Interrupted, VerifyError
-from imgbuild.image.manifest import MANIFEST_PATH, Manifest
+from imgbuild.blocks import Pin
+from imgbuild.image.manifest import MANIFEST_PATH, Manifest, read_entry
 
 runner = CliRunner()
 
@@ -71,14 +72,20 @@ class FakeHost:
 
 CPU_COMPONENTS: dict[str, dict[str, Any]] = {
     "openmpi": {"version": "4.1.4", "source": "distro"},
-    "sshd": {"ports": [3022], "version": None},
+    "sshd": {"ports": [3022], "permit_root_login": "prohibit-password", "version": None},
     "nccl": {"version": "2.21.5", "source": "wheel", "package": "nvidia-nccl-cu12"},
-    "python": {"version": "3.11", "venv": "/opt/venv"},
+    "python": {"version": "3.11", "prefix": "/opt/venv"},
 }
 
 
+def pins(flat: dict[str, dict[str, Any]]) -> dict[str, Pin]:
+    """Manifest-style flat entries -> typed pins, through each block's details model (as verify reads them)."""
+    base = {"version": None, "source": "test", "origin": "test"}
+    return {name: Pin.model_validate(read_entry(name, {**base, **entry})) for name, entry in flat.items()}
+
+
 def ctx_for(answers: dict[str, Out], **kw: Any) -> checks.CheckContext:
-    return checks.CheckContext(host=FakeHost(answers), scope="container", components=CPU_COMPONENTS, **kw)
+    return checks.CheckContext(host=FakeHost(answers), scope="container", components=pins(CPU_COMPONENTS), **kw)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -132,7 +139,7 @@ SSHD_T = "port 3022\npasswordauthentication no\npermitrootlogin without-password
 
 
 def test_sshd_config_passes_and_catches_ports_and_passwords() -> None:
-    ok = sshd.sshd_config(ctx_for({"sshd -T": Out(0, SSHD_T)}, permit_root_login="prohibit-password"))
+    ok = sshd.sshd_config(ctx_for({"sshd -T": Out(0, SSHD_T)}))
     assert ok.status == "pass", ok
     bad = SSHD_T.replace("port 3022", "port 4022").replace("passwordauthentication no", "passwordauthentication yes")
     res = sshd.sshd_config(ctx_for({"sshd -T": Out(0, bad)}))
@@ -144,7 +151,7 @@ def test_nccl_runtime_check_reads_the_probe() -> None:
     probe = {"lib": "/opt/venv/x/libnccl.so.2", "candidates": ["/opt/venv/x/libnccl.so.2"], "code": 22005, "rc": 0,
              "header": {"path": "/opt/venv/include/nccl.h", "MAJOR": "2", "MINOR": "20", "PATCH": "5"}}  # fmt: skip
     host = FakeHost({"/opt/venv/bin/python": Out(0, json.dumps(probe) + "\n")})
-    ctx = checks.CheckContext(host=host, scope="container", components=CPU_COMPONENTS, python="/opt/venv/bin/python")
+    ctx = checks.CheckContext(host=host, scope="container", components=pins(CPU_COMPONENTS), python="/opt/venv/bin/python")
     runtime = nccl.nccl_runtime_version(ctx)
     assert (runtime.status, runtime.expected, runtime.found) == ("fail", "22105 (2.21.5)", "22005 (2.20.5)")
     header = nccl.nccl_header_version(ctx)
@@ -173,7 +180,7 @@ def test_nccl_probe_finds_the_wheel_next_to_torch_on_a_host(tmp_path: Path) -> N
         "#define NCCL_MAJOR 2\n#define NCCL_MINOR 21\n#define NCCL_PATCH 5\n"
     )
     ctx = checks.CheckContext(host=LocalHost({"PYTHONPATH": str(site)}), scope="host",
-                              components=CPU_COMPONENTS, python=sys.executable)  # fmt: skip
+                              components=pins(CPU_COMPONENTS), python=sys.executable)  # fmt: skip
     header = nccl.nccl_header_version(ctx)
     assert (header.status, header.found) == ("pass", "2.21.5"), header
     runtime = nccl.nccl_runtime_version(ctx)
@@ -182,7 +189,7 @@ def test_nccl_probe_finds_the_wheel_next_to_torch_on_a_host(tmp_path: Path) -> N
 
 def test_gpu_checks_skip_without_a_gpu_and_run_with_one() -> None:
     components = {**CPU_COMPONENTS, "pytorch": {"version": "2.9.1"}}
-    none = checks.CheckContext(host=FakeHost({}), scope="container", components=components, gpu_reason="no GPU here")
+    none = checks.CheckContext(host=FakeHost({}), scope="container", components=pins(components), gpu_reason="no GPU here")
     for fn in (checks.gpu_nvidia_smi, checks.gpu_torch_cuda, checks.gpu_nccl_allreduce):
         res = fn(none)
         assert (res.status, res.reason) == ("skip", "no GPU here")
@@ -193,29 +200,29 @@ def test_gpu_checks_skip_without_a_gpu_and_run_with_one() -> None:
         "is_available": Out(0, "[true, 2]\n"),
         "init_process_group": Out(0, '{"value": 2.0, "nccl": [2, 27, 5]}\n'),
     }
-    gpu = checks.CheckContext(host=FakeHost(answers), scope="container", components=components, gpu=True)
+    gpu = checks.CheckContext(host=FakeHost(answers), scope="container", components=pins(components), gpu=True)
     smi = checks.gpu_nvidia_smi(gpu)
     assert smi.status == "pass" and smi.found.startswith("2 GPU(s): GPU 0: NVIDIA H100")
     assert checks.gpu_torch_cuda(gpu).found == "2 device(s)"
     assert checks.gpu_nccl_allreduce(gpu).status == "pass"
     hung = checks.CheckContext(host=FakeHost({"init_process_group": Out(124, "", "")}), scope="container",
-                               components=components, gpu=True)  # fmt: skip
+                               components=pins(components), gpu=True)  # fmt: skip
     assert checks.gpu_nccl_allreduce(hung).status == "fail"
 
 
 def test_plugin_with_an_unresolved_library_fails() -> None:
-    components = {**CPU_COMPONENTS, "aws_ofi_nccl": {"version": "1.16.3", "prefix": "/opt/amazon/ofi-nccl"}}
+    components = {**CPU_COMPONENTS, "aws_ofi_nccl": {"version": "1.16.3", "prefix": "/opt/amazon/ofi-nccl", "tested_nccl": "2.27.7"}}
     lib = "/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu/libnccl-net.so"
     ldd_bad = "\tlibfabric.so.1 => not found\n\tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x1)\n"
     bad = checks.CheckContext(host=FakeHost({"libnccl-net*": Out(0, lib + "\n"), "ldd": Out(0, ldd_bad)}),
-                              scope="container", components=components)  # fmt: skip
+                              scope="container", components=pins(components))  # fmt: skip
     res = aws_ofi_nccl.aws_ofi_nccl_plugin(bad)
     assert res.status == "fail" and "libfabric.so.1 not found" in res.reason and "sockets" in res.reason
-    none = checks.CheckContext(host=FakeHost({"libnccl-net*": Out(0, "")}), scope="container", components=components)
+    none = checks.CheckContext(host=FakeHost({"libnccl-net*": Out(0, "")}), scope="container", components=pins(components))
     assert aws_ofi_nccl.aws_ofi_nccl_plugin(none).status == "fail"
     ldd_ok = "\tlibfabric.so.1 => /opt/amazon/efa/lib/libfabric.so.1 (0x1)\n"
     ok = checks.CheckContext(host=FakeHost({"libnccl-net*": Out(0, lib + "\n"), "ldd": Out(0, ldd_ok)}),
-                             scope="container", components=components)  # fmt: skip
+                             scope="container", components=pins(components))  # fmt: skip
     assert aws_ofi_nccl.aws_ofi_nccl_plugin(ok).status == "pass"
 
 
@@ -325,7 +332,9 @@ def test_the_manifest_tells_what_verify_needs() -> None:
     assert {"FI_PROVIDER", "OMPI_MCA_btl_vader_single_copy_mechanism", "PATH"} <= set(m.rank_env)
     assert len(m.rank_env) == len(set(m.rank_env)) and set(m.env) <= set(m.rank_env)
     assert m.component_dicts()["nccl"] == {"version": "2.21.5", "source": "wheel", "origin": "recipe",
-                                           "package": "nvidia-nccl-cu12"}  # fmt: skip
+                                           "package": "nvidia-nccl-cu12",
+                                           "prefix": "/opt/venv/lib/python3.11/site-packages/nvidia/nccl"}  # fmt: skip
+    assert m.details("sshd").permit_root_login == "prohibit-password"
 
 
 def test_host_spec() -> None:

@@ -50,8 +50,14 @@ def read_entry(name: str, data: Any) -> Any:
     """A flat manifest entry back to component `name`'s pin (its details through its block's model)."""
     if not isinstance(data, dict) or "details" in data:
         return data
-    details = {k: v for k, v in data.items() if k not in PIN_KEYS}
-    return {**{k: data[k] for k in PIN_KEYS if k in data}, "details": details_model(name).model_validate(details)}
+    rest = {k: v for k, v in data.items() if k not in PIN_KEYS}
+    try:
+        details = details_model(name).model_validate(rest)
+    except ValidationError as exc:  # said with the component's name: components.sshd.ports.0
+        raise ValueError(
+            "; ".join(f"components.{name}.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        ) from None
+    return {**{k: data[k] for k in PIN_KEYS if k in data}, "details": details}
 
 
 class Manifest(BaseModel):

@@ -25,11 +25,10 @@ import typer
 from typer.testing import CliRunner
 
 from imgbuild import checks, verify
-from imgbuild.blocks import aws_ofi_nccl, nccl, runtime_order, sshd
+from imgbuild.blocks import Pin, aws_ofi_nccl, nccl, runtime_order, sshd
 from imgbuild.checks.results import CheckResult, Status
 from imgbuild.cli import verify as cli_verify
 from imgbuild.core.errors import Interrupted, VerifyError
-from imgbuild.blocks import Pin
 from imgbuild.image.manifest import MANIFEST_PATH, Manifest, read_entry
 
 runner = CliRunner()
@@ -151,7 +150,9 @@ def test_nccl_runtime_check_reads_the_probe() -> None:
     probe = {"lib": "/opt/venv/x/libnccl.so.2", "candidates": ["/opt/venv/x/libnccl.so.2"], "code": 22005, "rc": 0,
              "header": {"path": "/opt/venv/include/nccl.h", "MAJOR": "2", "MINOR": "20", "PATCH": "5"}}  # fmt: skip
     host = FakeHost({"/opt/venv/bin/python": Out(0, json.dumps(probe) + "\n")})
-    ctx = checks.CheckContext(host=host, scope="container", components=pins(CPU_COMPONENTS), python="/opt/venv/bin/python")
+    ctx = checks.CheckContext(
+        host=host, scope="container", components=pins(CPU_COMPONENTS), python="/opt/venv/bin/python"
+    )
     runtime = nccl.nccl_runtime_version(ctx)
     assert (runtime.status, runtime.expected, runtime.found) == ("fail", "22105 (2.21.5)", "22005 (2.20.5)")
     header = nccl.nccl_header_version(ctx)
@@ -189,7 +190,9 @@ def test_nccl_probe_finds_the_wheel_next_to_torch_on_a_host(tmp_path: Path) -> N
 
 def test_gpu_checks_skip_without_a_gpu_and_run_with_one() -> None:
     components = {**CPU_COMPONENTS, "pytorch": {"version": "2.9.1"}}
-    none = checks.CheckContext(host=FakeHost({}), scope="container", components=pins(components), gpu_reason="no GPU here")
+    none = checks.CheckContext(
+        host=FakeHost({}), scope="container", components=pins(components), gpu_reason="no GPU here"
+    )
     for fn in (checks.gpu_nvidia_smi, checks.gpu_torch_cuda, checks.gpu_nccl_allreduce):
         res = fn(none)
         assert (res.status, res.reason) == ("skip", "no GPU here")
@@ -211,14 +214,19 @@ def test_gpu_checks_skip_without_a_gpu_and_run_with_one() -> None:
 
 
 def test_plugin_with_an_unresolved_library_fails() -> None:
-    components = {**CPU_COMPONENTS, "aws_ofi_nccl": {"version": "1.16.3", "prefix": "/opt/amazon/ofi-nccl", "tested_nccl": "2.27.7"}}
+    components = {
+        **CPU_COMPONENTS,
+        "aws_ofi_nccl": {"version": "1.16.3", "prefix": "/opt/amazon/ofi-nccl", "tested_nccl": "2.27.7"},
+    }
     lib = "/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu/libnccl-net.so"
     ldd_bad = "\tlibfabric.so.1 => not found\n\tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x1)\n"
     bad = checks.CheckContext(host=FakeHost({"libnccl-net*": Out(0, lib + "\n"), "ldd": Out(0, ldd_bad)}),
                               scope="container", components=pins(components))  # fmt: skip
     res = aws_ofi_nccl.aws_ofi_nccl_plugin(bad)
     assert res.status == "fail" and "libfabric.so.1 not found" in res.reason and "sockets" in res.reason
-    none = checks.CheckContext(host=FakeHost({"libnccl-net*": Out(0, "")}), scope="container", components=pins(components))
+    none = checks.CheckContext(
+        host=FakeHost({"libnccl-net*": Out(0, "")}), scope="container", components=pins(components)
+    )
     assert aws_ofi_nccl.aws_ofi_nccl_plugin(none).status == "fail"
     ldd_ok = "\tlibfabric.so.1 => /opt/amazon/efa/lib/libfabric.so.1 (0x1)\n"
     ok = checks.CheckContext(host=FakeHost({"libnccl-net*": Out(0, lib + "\n"), "ldd": Out(0, ldd_ok)}),

@@ -45,7 +45,8 @@ D = TypeVar("D", bound=Details)
 class Pin(BaseModel):
     """One component, pinned: its version, where it comes from, why that version, and its block's typed details.
 
-    A Pin read from JSON (a lock, a manifest) gets its block's details model through `with_details`.
+    A Pin read from JSON (a lock, a manifest) gets its block's details model from the reader
+    (`imgbuild.pin.resolver.read_details`).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -60,12 +61,6 @@ class Pin(BaseModel):
         if not isinstance(self.details, model):
             raise TypeError(f"pin details are {type(self.details).__name__}, not {model.__name__}")
         return self.details
-
-    def with_details(self, model: type[Details]) -> Pin:
-        """This pin with its details read as `model` (a lock's or manifest's JSON gives plain `Details` first)."""
-        if type(self.details) is model:
-            return self
-        return self.model_copy(update={"details": model.model_validate(self.details.model_dump(exclude_unset=True))})
 
 
 # How a source mode reaches the image:

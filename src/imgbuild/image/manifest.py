@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from imgbuild.blocks import Pin, python_of
 from imgbuild.core.errors import VerifyError
 from imgbuild.core.paths import MANIFEST_PATH
-from imgbuild.pin.resolver import details_model
+from imgbuild.pin.resolver import read_details
 from imgbuild.spec.recipe import MpiRun, Platform, Runtime
 from imgbuild.spec.schema import EnvName
 
@@ -50,13 +50,7 @@ def read_entry(name: str, data: Any) -> Any:
     """A flat manifest entry back to component `name`'s pin (its details through its block's model)."""
     if not isinstance(data, dict) or "details" in data:
         return data
-    rest = {k: v for k, v in data.items() if k not in PIN_KEYS}
-    try:
-        details = details_model(name).model_validate(rest)
-    except ValidationError as exc:  # said with the component's name: components.sshd.ports.0
-        raise ValueError(
-            "; ".join(f"components.{name}.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        ) from None
+    details = read_details(name, {k: v for k, v in data.items() if k not in PIN_KEYS}, f"components.{name}")
     return {**{k: data[k] for k in PIN_KEYS if k in data}, "details": details}
 
 

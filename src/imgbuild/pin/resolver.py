@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from packaging.version import Version
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from imgbuild.blocks import BY_NAME, Details, Pin, Resolution, resolve_order
 from imgbuild.spec import compat
 from imgbuild.spec.recipe import LoadedRecipe, Recipe
 
-__all__ = ["Pin", "Resolved", "TorchLookup", "details_model", "index_lookup", "resolve", "typed_pins"]
+__all__ = ["Pin", "Resolved", "TorchLookup", "details_model", "index_lookup", "read_details", "resolve"]
 
 
 class BaseImageDetails(Details):
@@ -46,9 +46,15 @@ def details_model(name: str) -> type[Details]:
     return block.details if block is not None else TARGET_DETAILS.get(name, Details)
 
 
-def typed_pins(pins: dict[str, Pin]) -> dict[str, Pin]:
-    """`pins` with each pin's details read as its own model (a pin read from JSON starts with plain Details)."""
-    return {name: pin.with_details(details_model(name)) for name, pin in pins.items()}
+def read_details(name: str, data: object, where: str) -> Details:
+    """`data` (JSON: a lock's or a manifest's) as pin `name`'s details model; a ValueError naming each field that
+    does not fit under `where` (`pins.sshd.details.ports.0`, `components.sshd.ports.0`)."""
+    try:
+        return details_model(name).model_validate(data)
+    except ValidationError as exc:
+        raise ValueError(
+            "; ".join(f"{where}.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        ) from None
 
 
 class Pinned(BaseModel):
@@ -69,7 +75,7 @@ class Pinned(BaseModel):
             return value
         return {
             name: (
-                {**pin, "details": details_model(name).model_validate(pin.get("details", {}))}
+                {**pin, "details": read_details(name, pin.get("details", {}), f"pins.{name}.details")}
                 if isinstance(pin, dict) and isinstance(pin.get("details", {}), dict)
                 else pin
             )

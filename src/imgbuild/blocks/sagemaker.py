@@ -77,7 +77,7 @@ def lines(values: list[str] | tuple[str, ...], what: str) -> str:
 def config(pin: Pin, manifest: Manifest) -> dict[str, str]:
     """The data train and the entrypoint hook read (context path -> text): sagemaker.conf, the launch lines."""
     launch = for_manifest(manifest)
-    details: SageMakerDetails = pin.details  # type: ignore[assignment]
+    details = pin.typed(SageMakerDetails)
     ssh_port = details.ssh_port
     ssh_ports = [*manifest.ssh_ports, *([ssh_port] if ssh_port not in manifest.ssh_ports else [])]
     gaudi = manifest.platform.accelerator == "gaudi"

@@ -143,7 +143,8 @@ class Runtime(Strict):
 
 
 class MpiRun(Strict):
-    """The mpirun command line used across nodes (launch.py builds it; `train` gets it shell-quoted)."""
+    """The mpirun command line used across nodes (launch.py builds it; `train` reads it from mpirun.args, one
+    argument per line)."""
 
     launcher: Command = "mpirun"
     mca: dict[McaName, Text] = {}

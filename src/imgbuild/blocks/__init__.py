@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from functools import cache
+from typing import Any
 
 from imgbuild.blocks import (
     aws_ofi_nccl,
@@ -106,6 +107,12 @@ def runtime_order() -> tuple[str, ...]:
     return tuple(b.name for b in REGISTRY)
 
 
+def context_for(resolved: Any) -> Context:
+    """What blocks may ask of each other: the pins, and which pinned block provides what it does not name."""
+    providers = {what: b.name for b in REGISTRY if b.name in resolved.pins for what in b.provides}
+    return Context(resolved=resolved, providers=providers)
+
+
 def dedupe(items: Iterable[str]) -> list[str]:
     """Keep the first occurrence of each item, in order."""
     return list(dict.fromkeys(items))
@@ -125,6 +132,7 @@ __all__ = [
     "Resolution",
     "builder_base",
     "builder_order",
+    "context_for",
     "dedupe",
     "python_of",
     "resolve_order",

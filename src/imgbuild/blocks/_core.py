@@ -139,6 +139,12 @@ class Context:
         return details.prefix if details is not None else None
 
     @property
+    def content(self) -> Any:
+        """What the lock records of the build's content (imgbuild.pin.content.Content): checksums of downloads,
+        hashes of requirement sets, base digests. None before `imgbuild lock` has read it from the world."""
+        return self.resolved.content
+
+    @property
     def cuda_home(self) -> str | None:
         """The target's CUDA_HOME (the `cuda` pin's prefix; None off NVIDIA)."""
         return self.prefix("cuda")
@@ -240,7 +246,14 @@ class Block:
                  (rendered with the recipe, the context, the pins and every block's options by name), any other a
                  static file under imgbuild/blocks/ (its scripts: files/<name>/), copied as it is;
     data         the data files its scripts read (context path -> text), made from its pin and the image's
-                 manifest: KEY=VALUE or one-argument-per-line text, never shell code.
+                 manifest: KEY=VALUE or one-argument-per-line text, never shell code;
+    downloads    the URLs its fragments download, from its pin and the context: `imgbuild lock` records a sha256
+                 for each (imgbuild.pin.content), and its template downloads them through `_build.j2`'s `download`
+                 with `ctx.content.download(url)`, which checks it;
+    requirements its Python requirement sets, in install order: set name (`<block>` or `<block>/<layer>`) ->
+                 requirement specifiers (`torch==2.9.1`). `imgbuild lock` resolves each set's closure with hashes
+                 (a later set sees the earlier ones installed) and its template installs a set with
+                 `pip_install(pip, ctx.content, name)` (--require-hashes).
     Its Dockerfile fragments are the macros `builder` and `runtime` of `<name>.j2` next to its module, and its
     verify checks are registered with `imgbuild.checks.check(..., "<name>")` in its module.
     """
@@ -258,6 +271,8 @@ class Block:
     required: Callable[[Recipe], str | None] = lambda recipe: None
     files: tuple[tuple[str, str, int], ...] = ()
     data: Callable[[Pin, Any], Mapping[str, str]] = lambda pin, manifest: {}
+    downloads: Callable[[Pin, Context], list[str]] = lambda pin, ctx: []
+    requirements: Callable[[Pin, Context], Mapping[str, list[str]]] = lambda pin, ctx: {}
     template_globals: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
 
     @property

@@ -23,6 +23,7 @@ from imgbuild.blocks import (
     Context,
     Contribution,
     builder_base,
+    context_for,
     builder_order,
     dedupe,
     runtime_order,
@@ -228,12 +229,6 @@ def readable_tag(resolved: Resolved) -> str:
     ranked = [(spec, resolved.version(name)) for name, spec in specs.items()]
     parts = [f"{short}{version}" for (_, short), version in sorted(ranked) if version]
     return "-".join(parts) or "latest"
-
-
-def context_for(resolved: Resolved) -> Context:
-    """What blocks may ask of each other: the pins, and which pinned block provides what it does not name."""
-    providers = {what: b.name for b in REGISTRY if b.name in resolved.pins for what in b.provides}
-    return Context(resolved=resolved, providers=providers)
 
 
 def contributions(resolved: Resolved) -> tuple[Context, dict[str, Contribution]]:

@@ -23,15 +23,17 @@ from imgbuild.pin.resolver import Pinned, Resolved, TorchLookup, index_lookup, r
 from imgbuild.spec import compat
 from imgbuild.spec.recipe import LoadedRecipe, display, load
 
-LOCK_VERSION: Literal[2] = 2  # 2: typed pin details (each block's own model)
-MAX_LOCK_BYTES = 4 << 20  # the shipped locks are about 5 KB
+LOCK_VERSION: Literal[3] = 3  # 2: typed pin details (each block's own model); 3: content (digests, hashes)
+MAX_LOCK_BYTES = 4 << 20  # the shipped locks are up to about 60 KB (a PyTorch image's wheel hashes)
 
 
 class Lock(Pinned):
-    """What a lock file holds: a resolution's decisions under the recipe's name."""
+    """What a lock file holds: a resolution's decisions under the recipe's name, with the content its build fetches
+    (imgbuild.pin.content) and that content's digest, so a hash edited by hand is refused."""
 
-    lock_version: Literal[2] = LOCK_VERSION
+    lock_version: Literal[3] = LOCK_VERSION
     recipe: str
+    content_digest: str | None = None
 
     @classmethod
     def of(cls, resolved: Resolved) -> Lock:
@@ -41,6 +43,8 @@ class Lock(Pinned):
             base_ref=resolved.base_ref,
             pins=dict(sorted(resolved.pins.items())),
             warnings=resolved.warnings,
+            content=resolved.content,
+            content_digest=resolved.content.digest() if resolved.content is not None else None,
         )
 
     def dumps(self) -> str:
@@ -119,8 +123,13 @@ def read(loaded: LoadedRecipe) -> Resolved | None:
         raise LockError(f"{display(path)}: unreadable lock file: nested too deeply for a lock", hint=hint) from None
     if not isinstance(data, dict) or data.get("lock_version") != LOCK_VERSION:
         found = data.get("lock_version") if isinstance(data, dict) else None
-        older = " (written by an older imgbuild)" if isinstance(found, int) and 0 < found < LOCK_VERSION else ""
-        raise LockError(f"{display(path)}: lock_version: expected {LOCK_VERSION}{older}", hint=hint)
+        older = (
+            " (written by an older imgbuild: it pins versions, not content: no base digests, checksums or wheel "
+            "hashes)"
+            if isinstance(found, int) and 0 < found < LOCK_VERSION
+            else ""
+        )
+        raise LockError(f"{display(path)}: lock_version: expected {LOCK_VERSION}{older}", hint=f"refresh it: {hint}")
     if data.get("recipe_digest") != loaded.digest:
         raise LockError(
             f"{display(path)} is stale: {display(loaded.path)} (or a recipe it extends) changed since the lock "
@@ -132,12 +141,21 @@ def read(loaded: LoadedRecipe) -> Resolved | None:
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
         raise LockError(f"{display(path)}: malformed lock: {problems}", hint=hint) from None
+    if lock.content is None:
+        raise LockError(f"{display(path)}: content: missing (the digests, checksums and hashes)", hint=hint)
+    if lock.content_digest != lock.content.digest():
+        raise LockError(
+            f"{display(path)}: content was edited by hand: its digest is {lock.content.digest()[:12]}, "
+            f"content_digest says {str(lock.content_digest)[:12]} (a checksum or hash no lock run recorded)",
+            hint=f"{hint} (reads them from the world again), or `git checkout` the lock",
+        )
     resolved = Resolved(
         recipe=loaded.recipe,
         recipe_digest=lock.recipe_digest,
         base_ref=lock.base_ref,
         pins=lock.pins,
         warnings=lock.warnings,
+        content=lock.content,
     )
     _check_not_edited(loaded, resolved, path, hint)
     return resolved

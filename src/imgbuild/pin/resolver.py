@@ -14,6 +14,7 @@ from packaging.version import Version
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from imgbuild.blocks import BY_NAME, Details, Pin, Resolution, resolve_order
+from imgbuild.pin.content import Content
 from imgbuild.spec import compat
 from imgbuild.spec.recipe import LoadedRecipe, Recipe
 
@@ -66,6 +67,9 @@ class Pinned(BaseModel):
     base_ref: str
     pins: dict[str, Pin]
     warnings: tuple[str, ...] = ()
+    # What the build fetches, by content (imgbuild.pin.content): read from the world at `imgbuild lock`, so a fresh
+    # resolution (pure, no network) has none.
+    content: Content | None = None
 
     @field_validator("pins", mode="before")
     @classmethod

@@ -1,0 +1,47 @@
+"""Read a resolution's content from the world (`imgbuild lock`, `imgbuild lock --check`): base digests from the
+registry or the engine, checksums of every download, hashes of every Python distribution. The network edge of the
+pin floor: each part is imported only when asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from imgbuild.blocks import REGISTRY, builder_base, context_for, dedupe
+from imgbuild.pin.content import Content
+from imgbuild.pin.resolver import Resolved
+
+
+def downloads(resolved: Resolved) -> list[str]:
+    """Every URL the image's blocks download, in registry order."""
+    ctx = context_for(resolved)
+    return dedupe(url for b in REGISTRY if b.name in resolved.pins for url in b.downloads(resolved.pins[b.name], ctx))
+
+
+def requirement_sets(resolved: Resolved) -> dict[str, list[str]]:
+    """Every requirement set of the image's blocks (name -> specifiers), in install order (registry order, each
+    block's own sets in its order)."""
+    ctx = context_for(resolved)
+    out: dict[str, list[str]] = {}
+    for b in REGISTRY:
+        if b.name in resolved.pins:
+            out.update({name: list(reqs) for name, reqs in b.requirements(resolved.pins[b.name], ctx).items()})
+    return out
+
+
+def bases(resolved: Resolved) -> list[str]:
+    """The base images a build of `resolved` starts from: the builder stage's, then the runtime's."""
+    return dedupe([builder_base(resolved), resolved.base_ref])
+
+
+def record(resolved: Resolved, *, engine: object | None = None) -> Content:
+    """The content of `resolved`'s build, read from the world now. `engine`: a docker client to ask for base digests
+    (None: imgbuild.engine's, when one answers)."""
+    from imgbuild.pin import checksums, digests, wheels
+
+    sets: Mapping[str, list[str]] = requirement_sets(resolved)
+    return Content(
+        bases={ref: digests.establish(ref, resolved, engine=engine) for ref in bases(resolved)},
+        downloads={url: checksums.establish(url) for url in downloads(resolved)},
+        python=wheels.compile_sets(sets, resolved) if sets else {},
+    )

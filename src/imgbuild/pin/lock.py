@@ -44,6 +44,7 @@ class Lock(Pinned):
             pins=dict(sorted(resolved.pins.items())),
             warnings=resolved.warnings,
             content=resolved.content,
+            locked_at=resolved.locked_at,
             content_digest=resolved.content.digest() if resolved.content is not None else None,
         )
 
@@ -156,6 +157,7 @@ def read(loaded: LoadedRecipe) -> Resolved | None:
         pins=lock.pins,
         warnings=lock.warnings,
         content=lock.content,
+        locked_at=lock.locked_at,
     )
     _check_not_edited(loaded, resolved, path, hint)
     return resolved

@@ -70,6 +70,9 @@ class Pinned(BaseModel):
     # What the build fetches, by content (imgbuild.pin.content): read from the world at `imgbuild lock`, so a fresh
     # resolution (pure, no network) has none.
     content: Content | None = None
+    # When the content was read (ISO 8601, UTC): the image's org.opencontainers.image.created, so a rebuild from one
+    # lock makes the same image. Kept by `imgbuild lock` when nothing else changed.
+    locked_at: str | None = None
 
     @field_validator("pins", mode="before")
     @classmethod

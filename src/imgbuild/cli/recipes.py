@@ -114,15 +114,79 @@ def render_(
 @handled
 def lock_(
     ref: RecipeArg,
-    offline: Annotated[bool, typer.Option("--offline", help="Use only the shipped tables, no index lookups.")] = False,
+    offline: Annotated[
+        bool,
+        typer.Option(
+            "--offline",
+            help="No network: PyPI-free pins from the shipped tables; content from the engine, the shipped checksum "
+            "table and uv's cache (a download nobody here can vouch for offline is recorded as unestablished).",
+        ),
+    ] = False,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check",
+            help="Re-resolve and read the content again, write nothing, and list what differs from the lock (a moved "
+            "tag, a re-uploaded tarball, a changed wheel hash). Exit 15 on any drift: what a nightly job runs.",
+        ),
+    ] = False,
 ) -> None:
-    """Resolve a recipe and write its pins to a lock file beside it."""
-    from imgbuild.pin import lock
+    """Resolve a recipe, read what its build fetches (base digests, checksums, wheel hashes) and write both to a
+    lock file beside it."""
+    import datetime
+
+    from imgbuild.core.errors import DriftError, LockError
+    from imgbuild.pin import lock, record
     from imgbuild.pin.resolver import index_lookup, resolve
     from imgbuild.spec import recipe
 
     loaded = recipe.load(ref).concrete()
     res = resolve(loaded, lookup_torch=None if offline else index_lookup)
     warn(res)
-    path = lock.write(loaded, res)
+    content = record.record(res, engine=_engine_or_none(), offline=offline)
+    for item in content.unestablished():
+        err().print(f"imgbuild: not pinned by content: {item}", markup=False)
+    now = datetime.datetime.now(datetime.UTC).replace(microsecond=0).isoformat()
+    fresh = res.model_copy(update={"content": content, "locked_at": now})
+    try:
+        old = lock.read(loaded)
+        old_error = None
+    except LockError as exc:
+        old, old_error = None, exc
+    if check:
+        if old is None:
+            raise DriftError(
+                f"{recipe.display(lock.lock_path(loaded))}: "
+                + (old_error.message if old_error is not None else "no lock to check"),
+                hint=f"imgbuild lock {ref}",
+            )
+        lines = lock.drift(lock.Lock.of(old), lock.Lock.of(fresh))
+        if lines:
+            for line in lines:
+                out().print(f"  {line}", markup=False)
+            raise DriftError(
+                f"{res.name}: the lock differs from what resolves today ({len(lines)} difference"
+                f"{'s' if len(lines) != 1 else ''})",
+                hint=f"review, then imgbuild lock {ref}",
+            )
+        out().print(f"{res.name}: the lock matches what resolves today", markup=False)
+        return
+    if old is not None and not lock.drift(lock.Lock.of(old), lock.Lock.of(fresh)):
+        fresh = fresh.model_copy(update={"locked_at": old.locked_at})  # nothing changed: the same lock, same image
+    path = lock.write(loaded, fresh)
     out().print(f"locked {res.name} -> {recipe.display(path)}", markup=False)
+
+
+def _engine_or_none() -> object | None:
+    """The Docker engine when one answers (base digests are asked through it), else None (they are recorded as
+    unestablished, with that reason)."""
+    from imgbuild import engine
+
+    try:
+        client = engine.new_client(timeout=10)
+        client.ping()
+    except Exception as exc:  # noqa: BLE001 - any failure to reach an engine means "no engine"; the lock says why
+        err().print(f"imgbuild: no Docker engine answered ({engine.reason(exc)}): base digests are not recorded",
+                    markup=False)  # fmt: skip
+        return None
+    return client

@@ -102,6 +102,20 @@ class OutputError(ImgbuildError):
     exit_code = 14
 
 
+class DriftError(ImgbuildError):
+    """`imgbuild lock --check`: the world no longer serves what the lock records (a moved tag, a re-uploaded
+    tarball, a wheel with another hash), or the lock no longer follows from its recipe."""
+
+    exit_code = 15
+
+
+class ContentError(ImgbuildError):
+    """What a build would use does not match the lock: a `--sources` folder missing a file or holding one whose
+    sha256 differs, a base image whose id differs from the one fetched."""
+
+    exit_code = 16
+
+
 class Interrupted(ImgbuildError):
     """The user pressed Ctrl-C; what was started has been cleaned up."""
 

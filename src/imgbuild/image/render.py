@@ -342,10 +342,22 @@ def _dockerfile(resolved: Resolved, ctx: Context, contribs: dict[str, Contributi
             env_paths=env_paths,
             env=recipe_env,
             labels=dict(sorted(labels.items())),
+            pinned=lambda ref: pinned_ref(resolved, ref),
             builder_env={**CA_ENV, **PIP_QUIET},
             post_install=[line for name in runtime_order() if name in contribs for line in contribs[name].post_install],
         )
     )
+
+
+def pinned_ref(resolved: Resolved, ref: str) -> str:
+    """A base reference as FROM names it: with the digest the lock records for it (`image:tag@sha256:...`), so the
+    build starts from those bytes or fails; as it is where no digest was established (a local base: see
+    imgbuild.pin.digests)."""
+    content = resolved.content
+    recorded = content.bases.get(ref) if content is not None else None
+    if recorded is None or recorded.digest is None or "@" in ref:
+        return ref
+    return f"{ref}@{recorded.digest}"
 
 
 def _labels(resolved: Resolved, digest: str) -> dict[str, str]:

@@ -19,7 +19,8 @@ from pydantic import ValidationError
 
 from imgbuild.blocks.pytorch import PyTorchDetails
 from imgbuild.core.errors import ImgbuildError, LockError
-from imgbuild.pin.resolver import Pinned, Resolved, TorchLookup, index_lookup, resolve
+from imgbuild.pin.content import Content
+from imgbuild.pin.resolver import Pin, Pinned, Resolved, TorchLookup, index_lookup, resolve
 from imgbuild.spec import compat
 from imgbuild.spec.recipe import LoadedRecipe, display, load
 
@@ -56,6 +57,49 @@ class Lock(Pinned):
         """sha256 of the pins' canonical JSON (lock_version left out): the content-addressed tag derives from it."""
         text = json.dumps(self.model_dump(mode="json", exclude={"lock_version"}), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()
+
+
+def drift(old: Lock, new: Lock) -> list[str]:
+    """What differs between a lock and a fresh one, a line each (when it was locked left out): pins, base digests,
+    download checksums, requirement sets (a version, a hash, a distribution added or gone)."""
+    lines = []
+    for name in sorted(set(old.pins) | set(new.pins)):
+        a, b = old.pins.get(name), new.pins.get(name)
+        if a != b:
+            lines.append(f"pins.{name}: {_pin_text(a)} -> {_pin_text(b)}")
+    oc, nc = old.content or Content(), new.content or Content()
+    for ref in sorted(set(oc.bases) | set(nc.bases)):
+        x, y = oc.bases.get(ref), nc.bases.get(ref)
+        if (x and x.digest) != (y and y.digest):
+            lines.append(f"base {ref}: {x.digest if x else 'absent'} -> {y.digest if y else 'absent'}"
+                         + (f" ({y.origin})" if y and y.digest is None else ""))  # fmt: skip
+    for url in sorted(set(oc.downloads) | set(nc.downloads)):
+        x2, y2 = oc.downloads.get(url), nc.downloads.get(url)
+        if (x2 and x2.sha256) != (y2 and y2.sha256):
+            lines.append(f"download {url}: sha256 {x2.sha256 if x2 else 'absent'} -> {y2.sha256 if y2 else 'absent'}"
+                         + (f" ({y2.origin})" if y2 else ""))  # fmt: skip
+    for set_name in sorted(set(oc.python) | set(nc.python)):
+        xs = {r.name: r for r in oc.python.get(set_name, ())}
+        ys = {r.name: r for r in nc.python.get(set_name, ())}
+        for dist in sorted(set(xs) | set(ys)):
+            x3, y3 = xs.get(dist), ys.get(dist)
+            if x3 is None or y3 is None:
+                lines.append(f"python {set_name}: {dist} {'added' if x3 is None else 'gone'}")
+            elif x3.version != y3.version:
+                lines.append(f"python {set_name}: {dist} {x3.version} -> {y3.version}")
+            elif set(x3.hashes) != set(y3.hashes):
+                gone, added = sorted(set(x3.hashes) - set(y3.hashes)), sorted(set(y3.hashes) - set(x3.hashes))
+                lines.append(f"python {set_name}: {dist}=={x3.version}: hashes changed (gone: "
+                             f"{', '.join(h[7:19] for h in gone) or 'none'}; new: "
+                             f"{', '.join(h[7:19] for h in added) or 'none'})")  # fmt: skip
+    return lines
+
+
+def _pin_text(pin: object) -> str:
+    if pin is None:
+        return "absent"
+    assert isinstance(pin, Pin)
+    return f"{pin.version} ({pin.source}, {pin.origin})"
 
 
 def lock_path(loaded: LoadedRecipe) -> Path:
@@ -125,8 +169,7 @@ def read(loaded: LoadedRecipe) -> Resolved | None:
     if not isinstance(data, dict) or data.get("lock_version") != LOCK_VERSION:
         found = data.get("lock_version") if isinstance(data, dict) else None
         older = (
-            " (written by an older imgbuild: it pins versions, not content: no base digests, checksums or wheel "
-            "hashes)"
+            " (written by an older imgbuild: it pins versions, not content: no base digests, checksums or wheel hashes)"
             if isinstance(found, int) and 0 < found < LOCK_VERSION
             else ""
         )

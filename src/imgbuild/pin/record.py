@@ -34,14 +34,15 @@ def bases(resolved: Resolved) -> list[str]:
     return dedupe([builder_base(resolved), resolved.base_ref])
 
 
-def record(resolved: Resolved, *, engine: object | None = None) -> Content:
+def record(resolved: Resolved, *, engine: object | None = None, offline: bool = False) -> Content:
     """The content of `resolved`'s build, read from the world now. `engine`: a docker client to ask for base digests
-    (None: imgbuild.engine's, when one answers)."""
+    (None: they are recorded as unestablished). `offline`: no network (checksums from the shipped table, wheel
+    hashes from uv's cache)."""
     from imgbuild.pin import checksums, digests, wheels
 
     sets: Mapping[str, list[str]] = requirement_sets(resolved)
     return Content(
         bases={ref: digests.establish(ref, resolved, engine=engine) for ref in bases(resolved)},
-        downloads={url: checksums.establish(url) for url in downloads(resolved)},
-        python=wheels.compile_sets(sets, resolved) if sets else {},
+        downloads={url: checksums.establish(url, offline=offline) for url in downloads(resolved)},
+        python=wheels.compile_sets(sets, resolved, offline=offline) if sets else {},
     )

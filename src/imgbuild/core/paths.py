@@ -10,6 +10,10 @@ from pathlib import Path
 # them from the data files render writes (a block's `data`), never typed again in bash; tests and verify use these.
 IMAGE_ETC = "/etc/imgbuild"  # render's data files in every image (the scripts' IMGBUILD_ETC default)
 MANIFEST_PATH = f"{IMAGE_ETC}/manifest.json"  # in every image: what render wrote and verify reads
+# Every Debian package of the runtime stage after its apt-get install (package, version, architecture, and the .deb's
+# SHA256 in apt's lists for that exact version; empty when the lists hold no such version: it came with the base),
+# tab-separated: `imgbuild sbom` gives the packages their hashes from it.
+DPKG_SHA256 = f"{IMAGE_ETC}/dpkg-sha256.tsv"
 ENTRYPOINT = "/usr/local/bin/imgbuild-entrypoint"  # the image's ENTRYPOINT: runs the hooks, then the command
 ENTRYPOINT_D = f"{IMAGE_ETC}/entrypoint.d"  # the hooks blocks drop there (sourced in name order)
 SSHD_LOG = "/var/log/imgbuild-sshd.log"  # sshd's log (`sshd -E`, its entrypoint hook); train and verify read it

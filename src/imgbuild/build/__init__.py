@@ -19,7 +19,7 @@ from typing import Any
 from imgbuild import __version__, engine
 from imgbuild.build import builders, dockercontext
 from imgbuild.core import paths
-from imgbuild.image import render
+from imgbuild.image import provenance, render
 from imgbuild.pin import lock
 from imgbuild.spec import recipe
 from imgbuild.core.errors import BuildError, PushError, UsageError
@@ -134,17 +134,19 @@ def build(
     cache_from: list[str] | None = None,
     cache_to: str | None = None,
     builder: builders.Builder | None = None,
+    sources: Path | None = None,
 ) -> BuildResult:
     """Build a recipe's image with BuildKit on the engine DOCKER_HOST (or the docker context, or the local socket)
     names. `builder_name` (--builder / IMGBUILD_BUILDER) picks a buildx builder; `cache_from` / `cache_to` are
-    registry refs of the cache between machines (`builders.cache_plan`)."""
+    registry refs of the cache between machines (`builders.cache_plan`). `sources`: a folder `imgbuild sources fetch`
+    wrote: checked, then built from alone with the build's network off (imgbuild.build.sources)."""
     logs = log_folder(log_dir)  # first: a state folder that cannot hold the log fails before any other work
     for cache_ref in cache_from or []:
         builders.check_cache_ref(cache_ref, "--cache-from")
     if cache_to:
         builders.check_cache_ref(cache_to, "--cache-to")
-    _, resolved, from_lock = prepare(ref)
-    plan = render.plan(resolved)
+    loaded, resolved, from_lock = prepare(ref)
+    plan = render.plan(resolved, provenance.of(loaded))
     client = engine.connect()
     try:
         chosen = builder or builders.select(builder_name)
@@ -163,6 +165,8 @@ def build(
         try:
             with builders.temp_secrets({render.CA_SECRET_ID: secret}) as secrets:
                 dockercontext.write(plan, folder)  # only what the Dockerfile copies; the CA bundle is the secret
+                if sources is not None:
+                    fetched.stage(sources, index, folder)
                 outcome = builders.build(
                     chosen,
                     client,
@@ -176,6 +180,7 @@ def build(
                     cache=cache,
                     log_path=log_path,
                     progress=progress,
+                    network="none" if sources is not None else None,
                 )
         finally:
             shutil.rmtree(folder, ignore_errors=True)

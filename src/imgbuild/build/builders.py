@@ -391,8 +391,10 @@ def command(
     cache: Cache,
     iidfile: Path,
     metadata_file: Path | None,
+    network: str | None = None,
 ) -> list[str]:
-    """The CLI's argument list for one build (no shell: values are never interpreted)."""
+    """The CLI's argument list for one build (no shell: values are never interpreted). `network`: the RUN steps'
+    network mode ("none": an offline build)."""
     argv = [builder.cli, *(["buildx", "build"] if builder.kind == "buildx" else ["build"])]
     if builder.kind == "buildx" and builder.name:
         argv += ["--builder", builder.name]
@@ -411,6 +413,8 @@ def command(
         argv.append("--no-cache")
     if pull:
         argv.append("--pull")
+    if network:
+        argv += ["--network", network]
     for ident, src in secrets.items():
         argv += ["--secret", f"id={ident},src={src}"]
     argv += list(cache.args)
@@ -575,6 +579,7 @@ def build(
     cache: Cache | None = None,
     log_path: Path,
     progress: BuildProgress | None = None,
+    network: str | None = None,
 ) -> BuildOutcome:
     """Build `context_dir/Dockerfile` with `builder`, tagged with every tag; the full output goes to the log
     (`engine.create_log`: a new file, never one already at log_path).
@@ -596,7 +601,7 @@ def build(
             argv = command(
                 builder, context_dir, tags=tags, labels=labels or {}, build_args=build_args or {}, nocache=nocache,
                 pull=pull, secrets=secrets or {}, cache=cache, iidfile=work / "iid",
-                metadata_file=work / "metadata.json",
+                metadata_file=work / "metadata.json", network=network,
             )  # fmt: skip
             return run.run(argv, work, cache)
     finally:

@@ -17,6 +17,7 @@ base_app = typer.Typer(help="Base images built offline from a Debian or Ubuntu a
 def register(app: typer.Typer) -> None:
     """Add `build`, `doctor` and the `base` group to `app`."""
     app.command("build")(build_)
+    app.add_typer(sources_app, name="sources")
     app.add_typer(base_app, name="base")
     app.command("doctor")(doctor)
 
@@ -128,6 +129,14 @@ def build_(
             "its inline cache, pushed there).",
         ),
     ] = None,
+    sources: Annotated[
+        Path | None,
+        typer.Option(
+            "--sources",
+            help="Build from a folder `imgbuild sources fetch` wrote, with the build's network off (air-gapped "
+            "sites). Every file is checked against the lock first; a missing or changed one is exit 16.",
+        ),
+    ] = None,
 ) -> None:
     """Build a recipe's image with BuildKit on the Docker engine (DOCKER_HOST, a docker context, or the local
     socket); `imgbuild doctor` says which builder is used and why."""
@@ -146,6 +155,7 @@ def build_(
         builder_name=builder,
         cache_from=cache_from or [],
         cache_to=cache_to,
+        sources=sources,
     )
     for w in result.warnings:
         err().print(f"imgbuild: warning: {w}", markup=False)
@@ -240,3 +250,27 @@ def doctor(
             f"missing for {', '.join(sorted({n for c in bad for n in c.needed_by} or {'all'}))}: "
             + "; ".join(f"{c.name} ({c.detail})" for c in bad)
         )
+
+
+sources_app = typer.Typer(help="Everything a recipe's build fetches, for air-gapped sites.", no_args_is_help=True)
+
+
+@sources_app.command("fetch")
+@handled
+def sources_fetch(
+    ref: RecipeArg,
+    output: Annotated[Path, typer.Option("--output", "-o", help="A new (or empty) folder to fetch into.")],
+) -> None:
+    """Download and check everything a build of RECIPE's lock needs (tarballs, wheels, the distribution's packages,
+    the base images) into a folder that `imgbuild build RECIPE --sources DIR` builds from with no network."""
+    from imgbuild import engine
+    from imgbuild.build import sources
+
+    client = engine.connect()
+    try:
+        index = sources.fetch(ref, output, client, say=lambda line: err().print(line, markup=False))
+    finally:
+        client.close()
+    size = sum((output / rel).stat().st_size for rel in index.files)
+    out().print(f"fetched {len(index.files)} files ({size / 1e6:.0f} MB) for {index.recipe} (lock "
+                f"{index.lock_digest[:12]}) into {output}", markup=False)  # fmt: skip

@@ -62,9 +62,8 @@ def establish(ref: str, resolved: Resolved | None = None, *, engine: Any | None 
         ref=ref,
         digest=None,
         origin=(
-            f"local: image {image.id[7:19]} was made on this machine (imgbuild base bootstrap / docker import), so it "
-            "has no registry digest and its id differs wherever it is made; `imgbuild sources fetch` saves it with "
-            "its id"
+            "local: the engine's image was made on its machine (imgbuild base bootstrap / docker import), so it has "
+            "no registry digest and its id differs wherever it is made; `imgbuild sources fetch` saves it with its id"
         ),
     )
 

@@ -266,25 +266,12 @@ def test_post_install_lines_follow_the_runtime_apt_install(recipe_dir: Path) -> 
     assert "ssh_host_" not in text and "      python3-venv\n" in text
 
 
-def test_shared_download_verifies_a_checksum_when_one_is_given() -> None:
-    """The place sha256 checks go (no pin carries one yet): the tarball is saved, checked, then unpacked."""
-    build = render.environment().get_template("blocks/_build.j2").module
-    url = "https://example.org/x-1.0.tar.bz2"
-    assert str(build.download(url)) == f"curl -fsSL {url} | tar -xj -C /tmp"
-    assert str(build.download(url, sha256="ab" * 32)) == (
-        f"curl -fsSL -o /tmp/x-1.0.tar.bz2 {url} \\\n"
-        f' && echo "{"ab" * 32}  /tmp/x-1.0.tar.bz2" | sha256sum -c - \\\n'
-        " && tar -xjf /tmp/x-1.0.tar.bz2 -C /tmp \\\n"
-        " && rm /tmp/x-1.0.tar.bz2"
-    )
-    assert str(build.copy_to_runtime("/opt/x")) == "COPY --from=builder /opt/x /opt/x"
-
-
 def test_copy_to_runtime_is_written_once() -> None:
     templates = Path(render.TEMPLATE_DIR)
     copies = [p.name for p in templates.glob("*.j2") if "COPY --from=builder" in p.read_text()]
     assert copies == ["_build.j2"]
-    downloads = [p.name for p in templates.glob("*.j2") if "| tar" in p.read_text()]
+    # Every download goes through `download` (tests/test_download_verify.py: its sha256 check).
+    downloads = [p.name for p in templates.glob("*.j2") if "curl " in p.read_text()]
     assert downloads == ["_build.j2"]
 
 

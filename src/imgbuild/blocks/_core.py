@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, SerializeAsAny
 
-from imgbuild.core.errors import ResolveError
+from imgbuild.core.errors import LockError, ResolveError
 from imgbuild.core.paths import display
 from imgbuild.spec import compat
 from imgbuild.spec.schema import Strict
@@ -143,6 +143,19 @@ class Context:
         """What the lock records of the build's content (imgbuild.pin.content.Content): checksums of downloads,
         hashes of requirement sets, base digests. None before `imgbuild lock` has read it from the world."""
         return self.resolved.content
+
+    def recorded(self, url: str) -> Any:
+        """What the lock records of download `url` (imgbuild.pin.content.Download), for `_build.j2`'s `download`;
+        None when the recipe is rendered without a lock's content. A content without `url` predates the block's
+        download: an error that says to lock again, never a silently unchecked download."""
+        if self.content is None:
+            return None
+        try:
+            return self.content.download(url)
+        except KeyError:
+            raise LockError(
+                f"{self.resolved.name}: the lock records no checksum for {url}", hint="run `imgbuild lock` again"
+            ) from None
 
     @property
     def cuda_home(self) -> str | None:

@@ -134,6 +134,17 @@ def _gdrcopy_rule(version: str, rs: Resolution) -> None:
         )
 
 
+def release_url(version: str) -> str:
+    """The plugin's release tarball (`make dist`'s, configure included: not GitHub's archive of the tag), the one
+    place its URL is written."""
+    tag = compat.plugin_tag(version)
+    return f"https://github.com/aws/aws-ofi-nccl/releases/download/{tag}/aws-ofi-nccl-{tag[1:]}.tar.gz"
+
+
+def downloads(pin: Pin, ctx: Context) -> list[str]:
+    return [release_url(str(pin.version))] if pin.source == "release" else []
+
+
 def contribute(pin: Pin, ctx: Context) -> Contribution:
     c = Contribution(name="aws_ofi_nccl")
     prefix = pin.details.prefix
@@ -159,6 +170,8 @@ BLOCK = Block(
     after=("nccl",),
     build_after=("efa", "nccl"),
     tag=(5, "ofi"),
+    downloads=downloads,
+    template_globals={"aws_ofi_nccl_release_url": release_url},
 )
 
 

@@ -80,6 +80,26 @@ def resolve(e: Efa, rs: Resolution) -> Pin:
     return Pin(version=e.version, source=e.source, origin="recipe", details=details)
 
 
+INSTALLER_HOST = "https://efa-installer.amazonaws.com"
+
+
+def installer_urls(version: str) -> dict[str, str]:
+    """The installer's tarball, its detached GPG signature and AWS's signing key (the one place their URLs are
+    written)."""
+    tarball = f"{INSTALLER_HOST}/aws-efa-installer-{version}.tar.gz"
+    return {"tarball": tarball, "signature": f"{tarball}.sig", "key": f"{INSTALLER_HOST}/aws-efa-installer.key"}
+
+
+def downloads(pin: Pin, ctx: Context) -> list[str]:
+    """The tarball, and with a signature check the signature and the key (checked by sha256 too where the lock
+    has one; the key's fingerprint is checked whatever the lock says)."""
+    if pin.source != "installer":
+        return []
+    urls = installer_urls(str(pin.version))
+    signed = pin.typed(EfaDetails).check == "signature"
+    return [urls["tarball"], *([urls["signature"], urls["key"]] if signed else [])]
+
+
 def contribute(pin: Pin, ctx: Context) -> Contribution:
     c = Contribution(name="efa")
     if pin.source == "installer":
@@ -124,7 +144,8 @@ BLOCK = Block(
     details=EfaDetails,
     provides=("libfabric",),
     tag=(6, "efa"),
-    template_globals={"efa_flags": efa_flags},
+    downloads=downloads,
+    template_globals={"efa_flags": efa_flags, "efa_installer_urls": installer_urls},
 )
 
 

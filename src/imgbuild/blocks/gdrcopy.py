@@ -44,6 +44,15 @@ def resolve(g: GdrCopy, rs: Resolution) -> Pin:
 GDRDRV = "/dev/gdrdrv"
 
 
+def source_url(version: str) -> str:
+    """GDRCopy's release: GitHub's archive of its tag (the one place its URL is written)."""
+    return f"https://github.com/NVIDIA/gdrcopy/archive/refs/tags/v{version}.tar.gz"
+
+
+def downloads(pin: Pin, ctx: Context) -> list[str]:
+    return [source_url(str(pin.version))]
+
+
 def contribute(pin: Pin, ctx: Context) -> Contribution:
     c = Contribution(name="gdrcopy")
     c.builder_packages |= {"curl", "ca-certificates", "build-essential"}
@@ -60,6 +69,8 @@ BLOCK = Block(
     resolve=resolve,
     contribute=contribute,
     details=Installed,
+    downloads=downloads,
+    template_globals={"gdrcopy_source_url": source_url},
 )
 
 

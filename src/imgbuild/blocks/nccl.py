@@ -82,6 +82,15 @@ def resolve(n: NCCL, rs: Resolution) -> Pin:
     return Pin(version=version, source=n.source, origin=origin, details=details)
 
 
+def source_url(version: str) -> str:
+    """NCCL's release: GitHub's archive of its tag `v<version>-1` (the one place its URL is written)."""
+    return f"https://github.com/NVIDIA/nccl/archive/refs/tags/v{version}-1.tar.gz"
+
+
+def downloads(pin: Pin, ctx: Context) -> list[str]:
+    return [source_url(str(pin.version))] if pin.source == "build" else []
+
+
 def contribute(pin: Pin, ctx: Context) -> Contribution:
     c = Contribution(name="nccl")
     if pin.source == "build":
@@ -103,6 +112,8 @@ BLOCK = Block(
     after=("pytorch", "python"),
     build_after=("python",),
     tag=(4, "nccl"),
+    downloads=downloads,
+    template_globals={"nccl_source_url": source_url},
 )
 
 

@@ -34,6 +34,15 @@ def resolve(t: NcclTests, rs: Resolution) -> Pin:
     return Pin(version=t.version, source="release", origin="recipe", details=Installed(prefix=t.prefix))
 
 
+def source_url(version: str) -> str:
+    """nccl-tests' release: GitHub's archive of its tag (the one place its URL is written)."""
+    return f"https://github.com/NVIDIA/nccl-tests/archive/refs/tags/v{version}.tar.gz"
+
+
+def downloads(pin: Pin, ctx: Context) -> list[str]:
+    return [source_url(str(pin.version))]
+
+
 def contribute(pin: Pin, ctx: Context) -> Contribution:
     c = Contribution(name="nccl_tests")
     c.path.append(pin.typed(Installed).prefix)
@@ -50,6 +59,8 @@ BLOCK = Block(
     details=Installed,
     after=("nccl", "openmpi"),
     build_after=("efa", "openmpi", "nccl"),
+    downloads=downloads,
+    template_globals={"nccl_tests_source_url": source_url},
 )
 
 

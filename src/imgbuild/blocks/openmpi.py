@@ -48,6 +48,16 @@ def resolve(m: OpenMPI, rs: Resolution) -> Pin:
     return Pin(version=m.version, source=m.source, origin="recipe", details=Details(prefix=where))
 
 
+def source_url(version: str) -> str:
+    """Open MPI's source release tarball (the one place its URL is written)."""
+    series = ".".join(version.split(".")[:2])
+    return f"https://download.open-mpi.org/release/open-mpi/v{series}/openmpi-{version}.tar.bz2"
+
+
+def downloads(pin: Pin, ctx: Context) -> list[str]:
+    return [source_url(str(pin.version))] if pin.source == "source" else []
+
+
 def contribute(pin: Pin, ctx: Context) -> Contribution:
     c = Contribution(name="openmpi")
     if pin.source == "distro":
@@ -72,6 +82,8 @@ BLOCK = Block(
     resolve=resolve,
     contribute=contribute,
     tag=(7, "ompi"),
+    downloads=downloads,
+    template_globals={"openmpi_source_url": source_url},
 )
 
 

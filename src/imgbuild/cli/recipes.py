@@ -97,10 +97,10 @@ def render_(
     ] = None,
 ) -> None:
     """Render a recipe's Dockerfile (to stdout, or with its build context into a folder)."""
-    from imgbuild.image import render
+    from imgbuild.image import provenance, render
 
-    _, res, _ = resolved(ref)
-    plan = render.plan(res)
+    loaded, res, _ = resolved(ref)
+    plan = render.plan(res, provenance.of(loaded))
     warn(res)
     if output is None:
         sys.stdout.write(plan.dockerfile)

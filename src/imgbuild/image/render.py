@@ -112,6 +112,16 @@ class ContextFile:
 
 
 @dataclass(frozen=True)
+class Provenance:
+    """Where a recipe comes from, for the image's org.opencontainers.image.source and .revision labels: read from
+    git by the command that renders (image.provenance.of), passed in, so `plan` stays a pure function. None where
+    it is not known (no repository, no remote, uncommitted changes): the label is left out, never guessed."""
+
+    source: str | None = None  # the repository's URL
+    revision: str | None = None  # the commit that last changed the recipe, its parents or its lock
+
+
+@dataclass(frozen=True)
 class BuildPlan:
     """Everything a build needs, decided before any engine is touched."""
 
@@ -244,13 +254,14 @@ def contributions(resolved: Resolved) -> tuple[Context, dict[str, Contribution]]
     return replace(ctx, fabric_in_builder=in_builder, offers=offers), contribs
 
 
-def plan(resolved: Resolved) -> BuildPlan:
-    """Render the Dockerfile and the context files of a resolved recipe."""
+def plan(resolved: Resolved, provenance: Provenance | None = None) -> BuildPlan:
+    """Render the Dockerfile and the context files of a resolved recipe (`provenance`: its source and revision
+    labels, when the caller knows them)."""
     import jinja2
 
     ctx, contribs = contributions(resolved)
     digest = lock_digest(resolved)
-    labels = _labels(resolved, digest)
+    labels = _labels(resolved, digest, provenance or Provenance())
     manifest = _manifest(resolved, digest, contribs)
     try:
         files = _files(resolved, ctx, contribs, manifest)
@@ -360,13 +371,25 @@ def pinned_ref(resolved: Resolved, ref: str) -> str:
     return f"{ref}@{recorded.digest}"
 
 
-def _labels(resolved: Resolved, digest: str) -> dict[str, str]:
+def _labels(resolved: Resolved, digest: str, provenance: Provenance) -> dict[str, str]:
+    """The image's labels: OCI's annotations (github.com/opencontainers/image-spec, annotations.md) and imgbuild's.
+    Only what the lock and the caller establish: `created` is the lock's time (a rebuild from one lock makes the
+    same image), `base.digest` the base's digest the lock recorded; each is left out when unknown."""
     r = resolved.recipe
+    base = resolved.content.bases.get(resolved.base_ref) if resolved.content is not None else None
+    optional = {
+        "org.opencontainers.image.created": resolved.locked_at,
+        "org.opencontainers.image.base.digest": base.digest if base is not None else None,
+        "org.opencontainers.image.licenses": r.license,
+        "org.opencontainers.image.source": provenance.source,
+        "org.opencontainers.image.revision": provenance.revision,
+    }
     labels = {
         "org.opencontainers.image.title": f"imgbuild/{r.name}",
         "org.opencontainers.image.description": r.description,
         "org.opencontainers.image.base.name": resolved.base_ref,
         "org.opencontainers.image.version": readable_tag(resolved),
+        **{k: v for k, v in optional.items() if v},
         "io.imgbuild.recipe": r.name,
         "io.imgbuild.lock-digest": digest,
     }

@@ -170,6 +170,7 @@ class Recipe(Strict):
     runtime: Runtime = Runtime()
     mpirun: MpiRun = MpiRun()
     labels: dict[LabelKey, Text] = {}
+    license: Text | None = None  # an SPDX expression: the image's org.opencontainers.image.licenses label
 
     @model_validator(mode="after")
     def _cuda_matches_platform(self) -> Recipe:

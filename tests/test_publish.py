@@ -828,3 +828,28 @@ def test_live_progress_renders_without_errors() -> None:
     publisher(api, Sleeps(), progress=live).publish(source())
     assert f"pushed 127.0.0.1:5000/team/imgbuild/cpu:lock-0123456789ab@{DIGEST}" in buf.getvalue()
     assert "retrying in 1s" in buf.getvalue()
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_push_writes_the_sbom_beside_the_push(docker_client, pinned_cpu, registry: LocalRegistry, tmp_path) -> None:
+    """`push RECIPE --sbom FILE`: the SBOM of the pushed image, named by the registry's manifest digest (Debian's
+    distribution 2.8 has no referrers API: the file is what CI keeps, see the README)."""
+    from imgbuild.image import sbom as doc
+
+    out = tmp_path / "cpu.cdx.json"
+    try:
+        result = CliRunner().invoke(
+            cli_app(), ["push", "cpu", "--registry", f"{registry.host}/sbom", "--json", "--sbom", str(out)]
+        )
+        assert result.exit_code == 0, result.output
+        digest = json.loads(result.stdout)["refs"][0]["digest"]
+        text = out.read_text()
+        doc.validate(text)
+        image = json.loads(text)["metadata"]["component"]
+        assert image["purl"] == f"pkg:oci/cpu@{digest}?repository_url={registry.host}/sbom/imgbuild/cpu"
+        assert doc.components_named(text, "openmpi-bin") and doc.components_named(text, "nvidia-nccl-cu12")
+    finally:
+        untag_all(docker_client, registry.host)
+    refused = CliRunner().invoke(cli_app(), ["push", "imgbuild-pushtest/x:1", "-r", registry.host, "--sbom", "f"])
+    assert refused.exit_code == 2 and "not a recipe" in refused.output

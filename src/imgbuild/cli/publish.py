@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -72,10 +73,23 @@ def push(
         int, typer.Option("--retries", min=1, max=10, help="Tries per tag on transient registry errors.")
     ] = 4,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")] = False,
+    sbom_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--sbom",
+            metavar="FILE",
+            help="RECIPE only: write the pushed image's CycloneDX SBOM here (as `imgbuild sbom`, naming the image by "
+            "the registry's manifest digests).",
+        ),
+    ] = None,
 ) -> None:
     """Re-tag an image under a registry and push it; prints the pushed digest of every tag."""
     from imgbuild import publish
     from imgbuild.core.progress import push_progress_for
+    from imgbuild.publish import sbom
+
+    if sbom_path is not None and not sbom.pushable(what):
+        raise typer.BadParameter(f"{what!r} is not a recipe: the SBOM needs its lock", param_hint="--sbom")
 
     result = publish.publish(
         what,
@@ -89,10 +103,15 @@ def push(
         err().print(f"imgbuild: warning: {warning}", markup=False)
     if as_json:
         sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
-        return
-    for ref in result.refs:
-        size = f"  size {ref.size}" if ref.size is not None else ""
-        out().print(f"{ref.status}: {ref.target}  {ref.digest}{size}", markup=False)
+    else:
+        for ref in result.refs:
+            size = f"  size {ref.size}" if ref.size is not None else ""
+            out().print(f"{ref.status}: {ref.target}  {ref.digest}{size}", markup=False)
+    if sbom_path is not None:
+        made = sbom.after_push(what, result, sbom_path)
+        for warning in made.warnings:
+            err().print(f"imgbuild: warning: {warning}", markup=False)
+        err().print(f"wrote {sbom_path}: the SBOM of {made.image} ({made.image_id[:19]})", markup=False)
 
 
 @handled

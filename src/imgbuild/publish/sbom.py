@@ -154,3 +154,22 @@ def write(sbom: Sbom, output: Path) -> Path:
     output.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(output, sbom.text)
     return output
+
+
+def pushable(what: str) -> bool:
+    """Whether `imgbuild push WHAT --sbom` can describe WHAT: a recipe (its lock says what the hashes are)."""
+    from imgbuild.publish import _is_recipe
+
+    return _is_recipe(what)
+
+
+def after_push(what: str, result: Any, output: Path, *, client: Any | None = None) -> Sbom:
+    """The SBOM of recipe `what`'s image just pushed (`result`: publish.PublishResult), naming it by the manifest
+    digests the registry gave each tag, written to `output` (for CI to keep beside the push)."""
+    from imgbuild.pin import lock
+
+    _, resolved, _ = lock.for_ref(what)
+    digests = tuple(dict.fromkeys(f"{ref.target.rsplit(':', 1)[0]}@{ref.digest}" for ref in result.refs))
+    made = make(resolved, repo_digests=digests, client=client)
+    write(made, output)
+    return made

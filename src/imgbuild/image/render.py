@@ -217,6 +217,7 @@ def environment() -> jinja2.Environment:
         pip_install=pip_install,
         builder_base=builder_base,
         paths=paths,  # where things are in the image (paths.ENTRYPOINT, paths.IMAGE_ETC...)
+        sources_dir=None,  # a folder of every download (offline builds): `download` copies SOURCES_DIR/files/<name>
     )
     # NAME="value" pairs of one ENV or LABEL instruction, one per line, sorted.
     env.filters["kvlines"] = lambda mapping, indent: f" \\\n{indent}".join(

@@ -6,12 +6,16 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from imgbuild.cli.console import err, handled, out
+from imgbuild.core.errors import ImgbuildError
 from imgbuild.core.interrupts import terminable
+
+if TYPE_CHECKING:
+    from imgbuild.publish import PublishResult
 
 
 def register(app: typer.Typer) -> None:
@@ -33,6 +37,17 @@ def _registry_value(value: str | None) -> str | None:
     except PushError as exc:
         raise typer.BadParameter(str(exc)) from None
     return value
+
+
+def _scan_level(value: str | None) -> str | None:
+    """--scan-gate LEVEL, any case: one of INFORMATIONAL, LOW, MEDIUM, HIGH, CRITICAL (else a usage error, exit 2)."""
+    if value is None:
+        return None
+    from imgbuild.publish.scan import LEVELS
+
+    if value.upper() not in LEVELS:
+        raise typer.BadParameter(f"{value!r}: expected one of {', '.join(LEVELS)}")
+    return value.upper()
 
 
 @handled
@@ -72,6 +87,35 @@ def push(
     retries: Annotated[
         int, typer.Option("--retries", min=1, max=10, help="Tries per tag on transient registry errors.")
     ] = 4,
+    scan_gate: Annotated[
+        str | None,
+        typer.Option(
+            "--scan-gate",
+            metavar="LEVEL",
+            callback=_scan_level,
+            help="ECR only: push the content-addressed tag, wait for ECR's scan of its digest, and fail (exit 15) on "
+            "findings at or above LEVEL (INFORMATIONAL < LOW < MEDIUM < HIGH < CRITICAL; an unrated finding without "
+            "a CVSS score counts at every level) that are not allowed, or when the scan gives no verdict (FAILED, "
+            "unsupported, --scan-timeout). Only a passed gate pushes the readable tags; a failed one removes the tag "
+            "this run pushed.",
+        ),
+    ] = None,
+    allow: Annotated[
+        list[str] | None,
+        typer.Option("--allow", metavar="ID", help="A finding (CVE-..., GHSA-...) the gate lets through; repeatable."),
+    ] = None,
+    allow_file: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--allow-file",
+            metavar="FILE",
+            help="Allowed findings, one ID per line followed by `# why` (the reason is required); repeatable.",
+        ),
+    ] = None,
+    scan_timeout: Annotated[
+        float,
+        typer.Option("--scan-timeout", metavar="SECONDS", min=1, help="How long to wait for the scan's verdict."),
+    ] = 1800.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")] = False,
     sbom_path: Annotated[
         Path | None,
@@ -83,35 +127,59 @@ def push(
         ),
     ] = None,
 ) -> None:
-    """Re-tag an image under a registry and push it; prints the pushed digest of every tag."""
+    """Re-tag an image under a registry and push it; prints the pushed digest of every tag.
+
+    With --scan-gate (ECR): exit 15 when the scan gate does not pass, after listing each finding (id, severity,
+    package, version, uri) and the allowed ones.
+    """
     from imgbuild import publish
     from imgbuild.core.progress import push_progress_for
     from imgbuild.publish import sbom
 
     if sbom_path is not None and not sbom.pushable(what):
         raise typer.BadParameter(f"{what!r} is not a recipe: the SBOM needs its lock", param_hint="--sbom")
+    gate = None
+    if scan_gate is not None:
+        from imgbuild.publish.scan import AllowList, ScanGate
 
-    result = publish.publish(
-        what,
-        registry,
-        ecr=ecr,
-        immutable=immutable,
-        retry=publish.Retry(attempts=retries),
-        progress=push_progress_for(err()),
-    )
-    for warning in result.warnings:
-        err().print(f"imgbuild: warning: {warning}", markup=False)
-    if as_json:
-        sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
-    else:
-        for ref in result.refs:
-            size = f"  size {ref.size}" if ref.size is not None else ""
-            out().print(f"{ref.status}: {ref.target}  {ref.digest}{size}", markup=False)
+        gate = ScanGate(scan_gate, AllowList.build(allow or (), allow_file or ()), timeout_s=scan_timeout)
+    elif allow or allow_file:
+        raise typer.BadParameter("--allow and --allow-file go with --scan-gate LEVEL", param_hint="--allow")
+    try:
+        result = publish.publish(
+            what,
+            registry,
+            ecr=ecr,
+            immutable=immutable,
+            retry=publish.Retry(attempts=retries),
+            progress=push_progress_for(err()),
+            gate=gate,
+        )
+    except ImgbuildError as exc:
+        failed = getattr(exc, "result", None)  # scan.ScanGateFailed: what was pushed, and the gate's report
+        if isinstance(failed, publish.PublishResult):
+            _print_result(failed, as_json)
+        raise
+    _print_result(result, as_json)
     if sbom_path is not None:
         made = sbom.after_push(what, result, sbom_path)
         for warning in made.warnings:
             err().print(f"imgbuild: warning: {warning}", markup=False)
         err().print(f"wrote {sbom_path}: the SBOM of {made.image} ({made.image_id[:19]})", markup=False)
+
+
+def _print_result(result: PublishResult, as_json: bool) -> None:
+    for warning in result.warnings:
+        err().print(f"imgbuild: warning: {warning}", markup=False)
+    if as_json:
+        sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
+        return
+    for ref in result.refs:
+        size = f"  size {ref.size}" if ref.size is not None else ""
+        out().print(f"{ref.status}: {ref.target}  {ref.digest}{size}", markup=False)
+    if result.scan is not None:
+        for line in result.scan.lines():
+            out().print(line, markup=False)
 
 
 @handled

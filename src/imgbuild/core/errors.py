@@ -116,6 +116,14 @@ class ContentError(ImgbuildError):
     exit_code = 16
 
 
+class ScanGateError(ImgbuildError):
+    """`push --scan-gate`: the registry's vulnerability scan of the pushed image found findings at or above the gate's
+    level that are not allowed, or gave no verdict (the scan failed, the image is unsupported, the scan did not finish
+    in time). Not 12: the push itself worked, and what was pushed is not promoted."""
+
+    exit_code = 15
+
+
 class Interrupted(ImgbuildError):
     """The user pressed Ctrl-C; what was started has been cleaned up."""
 

@@ -23,7 +23,12 @@ and the same image (its manifest digest is one of the image's RepoDigests, or it
 image id): "already published", a success. Present and different: a `PushError`. ECR's own refusal ("tag
 invalid: ... already exists") is read the same way.
 
-One module of about 510 lines: tagging, the push stream, retries and the immutable-tag check are the steps of
+With a scan gate (``--scan-gate LEVEL``, ECR only, `scan.ScanGate`) the content-addressed ref (a recipe's
+``lock-<hash>`` tag; else the first tag) is pushed alone; ECR's scan of its digest is waited for and judged; only a
+passed gate pushes the other (readable) tags. A failed gate takes back the tag this run pushed
+(``BatchDeleteImage``), so nothing the run tagged is left; a tag published before this run is left as it was.
+
+One module of about 560 lines: tagging, the push stream, retries and the immutable-tag check are the steps of
 one `Publisher.push_ref`, sharing the publisher's client, destination and progress.
 """
 
@@ -42,7 +47,7 @@ import docker
 import docker.errors
 import docker.utils
 
-from imgbuild.core.errors import EngineError, Interrupted, PushError
+from imgbuild.core.errors import EngineError, ImgbuildError, Interrupted, PushError
 from imgbuild.engine import ENGINE_ERRORS, connect, engine_error, inspect_image, reason
 from imgbuild.publish.registry import (
     LOGIN_HINT,
@@ -242,10 +247,14 @@ class PublishResult:
     image_id: str
     refs: tuple[PushedRef, ...]
     warnings: tuple[str, ...] = ()
+    scan: Any | None = None  # scan.GateReport with --scan-gate
 
     def to_json(self) -> dict[str, Any]:
-        return {"registry": self.registry, "image_id": self.image_id, "refs": [asdict(r) for r in self.refs],
+        data = {"registry": self.registry, "image_id": self.image_id, "refs": [asdict(r) for r in self.refs],
                 "warnings": list(self.warnings)}  # fmt: skip
+        if self.scan is not None:
+            data["scan"] = self.scan.to_json()
+        return data
 
 
 @dataclass
@@ -272,10 +281,12 @@ class Publisher:
         retry: Retry | None = None,
         progress: PushObserver | None = None,
         auth_config: dict[str, str] | None = None,
+        gate: Any | None = None,
     ) -> None:
         self.client = client
         self.destination = destination
         self.ecr = ecr
+        self.gate = gate  # scan.ScanGate: needs `ecr`
         self.immutable = immutable
         self.retry = retry or Retry()
         self.progress: PushObserver = progress or QuietProgress()
@@ -311,15 +322,59 @@ class Publisher:
     def publish(self, source: Source) -> PublishResult:
         pushed: list[PushedRef] = []
         warnings: list[str] = []
+        report = None
         try:
-            for ref in source.refs:
+            refs = list(source.refs)
+            if self.gate is not None:  # the content-addressed tag first, alone; the others only past the gate
+                first = next((r for r in refs if _split_ref(r)[1].startswith("lock-")), refs[0])
+                refs.remove(first)
+                pushed.append(self.push_ref(source, first, warnings))
+                report = self._gate(source, pushed[0])
+                if not report.passed:
+                    result = PublishResult(str(self.destination), source.image_id, tuple(pushed), tuple(warnings),
+                                           report)  # fmt: skip
+                    raise self._gate_failed(report, result)
+            for ref in refs:
                 pushed.append(self.push_ref(source, ref, warnings))
         finally:
             self.progress.close()
             if self._api is not None:
                 self._api.close()
                 self._api = None
-        return PublishResult(str(self.destination), source.image_id, tuple(pushed), tuple(warnings))
+        return PublishResult(str(self.destination), source.image_id, tuple(pushed), tuple(warnings), report)
+
+    # -- the scan gate -------------------------------------------------------------------------------------
+    def _gate(self, source: Source, first: PushedRef) -> Any:
+        """Wait for ECR's scan of the pushed digest and judge it; a failed gate takes back the tag this run pushed."""
+        from imgbuild.publish.scan import remove_tag
+
+        if self.ecr is None or self.gate is None:
+            raise PushError("the scan gate needs Amazon ECR (--ecr or an ECR registry host)")
+        src_repo, tag = _split_ref(first.source)
+        path = self.destination.path(strip_domain(src_repo))
+        log.info("waiting for ECR's scan of %s@%s", path, first.digest)
+        report = self.gate.run(self.ecr.client, path, first.digest, registry_id=self.ecr.account)
+        if report.passed:
+            return report
+        if first.status == "pushed":
+            problem = remove_tag(self.ecr.client, path, tag, registry_id=self.ecr.account)
+            if problem is None:
+                report.removed = (first.target,)
+            else:
+                report.kept = (f"{first.target} (could not remove it: {problem})",)
+        else:  # published before this run (and maybe promoted then): not this run's to take back
+            report.kept = (f"{first.target} (published before this run)",)
+        return report
+
+    def _gate_failed(self, report: Any, result: PublishResult) -> ImgbuildError:
+        from imgbuild.publish.scan import SCAN_HINT, ScanGateFailed
+
+        if report.error is not None:
+            hint = SCAN_HINT if "AccessDenied" in report.error else "the readable tags were not pushed; run again"
+        else:
+            hint = ("the readable tags were not pushed: fix the image, or allow a finding on purpose with --allow ID "
+                    "or a line `ID # why` in the allow file")  # fmt: skip
+        return ScanGateFailed(report, result, hint=hint)
 
     def _is_immutable(self, path: str) -> bool:
         repo = self.ecr.repository(path) if self.ecr is not None else None  # creates it when missing
@@ -486,8 +541,21 @@ def publish(
     client: docker.DockerClient | None = None,
     auth_config: dict[str, str] | None = None,
     ecr_registry: Any | None = None,
+    gate: Any | None = None,
 ) -> PublishResult:
-    """`imgbuild push WHAT --registry HOST[/PREFIX] [--ecr]`."""
+    """`imgbuild push WHAT --registry HOST[/PREFIX] [--ecr] [--scan-gate LEVEL]`.
+
+    `gate` (a `scan.ScanGate`) needs ECR: on another registry it is a usage error before anything is contacted.
+    """
+    is_ecr = ecr_registry is not None or ecr or bool(registry and _ecr_host(registry))
+    if gate is not None and not is_ecr:
+        from imgbuild.core.errors import UsageError
+
+        raise UsageError(
+            f"--scan-gate needs Amazon ECR: {registry} has no vulnerability scanner imgbuild can read",
+            hint="push to an ECR registry (--ecr, or an <account>.dkr.ecr.<region>.amazonaws.com host), or leave "
+            "--scan-gate out and scan the image another way",
+        )
     if ecr_registry is None and (ecr or (registry and _ecr_host(registry))):
         from imgbuild.publish.ecr import EcrRegistry
 
@@ -504,7 +572,7 @@ def publish(
     try:
         source = resolve_source(docker_client, what)
         publisher = Publisher(docker_client, destination, ecr=ecr_registry, immutable=immutable, retry=retry,
-                              progress=progress, auth_config=auth_config)  # fmt: skip
+                              progress=progress, auth_config=auth_config, gate=gate)  # fmt: skip
         return publisher.publish(source)
     finally:
         if own:

@@ -264,9 +264,12 @@ class Block:
                  for each (imgbuild.pin.content), and its template downloads them through `_build.j2`'s `download`
                  with `ctx.content.download(url)`, which checks it;
     requirements its Python requirement sets, in install order: set name (`<block>` or `<block>/<layer>`) ->
-                 requirement specifiers (`torch==2.9.1`). `imgbuild lock` resolves each set's closure with hashes
-                 (a later set sees the earlier ones installed) and its template installs a set with
-                 `pip_install(pip, ctx.content, name)` (--require-hashes).
+                 requirement specifiers (`torch==2.9.1`; `--no-binary=NAME`: NAME installs from its sdist, built
+                 with --no-build-isolation, its build requirements being an earlier set). `imgbuild lock` resolves
+                 each set's closure with hashes (pin.wheels: a later set holds what the earlier ones do not) and its
+                 template installs a set with `pip_install(pip, ctx, name)` (--require-hashes --no-deps);
+    requirements_stage  the stage its template installs its sets in: every builder-stage set installs before any
+                 runtime-stage one (the runtime copies the builder's venv first), whatever the registry's order.
     Its Dockerfile fragments are the macros `builder` and `runtime` of `<name>.j2` next to its module, and its
     verify checks are registered with `imgbuild.checks.check(..., "<name>")` in its module.
     """
@@ -286,6 +289,7 @@ class Block:
     data: Callable[[Pin, Any], Mapping[str, str]] = lambda pin, manifest: {}
     downloads: Callable[[Pin, Context], list[str]] = lambda pin, ctx: []
     requirements: Callable[[Pin, Context], Mapping[str, list[str]]] = lambda pin, ctx: {}
+    requirements_stage: Literal["builder", "runtime"] = "builder"
     template_globals: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
 
     @property

@@ -2,7 +2,8 @@
 
 Recipe options (`components.mpi4py`):
     source    distro (default): python3-mpi4py | pip: `pip install --no-binary mpi4py mpi4py==VERSION` into the
-              venv, built with the image's mpicc (never a prebuilt wheel made for another MPI)
+              venv, built with the image's mpicc (never a prebuilt wheel made for another MPI), from the sdist the
+              lock hashes, with --no-build-isolation against its build requirements (setuptools, Cython), hashed too
     version   checked against the distribution's (distro); required for pip
 """
 
@@ -40,6 +41,20 @@ def resolve(mp: MPI4Py, rs: Resolution) -> Pin:
     return Pin(version=mp.version, source="pip", origin="recipe")
 
 
+# What building mpi4py's sdist needs in the venv (pip): its pyproject's build backend (setuptools >= 42) and Cython
+# >= 3 (conf/requirements-build-cython.txt: mpi4py 4's sdist carries MPI.pyx, no generated MPI.c). `build`, also in
+# its build-system table, is only its backend's fallback when setuptools cannot be imported, so it is left out.
+BUILD_REQUIREMENTS = ["setuptools>=42", "cython>=3.0.0"]
+
+
+def requirements(pin: Pin, ctx: Context) -> dict[str, list[str]]:
+    """pip: the build requirements, then mpi4py from its sdist (`--no-binary`: its record is the sdist's hash), built
+    with --no-build-isolation against them."""
+    if pin.source != "pip":
+        return {}
+    return {"mpi4py/build": list(BUILD_REQUIREMENTS), "mpi4py": ["--no-binary=mpi4py", f"mpi4py=={pin.version}"]}
+
+
 def contribute(pin: Pin, ctx: Context) -> Contribution:
     c = Contribution(name="mpi4py")
     if pin.source == "distro":
@@ -75,6 +90,7 @@ BLOCK = Block(
     modes={"distro": "packages", "pip": "fragment"},
     resolve=resolve,
     contribute=contribute,
+    requirements=requirements,
     after=("python", "openmpi"),
     build_after=("python", "openmpi"),
     template_globals={"mpi4py_mpicc": mpicc, "mpi4py_wheel_cache_id": wheel_cache_id},

@@ -91,6 +91,13 @@ def downloads(pin: Pin, ctx: Context) -> list[str]:
     return [source_url(str(pin.version))] if pin.source == "build" else []
 
 
+def requirements(pin: Pin, ctx: Context) -> dict[str, list[str]]:
+    """The wheel (installed into the builder stage's venv, which the runtime stage copies)."""
+    if pin.source != "wheel":
+        return {}
+    return {"nccl": [f"{pin.typed(NcclDetails).package}=={pin.version}"]}
+
+
 def contribute(pin: Pin, ctx: Context) -> Contribution:
     c = Contribution(name="nccl")
     if pin.source == "build":
@@ -109,6 +116,7 @@ BLOCK = Block(
     resolve=resolve,
     contribute=contribute,
     details=NcclDetails,
+    requirements=requirements,
     after=("pytorch", "python"),
     build_after=("python",),
     tag=(4, "nccl"),

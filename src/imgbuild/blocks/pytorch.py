@@ -120,6 +120,18 @@ class PyTorchDetails(Details):
 PIP_BUILD_DISK_GB = 16.0
 
 
+def requirements(pin: Pin, ctx: Context) -> dict[str, list[str]]:
+    """Two layers (pip): the CUDA and NCCL wheels the release pins, then torch and numpy (their closure less what
+    the first layer and the sets before it hold)."""
+    if pin.source != "pip":
+        return {}
+    d = pin.typed(PyTorchDetails)
+    return {
+        "pytorch/cuda": list(d.cuda_wheels),
+        "pytorch/torch": [f"torch=={pin.version}", *([f"numpy=={d.numpy}"] if d.numpy else [])],
+    }
+
+
 def contribute(pin: Pin, ctx: Context) -> Contribution:
     return Contribution(name="pytorch", build_disk_gb=PIP_BUILD_DISK_GB if pin.source == "pip" else 0.0)
 
@@ -131,6 +143,8 @@ BLOCK = Block(
     resolve=resolve,
     contribute=contribute,
     details=PyTorchDetails,
+    requirements=requirements,
+    requirements_stage="runtime",
     after=("python",),
     tag=(2, "pt"),
 )

@@ -13,9 +13,10 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from imgbuild.blocks import (
     REGISTRY,
@@ -76,20 +77,75 @@ PIP_CACHE_MOUNT = cache_mount(PIP_CACHE_ID, PIP_CACHE_DIR)
 # mount, which skips a file already there ("File was already downloaded", checked against the index's sha256), and
 # installed from that folder alone (--no-index). mpi4py, built from its sdist, keeps pip's own caches (see its block).
 WHEELHOUSE = f"{PIP_CACHE_DIR}/imgbuild-wheelhouse"
+# Every pip step installs one requirement set (`Block.requirements`) as the lock recorded it: the set's requirements
+# file (name==version and the sha256 of every file the target may install) is a context file, bind-mounted into its
+# RUN (in no layer), and pip downloads and installs it with --require-hashes --no-deps: a file with another hash
+# fails the build with pip's message naming the file, the expected and the actual hash. Sets install in the lock's
+# order, each one's dependencies being in the sets before it, so --no-deps leaves nothing out.
+REQUIREMENTS_CONTEXT = "imgbuild/requirements"
+REQUIREMENTS_DIR = "/tmp/imgbuild-requirements"
 
 
-def pip_install(pip: str, requirements: list[str] | tuple[str, ...], env: str = "") -> str:
-    """The command that installs prebuilt `requirements` with `pip` through the wheelhouse (WHEELHOUSE): each
-    requirement a shell word (quoted where it needs it: extras, ranges), one to a line when there are more than two.
-    `env` prefixes the download (the runtime stage's PIP_ENV)."""
-    words = [shlex.quote(r) for r in requirements]
-    download = f"{env + ' ' if env else ''}{pip} download --dest {WHEELHOUSE}"
-    install = f"{pip} install --no-index --find-links {WHEELHOUSE}"
-    if len(words) <= 2:
-        reqs = " ".join(words)
-        return f"{download} {reqs} \\\n && {install} {reqs}"
-    listed = " \\\n".join(f"      {w}" for w in words)
-    return f'set -- \\\n{listed} \\\n && {download} "$@" \\\n && {install} "$@"'
+def requirements_path(name: str) -> str:
+    """The context path of requirement set `name`'s file (`pytorch/cuda` -> imgbuild/requirements/pytorch.cuda.txt);
+    its RUN mounts it at the same name under REQUIREMENTS_DIR."""
+    return f"{REQUIREMENTS_CONTEXT}/{name.replace('/', '.')}.txt"
+
+
+def pip_install(
+    context: Any, pip: str, ctx: Context, name: str, env: str = "", *, build_env: str = "", mounts: Sequence[str] = ()
+) -> str:
+    """The RUN that installs requirement set `name` (of the block named by its first part) with `pip`: from the
+    lock's hashes when the resolution has content (`--require-hashes --no-deps -r` the set's file: downloaded into
+    the wheelhouse, then installed from it alone; with the Jinja global `sources_dir` set, from its wheels/ folder
+    with no download), else from the block's specifiers, unhashed, as the Dockerfile's comment says. A set with
+    `--no-binary=NAME` builds NAME from its sdist with --no-build-isolation: its build requirements are a set of
+    their own, installed (hashed) before it. `env` prefixes the download (the runtime stage's PIP_ENV),
+    `build_env` the install (a source build's CFLAGS), `mounts` are the RUN's own besides the CA secret, the pip
+    cache and the requirements file. `context` is Jinja's (the environment's `run` and `sources_dir`)."""
+    from imgbuild.pin.wheels import no_binary, requirement_lines
+
+    block = name.split("/")[0]
+    sets = next((b.requirements(ctx.need(b.name), ctx) for b in REGISTRY if b.name == block), {})
+    if name not in sets:
+        raise RenderError(f"{ctx.resolved.name}: no requirement set {name!r} in block {block!r} (it has {list(sets)})")
+    specifiers = sets[name]
+    sources = no_binary(specifiers)
+    options = f" --no-binary={','.join(sources)} --no-build-isolation" if sources else ""
+    run_, sources_dir = context["run"], context.get("sources_dir")
+    download_env, install_env = (f"{e} " if e else "" for e in (env, build_env))
+    if ctx.content is None:  # each requirement a shell word, one to a line when there are more than two
+        words = [shlex.quote(r) for r in requirement_lines(specifiers)]
+        head = f"# No lock content: requirement set {name} installs unhashed (`imgbuild lock` records its hashes).\n"
+        download = f"{download_env}{pip} download --dest {WHEELHOUSE}{options}"
+        install = f"{install_env}{pip} install --no-index --find-links {WHEELHOUSE}{options}"
+        if len(words) <= 2:
+            reqs = " ".join(words)
+            return f"{head}{run_(CA_MOUNT, PIP_CACHE_MOUNT, *mounts)}{download} {reqs} \\\n && {install} {reqs}"
+        listed = " \\\n".join(f"      {w}" for w in words)
+        command = f'set -- \\\n{listed} \\\n && {download} "$@" \\\n && {install} "$@"'
+        return f"{head}{run_(CA_MOUNT, PIP_CACHE_MOUNT, *mounts)}{command}"
+    if name not in ctx.content.python:
+        raise RenderError(
+            f"{ctx.resolved.name}: the lock records no requirement set {name!r}: refresh it (imgbuild lock)"
+        )
+    file = f"{REQUIREMENTS_DIR}/{requirements_path(name).rsplit('/', 1)[1]}"
+    bind = f"--mount=type=bind,source={requirements_path(name)},target={file}"
+    hashed = f"--require-hashes --no-deps{options} -r {file}"
+    if sources_dir:
+        install = f"{install_env}{pip} install --no-index --find-links {sources_dir}/wheels {hashed}"
+        return f"{run_(CA_MOUNT, PIP_CACHE_MOUNT, bind, *mounts)}{install}"
+    return (
+        f"{run_(CA_MOUNT, PIP_CACHE_MOUNT, bind, *mounts)}"
+        f"{download_env}{pip} download --dest {WHEELHOUSE} {hashed} \\\n"
+        f" && {install_env}{pip} install --no-index --find-links {WHEELHOUSE} {hashed}"
+    )
+
+
+def requirement_files(ctx: Context) -> list[ContextFile]:
+    """The requirements file of every set the lock records (`pip_install` mounts them)."""
+    python = ctx.content.python if ctx.content is not None else {}
+    return [ContextFile(requirements_path(name), ctx.content.requirements_text(name).encode()) for name in python]
 
 
 def apt_mounts(base_ref: str) -> list[str]:
@@ -214,7 +270,7 @@ def environment() -> jinja2.Environment:
         pip_env=PIP_ENV,
         apt_mounts=apt_mounts,
         cache_mount=cache_mount,
-        pip_install=pip_install,
+        pip_install=jinja2.pass_context(pip_install),
         builder_base=builder_base,
         paths=paths,  # where things are in the image (paths.ENTRYPOINT, paths.IMAGE_ETC...)
         sources_dir=None,  # a folder of every download (offline builds): `download` copies SOURCES_DIR/files/<name>
@@ -467,6 +523,7 @@ def _files(
     files = [
         ContextFile("imgbuild/manifest.json", manifest.to_json().encode()),
         ContextFile("imgbuild/imgbuild-entrypoint", entrypoint, 0o755),
+        *requirement_files(ctx),
     ]
     env = environment()
     variables = {"r": r, "ctx": ctx, "pins": pins, "manifest": manifest}

@@ -313,12 +313,19 @@ class Distro:
     python: str
     mpi4py: str
     hwloc: str  # libhwloc15 (Debian 12: 2.9.0-1, Ubuntu 22.04: 2.7.0-2ubuntu1, Ubuntu 24.04: 2.10.0-1build1)
+    # The C library (libc6: Debian 12 2.36-9, Ubuntu 22.04 2.35-0ubuntu3, Ubuntu 24.04 2.39-0ubuntu8): the newest
+    # manylinux_2_XX wheel tag the release runs, the platform `imgbuild lock` resolves wheels for (pin.wheels).
+    glibc: str
 
 
 DISTRO: dict[str, Distro] = {
-    "debian12": Distro(openmpi="4.1.4", libfabric="1.17.0", python="3.11", mpi4py="3.1.4", hwloc="2.9.0"),
-    "ubuntu22.04": Distro(openmpi="4.1.2", libfabric="1.11.0", python="3.10", mpi4py="3.1.3", hwloc="2.7.0"),
-    "ubuntu24.04": Distro(openmpi="4.1.6", libfabric="1.17.0", python="3.12", mpi4py="3.1.5", hwloc="2.10.0"),
+    "debian12": Distro(openmpi="4.1.4", libfabric="1.17.0", python="3.11", mpi4py="3.1.4", hwloc="2.9.0", glibc="2.36"),
+    "ubuntu22.04": Distro(
+        openmpi="4.1.2", libfabric="1.11.0", python="3.10", mpi4py="3.1.3", hwloc="2.7.0", glibc="2.35"
+    ),
+    "ubuntu24.04": Distro(
+        openmpi="4.1.6", libfabric="1.17.0", python="3.12", mpi4py="3.1.5", hwloc="2.10.0", glibc="2.39"
+    ),
 }
 
 

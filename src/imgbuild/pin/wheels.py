@@ -1,0 +1,189 @@
+"""Every Python distribution an image installs, pinned by content: the closure of each requirement set
+(`Block.requirements`) with the sha256 of the files the target may install, resolved by uv at `imgbuild lock`.
+
+uv resolves for the target, not for this machine: `--python-version` is the image's Python (the `python` pin) and
+`--python-platform x86_64-manylinux_2_XX` its C library (compat.DISTRO's glibc), so the recorded hashes are those
+of the files pip on the target can pick (uv's pylock.toml output names every file with its hash; the wheels
+incompatible with the target are left out). The package index is uv's, as configured (uv.toml, UV_* variables):
+nothing here names one.
+
+Sets resolve in install order (`install_order`: the builder stage's sets, then the runtime stage's, each stage in
+the order given): a later set is compiled with the earlier sets' pins as constraints and keeps only
+what they do not hold, so each set installs with --no-deps and the sets together hold every distribution the image
+installs, transitive ones included. A set's entry `--no-binary=NAME` (pip's own requirements-file option) says that
+NAME installs from its sdist (mpi4py, compiled against the image's MPI): its record is the sdist's hash alone.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from packaging.utils import canonicalize_name
+
+from imgbuild.core.errors import IndexLookupError, ResolveError
+from imgbuild.pin.content import Requirement
+from imgbuild.pin.resolver import Resolved
+from imgbuild.spec import compat
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+ARCH = "x86_64"  # every target imgbuild builds for (AWS x86_64 instances)
+UV_TIMEOUT_S = 600  # one set's resolution; torch's closure takes seconds with a warm uv cache
+_NO_BINARY = re.compile(r"^--no-binary(?:=|\s+)(\S+)$")
+
+
+def no_binary(specifiers: Sequence[str]) -> list[str]:
+    """The distributions a set installs from their sdists: the names of its `--no-binary=NAME` entries
+    (normalized; a comma-separated list is several)."""
+    names: list[str] = []
+    for spec in specifiers:
+        m = _NO_BINARY.match(spec.strip())
+        if m:
+            names += [canonicalize_name(n) for n in m.group(1).split(",") if n]
+    return names
+
+
+def requirement_lines(specifiers: Sequence[str]) -> list[str]:
+    """A set's requirement specifiers without its options (`--no-binary=NAME`)."""
+    return [s for s in specifiers if not s.strip().startswith("-")]
+
+
+def target(resolved: Resolved) -> tuple[str, str]:
+    """(Python version, platform) the image's wheels are resolved for: the `python` pin's version (3.11 on Debian
+    12) and `x86_64-manylinux_2_XX` with the target distribution's glibc."""
+    r = resolved.recipe
+    os_id = f"{r.os.family}{r.os.version}"
+    distro = compat.DISTRO.get(os_id)
+    if distro is None:
+        raise ResolveError(f"{r.name}: no glibc known for {os_id} (compat.DISTRO has {', '.join(compat.DISTRO)})")
+    py = resolved.pins.get("python")
+    if py is None or not py.version:
+        raise ResolveError(f"{r.name}: its requirement sets need the python pin's version (components.python)")
+    return ".".join(py.version.split(".")[:2]), f"{ARCH}-manylinux_{distro.glibc.replace('.', '_')}"
+
+
+def uv_bin() -> str:
+    """The uv binary of the `uv` distribution (a dependency of imgbuild); an `IndexLookupError` when it is not
+    installed."""
+    try:
+        import uv
+
+        return str(uv.find_uv_bin())
+    except (ImportError, FileNotFoundError) as exc:
+        raise IndexLookupError(
+            f"uv is needed to pin the image's Python distributions by hash and cannot be found: {exc}",
+            hint="pip install uv (a dependency of imgbuild)",
+        ) from None
+
+
+def install_order(names: Sequence[str]) -> list[str]:
+    """Requirement set names in the order a build installs them: the sets of blocks that install in the builder
+    stage (their venv the runtime stage copies), then the runtime stage's (`Block.requirements_stage`), each in the
+    order given. The registry lists blocks in runtime layer order (PyTorch before mpi4py), not install order."""
+    from imgbuild.blocks import BY_NAME
+
+    def stage(name: str) -> int:
+        block = BY_NAME.get(name.split("/")[0])
+        return 1 if block is not None and block.requirements_stage == "runtime" else 0
+
+    return sorted(names, key=stage)
+
+
+def compile_sets(
+    sets: Mapping[str, Sequence[str]], resolved: Resolved, *, offline: bool = False
+) -> dict[str, tuple[Requirement, ...]]:
+    """Each requirement set's closure with hashes, in install order (`install_order`): a set holds only what the
+    sets before it do not (they constrain its versions). `offline`: no network, uv answers from its cache (uv's
+    --offline; what it has not cached fails the set, naming it). Raises `ResolveError` when a set cannot be resolved
+    (uv's message, the recipe and the set named) and `IndexLookupError` when uv cannot run or reach the index."""
+    python, platform = target(resolved)
+    uv = uv_bin()
+    out: dict[str, tuple[Requirement, ...]] = {}
+    pinned: dict[str, str] = {}  # name -> version, of every earlier set
+    with tempfile.TemporaryDirectory(prefix="imgbuild-wheels-") as tmp:
+        folder = Path(tmp)
+        for name in install_order(list(sets)):
+            closure = _compile(uv, folder, resolved.name, name, sets[name], pinned, python, platform, offline)
+            mine = tuple(r for r in closure if r.name not in pinned)
+            for r in mine:
+                pinned[r.name] = r.version
+            out[name] = mine
+    return out
+
+
+def _compile(
+    uv: str,
+    folder: Path,
+    recipe: str,
+    name: str,
+    specifiers: Sequence[str],
+    pinned: Mapping[str, str],
+    python: str,
+    platform: str,
+    offline: bool = False,
+) -> list[Requirement]:
+    where = f"{recipe}: requirement set {name}"
+    lines = requirement_lines(specifiers)
+    if not lines:
+        raise ResolveError(f"{where}: no requirement in {list(specifiers)}")
+    sources = no_binary(specifiers)
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", name)
+    (folder / f"{slug}.in").write_text("".join(f"{line}\n" for line in lines))
+    (folder / f"{slug}.constraints.txt").write_text("".join(f"{n}=={v}\n" for n, v in sorted(pinned.items())))
+    lock = folder / slug / "pylock.toml"  # uv wants the name pylock.toml for this format
+    lock.parent.mkdir()
+    argv = [
+        uv, "pip", "compile", "--quiet", "--no-python-downloads", "--generate-hashes",
+        "--python-version", python, "--python-platform", platform,
+        "--constraints", str(folder / f"{slug}.constraints.txt"),
+        *(a for n in sources for a in ("--no-binary", n)),
+        *(["--offline"] if offline else []),
+        "--format", "pylock.toml", "--output-file", str(lock), str(folder / f"{slug}.in"),
+    ]  # fmt: skip
+    env = {**os.environ, "UV_NO_PROGRESS": "1", "NO_COLOR": "1"}
+    try:
+        ran = subprocess.run(argv, capture_output=True, text=True, timeout=UV_TIMEOUT_S, env=env, check=False)
+    except subprocess.TimeoutExpired:
+        raise IndexLookupError(f"{where}: uv pip compile did not finish in {UV_TIMEOUT_S} s") from None
+    except OSError as exc:
+        raise IndexLookupError(f"{where}: cannot run {uv}: {exc.strerror or exc}") from None
+    if ran.returncode != 0:
+        message = (ran.stderr.strip() or ran.stdout.strip() or f"exit {ran.returncode}").replace("\n", "\n  ")
+        why = f"{where} ({', '.join(lines)}) for Python {python} on {platform}: uv pip compile failed:\n  {message}"
+        if "No solution found" in ran.stderr:
+            raise ResolveError(why)
+        raise IndexLookupError(why, hint="uv reads its index from uv.toml or UV_INDEX / UV_DEFAULT_INDEX")
+    return _read(lock, where, set(sources))
+
+
+def _read(lock: Path, where: str, sources: set[str]) -> list[Requirement]:
+    """The requirements of uv's pylock.toml: each package's wheels' hashes, or its sdist's for one installed from
+    source (a `--no-binary` name, or a package with no wheel for the target: pip would build it)."""
+    try:
+        data = tomllib.loads(lock.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise IndexLookupError(f"{where}: cannot read uv's {lock.name}: {exc}") from None
+    out: list[Requirement] = []
+    for package in data.get("packages", []):
+        pkg = canonicalize_name(str(package["name"]))
+        version = str(package.get("version") or "")
+        sdist = package.get("sdist")
+        files: list[Any] = [sdist] if pkg in sources or not package.get("wheels") else package["wheels"]
+        hashes = [f"sha256:{f['hashes']['sha256']}" for f in files if f and "sha256" in f.get("hashes", {})]
+        if not version or not hashes:
+            what = "an sdist" if pkg in sources else "a wheel or sdist"
+            raise IndexLookupError(
+                f"{where}: the index gives {pkg} {version or '(no version)'} no {what} with a sha256 for the target"
+            )
+        out.append(Requirement(name=pkg, version=version, hashes=tuple(sorted(hashes))))
+    return out

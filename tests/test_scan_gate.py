@@ -574,7 +574,7 @@ def test_failed_gate_pushes_no_readable_tag_and_takes_back_its_own(aws: boto3.Se
     ScriptedScans(registry.client, [basic()])
     with pytest.raises(scan.ScanGateFailed) as info:
         pub.publish(source())
-    assert info.value.exit_code == 15
+    assert info.value.exit_code == 17
     assert [p[1] for p in engine.pushes] == ["lock-0123456789ab"], "the readable tag is never pushed"
     assert remote_tags(registry.client) == [], "the tag this run pushed is taken back"
     report = info.value.report
@@ -653,9 +653,9 @@ def push_cli(*args: str) -> Any:
     return CliRunner().invoke(app, ["push", LOCK_REF, "--registry", f"{HOST}/team", "--mutable", *args])
 
 
-def test_cli_failed_gate_exits_15_listing_findings(cli_ecr: dict[str, Any]) -> None:
+def test_cli_failed_gate_exits_17_listing_findings(cli_ecr: dict[str, Any]) -> None:
     result = push_cli("--scan-gate", "high", "--allow", "CVE-2024-0002", "--allow-file", str(ALLOW_FILE))
-    assert result.exit_code == 15, result.output
+    assert result.exit_code == 17, result.output
     out = result.stdout
     assert f"pushed: {HOST}/{REPO}:lock-0123456789ab" in out and "nccl2.21.5" not in out
     assert "scan gate HIGH: 3 finding(s) at or above HIGH" in out
@@ -671,7 +671,7 @@ def test_cli_failed_gate_exits_15_listing_findings(cli_ecr: dict[str, Any]) -> N
 
 def test_cli_failed_gate_json(cli_ecr: dict[str, Any]) -> None:
     result = push_cli("--scan-gate", "CRITICAL", "--json")
-    assert result.exit_code == 15, result.output
+    assert result.exit_code == 17, result.output
     data = json.loads(result.stdout)
     assert data["scan"]["verdict"] == "blocked" and data["scan"]["level"] == "CRITICAL"
     assert [(f["id"], f["severity"], f["package"], f["version"]) for f in data["scan"]["blocking"]] == [
@@ -723,7 +723,7 @@ def test_cli_help_documents_the_gate() -> None:
 
     result = CliRunner().invoke(app, ["push", "--help"], env={"COLUMNS": "200"})
     text = flat(result.stdout)
-    assert "--scan-gate" in text and "exit15" in text and "--allow-file" in text
+    assert "--scan-gate" in text and "exit17" in text and "--allow-file" in text
 
 
 def test_publish_workflow_gates_on_high_with_the_allow_file() -> None:

@@ -93,7 +93,7 @@ def push(
             "--scan-gate",
             metavar="LEVEL",
             callback=_scan_level,
-            help="ECR only: push the content-addressed tag, wait for ECR's scan of its digest, and fail (exit 15) on "
+            help="ECR only: push the content-addressed tag, wait for ECR's scan of its digest, and fail (exit 17) on "
             "findings at or above LEVEL (INFORMATIONAL < LOW < MEDIUM < HIGH < CRITICAL; an unrated finding without "
             "a CVSS score counts at every level) that are not allowed, or when the scan gives no verdict (FAILED, "
             "unsupported, --scan-timeout). Only a passed gate pushes the readable tags; a failed one removes the tag "
@@ -129,7 +129,7 @@ def push(
 ) -> None:
     """Re-tag an image under a registry and push it; prints the pushed digest of every tag.
 
-    With --scan-gate (ECR): exit 15 when the scan gate does not pass, after listing each finding (id, severity,
+    With --scan-gate (ECR): exit 17 when the scan gate does not pass, after listing each finding (id, severity,
     package, version, uri) and the allowed ones.
     """
     from imgbuild import publish

@@ -121,7 +121,7 @@ class ScanGateError(ImgbuildError):
     level that are not allowed, or gave no verdict (the scan failed, the image is unsupported, the scan did not finish
     in time). Not 12: the push itself worked, and what was pushed is not promoted."""
 
-    exit_code = 15
+    exit_code = 17
 
 
 class Interrupted(ImgbuildError):

@@ -298,7 +298,7 @@ class GateReport:
 
 class ScanGateFailed(ScanGateError):
     """The gate did not pass: findings at or above the level, or no verdict. Carries the report and what was
-    pushed (the CLI prints both before exiting 15)."""
+    pushed (the CLI prints both before exiting 17)."""
 
     def __init__(self, report: GateReport, result: Any = None, *, hint: str | None = None) -> None:
         super().__init__(report.summary(), hint=hint)

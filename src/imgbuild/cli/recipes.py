@@ -185,7 +185,7 @@ def _engine_or_none() -> object | None:
     try:
         client = engine.new_client(timeout=10)
         client.ping()
-    except Exception as exc:  # noqa: BLE001 - any failure to reach an engine means "no engine"; the lock says why
+    except Exception as exc:
         err().print(f"imgbuild: no Docker engine answered ({engine.reason(exc)}): base digests are not recorded",
                     markup=False)  # fmt: skip
         return None

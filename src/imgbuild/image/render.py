@@ -14,7 +14,7 @@ import os
 import shlex
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
@@ -24,8 +24,8 @@ from imgbuild.blocks import (
     Context,
     Contribution,
     builder_base,
-    context_for,
     builder_order,
+    context_for,
     dedupe,
     runtime_order,
     slug,
@@ -158,6 +158,58 @@ def run(*mounts: str) -> str:
     return "RUN " + "".join(f"{m} \\\n    " for m in mounts)
 
 
+# An offline build (`imgbuild build --sources DIR`, with the build's network off) takes everything from the folder
+# `imgbuild sources fetch` filled, put in the build context as SOURCES_CONTEXT and bind-mounted (read-only, in no
+# layer) at SOURCES_DIR by every RUN that would download: files/ (the tarballs), wheels/, and debs/<base slug>/ (a flat
+# apt repository of the .debs each base's stages install, with its Packages index). Everything there was checked
+# against the lock and the fetch's own record before the build started (imgbuild.build.sources).
+SOURCES_DIR = "/imgbuild-sources"
+SOURCES_CONTEXT = "imgbuild-sources"
+SOURCES_MOUNT = f"--mount=type=bind,source={SOURCES_CONTEXT},target={SOURCES_DIR}"
+# apt's lists and cache of an offline RUN live in a tmpfs: the local repository's lists never reach a layer or the
+# shared apt cache mounts of online builds.
+OFFLINE_APT_DIR = "/tmp/imgbuild-apt"
+
+
+def offline_apt_files(base_ref: str) -> list[tuple[str, str]]:
+    """The apt configuration of an offline stage on `base_ref`: (context path, text) of its APT_CONFIG file (only the
+    local repository of its .debs, lists and cache in the tmpfs) and its sources list (trusted=yes: the .debs were
+    checked against the fetch's record, which apt's signed indexes vouched for when they were fetched)."""
+    name = slug(base_ref)
+    conf = "".join(
+        f'{key} "{value}";\n'
+        for key, value in {
+            "Dir::Etc::SourceList": f"{SOURCES_DIR}/apt/{name}.list",
+            "Dir::Etc::SourceParts": f"{SOURCES_DIR}/apt/none",
+            "Dir::State::Lists": f"{OFFLINE_APT_DIR}/lists",
+            "Dir::Cache": f"{OFFLINE_APT_DIR}/cache",
+            "Acquire::Languages": "none",
+        }.items()
+    )
+    listing = f"deb [trusted=yes] file:{SOURCES_DIR}/debs/{name} ./\n"
+    return [(f"{SOURCES_CONTEXT}/apt/{name}.conf", conf), (f"{SOURCES_CONTEXT}/apt/{name}.list", listing)]
+
+
+def apt_get_online(base_ref: str) -> str:
+    """The head of a stage's apt-get RUN (up to `install ... \\`): apt's cache mounts, update, install."""
+    return f"{run(*apt_mounts(base_ref))}apt-get update \\\n && apt-get install -y --no-install-recommends \\"
+
+
+def apt_get_offline(base_ref: str) -> str:
+    """The head of an offline stage's apt-get RUN: the sources mounted, apt pointed at them alone (APT_CONFIG)."""
+    return (
+        f"{run(SOURCES_MOUNT, f'--mount=type=tmpfs,target={OFFLINE_APT_DIR}')}"
+        f"export APT_CONFIG={SOURCES_DIR}/apt/{slug(base_ref)}.conf \\\n"
+        f" && mkdir -p {OFFLINE_APT_DIR}/lists/partial {OFFLINE_APT_DIR}/cache/archives/partial \\\n"
+        " && apt-get update \\\n && apt-get install -y --no-install-recommends \\"
+    )
+
+
+def run_offline(*mounts: str) -> str:
+    """`run` of an offline build: a RUN that would download (it mounts the CA secret) mounts the sources too."""
+    return run(*mounts, *([SOURCES_MOUNT] if CA_MOUNT in mounts else []))
+
+
 @dataclass(frozen=True)
 class ContextFile:
     """A file the Dockerfile copies, with its mode (the mode travels in the context: no COPY --chmod)."""
@@ -191,6 +243,9 @@ class BuildPlan:
     base_images: tuple[str, ...]
     manifest: Manifest | None = None  # what /etc/imgbuild/manifest.json holds (also among `files`)
     disk_gb: float = BASE_BUILD_DISK_GB  # free disk the engine needs to build it (see build.check_disk)
+    # The distribution packages each base's stages install (base ref -> names): what `sources fetch` downloads.
+    apt_packages: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    offline: bool = False  # rendered for `build --sources` (everything from SOURCES_CONTEXT, no network)
 
     @property
     def image_refs(self) -> list[str]:
@@ -225,7 +280,7 @@ def _bytecode_cache() -> jinja2.BytecodeCache | None:
 
 
 @cache
-def environment() -> jinja2.Environment:
+def environment(offline: bool = False) -> jinja2.Environment:
     """The one Jinja environment: StrictUndefined, so a missing variable is an error, not an empty string.
     jinja2 is imported here, not at the top: `show` and `run` need the image's references, not its templates."""
     import jinja2
@@ -262,7 +317,10 @@ def environment() -> jinja2.Environment:
 
     env.filters["shquote"] = shlex.quote
     env.globals.update(
-        run=run,
+        run=run_offline if offline else run,
+        apt_get=apt_get_offline if offline else apt_get_online,
+        # offline builds: `download` copies SOURCES_DIR/files/<name>, pip installs from SOURCES_DIR/wheels
+        sources_dir=SOURCES_DIR if offline else None,
         ca_secret_id=CA_SECRET_ID,
         ca_mount=CA_MOUNT,
         pip_cache_mount=PIP_CACHE_MOUNT,
@@ -273,7 +331,6 @@ def environment() -> jinja2.Environment:
         pip_install=jinja2.pass_context(pip_install),
         builder_base=builder_base,
         paths=paths,  # where things are in the image (paths.ENTRYPOINT, paths.IMAGE_ETC...)
-        sources_dir=None,  # a folder of every download (offline builds): `download` copies SOURCES_DIR/files/<name>
     )
     # NAME="value" pairs of one ENV or LABEL instruction, one per line, sorted.
     env.filters["kvlines"] = lambda mapping, indent: f" \\\n{indent}".join(
@@ -311,18 +368,25 @@ def contributions(resolved: Resolved) -> tuple[Context, dict[str, Contribution]]
     return replace(ctx, fabric_in_builder=in_builder, offers=offers), contribs
 
 
-def plan(resolved: Resolved, provenance: Provenance | None = None) -> BuildPlan:
+def plan(resolved: Resolved, provenance: Provenance | None = None, *, offline: bool = False) -> BuildPlan:
     """Render the Dockerfile and the context files of a resolved recipe (`provenance`: its source and revision
-    labels, when the caller knows them)."""
+    labels, when the caller knows them; `offline`: for a build from a sources folder with no network, SOURCES_DIR)."""
     import jinja2
 
     ctx, contribs = contributions(resolved)
     digest = lock_digest(resolved)
     labels = _labels(resolved, digest, provenance or Provenance())
     manifest = _manifest(resolved, digest, contribs)
+    builder_pkgs, runtime_pkgs = stage_packages(resolved, contribs)
+    apt: dict[str, set[str]] = {}
+    apt.setdefault(builder_base(resolved), set()).update(builder_pkgs)
+    if runtime_pkgs:
+        apt.setdefault(resolved.base_ref, set()).update(runtime_pkgs)
     try:
-        files = _files(resolved, ctx, contribs, manifest)
-        dockerfile = _dockerfile(resolved, ctx, contribs, labels)
+        files = _files(resolved, ctx, contribs, manifest, offline)
+        if offline:
+            files += [ContextFile(path, text.encode()) for ref in apt for path, text in offline_apt_files(ref)]
+        dockerfile = _dockerfile(resolved, ctx, contribs, labels, offline)
     except jinja2.TemplateError as exc:
         where = f"{exc.filename}:{exc.lineno}" if isinstance(exc, jinja2.TemplateSyntaxError) else "template"
         raise RenderError(f"rendering {resolved.name} failed in {where}: {exc}") from None
@@ -338,10 +402,12 @@ def plan(resolved: Resolved, provenance: Provenance | None = None) -> BuildPlan:
         base_images=tuple(bases),
         manifest=manifest,
         disk_gb=BASE_BUILD_DISK_GB + sum(c.build_disk_gb for c in contribs.values()),
+        apt_packages={ref: tuple(sorted(pkgs)) for ref, pkgs in apt.items()},
+        offline=offline,
     )
 
 
-def _fragments(resolved: Resolved, ctx: Context) -> dict[str, dict[str, str]]:
+def _fragments(resolved: Resolved, ctx: Context, offline: bool = False) -> dict[str, dict[str, str]]:
     """Each pinned block's rendered `builder` and `runtime` fragments; a source mode that should render and
     renders nothing (or a mode the block doesn't declare) is an error, never an empty layer."""
     import jinja2
@@ -359,7 +425,7 @@ def _fragments(resolved: Resolved, ctx: Context) -> dict[str, dict[str, str]]:
                 f"(it has: {', '.join(block.modes)})"
             )
         try:
-            module = environment().get_template(block.template).module
+            module = environment(offline).get_template(block.template).module
         except jinja2.TemplateNotFound:
             module = None
         texts = {}
@@ -386,17 +452,25 @@ def image_env(resolved: Resolved, contribs: dict[str, Contribution]) -> tuple[di
     return env_paths, dict(sorted({**component_env, **resolved.recipe.env}.items()))
 
 
-def _dockerfile(resolved: Resolved, ctx: Context, contribs: dict[str, Contribution], labels: dict[str, str]) -> str:
-    r = resolved.recipe
-    fragments = _fragments(resolved, ctx)
-    builder = [f for name in builder_order() if (f := fragments.get(name, {}).get("builder"))]
-    runtime = [f for name in runtime_order() if (f := fragments.get(name, {}).get("runtime"))]
-    runtime_pkgs = set(r.os.packages).union(*(c.runtime_packages for c in contribs.values()))
+def stage_packages(resolved: Resolved, contribs: dict[str, Contribution]) -> tuple[list[str], list[str]]:
+    """The distribution packages of the builder stage and of the runtime stage, sorted."""
+    runtime_pkgs = set(resolved.recipe.os.packages).union(*(c.runtime_packages for c in contribs.values()))
     # The builder installs only what downloads and compiles need; the runtime stage gets the rest.
     builder_pkgs = {"ca-certificates"}.union(*(c.builder_packages for c in contribs.values()))
+    return sorted(builder_pkgs), sorted(runtime_pkgs)
+
+
+def _dockerfile(
+    resolved: Resolved, ctx: Context, contribs: dict[str, Contribution], labels: dict[str, str], offline: bool = False
+) -> str:
+    r = resolved.recipe
+    fragments = _fragments(resolved, ctx, offline)
+    builder = [f for name in builder_order() if (f := fragments.get(name, {}).get("builder"))]
+    runtime = [f for name in runtime_order() if (f := fragments.get(name, {}).get("runtime"))]
+    builder_pkgs, runtime_pkgs = stage_packages(resolved, contribs)
     env_paths, recipe_env = image_env(resolved, contribs)
     return (
-        environment()
+        environment(offline)
         .get_template("Dockerfile.j2")
         .render(
             resolved=resolved,
@@ -405,8 +479,8 @@ def _dockerfile(resolved: Resolved, ctx: Context, contribs: dict[str, Contributi
             builder_base=builder_base(resolved),
             builder=builder,
             runtime=runtime,
-            builder_packages=sorted(builder_pkgs),
-            runtime_packages=sorted(runtime_pkgs),
+            builder_packages=builder_pkgs,
+            runtime_packages=runtime_pkgs,
             env_paths=env_paths,
             env=recipe_env,
             labels=dict(sorted(labels.items())),
@@ -514,7 +588,7 @@ def runtime_profile(runtime: Runtime, contribs: dict[str, Contribution]) -> Runt
 
 
 def _files(
-    resolved: Resolved, ctx: Context, contribs: dict[str, Contribution], manifest: Manifest
+    resolved: Resolved, ctx: Context, contribs: dict[str, Contribution], manifest: Manifest, offline: bool = False
 ) -> list[ContextFile]:
     """The context files: the manifest, the entrypoint (static; it runs the hooks blocks put in
     paths.ENTRYPOINT_D), and each block's `files` (templates rendered, static files as they are) and `data`."""
@@ -525,7 +599,7 @@ def _files(
         ContextFile("imgbuild/imgbuild-entrypoint", entrypoint, 0o755),
         *requirement_files(ctx),
     ]
-    env = environment()
+    env = environment(offline)
     variables = {"r": r, "ctx": ctx, "pins": pins, "manifest": manifest}
     for block in REGISTRY:
         if block.name not in pins:

@@ -9,6 +9,7 @@ engine can answer for is recorded as unestablished, with both reasons.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from imgbuild.pin.content import ImageDigest
@@ -72,4 +73,6 @@ def _short(exc: BaseException) -> str:
     """An engine error in one line."""
     explanation = getattr(exc, "explanation", None)
     text = str(explanation or exc).strip().splitlines()
-    return (text[0] if text else type(exc).__name__)[:200]
+    line = (text[0] if text else type(exc).__name__)[:200]
+    # the machine's own resolver or proxy address says nothing about the image and would differ in every lock
+    return re.sub(r"\b\d{1,3}(\.\d{1,3}){3}(:\d+)?\b", "<address>", line)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from imgbuild.blocks import REGISTRY, builder_base, context_for, dedupe
-from imgbuild.pin.content import Content
+from imgbuild.pin.content import Content, Download
 from imgbuild.pin.resolver import Resolved
 
 
@@ -34,6 +34,18 @@ def bases(resolved: Resolved) -> list[str]:
     return dedupe([builder_base(resolved), resolved.base_ref])
 
 
+def _checksum(url: str, offline: bool) -> Download:
+    """`checksums.establish`; offline, only the shipped third-party table (else unestablished, saying so)."""
+    from imgbuild.pin import checksums
+
+    if not offline:
+        return checksums.establish(url)
+    known = checksums.third_party().get(url)
+    if known is not None:
+        return known
+    return Download(url=url, sha256=None, origin=f"{checksums.UNLOCKED}locked --offline: not looked up")
+
+
 def record(resolved: Resolved, *, engine: object | None = None, offline: bool = False) -> Content:
     """The content of `resolved`'s build, read from the world now. `engine`: a docker client to ask for base digests
     (None: they are recorded as unestablished). `offline`: no network (checksums from the shipped table, wheel
@@ -43,6 +55,6 @@ def record(resolved: Resolved, *, engine: object | None = None, offline: bool = 
     sets: Mapping[str, list[str]] = requirement_sets(resolved)
     return Content(
         bases={ref: digests.establish(ref, resolved, engine=engine) for ref in bases(resolved)},
-        downloads={url: checksums.establish(url, offline=offline) for url in downloads(resolved)},
+        downloads={url: _checksum(url, offline) for url in downloads(resolved)},
         python=wheels.compile_sets(sets, resolved, offline=offline) if sets else {},
     )

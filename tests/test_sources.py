@@ -41,7 +41,7 @@ def _tags(client: Any) -> dict[str, str | None]:
     for ref in render.image_refs(resolved):
         try:
             out[ref] = client.images.get(ref).id
-        except Exception:  # noqa: BLE001 - absent
+        except Exception:
             out[ref] = None
     return out
 

@@ -19,12 +19,12 @@ from typing import Any
 from imgbuild import __version__, engine
 from imgbuild.build import builders, dockercontext
 from imgbuild.core import paths
-from imgbuild.image import provenance, render
-from imgbuild.pin import lock
-from imgbuild.spec import recipe
 from imgbuild.core.errors import BuildError, PushError, UsageError
 from imgbuild.core.progress import BuildProgress
+from imgbuild.image import provenance, render
+from imgbuild.pin import lock
 from imgbuild.pin.resolver import Resolved
+from imgbuild.spec import recipe
 
 
 @dataclass(frozen=True)
@@ -146,9 +146,15 @@ def build(
     if cache_to:
         builders.check_cache_ref(cache_to, "--cache-to")
     loaded, resolved, from_lock = prepare(ref)
-    plan = render.plan(resolved, provenance.of(loaded))
+    if sources is not None:
+        from imgbuild.build import sources as fetched
+
+        index = fetched.check(sources, resolved, render.plan(resolved))  # before any engine work: nothing tagged
+    plan = render.plan(resolved, provenance.of(loaded), offline=sources is not None)
     client = engine.connect()
     try:
+        if sources is not None:
+            fetched.load_bases(client, sources, index, say=progress.console.print if progress is not None else print)
         chosen = builder or builders.select(builder_name)
         cache = builders.cache_plan(chosen, cache_from or [], cache_to)
         check_disk(client, plan)

@@ -46,10 +46,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal, TextIO
 
-from imgbuild.engine import BOOTSTRAP_HINT, ENGINE_ERRORS, create_log, inspect_image
 from imgbuild.core.errors import BaseImageMissing, BuildError, EngineError, Interrupted, UsageError
 from imgbuild.core.interrupts import sigint_deferred
 from imgbuild.core.progress import clean, truncate
+from imgbuild.engine import BOOTSTRAP_HINT, ENGINE_ERRORS, create_log, inspect_image
 
 if TYPE_CHECKING:
     import docker

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from collections.abc import Iterable
 
@@ -123,10 +124,10 @@ class Content(_Frozen):
         return hashlib.sha256(text.encode()).hexdigest()
 
 
-def sha256_file(path: object, chunk: int = 1 << 20) -> str:
+def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
     """The sha256 (hex) of a file, read in chunks."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:  # type: ignore[arg-type]
+    with open(path, "rb") as f:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()

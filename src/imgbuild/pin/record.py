@@ -50,7 +50,7 @@ def record(resolved: Resolved, *, engine: object | None = None, offline: bool = 
     """The content of `resolved`'s build, read from the world now. `engine`: a docker client to ask for base digests
     (None: they are recorded as unestablished). `offline`: no network (checksums from the shipped table, wheel
     hashes from uv's cache)."""
-    from imgbuild.pin import checksums, digests, wheels
+    from imgbuild.pin import digests, wheels
 
     sets: Mapping[str, list[str]] = requirement_sets(resolved)
     return Content(

@@ -148,7 +148,7 @@ def test_compiled_parts_in_builder_only() -> None:
     for tool in ("make ", "./configure", "curl ", "gpg "):
         assert tool in builder and tool not in runtime, tool
     # pip installs only PyTorch's wheels in the runtime stage (prebuilt wheels, no compiler); the rest in the builder.
-    assert "imgbuild-wheelhouse nvidia-nccl-cu12==" in builder and "pip install --no-binary=mpi4py" in builder
+    assert "imgbuild-wheelhouse nvidia-nccl-cu12==" in builder and "--no-binary=mpi4py --no-build-isolation" in builder
     assert [
         i for _, i in instructions(runtime) if "pip install" in i and "torch==" not in i and "nvidia-" not in i
     ] == []
@@ -193,9 +193,11 @@ def test_context_files_and_manifest() -> None:
                           "imgbuild/sshd_config", "imgbuild/sshd/50-sshd.sh", "imgbuild/sshd/sshd.conf",
                           "imgbuild/sagemaker/train", "imgbuild/sagemaker/40-sagemaker.sh",
                           "imgbuild/sagemaker/sagemaker.conf", "imgbuild/sagemaker/mpirun.args",
-                          "imgbuild/sagemaker/torchrun.args", "imgbuild/sagemaker/launch-env.conf"}  # fmt: skip
+                          "imgbuild/sagemaker/torchrun.args", "imgbuild/sagemaker/launch-env.conf",
+                          "imgbuild/requirements/nccl.txt"}  # fmt: skip
     assert files["imgbuild/imgbuild-entrypoint"].mode == 0o755 and files["imgbuild/sagemaker/train"].mode == 0o755
     copied = set(re.findall(r"(?:^COPY|\s)(imgbuild/\S+)", plan.dockerfile, re.M))
+    copied |= set(re.findall(r"--mount=type=bind,source=(imgbuild/[^,\s]+)", plan.dockerfile))  # requirement sets
     assert copied == set(files)
     manifest = json.loads(files["imgbuild/manifest.json"].content)
     assert manifest["recipe"] == "cpu" and manifest["lock_digest"] == plan.lock_digest
@@ -254,8 +256,8 @@ def test_nvidia_images_ship_on_runtime_with_one_nccl(name: str) -> None:
     # The plugin dlopens libcudart.so; GDRCopy built in the builder, its library copied; mpi4py against EFA's MPI.
     assert "ln -s libcudart.so.1" in runtime
     assert "gdrcopy/archive/refs/tags/v2.5.1" in builder and "COPY --from=builder /opt/gdrcopy /opt/gdrcopy" in runtime
-    assert (
-        'CFLAGS="-O2 -g0" MPICC=/opt/amazon/openmpi/bin/mpicc /opt/venv/bin/pip install --no-binary=mpi4py' in builder
+    assert re.search(
+        r'CFLAGS="-O2 -g0" MPICC=/opt/amazon/openmpi/bin/mpicc /opt/venv/bin/pip install .*--no-binary=mpi4py', builder
     )
     # apt's caches are the stage's own base's: the builder's devel image, the runtime image.
     devel, runtime_base = (render.slug(b) for b in plan.base_images)
@@ -366,19 +368,37 @@ def test_a_torch_bump_that_keeps_its_cuda_pins_changes_only_the_torch_layer(reci
     assert compat.TORCH["2.9.0"].cuda_wheels == compat.TORCH["2.9.1"].cuda_wheels
     path = recipe_dir / "older.yaml"
     path.write_text("extends: pytorch\ncomponents: {pytorch: {version: 2.9.0}}\n")
-    older = instructions(render.plan(resolve(recipe.load(path), lookup_torch=None)).dockerfile)
-    newer = instructions(plan_of("pytorch").dockerfile)
+    newer_plan = plan_of("pytorch")
+    content = resolved_for(recipe.load("pytorch"), lookup_torch=None)[0].content
+    assert content is not None
+    # the older lock: the same sets but torch 2.9.0 (made-up hash: no index asked)
+    torch_set = tuple(
+        r.model_copy(update={"version": "2.9.0", "hashes": ("sha256:" + "0" * 64,)}) if r.name == "torch" else r
+        for r in content.python["pytorch/torch"]
+    )
+    older_content = content.model_copy(update={"python": {**content.python, "pytorch/torch": torch_set}})
+    older_resolved = resolve(recipe.load(path), lookup_torch=None).model_copy(update={"content": older_content})
+    older_plan = render.plan(older_resolved)
+    older, newer = instructions(older_plan.dockerfile), instructions(newer_plan.dockerfile)
     assert len(older) == len(newer)
     changed = [(a[1], b[1]) for a, b in zip(older, newer, strict=True) if a != b]
-    assert [b.split(" ", 1)[0] for _, b in changed] == ["RUN", "LABEL"], changed
-    assert changed[0][0].endswith(f"pip install --no-index --find-links {render.WHEELHOUSE} torch==2.9.0 numpy==2.2.6")
-    assert changed[0][1].endswith(f"pip install --no-index --find-links {render.WHEELHOUSE} torch==2.9.1 numpy==2.2.6")
+    # every pip RUN names its set's file, not versions: the torch layer changes through its file alone
+    assert [b.split(" ", 1)[0] for _, b in changed] == ["LABEL"], changed
+    old_files = {f.path: f.content for f in older_plan.files}
+    new_files = {f.path: f.content for f in newer_plan.files}
+    assert old_files.keys() == new_files.keys()
+    differ = {p for p in new_files if old_files[p] != new_files[p] and p.startswith(render.REQUIREMENTS_CONTEXT)}
+    assert differ == {"imgbuild/requirements/pytorch.torch.txt"}, differ  # (the recipe's name is in other files)
     # The runtime stage: the venv, then the CUDA wheels exactly as the lock lists them, then torch.
     runtime = [i for stage, i in newer if stage == "runtime"]
     at = runtime.index("COPY --from=builder /opt/venv /opt/venv")
-    assert cuda_wheels_of(runtime[at + 1]) == list(compat.TORCH["2.9.1"].cuda_wheels)
-    assert "nvidia-nccl-cu12==2.27.5" in cuda_wheels_of(runtime[at + 1])
-    assert "pip download --dest" in runtime[at + 2] and "torch==2.9.1 numpy==2.2.6" in runtime[at + 2]
+    assert "source=imgbuild/requirements/pytorch.cuda.txt" in runtime[at + 1]
+    cuda = re.findall(r"^(\S+)==(\S+) ", new_files["imgbuild/requirements/pytorch.cuda.txt"].decode(), re.M)
+    nccl = [f"{n}=={v}" for r in content.python["nccl"] for n, v in [(r.name, r.version)]]
+    assert sorted([f"{n}=={v}" for n, v in cuda] + nccl) == sorted(compat.TORCH["2.9.1"].cuda_wheels)
+    assert "nvidia-nccl-cu12==2.27.5" in nccl  # the nccl block's set, installed in the builder's venv
+    assert "source=imgbuild/requirements/pytorch.torch.txt" in runtime[at + 2]
+    assert b"torch==2.9.1 \\" in new_files["imgbuild/requirements/pytorch.torch.txt"]
 
 
 def cuda_wheels_of(step: str) -> list[str]:

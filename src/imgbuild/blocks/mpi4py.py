@@ -41,10 +41,12 @@ def resolve(mp: MPI4Py, rs: Resolution) -> Pin:
     return Pin(version=mp.version, source="pip", origin="recipe")
 
 
-# What building mpi4py's sdist needs in the venv (pip): its pyproject's build backend (setuptools >= 42) and Cython
-# >= 3 (conf/requirements-build-cython.txt: mpi4py 4's sdist carries MPI.pyx, no generated MPI.c). `build`, also in
-# its build-system table, is only its backend's fallback when setuptools cannot be imported, so it is left out.
-BUILD_REQUIREMENTS = ["setuptools>=42", "cython>=3.0.0"]
+# What building mpi4py's sdist needs in the venv (pip): its pyproject's build backend, setuptools (it asks >= 42;
+# 70.1 is the first with bdist_wheel of its own, without the `wheel` package: the venv's own setuptools, Debian 12's
+# 66, would satisfy >= 42 and fail with "invalid command 'bdist_wheel'"), and Cython >= 3
+# (conf/requirements-build-cython.txt: mpi4py 4's sdist carries MPI.pyx, no generated MPI.c). `build`, also in its
+# build-system table, is only its backend's fallback when setuptools cannot be imported, so it is left out.
+BUILD_REQUIREMENTS = ["setuptools>=70.1", "cython>=3.0.0"]
 
 
 def requirements(pin: Pin, ctx: Context) -> dict[str, list[str]]:

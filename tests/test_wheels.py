@@ -1,0 +1,272 @@
+"""Wheels pinned by hash: pin.wheels.compile_sets against the real index (uv, as configured), the pip steps that
+install a recorded set with --require-hashes, and a BuildKit build that refuses a wheel whose hash differs."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import subprocess
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import REPO, hadolint
+from imgbuild.blocks import context_for
+from imgbuild.core.errors import BuildError, IndexLookupError, ResolveError
+from imgbuild.image import render
+from imgbuild.pin import record, resolver, wheels
+from imgbuild.pin.content import Content, Download, Requirement
+from imgbuild.spec import recipe
+
+NCCL_2_21_5 = "sha256:8579076d30a8c24988834445f8d633c697d42397e92ffc3f63fa26766d25e0a0"  # its only x86_64 wheel
+HASH = "sha256:{:064x}"  # a made-up hash
+MPI4PY_4_0_3_SDIST = "sha256:de2710d73e25e115865a3ab63d34a54b2d8608b724f761c567b6ad58dd475609"
+
+
+def resolved_of(name: str) -> resolver.Resolved:
+    return resolver.resolve(recipe.load(name), lookup_torch=None)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# compile_sets, for real
+
+
+def test_the_target_is_the_images_python_and_glibc() -> None:
+    assert wheels.target(resolved_of("pytorch")) == ("3.11", "x86_64-manylinux_2_36")  # Debian 12
+    assert wheels.target(resolved_of("a100")) == ("3.10", "x86_64-manylinux_2_35")  # Ubuntu 22.04
+    assert wheels.target(resolved_of("h100")) == ("3.12", "x86_64-manylinux_2_39")  # Ubuntu 24.04
+
+
+def test_nccl_alone_is_one_wheel_with_its_hash() -> None:
+    out = wheels.compile_sets({"nccl": ["nvidia-nccl-cu12==2.21.5"]}, resolved_of("cpu"))
+    assert out == {"nccl": (Requirement(name="nvidia-nccl-cu12", version="2.21.5", hashes=(NCCL_2_21_5,)),)}
+
+
+def test_torchs_two_layers_are_disjoint_and_together_its_closure() -> None:
+    resolved = resolved_of("pytorch")
+    torch = resolved.pins["pytorch"].details
+    layers = {"pytorch/cuda": list(torch.cuda_wheels), "pytorch/torch": ["torch==2.9.1", f"numpy=={torch.numpy}"]}
+    out = wheels.compile_sets(layers, resolved)
+    cuda, rest = ({r.name: r for r in out[name]} for name in layers)
+    whole = {r.name: r for r in wheels.compile_sets({"all": layers["pytorch/torch"]}, resolved)["all"]}
+    assert not cuda.keys() & rest.keys()
+    assert {**cuda, **rest} == whole  # same names, versions and hashes
+    assert {"torch", "numpy", "triton"} <= rest.keys() and "nvidia-nccl-cu12" in cuda
+    assert all(r.name.startswith("nvidia-") for r in cuda.values())
+    assert all(re.fullmatch(r"sha256:[0-9a-f]{64}", h) for r in whole.values() for h in r.hashes)
+
+
+def test_the_recipes_sets_install_builder_stage_first_each_holding_what_the_earlier_do_not() -> None:
+    resolved = resolved_of("a100")
+    sets = record.requirement_sets(resolved)
+    assert list(sets) == ["nccl", "pytorch/cuda", "pytorch/torch", "mpi4py/build", "mpi4py"]  # registry order
+    out = wheels.compile_sets(sets, resolved)
+    # mpi4py builds in the builder stage, whose venv the runtime stage copies before PyTorch's layers
+    assert list(out) == ["nccl", "mpi4py/build", "mpi4py", "pytorch/cuda", "pytorch/torch"]
+    names = [r.name for reqs in out.values() for r in reqs]
+    assert len(names) == len(set(names))
+    assert "nvidia-nccl-cu12" not in {r.name for r in out["pytorch/cuda"]}  # the nccl set holds it
+    assert {r.name for r in out["mpi4py/build"]} == {"setuptools", "cython"}
+    # from source: the sdist's hash alone
+    assert out["mpi4py"] == (Requirement(name="mpi4py", version="4.0.3", hashes=(MPI4PY_4_0_3_SDIST,)),)
+
+
+def test_an_unresolvable_set_names_the_recipe_the_set_and_uvs_message() -> None:
+    with pytest.raises(ResolveError) as err:
+        wheels.compile_sets({"nccl": ["nvidia-nccl-cu12==0.0.0.1"]}, resolved_of("cpu"))
+    text = str(err.value)
+    assert "cpu: requirement set nccl" in text and "nvidia-nccl-cu12==0.0.0.1" in text
+    assert "No solution found" in text and "Python 3.11 on x86_64-manylinux_2_36" in text
+
+
+def test_an_unreachable_index_is_an_index_lookup_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("UV_DEFAULT_INDEX", "http://127.0.0.1:9/simple")  # nothing listens on the discard port
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
+    monkeypatch.setenv("UV_HTTP_RETRIES", "0")
+    with pytest.raises(IndexLookupError) as err:
+        wheels.compile_sets({"nccl": ["nvidia-nccl-cu12==2.21.5"]}, resolved_of("cpu"))
+    assert "cpu: requirement set nccl" in str(err.value) and "uv pip compile failed" in str(err.value)
+
+
+def test_no_uv_is_an_error_that_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    import uv
+
+    def missing() -> str:
+        raise FileNotFoundError("no uv binary here")
+
+    monkeypatch.setattr(uv, "find_uv_bin", missing)
+    with pytest.raises(IndexLookupError, match=r"uv is needed .* no uv binary here"):
+        wheels.compile_sets({"nccl": ["nvidia-nccl-cu12==2.21.5"]}, resolved_of("cpu"))
+
+
+def test_no_binary_entries() -> None:
+    specs = ["--no-binary=mpi4py", "mpi4py==4.0.3", "--no-binary Foo_Bar,baz"]
+    assert wheels.no_binary(specs) == ["mpi4py", "foo-bar", "baz"]
+    assert wheels.requirement_lines(specs) == ["mpi4py==4.0.3"]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# rendering (no network: made-up hashes)
+
+
+def fake_content(resolved: resolver.Resolved) -> Content:
+    """Content with a made-up hash per requirement of each set and per download."""
+    python = {
+        name: tuple(
+            Requirement(
+                name=spec.split("==")[0].split("[")[0], version=spec.split("==")[1], hashes=(f"sha256:{i:064x}",)
+            )
+            for i, spec in enumerate(wheels.requirement_lines(specs))
+            if "==" in spec
+        )
+        or (Requirement(name="setuptools", version="80.0.0", hashes=("sha256:" + "a" * 64,)),)
+        for name, specs in record.requirement_sets(resolved).items()
+    }
+    downloads = {url: Download(url=url, sha256="b" * 64, origin="test") for url in record.downloads(resolved)}
+    return Content(python=python, downloads=downloads)
+
+
+def plan_with_content(name: str) -> render.BuildPlan:
+    resolved = resolved_of(name)
+    return render.plan(resolved.model_copy(update={"content": fake_content(resolved)}))
+
+
+def pip_runs(dockerfile: str) -> list[str]:
+    """Every RUN (joined over its continuation lines) that runs pip."""
+    runs: list[str] = []
+    for line in dockerfile.splitlines():
+        if line.startswith("RUN "):
+            runs.append(line)
+        elif runs and runs[-1].endswith("\\") and (line.startswith("    ") or line.startswith(" &&")):
+            runs[-1] += "\n" + line
+    return [r for r in runs if "/bin/pip " in r]
+
+
+@pytest.mark.parametrize("name", ["a100", "pytorch", "cpu"])
+def test_every_pip_step_installs_a_hashed_requirements_file(name: str) -> None:
+    plan = plan_with_content(name)
+    files = {f.path: f.content.decode() for f in plan.files}
+    runs = pip_runs(plan.dockerfile)
+    sets = record.requirement_sets(resolved_of(name))
+    assert len(runs) == len(sets) and runs
+    for run in runs:
+        mount = re.search(r"--mount=type=bind,source=(\S+),target=(\S+)", run)
+        assert mount, run
+        source, target = mount.groups()
+        assert source in files and target.startswith(render.REQUIREMENTS_DIR + "/")
+        assert all(
+            re.fullmatch(r"\S+==\S+ \\|    --hash=sha256:[0-9a-f]{64}( \\)?", ln) for ln in files[source].splitlines()
+        )
+        assert run.count("--require-hashes --no-deps") == 2 and run.count(f"-r {target}") == 2
+        assert "--no-index" in run and "No lock content" not in plan.dockerfile
+    for set_name in sets:
+        assert render.requirements_path(set_name) in files
+
+
+def test_mpi4py_builds_its_hashed_sdist_without_build_isolation() -> None:
+    runs = pip_runs(plan_with_content("a100").dockerfile)
+    build, source = (r for r in runs if "mpi4py" in r)
+    assert "mpi4py.build.txt" in build and "--no-binary" not in build
+    assert "mpi4py.txt" in source and source.count("--no-binary=mpi4py --no-build-isolation") == 2
+    assert 'CFLAGS="-O2 -g0" MPICC=/opt/amazon/openmpi/bin/mpicc /opt/venv/bin/pip install' in source
+    assert "imgbuild-pip-wheels-mpi4py-" in source
+
+
+@pytest.mark.parametrize("name", ["a100", "pytorch"])
+def test_hashed_pip_steps_are_hadolint_clean(name: str) -> None:
+    proc = subprocess.run(
+        [hadolint(), "--config", str(REPO / ".hadolint.yaml"), "--no-color", "-"],
+        input=plan_with_content(name).dockerfile, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_without_lock_content_the_pip_steps_say_they_are_unhashed() -> None:
+    dockerfile = render.plan(resolved_of("pytorch")).dockerfile
+    assert "# No lock content: requirement set pytorch/torch installs unhashed" in dockerfile
+    assert "--require-hashes" not in dockerfile
+    assert "pip download --dest /root/.cache/pip/imgbuild-wheelhouse torch==2.9.1 numpy==2.2.6" in dockerfile
+
+
+def context_of(name: str, content: Content | None) -> Any:
+    resolved = resolved_of(name)
+    return context_for(resolved.model_copy(update={"content": content}))
+
+
+def test_a_sources_folder_installs_with_no_download() -> None:
+    resolved = resolved_of("a100")
+    ctx = context_for(resolved.model_copy(update={"content": fake_content(resolved)}))
+    jinja = {"run": render.run, "sources_dir": "/imgbuild-sources"}
+    text = render.pip_install(jinja, "/opt/venv/bin/pip", ctx, "mpi4py", build_env="CFLAGS=-O2")
+    assert "download" not in text
+    assert text.endswith(
+        "CFLAGS=-O2 /opt/venv/bin/pip install --no-index --find-links /imgbuild-sources/wheels --require-hashes "
+        "--no-deps --no-binary=mpi4py --no-build-isolation -r /tmp/imgbuild-requirements/mpi4py.txt"
+    )
+
+
+def test_a_set_the_lock_lacks_is_a_render_error() -> None:
+    from imgbuild.core.errors import RenderError
+
+    resolved = resolved_of("cpu")
+    ctx = context_for(resolved.model_copy(update={"content": Content()}))
+    with pytest.raises(RenderError, match=r"no requirement set 'nccl'.*imgbuild lock"):
+        render.pip_install({"run": render.run}, "pip", ctx, "nccl")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# BuildKit: pip refuses a wheel whose hash is not the requirements file's
+
+
+@pytest.mark.docker
+def test_a_build_refuses_a_wheel_with_another_hash(docker_client: Any, tmp_path: Path) -> None:
+    from imgbuild.build import builders, dockercontext
+
+    resolved = resolved_of("cpu")
+    real = wheels.compile_sets({"nccl": ["six==1.17.0", "idna==3.10"]}, resolved)["nccl"]
+    six, idna = sorted(real, key=lambda r: r.name != "six")
+    wrong = "sha256:" + "0" * 64
+    content = Content(python={"nccl": (six, idna.model_copy(update={"hashes": (wrong,)}))})
+    ctx = context_for(resolved.model_copy(update={"content": content}))
+    # the nccl block's set, holding two small wheels here: the RUN is pip_install's, as every recipe renders it
+    step = render.pip_install({"run": render.run}, "/opt/venv/bin/pip", ctx, "nccl", render.PIP_ENV)
+    (tmp_path / "Dockerfile").write_text(
+        "FROM debian:bookworm-slim\n"
+        'SHELL ["/bin/bash", "-o", "pipefail", "-c"]\n'
+        f"{render.run(*render.apt_mounts('debian:bookworm-slim'))}apt-get update \\\n"
+        " && apt-get install -y --no-install-recommends python3-venv \\\n"
+        " && python3 -m venv /opt/venv\n"
+        f"ARG NONCE\n{step}\n"
+    )
+    for f in render.requirement_files(ctx):
+        (tmp_path / f.path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f.path).write_bytes(f.content)
+    bundle = os.environ.get("IMGBUILD_CA_BUNDLE") or next(
+        (p for p in ("/etc/ssl/certs/ca-certificates.crt",) if Path(p).is_file()), None
+    )
+    tag = f"imgbuild-test/wheels:{uuid.uuid4().hex[:12]}"
+    try:
+        with (
+            builders.temp_secrets(
+                {render.CA_SECRET_ID: dockercontext.ca_secret(Path(bundle) if bundle else None)}
+            ) as s,
+            pytest.raises(BuildError) as err,
+        ):
+            builders.build(
+                builders.select(), docker_client, tmp_path, tags=[tag], secrets=s,
+                build_args={"NONCE": uuid.uuid4().hex}, log_path=tmp_path / "build.log",
+            )  # fmt: skip
+        log = (tmp_path / "build.log").read_text()
+        out = str(err.value) + log
+        assert "THESE PACKAGES DO NOT MATCH THE HASHES FROM THE REQUIREMENTS FILE" in out, out[-4000:]
+        assert re.search(r"idna==3\.10 from \S*idna-3\.10-py3-none-any\.whl", out), out[-4000:]
+        # pip names the file and both hashes: the requirements file's and the file's own
+        assert re.search(rf"Expected sha256 {wrong[7:]}\s+Got\s+{idna.hashes[0][7:]}", out), out[-4000:]
+    finally:
+        import docker.errors
+
+        with contextlib.suppress(docker.errors.ImageNotFound):
+            docker_client.images.remove(tag, force=True)

@@ -20,7 +20,7 @@ from imgbuild.blocks import REGISTRY, context_for
 from imgbuild.core.errors import LockError
 from imgbuild.image import render
 from imgbuild.pin import record
-from imgbuild.pin.content import Content, Download
+from imgbuild.pin.content import Content, Download, Requirement
 from imgbuild.pin.resolver import Resolved, resolve
 from imgbuild.spec import recipe
 from test_checksums import Server
@@ -78,7 +78,12 @@ def _with_content(resolved: Resolved) -> tuple[Resolved, dict[str, str]]:
     """`resolved` with a Content that records a distinct sha256 for every URL its blocks download."""
     urls = record.downloads(resolved)
     shas = {url: hashlib.sha256(url.encode()).hexdigest() for url in urls}
-    content = Content(downloads={url: Download(url=url, sha256=sha, origin="test") for url, sha in shas.items()})
+    # the requirement sets a lock records too (one stand-in distribution each: these tests are about downloads)
+    stand_in = (Requirement(name="stand-in", version="1", hashes=("sha256:" + "0" * 64,)),)
+    content = Content(
+        downloads={url: Download(url=url, sha256=sha, origin="test") for url, sha in shas.items()},
+        python={name: stand_in for name in record.requirement_sets(resolved)},
+    )
     return resolved.model_copy(update={"content": content}), shas
 
 

@@ -59,7 +59,7 @@ def test_a_lock_without_content_says_how_to_refresh_it(cpu_copy: Path) -> None:
     _rewrite(cpu_copy.with_name("cpu.lock.json"), lambda d: d.update(lock_version=2))
     result = CliRunner().invoke(app, ["render", str(cpu_copy)])
     assert result.exit_code == 4, result.output
-    assert "older imgbuild" in result.output and "refresh it: imgbuild lock" in result.output
+    assert "older imgbuild" in result.output and "hint: imgbuild lock" in result.output
 
 
 def test_a_hash_edited_by_hand_is_refused(cpu_copy: Path) -> None:
@@ -98,7 +98,6 @@ def test_lock_check_reports_a_wheel_served_with_another_hash(cpu_copy: Path) -> 
 
 
 def test_lock_check_reports_a_changed_recipe(cpu_copy: Path) -> None:
-    cpu_copy.write_text(cpu_copy.read_text().replace("version: 2.21.5", "version: 2.21.5\n    # changed"))
     text = cpu_copy.read_text().replace("packages: [ca-certificates, iproute2, procps]", "packages: [iproute2, procps]")
     cpu_copy.write_text(text)
     result = CliRunner().invoke(app, ["lock", str(cpu_copy), "--check"])

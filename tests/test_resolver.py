@@ -142,7 +142,7 @@ def test_a_lock_of_a_release_from_the_index_keeps_its_cuda_wheels(recipe_dir: Pa
 
     (recipe_dir / "t.yaml").write_text("extends: pytorch\ncomponents: {pytorch: {version: 2.7.0}}\n")
     loaded = recipe.load(recipe_dir / "t.yaml")
-    lock.write(loaded, resolve(loaded, lookup_torch=lookup))
+    lock.write(loaded, _contented(resolve(loaded, lookup_torch=lookup)))
     locked = lock.read(loaded)
     assert locked is not None
     assert list(locked.pins["pytorch"].details.cuda_wheels) == list(compat.TORCH["2.7.1"].cuda_wheels)
@@ -208,7 +208,7 @@ def test_a_lock_edited_by_hand_is_refused(recipe_dir: Path) -> None:
 
     (recipe_dir / "mine.yaml").write_text("extends: a100\n")
     loaded = recipe.load(recipe_dir / "mine.yaml")
-    path = lock.write(loaded, resolve(loaded, lookup_torch=None))
+    path = lock.write(loaded, _contented(resolve(loaded, lookup_torch=None)))
     assert lock.read(loaded) is not None
     data = json.loads(path.read_text())
     data["pins"]["nccl"]["version"] = "2.26.2"
@@ -230,11 +230,11 @@ def test_a_lock_of_the_untyped_format_says_older(recipe_dir: Path) -> None:
 
     (recipe_dir / "mine.yaml").write_text("extends: cpu\n")
     loaded = recipe.load(recipe_dir / "mine.yaml")
-    path = lock.write(loaded, resolve(loaded))
+    path = lock.write(loaded, _contented(resolve(loaded)))
     data = json.loads(path.read_text())
     data["lock_version"] = 1
     path.write_text(json.dumps(data))
-    with pytest.raises(LockError, match=r"lock_version: expected 2 \(written by an older imgbuild\)") as err:
+    with pytest.raises(LockError, match=r"lock_version: expected 3 \(written by an older imgbuild") as err:
         lock.read(loaded)
     assert err.value.hint == "imgbuild lock " + str(recipe_dir / "mine.yaml")
 
@@ -253,7 +253,7 @@ def test_a_lock_without_the_cuda_wheels_is_refused(recipe_dir: Path, version: st
 
     (recipe_dir / "old.yaml").write_text(f"extends: pytorch\ncomponents: {{pytorch: {{version: {version}}}}}\n")
     loaded = recipe.load(recipe_dir / "old.yaml")
-    path = lock.write(loaded, resolve(loaded, lookup_torch=lookup))
+    path = lock.write(loaded, _contented(resolve(loaded, lookup_torch=lookup)))
     data = json.loads(path.read_text())
     del data["pins"]["pytorch"]["details"]["cuda_wheels"]
     path.write_text(json.dumps(data))
@@ -312,3 +312,11 @@ def test_hwloc_version_is_checked_against_the_distribution(tmp_path: Path) -> No
     assert "components.hwloc.version" in msg and "debian12 ships hwloc 2.9.0, got 2.8.0" in msg
     with pytest.raises(ImgbuildError, match="source"):
         resolve_text(tmp_path, "extends: cpu\ncomponents: {hwloc: {source: build}}\n")
+
+
+def _contented(resolved):
+    """A resolution with an (empty) content record: these tests are about the pins a lock holds, not its content
+    (tests/test_lock_content.py is)."""
+    from imgbuild.pin.content import Content
+
+    return resolved.model_copy(update={"content": Content()})

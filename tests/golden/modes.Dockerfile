@@ -52,6 +52,7 @@ RUN --mount=type=secret,id=imgbuild-ca,target=/run/secrets/imgbuild-ca.pem,requi
 RUN python3 -m venv --system-site-packages /opt/venv
 
 # NCCL 2.21.5 from the nvidia-nccl-cu12 wheel (recipe).
+# No lock content: requirement set nccl installs unhashed (`imgbuild lock` records its hashes).
 RUN --mount=type=secret,id=imgbuild-ca,target=/run/secrets/imgbuild-ca.pem,required=true \
     --mount=type=cache,id=imgbuild-pip,target=/root/.cache/pip,sharing=locked \
     /opt/venv/bin/pip download --dest /root/.cache/pip/imgbuild-wheelhouse nvidia-nccl-cu12==2.21.5 \
@@ -64,10 +65,20 @@ RUN --mount=type=secret,id=imgbuild-ca,target=/run/secrets/imgbuild-ca.pem,requi
 # (its id: the builder's base, the Open MPI pin, mpicc), over the pip cache every recipe shares. -g0: with debug
 # info, gcc's variable tracking on mpi4py's single generated MPI.c grew past 20 GB (measured: with -g0, 2 min and
 # 1.4 GB).
+# Its build requirements first, hashed like every wheel, then the sdist (its own hash) built with
+# --no-build-isolation against them: pip hashes no build requirement it fetches for an isolated build, and an
+# offline build has no index to fetch them from.
+# No lock content: requirement set mpi4py/build installs unhashed (`imgbuild lock` records its hashes).
+RUN --mount=type=secret,id=imgbuild-ca,target=/run/secrets/imgbuild-ca.pem,required=true \
+    --mount=type=cache,id=imgbuild-pip,target=/root/.cache/pip,sharing=locked \
+    /opt/venv/bin/pip download --dest /root/.cache/pip/imgbuild-wheelhouse 'setuptools>=70.1' 'cython>=3.0.0' \
+ && /opt/venv/bin/pip install --no-index --find-links /root/.cache/pip/imgbuild-wheelhouse 'setuptools>=70.1' 'cython>=3.0.0'
+# No lock content: requirement set mpi4py installs unhashed (`imgbuild lock` records its hashes).
 RUN --mount=type=secret,id=imgbuild-ca,target=/run/secrets/imgbuild-ca.pem,required=true \
     --mount=type=cache,id=imgbuild-pip,target=/root/.cache/pip,sharing=locked \
     --mount=type=cache,id=imgbuild-pip-wheels-mpi4py-openmpi-source-4.1.6-a4ef0608c876,target=/root/.cache/pip/wheels,sharing=locked \
-    CFLAGS="-O2 -g0" MPICC=/opt/openmpi/bin/mpicc /opt/venv/bin/pip install --no-binary=mpi4py mpi4py==4.0.3
+    /opt/venv/bin/pip download --dest /root/.cache/pip/imgbuild-wheelhouse --no-binary=mpi4py --no-build-isolation mpi4py==4.0.3 \
+ && CFLAGS="-O2 -g0" MPICC=/opt/openmpi/bin/mpicc /opt/venv/bin/pip install --no-index --find-links /root/.cache/pip/imgbuild-wheelhouse --no-binary=mpi4py --no-build-isolation mpi4py==4.0.3
 
 # ---- runtime ----------------------------------------------------------------------------------------------
 FROM debian:bookworm-slim AS runtime
@@ -90,10 +101,13 @@ RUN --mount=type=cache,id=imgbuild-apt-debian-bookworm-slim-cache,target=/var/ca
       python3-venv \
  && rm -f /etc/ssh/ssh_host_* \
  && mkdir -p /etc/imgbuild \
- && awk -F'\t' -v OFS='\t' 'NR == FNR { sha[$1 FS $2 FS $3] = $4; next } { print $0, sha[$0] }' \
-      <(dpkg-query -W -f '${binary:Package}=${Version}\n' | xargs apt-cache show 2>/dev/null | awk -v OFS='\t' \
-          '/^Package: /{p=$2} /^Version: /{v=$2} /^Architecture: /{a=$2} /^SHA256: /{print p, v, a, $2}') \
-      <(dpkg-query -W -f '${Package}\t${Version}\t${Architecture}\n') >/etc/imgbuild/dpkg-sha256.tsv
+ && dpkg-query -W -f '${binary:Package}=${Version}\n' | { xargs apt-cache show 2>/dev/null || true; } \
+  | awk -v OFS='\t' '/^Package: /{p=$2} /^Version: /{v=$2} /^Architecture: /{a=$2} /^SHA256: /{print p, v, a, $2}' \
+  >/tmp/imgbuild-apt-sha256.tsv \
+ && dpkg-query -W -f '${Package}\t${Version}\t${Architecture}\n' \
+  | awk -F'\t' -v OFS='\t' 'FILENAME == ARGV[1] { sha[$1 FS $2 FS $3] = $4; next } { print $0, sha[$0] }' \
+      /tmp/imgbuild-apt-sha256.tsv - >/etc/imgbuild/dpkg-sha256.tsv \
+ && rm /tmp/imgbuild-apt-sha256.tsv
 
 COPY --from=builder /opt/openmpi /opt/openmpi
 

@@ -124,14 +124,17 @@ def _fetch_downloads(content: Content, tmp: Path, say: Say) -> dict[str, str]:
 
 
 def target_platform(resolved: Resolved) -> list[str]:
-    """pip's --python-version / --platform options for the image's Python and C library (x86_64)."""
+    """pip's --python-version / --platform options for the image's Python and C library (x86_64). Every manylinux
+    tag the C library satisfies is named: pip (23.x) does not widen `manylinux_2_36` to the older tags itself."""
     from imgbuild.spec import compat
 
     python = resolved.pins["python"].version or "3"
     distro = compat.DISTRO.get(f"{resolved.recipe.os.family}{resolved.recipe.os.version}")
-    glibc = getattr(distro, "glibc", None)
-    platform = f"manylinux_{str(glibc).replace('.', '_')}_x86_64" if glibc else "manylinux2014_x86_64"
-    return ["--python-version", python, "--implementation", "cp", "--platform", platform, "--platform", "linux_x86_64"]
+    glibc = str(getattr(distro, "glibc", None) or "2.17")
+    minor = int(glibc.split(".")[1])
+    tags = [f"manylinux_2_{m}_x86_64" for m in range(minor, 4, -1)]
+    tags += ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64", "linux_x86_64"]
+    return ["--python-version", python, "--implementation", "cp", *(a for t in tags for a in ("--platform", t))]
 
 
 def _fetch_wheels(resolved: Resolved, content: Content, tmp: Path, say: Say) -> dict[str, str]:

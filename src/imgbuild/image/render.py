@@ -502,11 +502,12 @@ def pinned_ref(resolved: Resolved, ref: str) -> str:
     return f"{ref}@{recorded.digest}"
 
 
-def _labels(resolved: Resolved, digest: str, provenance: Provenance) -> dict[str, str]:
+def _labels(resolved: Resolved, digest: str, provenance: Provenance | None = None) -> dict[str, str]:
     """The image's labels: OCI's annotations (github.com/opencontainers/image-spec, annotations.md) and imgbuild's.
     Only what the lock and the caller establish: `created` is the lock's time (a rebuild from one lock makes the
     same image), `base.digest` the base's digest the lock recorded; each is left out when unknown."""
     r = resolved.recipe
+    provenance = provenance or Provenance()
     base = resolved.content.bases.get(resolved.base_ref) if resolved.content is not None else None
     optional = {
         "org.opencontainers.image.created": resolved.locked_at,

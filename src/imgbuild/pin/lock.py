@@ -173,7 +173,7 @@ def read(loaded: LoadedRecipe) -> Resolved | None:
             if isinstance(found, int) and 0 < found < LOCK_VERSION
             else ""
         )
-        raise LockError(f"{display(path)}: lock_version: expected {LOCK_VERSION}{older}", hint=f"refresh it: {hint}")
+        raise LockError(f"{display(path)}: lock_version: expected {LOCK_VERSION}{older}", hint=hint)
     if data.get("recipe_digest") != loaded.digest:
         raise LockError(
             f"{display(path)} is stale: {display(loaded.path)} (or a recipe it extends) changed since the lock "

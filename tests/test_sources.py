@@ -59,7 +59,8 @@ def test_fetch_holds_what_the_lock_names(fetched: Path) -> None:
 
 
 def test_build_from_sources_with_the_network_off(fetched: Path, docker_client: Any) -> None:
-    result = CliRunner().invoke(app, ["build", "cpu", "--sources", str(fetched)])
+    # --no-cache: every step runs here, with the network off (a cached layer would prove nothing)
+    result = CliRunner().invoke(app, ["build", "cpu", "--sources", str(fetched), "--no-cache"])
     assert result.exit_code == 0, result.output
     _, resolved, _ = lock.for_ref("cpu")
     from imgbuild.image import render

@@ -146,11 +146,11 @@ def build(
     if cache_to:
         builders.check_cache_ref(cache_to, "--cache-to")
     loaded, resolved, from_lock = prepare(ref)
+    plan = render.plan(resolved, provenance.of(loaded), offline=sources is not None)
     if sources is not None:
         from imgbuild.build import sources as fetched
 
-        index = fetched.check(sources, resolved, render.plan(resolved))  # before any engine work: nothing tagged
-    plan = render.plan(resolved, provenance.of(loaded), offline=sources is not None)
+        index = fetched.check(sources, resolved, plan)  # before any engine work: nothing tagged
     client = engine.connect()
     try:
         if sources is not None:

@@ -33,6 +33,7 @@ from imgbuild.blocks import (
 from imgbuild.core import paths
 from imgbuild.core.errors import RenderError
 from imgbuild.image.manifest import Manifest
+from imgbuild.pin import record
 from imgbuild.pin.lock import Lock
 from imgbuild.pin.resolver import TARGET_TAGS, Resolved
 from imgbuild.spec.recipe import Runtime
@@ -390,7 +391,7 @@ def plan(resolved: Resolved, provenance: Provenance | None = None, *, offline: b
     except jinja2.TemplateError as exc:
         where = f"{exc.filename}:{exc.lineno}" if isinstance(exc, jinja2.TemplateSyntaxError) else "template"
         raise RenderError(f"rendering {resolved.name} failed in {where}: {exc}") from None
-    bases = dedupe([builder_base(resolved), resolved.base_ref])
+    bases = record.bases(resolved)
     return BuildPlan(
         recipe=resolved.name,
         dockerfile=dockerfile,

@@ -9,11 +9,14 @@ import os
 import shutil
 import subprocess
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+import localindex
 
 REPO = Path(__file__).resolve().parent.parent
 # Public upstream data the tests check against (CRDs, real nccl-tests logs), each with its source.
@@ -45,6 +48,16 @@ def docker_client():
         pytest.skip(msg)
     yield client
     client.close()
+
+
+@pytest.fixture
+def index(monkeypatch: pytest.MonkeyPatch) -> Iterator[localindex.Index]:
+    """A package index on 127.0.0.1 (localindex.py): simple pages, wheels, range requests. requests reaches it
+    directly, whatever proxy the environment names."""
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+    with localindex.serve() as served:
+        yield served
 
 
 @pytest.fixture

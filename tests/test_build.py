@@ -43,7 +43,7 @@ def test_cpu_builds_with_labels_and_manifest(cpu_image, docker_client) -> None:
     labels = image.labels
     assert labels["io.imgbuild.lock-digest"] == plan.lock_digest
     assert labels["org.opencontainers.image.title"] == "imgbuild/cpu"
-    assert labels["io.imgbuild.component.nccl"] == "2.21.5"
+    assert labels["io.imgbuild.component.nccl"] == "2.27.5"
     raw = docker_client.containers.run(
         plan.image_refs[0], ["/etc/imgbuild/manifest.json"], entrypoint="cat", remove=True
     )

@@ -84,7 +84,7 @@ def test_lock_then_stale(recipe_dir: Path) -> None:
     result = run("lock", str(p), "--offline")
     assert result.exit_code == 0, result.output
     lock_file = recipe_dir / "mine.lock.json"
-    assert json.loads(lock_file.read_text())["pins"]["nccl"]["version"] == "2.21.5"
+    assert json.loads(lock_file.read_text())["pins"]["nccl"]["version"] == "2.27.5"
     assert run("show", str(p), "--json").exit_code == 0
     p.write_text("extends: cpu\nenv: {A: '1'}\n")
     result = run("render", str(p))

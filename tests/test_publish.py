@@ -38,7 +38,7 @@ from imgbuild.publish import matrix
 from imgbuild.publish.registry import MANIFEST_TYPES, RegistryAPI, RemoteManifest, parse_registry
 
 CPU_REF = "imgbuild/cpu:lock-0123456789ab"
-CPU_READABLE = "imgbuild/cpu:nccl2.21.5-ompi4.1.4"
+CPU_READABLE = "imgbuild/cpu:nccl2.27.5-ompi4.1.4"
 IMAGE_ID = "sha256:" + "a" * 64
 OTHER_ID = "sha256:" + "b" * 64
 DIGEST = "sha256:" + "d" * 64
@@ -214,11 +214,11 @@ def test_push_tags_pushes_reports_digest_and_untags() -> None:
     result = publisher(api, sleeps).publish(source())
     assert [r.target for r in result.refs] == [
         "127.0.0.1:5000/team/imgbuild/cpu:lock-0123456789ab",
-        "127.0.0.1:5000/team/imgbuild/cpu:nccl2.21.5-ompi4.1.4",
+        "127.0.0.1:5000/team/imgbuild/cpu:nccl2.27.5-ompi4.1.4",
     ]
     assert {(r.digest, r.size, r.status, r.attempts) for r in result.refs} == {(DIGEST, 1234, "pushed", 1)}
     assert [p[:2] for p in api.pushes] == [("127.0.0.1:5000/team/imgbuild/cpu", "lock-0123456789ab"),
-                                          ("127.0.0.1:5000/team/imgbuild/cpu", "nccl2.21.5-ompi4.1.4")]  # fmt: skip
+                                          ("127.0.0.1:5000/team/imgbuild/cpu", "nccl2.27.5-ompi4.1.4")]  # fmt: skip
     assert api.pushes[0][2] is None  # docker-py falls back to what `docker login` stored
     assert leftover(api) == [] and sleeps == []
 
@@ -272,10 +272,10 @@ def test_stream_without_digest_is_a_failure() -> None:
 def test_existing_tag_is_put_back_and_own_tag_kept() -> None:
     api, sleeps = FakeAPI(), Sleeps()
     api.tags["127.0.0.1:5000/team/imgbuild/cpu:lock-0123456789ab"] = OTHER_ID  # the user's own, older tag
-    api.tags["127.0.0.1:5000/team/imgbuild/cpu:nccl2.21.5-ompi4.1.4"] = IMAGE_ID  # already on this image
+    api.tags["127.0.0.1:5000/team/imgbuild/cpu:nccl2.27.5-ompi4.1.4"] = IMAGE_ID  # already on this image
     publisher(api, sleeps).publish(source())
     assert api.tags["127.0.0.1:5000/team/imgbuild/cpu:lock-0123456789ab"] == OTHER_ID
-    assert api.tags["127.0.0.1:5000/team/imgbuild/cpu:nccl2.21.5-ompi4.1.4"] == IMAGE_ID
+    assert api.tags["127.0.0.1:5000/team/imgbuild/cpu:nccl2.27.5-ompi4.1.4"] == IMAGE_ID
 
 
 def test_immutable_tag_same_image_is_already_published() -> None:
@@ -305,7 +305,7 @@ def test_immutable_absent_tag_is_pushed() -> None:
     pub._api = fake  # type: ignore[assignment]
     result = pub.publish(source())
     assert [r.status for r in result.refs] == ["pushed", "pushed"]
-    assert fake.lookups == [("team/imgbuild/cpu", "lock-0123456789ab"), ("team/imgbuild/cpu", "nccl2.21.5-ompi4.1.4")]
+    assert fake.lookups == [("team/imgbuild/cpu", "lock-0123456789ab"), ("team/imgbuild/cpu", "nccl2.27.5-ompi4.1.4")]
 
 
 ECR_REFUSAL = ("tag invalid: The image tag 'lock-0123456789ab' already exists in the 'team/imgbuild/cpu' repository "

@@ -201,7 +201,7 @@ def test_context_files_and_manifest() -> None:
     assert copied == set(files)
     manifest = json.loads(files["imgbuild/manifest.json"].content)
     assert manifest["recipe"] == "cpu" and manifest["lock_digest"] == plan.lock_digest
-    assert manifest["components"]["nccl"]["version"] == "2.21.5"
+    assert manifest["components"]["nccl"]["version"] == "2.27.5"
     assert manifest["components"]["nccl"]["package"] == "nvidia-nccl-cu12"
     assert manifest["components"]["sshd"]["ports"] == [3022]
     sshd = files["imgbuild/sshd_config"].content.decode()
@@ -212,7 +212,7 @@ def test_context_files_and_manifest() -> None:
 def test_tags_derive_from_the_lock() -> None:
     plan = plan_of("cpu")
     assert plan.tags[0] == f"lock-{plan.lock_digest[:12]}"
-    assert plan.tags[1] == "nccl2.21.5-ompi4.1.4"
+    assert plan.tags[1] == "nccl2.27.5-ompi4.1.4"
     assert plan.labels["io.imgbuild.lock-digest"] == plan.lock_digest
 
 

@@ -26,7 +26,7 @@ def resolve_error(d: Path, text: str, **kwargs) -> str:
 @pytest.mark.parametrize(
     ("name", "expect"),
     [
-        ("cpu", {"nccl": "2.21.5", "openmpi": "4.1.4", "libfabric": "1.17.0", "python": "3.11"}),
+        ("cpu", {"nccl": "2.27.5", "openmpi": "4.1.4", "libfabric": "1.17.0", "python": "3.11"}),
         ("a100", {"nccl": "2.27.5", "pytorch": "2.9.1", "aws_ofi_nccl": "1.16.3", "efa": "1.43.2"}),
         ("v100", {"nccl": "2.26.2", "pytorch": "2.7.1", "aws_ofi_nccl": "1.21.1", "efa": "1.50.0", "cuda": "12.6.3"}),
         ("h100", {"nccl": "2.29.7", "pytorch": "2.13.0", "aws_ofi_nccl": "1.21.1", "cuda": "13.0.1"}),
@@ -73,7 +73,7 @@ def test_pytorch_wheel_without_sm70_kernels(recipe_dir: Path) -> None:
     msg = resolve_error(
         recipe_dir,
         "extends: v100\ncomponents: {pytorch: {version: 2.11.1}}\ncuda: {version: 12.8.1}\n",
-        lookup_torch=lambda v: compat.TorchWheel("nvidia-nccl-cu12", "2.28.9", "12.8", ("nvidia-nccl-cu12==2.28.9",)),
+        lookup_torch=lambda v, m="x86_64": compat.TorchWheel("nvidia-nccl-cu12", "2.28.9", "12.8", ("nvidia-nccl-cu12==2.28.9",)),
     )
     assert "have no sm_70 kernels, so they don't run on V100" in msg
 
@@ -111,7 +111,7 @@ def test_latest_tag_is_unpinned(recipe_dir: Path) -> None:
 def test_torch_not_in_table_uses_index_lookup(recipe_dir: Path) -> None:
     seen: list[str] = []
 
-    def lookup(version: str) -> compat.TorchWheel:
+    def lookup(version: str, machine: str = "x86_64") -> compat.TorchWheel:
         seen.append(version)
         return compat.TorchWheel("nvidia-nccl-cu12", "2.27.5", "12.8", compat.TORCH["2.9.1"].cuda_wheels)
 
@@ -137,7 +137,7 @@ def test_a_lock_of_a_release_from_the_index_keeps_its_cuda_wheels(recipe_dir: Pa
     """A release looked up on the index is locked with its CUDA wheels, and the lock reads back offline."""
     from imgbuild.pin import lock
 
-    def lookup(version: str) -> compat.TorchWheel:
+    def lookup(version: str, machine: str = "x86_64") -> compat.TorchWheel:
         return compat.TorchWheel("nvidia-nccl-cu12", "2.26.2", "12.6", compat.TORCH["2.7.1"].cuda_wheels)
 
     (recipe_dir / "t.yaml").write_text("extends: pytorch\ncomponents: {pytorch: {version: 2.7.0}}\n")
@@ -149,7 +149,7 @@ def test_a_lock_of_a_release_from_the_index_keeps_its_cuda_wheels(recipe_dir: Pa
 
 
 def test_torch_lookup_failure_is_explained(recipe_dir: Path) -> None:
-    def lookup(version: str) -> compat.TorchWheel:
+    def lookup(version: str, machine: str = "x86_64") -> compat.TorchWheel:
         raise ImgbuildError("connection refused")
 
     msg = resolve_error(recipe_dir, "extends: a100\ncomponents: {pytorch: {version: 2.9.9}}\n", lookup_torch=lookup)
@@ -248,7 +248,7 @@ def test_a_lock_without_the_cuda_wheels_is_refused(recipe_dir: Path, version: st
     from imgbuild.core.errors import LockError
     from imgbuild.pin import lock
 
-    def lookup(v: str) -> compat.TorchWheel:
+    def lookup(v: str, machine: str = "x86_64") -> compat.TorchWheel:
         return compat.TorchWheel("nvidia-nccl-cu12", "2.26.2", "12.6", compat.TORCH["2.7.1"].cuda_wheels)
 
     (recipe_dir / "old.yaml").write_text(f"extends: pytorch\ncomponents: {{pytorch: {{version: {version}}}}}\n")
@@ -265,7 +265,7 @@ def test_a_lock_without_the_cuda_wheels_is_refused(recipe_dir: Path, version: st
 def test_an_index_that_cannot_answer_is_exit_7(recipe_dir: Path) -> None:
     from imgbuild.core.errors import IndexLookupError
 
-    def refused(version: str) -> compat.TorchWheel:
+    def refused(version: str, machine: str = "x86_64") -> compat.TorchWheel:
         raise IndexLookupError(f"torch {version}: connection refused")
 
     (recipe_dir / "t.yaml").write_text("extends: a100\ncomponents: {pytorch: {version: 2.9.9}}\n")

@@ -36,7 +36,7 @@ REGION = "us-east-1"
 HOST = f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com"
 REPO = "team/imgbuild/cpu"
 LOCK_REF = "imgbuild/cpu:lock-0123456789ab"
-READABLE_REF = "imgbuild/cpu:nccl2.21.5-ompi4.1.4"
+READABLE_REF = "imgbuild/cpu:nccl2.27.5-ompi4.1.4"
 DIGEST = "sha256:" + "d" * 64
 WHEN = dt.datetime(2025, 3, 4, 12, 0, tzinfo=dt.timezone.utc)
 ALLOW_FILE = Path(__file__).resolve().parents[1] / ".github" / "ecr-scan-allow.txt"
@@ -560,13 +560,13 @@ def test_gate_passes_then_readable_tags_pushed(aws: boto3.Session) -> None:
     pub, engine, registry = ecr_publisher(aws, gate("HIGH"))
     script = ScriptedScans(registry.client, [basic("IN_PROGRESS"), basic(findings=BASIC_FINDINGS[2:4])])
     result = pub.publish(source())
-    assert [p[1] for p in engine.pushes] == ["lock-0123456789ab", "nccl2.21.5-ompi4.1.4"]
+    assert [p[1] for p in engine.pushes] == ["lock-0123456789ab", "nccl2.27.5-ompi4.1.4"]
     assert script.calls[0][1]["imageId"] == {"imageDigest": engine.digest}
     assert result.scan is not None and result.scan.passed
     data = result.to_json()
     assert data["scan"]["verdict"] == "passed" and data["scan"]["below_level"] == 2
-    assert [r["target"].rsplit(":", 1)[1] for r in data["refs"]] == ["lock-0123456789ab", "nccl2.21.5-ompi4.1.4"]
-    assert remote_tags(registry.client) == ["lock-0123456789ab", "nccl2.21.5-ompi4.1.4"]
+    assert [r["target"].rsplit(":", 1)[1] for r in data["refs"]] == ["lock-0123456789ab", "nccl2.27.5-ompi4.1.4"]
+    assert remote_tags(registry.client) == ["lock-0123456789ab", "nccl2.27.5-ompi4.1.4"]
 
 
 def test_failed_gate_pushes_no_readable_tag_and_takes_back_its_own(aws: boto3.Session) -> None:
@@ -690,7 +690,7 @@ def test_cli_passing_gate_pushes_every_tag(cli_ecr: dict[str, Any]) -> None:
     finally:
         scan._sleep = scan_sleep  # type: ignore[assignment]
     assert result.exit_code == 0, result.output
-    assert [p[1] for p in cli_ecr["engine"].pushes] == ["lock-0123456789ab", "nccl2.21.5-ompi4.1.4"]
+    assert [p[1] for p in cli_ecr["engine"].pushes] == ["lock-0123456789ab", "nccl2.27.5-ompi4.1.4"]
     assert "scan gate HIGH: passed" in result.stdout and monkey_sleeps == [10.0]
 
 

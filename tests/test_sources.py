@@ -51,7 +51,7 @@ def test_fetch_holds_what_the_lock_names(fetched: Path) -> None:
     _, resolved, _ = lock.for_ref("cpu")
     assert resolved.content is not None
     wheels = [rel for rel in index["files"] if rel.startswith("wheels/")]
-    assert any(Path(rel).name.startswith("nvidia_nccl_cu12-2.21.5") for rel in wheels), wheels
+    assert any(Path(rel).name.startswith("nvidia_nccl_cu12-2.27.5") for rel in wheels), wheels
     debs = [rel for rel in index["files"] if rel.startswith("debs/")]
     assert any("/openmpi-bin_" in rel for rel in debs) and any(rel.endswith("/Packages") for rel in debs)
     assert set(index["bases"]) == {"debian:bookworm-slim"}
@@ -70,7 +70,7 @@ def test_build_from_sources_with_the_network_off(fetched: Path, docker_client: A
         ref, ["bash", "-c", "dpkg-query -W openmpi-bin; /opt/venv/bin/pip list 2>/dev/null | grep nvidia-nccl"],
         remove=True, entrypoint=[],
     ).decode()  # fmt: skip
-    assert "openmpi-bin" in out and "nvidia-nccl-cu12" in out and "2.21.5" in out
+    assert "openmpi-bin" in out and "nvidia-nccl-cu12" in out and "2.27.5" in out
     # the build really ran offline: the log shows the network mode and the local apt repository
     log = Path(result.output.split("log: ")[-1].strip())
     text = log.read_text()
@@ -107,7 +107,7 @@ def test_a_damaged_folder_is_refused_before_anything_is_built(
     before = _tags(docker_client)
     result = CliRunner().invoke(app, ["build", "cpu", "--sources", str(copy)])
     assert result.exit_code == 16, result.output
-    assert rel.split("/")[-1] in result.output or "nvidia-nccl-cu12==2.21.5" in result.output, result.output
+    assert rel.split("/")[-1] in result.output or "nvidia-nccl-cu12==2.27.5" in result.output, result.output
     if damage != "missing-deb" and damage != "edited-index":
         assert "expected" in result.output and "found" in result.output
     assert _tags(docker_client) == before  # nothing tagged

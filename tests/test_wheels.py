@@ -21,7 +21,11 @@ from imgbuild.pin import record, resolver, wheels
 from imgbuild.pin.content import Content, Download, Requirement
 from imgbuild.spec import recipe
 
-NCCL_2_21_5 = "sha256:8579076d30a8c24988834445f8d633c697d42397e92ffc3f63fa26766d25e0a0"  # its only x86_64 wheel
+# nvidia-nccl-cu12 2.27.5's two wheels: manylinux2014_aarch64 and manylinux2014_x86_64
+NCCL_2_27_5 = (
+    "sha256:31432ad4d1fb1004eb0c56203dc9bc2178a1ba69d1d9e02d64a6938ab5e40e7a",
+    "sha256:ad730cf15cb5d25fe849c6e6ca9eb5b76db16a80f13f425ac68d8e2e55624457",
+)
 HASH = "sha256:{:064x}"  # a made-up hash
 MPI4PY_4_0_3_SDIST = "sha256:de2710d73e25e115865a3ab63d34a54b2d8608b724f761c567b6ad58dd475609"
 
@@ -38,11 +42,23 @@ def test_the_target_is_the_images_python_and_glibc() -> None:
     assert wheels.target(resolved_of("pytorch")) == ("3.11", "x86_64-manylinux_2_36")  # Debian 12
     assert wheels.target(resolved_of("a100")) == ("3.10", "x86_64-manylinux_2_35")  # Ubuntu 22.04
     assert wheels.target(resolved_of("h100")) == ("3.12", "x86_64-manylinux_2_39")  # Ubuntu 24.04
+    assert wheels.target(resolved_of("cpu"), "arm64") == ("3.11", "aarch64-manylinux_2_36")
 
 
-def test_nccl_alone_is_one_wheel_with_its_hash() -> None:
-    out = wheels.compile_sets({"nccl": ["nvidia-nccl-cu12==2.21.5"]}, resolved_of("cpu"))
-    assert out == {"nccl": (Requirement(name="nvidia-nccl-cu12", version="2.21.5", hashes=(NCCL_2_21_5,)),)}
+def test_nccl_alone_is_one_wheel_per_architecture_with_its_hash() -> None:
+    """cpu is built for amd64 and arm64: the requirement holds the hash of each architecture's wheel."""
+    out = wheels.compile_sets({"nccl": ["nvidia-nccl-cu12==2.27.5"]}, resolved_of("cpu"))
+    assert out == {"nccl": (Requirement(name="nvidia-nccl-cu12", version="2.27.5", hashes=NCCL_2_27_5),)}
+    amd64_only = resolved_of("pytorch")  # one architecture: its wheel alone
+    out = wheels.compile_sets({"nccl": ["nvidia-nccl-cu12==2.27.5"]}, amd64_only)
+    assert out["nccl"][0].hashes == (NCCL_2_27_5[1],)
+
+
+def test_a_release_without_a_wheel_for_one_architecture_names_it() -> None:
+    """nvidia-nccl-cu12 2.21.5 has no aarch64 wheel: a recipe built for arm64 cannot install it."""
+    with pytest.raises(ResolveError) as err:
+        wheels.compile_sets({"nccl": ["nvidia-nccl-cu12==2.21.5"]}, resolved_of("cpu"))
+    assert "cpu: requirement set nccl" in str(err.value) and "aarch64-manylinux_2_36" in str(err.value)
 
 
 def test_torchs_two_layers_are_disjoint_and_together_its_closure() -> None:
@@ -87,7 +103,7 @@ def test_an_unreachable_index_is_an_index_lookup_error(monkeypatch: pytest.Monke
     monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
     monkeypatch.setenv("UV_HTTP_RETRIES", "0")
     with pytest.raises(IndexLookupError) as err:
-        wheels.compile_sets({"nccl": ["nvidia-nccl-cu12==2.21.5"]}, resolved_of("cpu"))
+        wheels.compile_sets({"nccl": ["nvidia-nccl-cu12==2.27.5"]}, resolved_of("cpu"))
     assert "cpu: requirement set nccl" in str(err.value) and "uv pip compile failed" in str(err.value)
 
 
@@ -99,7 +115,7 @@ def test_no_uv_is_an_error_that_says_so(monkeypatch: pytest.MonkeyPatch) -> None
 
     monkeypatch.setattr(uv, "find_uv_bin", missing)
     with pytest.raises(IndexLookupError, match=r"uv is needed .* no uv binary here"):
-        wheels.compile_sets({"nccl": ["nvidia-nccl-cu12==2.21.5"]}, resolved_of("cpu"))
+        wheels.compile_sets({"nccl": ["nvidia-nccl-cu12==2.27.5"]}, resolved_of("cpu"))
 
 
 def test_no_binary_entries() -> None:

@@ -107,10 +107,11 @@ def runtime_order() -> tuple[str, ...]:
     return tuple(b.name for b in REGISTRY)
 
 
-def context_for(resolved: Any) -> Context:
-    """What blocks may ask of each other: the pins, and which pinned block provides what it does not name."""
+def context_for(resolved: Any, arch: str | None = None) -> Context:
+    """What blocks may ask of each other: the pins, which pinned block provides what it does not name, and the
+    architecture rendered for (`arch`, default the recipe's first)."""
     providers = {what: b.name for b in REGISTRY if b.name in resolved.pins for what in b.provides}
-    return Context(resolved=resolved, providers=providers)
+    return Context(resolved=resolved, providers=providers, arch=arch or resolved.recipe.platform.arch[0])
 
 
 def dedupe(items: Iterable[str]) -> list[str]:

@@ -105,6 +105,7 @@ class Context:
     providers: Mapping[str, str] = field(default_factory=dict)  # what a pinned block provides -> that block
     fabric_in_builder: bool = False  # a block compiles against the fabric (libfabric, MPI) in the builder
     offers: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # consumer -> what blocks offer it
+    arch: str = compat.DEFAULT_ARCH  # the CPU architecture this image is rendered for (one of platform.arch)
 
     def configure_args(self, name: str) -> list[str]:
         """The configure arguments other blocks offer to block `name`'s build (`Contribution.offers`), in the
@@ -136,7 +137,18 @@ class Context:
         details = self.details(name)
         if details is None and name in self.providers:
             details = self.details(self.providers[name])
-        return details.prefix if details is not None else None
+        prefix = details.prefix if details is not None else None
+        return compat.for_arch(prefix, self.arch) if prefix else prefix
+
+    @property
+    def machine(self) -> str:
+        """The architecture as `uname -m` and wheel tags name it: x86_64, aarch64."""
+        return compat.MACHINE[self.arch]
+
+    @property
+    def multiarch(self) -> str:
+        """Debian's multiarch triplet of the architecture (library directories): x86_64-linux-gnu."""
+        return compat.multiarch(self.arch)
 
     @property
     def content(self) -> Any:
@@ -196,7 +208,9 @@ def slug(text: str) -> str:
 class Resolution:
     """The state a block's pin rule reads and writes: the recipe, the pins made so far, warnings."""
 
-    def __init__(self, recipe: Recipe, path: Path, lookup_torch: Callable[[str], compat.TorchWheel] | None) -> None:
+    def __init__(
+        self, recipe: Recipe, path: Path, lookup_torch: Callable[[str, str], compat.TorchWheel] | None
+    ) -> None:
         self.recipe = recipe
         self.path = path
         self.lookup_torch = lookup_torch

@@ -153,8 +153,9 @@ def contribute(pin: Pin, ctx: Context) -> Contribution:
         c.ld_library_path.append(f"{prefix}/lib")
         c.needs_fabric_in_builder = True
     else:
-        # The EFA installer's plugin moved between lib/x86_64-linux-gnu (<= 1.43) and lib/ (1.44+).
-        c.ld_library_path += [f"{prefix}/lib", f"{prefix}/lib/x86_64-linux-gnu"]
+        # The EFA installer's plugin moved between lib/<triplet> (<= 1.43: lib/x86_64-linux-gnu on x86, the
+        # architecture's own triplet elsewhere) and lib/ (1.44+).
+        c.ld_library_path += [f"{prefix}/lib", f"{prefix}/lib/{ctx.multiarch}"]
     if Version(pin.version or "0") >= Version("1.15"):
         c.env["NCCL_NET_PLUGIN"] = "ofi"
     return c

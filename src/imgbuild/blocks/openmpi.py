@@ -17,9 +17,11 @@ from imgbuild.blocks import gaudi
 from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution
 from imgbuild.checks import CheckContext, check, compare, fail, first_executable
 from imgbuild.checks.results import CheckResult
+from imgbuild.spec import compat
 from imgbuild.spec.schema import AbsPath, Strict, pin_validator
 
-DISTRO_PREFIX = "/usr/lib/x86_64-linux-gnu/openmpi"
+# The distribution's Open MPI lives in its multiarch directory: one pin for every architecture, each image's own path.
+DISTRO_PREFIX = f"/usr/lib/{compat.MULTIARCH}/openmpi"
 
 
 class OpenMPI(Strict):

@@ -43,29 +43,19 @@ def resolve(t: PyTorch, rs: Resolution) -> Pin:
     if t.source == "base":
         return Pin(version=t.version, source="base", origin="base image", details=PyTorchDetails())
     rs.require_venv()
-    wheel = compat.TORCH.get(t.version)
-    origin = f"torch {t.version} wheel (shipped table)"
-    if wheel is None:
-        if rs.lookup_torch is None:
+    wheel, origin = None, ""
+    for arch in rs.recipe.platform.arch:  # the same pins on every architecture, or the recipe is refused
+        found, where = _wheel(t.version, compat.MACHINE[arch], rs)
+        if wheel is not None and found != wheel:
             raise rs.fail(
-                "components.pytorch.version",
-                f"torch {t.version} is not in the shipped table and index lookups are off",
-                hint=f"known releases: {', '.join(compat.TORCH)}",
+                "components.pytorch.version / platform.arch",
+                f"torch {t.version}'s wheels pin different CUDA or NCCL wheels on {rs.recipe.platform.arch[0]} "
+                f"({wheel.nccl_package} {wheel.nccl}, CUDA {wheel.cuda}) and {arch} ({found.nccl_package} "
+                f"{found.nccl}, CUDA {found.cuda}): one image index cannot hold both",
+                hint="build the architectures from separate recipes",
             )
-        try:
-            wheel = rs.lookup_torch(t.version)
-        except IndexLookupError as exc:  # the index could not answer: exit 7, not a version conflict
-            raise IndexLookupError(
-                f"{display(rs.path)}: components.pytorch.version: torch {t.version} is not in the shipped table "
-                f"and the index lookup failed: {exc.message}",
-                hint=exc.hint,
-            ) from None
-        except ImgbuildError as exc:
-            raise rs.fail(
-                "components.pytorch.version",
-                f"torch {t.version} is not in the shipped table and the index lookup failed: {exc}",
-            ) from None
-        origin = f"torch {t.version} wheel METADATA (package index)"
+        wheel, origin = found, origin or where
+    assert wheel is not None
     p, cuda = rs.recipe.platform, rs.recipe.cuda
     if p.accelerator == "nvidia":
         assert cuda is not None and p.gpu_arch is not None
@@ -92,6 +82,47 @@ def resolve(t: PyTorch, rs: Resolution) -> Pin:
         numpy=t.numpy,
     )
     return Pin(version=t.version, source="pip", origin=origin, details=details)
+
+
+def _wheel(version: str, machine: str, rs: Resolution) -> tuple[compat.TorchWheel, str]:
+    """What torch `version`'s wheel for Linux on `machine` pins, and where that was read: the shipped table, else the
+    index (rs.lookup_torch). A release whose wheel for the machine is a CPU build is refused, naming the first
+    release with a CUDA build there."""
+    arch = {m: a for a, m in compat.MACHINE.items()}[machine]
+    cpu_only = (
+        f"torch {version}'s wheel for linux/{arch} ({machine}) is a CPU build (no CUDA, no NCCL); the first release "
+        f"with a CUDA build for {machine} is {compat.FIRST_AARCH64_CUDA_TORCH}"
+    )
+    if compat.torch_cpu_only(version, machine):
+        raise rs.fail("components.pytorch.version / platform.arch", cpu_only)
+    wheel = compat.torch_wheel(version, machine)
+    if wheel is not None:
+        return wheel, f"torch {version} wheel (shipped table)"
+    if rs.lookup_torch is None:
+        known = compat.TORCH if machine == "x86_64" else compat.TORCH_AARCH64
+        raise rs.fail(
+            "components.pytorch.version",
+            f"torch {version}{'' if machine == 'x86_64' else f' ({machine})'} is not in the shipped table and "
+            "index lookups are off",
+            hint=f"known releases: {', '.join(known)}",
+        )
+    try:
+        wheel = rs.lookup_torch(version, machine)
+    except IndexLookupError as exc:
+        if "names no nvidia-nccl" in exc.message and machine != "x86_64":
+            raise rs.fail("components.pytorch.version / platform.arch", cpu_only) from None
+        # the index could not answer: exit 7, not a version conflict
+        raise IndexLookupError(
+            f"{display(rs.path)}: components.pytorch.version: torch {version} is not in the shipped table "
+            f"and the index lookup failed: {exc.message}",
+            hint=exc.hint,
+        ) from None
+    except ImgbuildError as exc:
+        raise rs.fail(
+            "components.pytorch.version",
+            f"torch {version} is not in the shipped table and the index lookup failed: {exc}",
+        ) from None
+    return wheel, f"torch {version} wheel METADATA (package index)"
 
 
 class PyTorchDetails(Details):

@@ -123,17 +123,19 @@ def _fetch_downloads(content: Content, tmp: Path, say: Say) -> dict[str, str]:
     return out
 
 
-def target_platform(resolved: Resolved) -> list[str]:
-    """pip's --python-version / --platform options for the image's Python and C library (x86_64). Every manylinux
-    tag the C library satisfies is named: pip (23.x) does not widen `manylinux_2_36` to the older tags itself."""
+def target_platform(resolved: Resolved, arch: str | None = None) -> list[str]:
+    """pip's --python-version / --platform options for the image's Python, CPU (`arch`, default the recipe's first)
+    and C library. Every manylinux tag the C library satisfies is named: pip (23.x) does not widen `manylinux_2_36`
+    to the older tags itself."""
     from imgbuild.spec import compat
 
+    machine = compat.MACHINE[arch or resolved.recipe.platform.arch[0]]
     python = resolved.pins["python"].version or "3"
     distro = compat.DISTRO.get(f"{resolved.recipe.os.family}{resolved.recipe.os.version}")
     glibc = str(getattr(distro, "glibc", None) or "2.17")
     minor = int(glibc.split(".")[1])
-    tags = [f"manylinux_2_{m}_x86_64" for m in range(minor, 4, -1)]
-    tags += ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64", "linux_x86_64"]
+    tags = [f"manylinux_2_{m}_{machine}" for m in range(minor, 4, -1)]
+    tags += [f"manylinux2014_{machine}", f"manylinux2010_{machine}", f"manylinux1_{machine}", f"linux_{machine}"]
     return ["--python-version", python, "--implementation", "cp", *(a for t in tags for a in ("--platform", t))]
 
 

@@ -65,6 +65,7 @@ class Manifest(BaseModel):
     lock_digest: str
     base: str
     platform: Platform
+    arch: Literal["amd64", "arm64"] = "amd64"  # which of platform.arch this image is (its paths are that one's)
     components: dict[str, Pin]
     env: dict[EnvName, str] = {}
     image_env: tuple[EnvName, ...] = ()

@@ -23,6 +23,7 @@ from imgbuild.blocks import (
     TEMPLATE_DIR,
     Context,
     Contribution,
+    Pin,
     builder_base,
     builder_order,
     context_for,
@@ -34,8 +35,10 @@ from imgbuild.core import paths
 from imgbuild.core.errors import RenderError
 from imgbuild.image.manifest import Manifest
 from imgbuild.pin import record
+from imgbuild.pin.content import local_ref
 from imgbuild.pin.lock import Lock
 from imgbuild.pin.resolver import TARGET_TAGS, Resolved
+from imgbuild.spec import compat
 from imgbuild.spec.recipe import Runtime
 
 if TYPE_CHECKING:
@@ -247,6 +250,7 @@ class BuildPlan:
     # The distribution packages each base's stages install (base ref -> names): what `sources fetch` downloads.
     apt_packages: dict[str, tuple[str, ...]] = field(default_factory=dict)
     offline: bool = False  # rendered for `build --sources` (everything from SOURCES_CONTEXT, no network)
+    arch: str = "amd64"  # the CPU architecture (one of the recipe's platform.arch); the build's --platform
 
     @property
     def image_refs(self) -> list[str]:
@@ -356,9 +360,10 @@ def readable_tag(resolved: Resolved) -> str:
     return "-".join(parts) or "latest"
 
 
-def contributions(resolved: Resolved) -> tuple[Context, dict[str, Contribution]]:
-    """Every pinned block's contribution, and the context with what they ask of the builder."""
-    ctx = context_for(resolved)
+def contributions(resolved: Resolved, arch: str | None = None) -> tuple[Context, dict[str, Contribution]]:
+    """Every pinned block's contribution for `arch` (default: the recipe's first), and the context with what they
+    ask of the builder."""
+    ctx = context_for(resolved, arch)
     contribs = {b.name: b.contribution(resolved.pins[b.name], ctx) for b in REGISTRY if b.name in resolved.pins}
     in_builder = any(c.needs_fabric_in_builder for c in contribs.values())
     offered: dict[str, list[str]] = {}
@@ -369,15 +374,19 @@ def contributions(resolved: Resolved) -> tuple[Context, dict[str, Contribution]]
     return replace(ctx, fabric_in_builder=in_builder, offers=offers), contribs
 
 
-def plan(resolved: Resolved, provenance: Provenance | None = None, *, offline: bool = False) -> BuildPlan:
+def plan(
+    resolved: Resolved, provenance: Provenance | None = None, *, offline: bool = False, arch: str | None = None
+) -> BuildPlan:
     """Render the Dockerfile and the context files of a resolved recipe (`provenance`: its source and revision
-    labels, when the caller knows them; `offline`: for a build from a sources folder with no network, SOURCES_DIR)."""
+    labels, when the caller knows them; `offline`: for a build from a sources folder with no network, SOURCES_DIR;
+    `arch`: which of the recipe's architectures, default its first)."""
     import jinja2
 
-    ctx, contribs = contributions(resolved)
+    arch = check_arch(resolved, arch)
+    ctx, contribs = contributions(resolved, arch)
     digest = lock_digest(resolved)
     labels = _labels(resolved, digest, provenance or Provenance())
-    manifest = _manifest(resolved, digest, contribs)
+    manifest = _manifest(resolved, digest, contribs, arch)
     builder_pkgs, runtime_pkgs = stage_packages(resolved, contribs)
     apt: dict[str, set[str]] = {}
     apt.setdefault(builder_base(resolved), set()).update(builder_pkgs)
@@ -399,7 +408,8 @@ def plan(resolved: Resolved, provenance: Provenance | None = None, *, offline: b
         labels=labels,
         lock_digest=digest,
         repository=repository(resolved),
-        tags=tags(resolved, digest),
+        tags=tags(resolved, digest, arch),
+        arch=arch,
         base_images=tuple(bases),
         manifest=manifest,
         disk_gb=BASE_BUILD_DISK_GB + sum(c.build_disk_gb for c in contribs.values()),
@@ -485,21 +495,24 @@ def _dockerfile(
             env_paths=env_paths,
             env=recipe_env,
             labels=dict(sorted(labels.items())),
-            pinned=lambda ref: pinned_ref(resolved, ref),
+            pinned=lambda ref: pinned_ref(resolved, ref, ctx.arch),
             builder_env={**CA_ENV, **PIP_QUIET},
             post_install=[line for name in runtime_order() if name in contribs for line in contribs[name].post_install],
         )
     )
 
 
-def pinned_ref(resolved: Resolved, ref: str) -> str:
-    """A base reference as FROM names it: with the digest the lock records for it (`image:tag@sha256:...`), so the
-    build starts from those bytes or fails; as it is where no digest was established (a local base: see
-    imgbuild.pin.digests)."""
+def pinned_ref(resolved: Resolved, ref: str, arch: str | None = None) -> str:
+    """A base reference as FROM names it for `arch`: with the digest the lock records for it (`image:tag@sha256:...`;
+    a registry's digest of a multi-architecture image is its index's, one for every architecture), so the build
+    starts from those bytes or fails; as it is where no digest was established, and, for a base made on this machine
+    (local: see imgbuild.pin.digests), the engine's name of that architecture's copy (content.local_ref)."""
     content = resolved.content
     recorded = content.bases.get(ref) if content is not None else None
-    if recorded is None or recorded.digest is None or "@" in ref:
+    if recorded is None or "@" in ref:
         return ref
+    if recorded.digest is None:
+        return local_ref(ref, arch or resolved.recipe.platform.arch[0]) if recorded.local else ref
     return f"{ref}@{recorded.digest}"
 
 
@@ -533,10 +546,26 @@ def _labels(resolved: Resolved, digest: str, provenance: Provenance | None = Non
     return labels
 
 
-def manifest(resolved: Resolved) -> Manifest:
-    """The manifest the image of `resolved` carries (no template is rendered)."""
-    _, contribs = contributions(resolved)
-    return _manifest(resolved, lock_digest(resolved), contribs)
+def manifest(resolved: Resolved, arch: str | None = None) -> Manifest:
+    """The manifest the image of `resolved` for `arch` (default: the recipe's first) carries (no template is
+    rendered)."""
+    arch = check_arch(resolved, arch)
+    _, contribs = contributions(resolved, arch)
+    return _manifest(resolved, lock_digest(resolved), contribs, arch)
+
+
+def check_arch(resolved: Resolved, arch: str | None) -> str:
+    """`arch`, which must be one of the recipe's platform.arch (None: the first); a RenderError saying how to add it."""
+    arches = resolved.recipe.platform.arch
+    if arch is None:
+        return arches[0]
+    if arch not in arches:
+        raise RenderError(
+            f"{resolved.name} is built for {', '.join(compat.docker_platform(a) for a in arches)}, not "
+            f"{compat.docker_platform(arch)}: its recipe's platform.arch does not list {arch}",
+            hint=f"add {arch} to platform.arch in the recipe and run `imgbuild lock {resolved.name}`",
+        )
+    return arch
 
 
 def repository(resolved: Resolved) -> str:
@@ -549,22 +578,30 @@ def lock_tag(digest: str) -> str:
     return f"lock-{digest[:12]}"
 
 
-def tags(resolved: Resolved, digest: str) -> tuple[str, str]:
-    """The image's tags, as `plan` gives them: the content-addressed one, then the readable one."""
-    return lock_tag(digest), readable_tag(resolved)
+def tags(resolved: Resolved, digest: str, arch: str | None = None) -> tuple[str, str]:
+    """The image's tags, as `plan` gives them: the content-addressed one, then the readable one. The engine keeps one
+    image per tag, so the image of an architecture other than the recipe's first carries its name after a dash
+    (`lock-<12 hex>-arm64`); `imgbuild push` publishes the architectures under the plain tags as one image index."""
+    suffix = arch_suffix(resolved, arch)
+    return lock_tag(digest) + suffix, readable_tag(resolved) + suffix
 
 
-def image_ref(resolved: Resolved) -> str:
-    """The content-addressed reference of the image (`imgbuild/NAME:lock-<12 hex>`), as `plan` tags it."""
-    return f"{repository(resolved)}:{lock_tag(lock_digest(resolved))}"
+def arch_suffix(resolved: Resolved, arch: str | None) -> str:
+    """`-<arch>` for an architecture other than the recipe's first (see `tags`), else nothing."""
+    return "" if arch is None or arch == resolved.recipe.platform.arch[0] else f"-{arch}"
 
 
-def image_refs(resolved: Resolved) -> list[str]:
-    """Every reference `plan` tags the image with, without rendering a template."""
-    return [f"{repository(resolved)}:{tag}" for tag in tags(resolved, lock_digest(resolved))]
+def image_ref(resolved: Resolved, arch: str | None = None) -> str:
+    """The content-addressed reference of the image of `arch` (`imgbuild/NAME:lock-<12 hex>`), as `plan` tags it."""
+    return f"{repository(resolved)}:{tags(resolved, lock_digest(resolved), arch)[0]}"
 
 
-def _manifest(resolved: Resolved, digest: str, contribs: dict[str, Contribution]) -> Manifest:
+def image_refs(resolved: Resolved, arch: str | None = None) -> list[str]:
+    """Every reference `plan` tags the image of `arch` with, without rendering a template."""
+    return [f"{repository(resolved)}:{tag}" for tag in tags(resolved, lock_digest(resolved), arch)]
+
+
+def _manifest(resolved: Resolved, digest: str, contribs: dict[str, Contribution], arch: str) -> Manifest:
     r = resolved.recipe
     env_paths, env = image_env(resolved, contribs)
     return Manifest(
@@ -573,12 +610,22 @@ def _manifest(resolved: Resolved, digest: str, contribs: dict[str, Contribution]
         lock_digest=digest,
         base=resolved.base_ref,
         platform=r.platform,
-        components={n: resolved.pins[n] for n in sorted(contribs)},
+        arch=arch,  # one of platform.arch (check_arch)
+        components={n: _for_arch(resolved.pins[n], arch) for n in sorted(contribs)},
         env=dict(sorted(r.env.items())),
         image_env=tuple(sorted([*(name for name, paths in env_paths.items() if paths), *env])),
         mpirun=r.mpirun,
         runtime=runtime_profile(r.runtime, contribs),
     )
+
+
+def _for_arch(pin: Pin, arch: str) -> Pin:
+    """A pin as `arch`'s image has it: a prefix in the architecture's multiarch directory filled in
+    (compat.for_arch), so the manifest names the image's own paths."""
+    prefix = pin.details.prefix
+    if not prefix or compat.MULTIARCH not in prefix:
+        return pin
+    return pin.model_copy(update={"details": pin.details.model_copy(update={"prefix": compat.for_arch(prefix, arch)})})
 
 
 def runtime_profile(runtime: Runtime, contribs: dict[str, Contribution]) -> Runtime:

@@ -42,6 +42,23 @@ class ImageDigest(_Frozen):
             raise ValueError(f"expected sha256:<64 hex digits>, got {value!r}")
         return value
 
+    @property
+    def local(self) -> bool:
+        """Whether the image was made on the engine's machine (no registry digest: imgbuild.pin.digests)."""
+        return self.digest is None and self.origin.startswith("local:")
+
+
+def local_ref(ref: str, arch: str) -> str:
+    """The engine's name of a base made on this machine for `arch`. The engine's store holds one image per name, so
+    beside the amd64 copy (the recipe's own name) another architecture's copy carries it after a dash:
+    debian:bookworm-slim -> debian:bookworm-slim-arm64 (imgbuild base bootstrap --platform makes it so)."""
+    if arch == "amd64":
+        return ref
+    name, sep, tag = ref.rpartition(":")
+    if not sep or "/" in tag:  # no tag: the implicit latest
+        return f"{ref}:latest-{arch}"
+    return f"{name}:{tag}-{arch}"
+
 
 class Download(_Frozen):
     """A file the Dockerfile downloads: its URL, its sha256 (None: nobody here could establish it) and where the

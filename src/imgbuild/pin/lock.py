@@ -210,7 +210,7 @@ def _check_not_edited(loaded: LoadedRecipe, locked: Resolved, path: Path, hint: 
     """The lock's pins must be what the resolver's rules give for the recipe (with the lock's own record of a
     PyTorch wheel's pins, so this needs no network): a pin edited by hand would build something never checked."""
 
-    def from_lock(version: str) -> compat.TorchWheel:
+    def from_lock(version: str, machine: str = "x86_64") -> compat.TorchWheel:  # one record for every machine
         pin = locked.pins.get("pytorch")
         wheel = pin.typed(PyTorchDetails).wheel() if pin is not None else None
         if wheel is None:

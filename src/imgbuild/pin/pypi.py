@@ -53,6 +53,7 @@ __all__ = [
     "cuda_wheels",
     "index_url",
     "read_wheel_metadata",
+    "releases",
     "torch_pins",
 ]
 
@@ -66,14 +67,19 @@ MAX_PAGE = 64 * 1024 * 1024
 MAX_METADATA = 16 * 1024 * 1024
 
 _HASH_FRAGMENT = re.compile(r"^(?P<algo>sha256|sha384|sha512|sha224|sha1|md5)=(?P<digest>[0-9a-fA-F]+)$")
-_MANYLINUX_X86_64 = re.compile(r"^(manylinux\d*|manylinux_\d+_\d+)_x86_64$")
+_MANYLINUX = re.compile(r"^(?:manylinux\d*|manylinux_\d+_\d+)_(?P<machine>x86_64|aarch64)$")
 _METADATA_MEMBER = re.compile(r"[^/]+\.dist-info/METADATA")
 _NCCL = re.compile(r"^nvidia-nccl-cu\d+$")
 _CUDA_RUNTIME = re.compile(r"^nvidia-cuda-runtime(-cu\d+)?$")
 _CUDA_TOOLKIT = "cuda-toolkit"  # torch 2.11+: cuda-toolkit[cudart,...]==13.0.2
-#: Marker values of the images' platform: the CUDA wheels torch needs on Linux x86_64 (Python's own version is this
-#: interpreter's: no CUDA requirement of a torch release depends on it).
-LINUX_X86_64 = {"sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix"}
+#: The machines (``uname -m``) wheels are picked for: the images' CPU architectures (compat.MACHINE).
+MACHINES = ("x86_64", "aarch64")
+
+
+def linux_markers(machine: str) -> dict[str, str]:
+    """Marker values of the images' platform on `machine`: the CUDA wheels torch needs on Linux there (Python's own
+    version is this interpreter's: no CUDA requirement of a torch release depends on it)."""
+    return {"sys_platform": "linux", "platform_system": "Linux", "platform_machine": machine, "os_name": "posix"}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -105,7 +111,7 @@ class WheelMetadata:
 @dataclass(frozen=True)
 class TorchPins:
     """What a PyTorch release pins: its NCCL wheel, the CUDA runtime it was built against, and every CUDA and NCCL
-    wheel it requires on Linux x86_64 (:func:`cuda_wheels`)."""
+    wheel it requires on Linux on the machine asked for (:func:`cuda_wheels`)."""
 
     torch_version: str
     nccl_package: str
@@ -231,9 +237,13 @@ def _parse_simple_page(html: str, page_url: str) -> list[_Link]:
     return links
 
 
-def _tag_rank(tag: Tag) -> tuple[int, int, int] | None:
-    """How well a wheel tag suits a Linux x86_64 CPython (higher is better), None if it doesn't."""
-    platform = 3 if _MANYLINUX_X86_64.match(tag.platform) else {"linux_x86_64": 2, "any": 1}.get(tag.platform)
+def _tag_rank(tag: Tag, machine: str) -> tuple[int, int, int] | None:
+    """How well a wheel tag suits a Linux CPython on `machine` (higher is better), None if it doesn't."""
+    manylinux = _MANYLINUX.match(tag.platform)
+    if manylinux and manylinux["machine"] == machine:
+        platform: int | None = 3
+    else:
+        platform = {f"linux_{machine}": 2, "any": 1}.get(tag.platform)
     this_cp = f"cp{sys.version_info.major}{sys.version_info.minor}"
     if tag.interpreter == this_cp:
         interpreter = 3
@@ -248,8 +258,8 @@ def _tag_rank(tag: Tag) -> tuple[int, int, int] | None:
     return None if platform is None else (platform, interpreter, abi)
 
 
-def _pick_wheel(links: list[_Link], project: str, version: str, page_url: str) -> _Link:
-    """The wheel of `project` `version` to read: Linux x86_64, this interpreter's cp tag if there is one."""
+def _pick_wheel(links: list[_Link], project: str, version: str, page_url: str, machine: str = "x86_64") -> _Link:
+    """The wheel of `project` `version` to read: Linux on `machine`, this interpreter's cp tag if there is one."""
     wanted = canonicalize_name(project)
     try:
         wanted_version = Version(version)
@@ -271,7 +281,7 @@ def _pick_wheel(links: list[_Link], project: str, version: str, page_url: str) -
         if (name, wheel_version) != (wanted, wanted_version):
             continue
         release_files.append(link.filename)
-        ranks = [rank for rank in map(_tag_rank, tags) if rank is not None]
+        ranks = [rank for rank in (_tag_rank(tag, machine) for tag in tags) if rank is not None]
         if ranks:
             candidates.append(((*max(ranks), 0 if link.yanked else 1), link.filename, link))
     if not candidates:
@@ -281,7 +291,7 @@ def _pick_wheel(links: list[_Link], project: str, version: str, page_url: str) -
             )
         shown = ", ".join(sorted(release_files)[:6]) + (", ..." if len(release_files) > 6 else "")
         raise IndexLookupError(
-            f"{project} {version}: no Linux x86_64 (or pure-Python) wheel on the index ({page_url} has: {shown})"
+            f"{project} {version}: no Linux {machine} (or pure-Python) wheel on the index ({page_url} has: {shown})"
         )
     return max(candidates, key=lambda c: c[:2])[2]
 
@@ -349,9 +359,11 @@ def read_wheel_metadata(
     index: str | None = None,
     session: requests.Session | None = None,
     deadline: float | None = None,
+    machine: str = "x86_64",
 ) -> WheelMetadata:
     """Read the METADATA of `project` `version`'s wheel from the index with a few range requests.
 
+    `machine` is the target's ``uname -m`` (x86_64, aarch64): the wheel for Linux on it is read.
     `index` is a simple-API root (default: :func:`index_url`). `deadline` bounds the whole lookup in
     seconds (default: ``IMGBUILD_INDEX_DEADLINE``, else :data:`DEFAULT_DEADLINE`). Raises
     :class:`IndexLookupError` on any failure, with the project, version and URL in the message.
@@ -367,7 +379,7 @@ def read_wheel_metadata(
     client = Client(session if session is not None else requests.Session(), seconds, hint=hint)
     try:
         html, page_url, page_bytes = _fetch_simple_page(client, root, project, version)
-        link = _pick_wheel(_parse_simple_page(html, page_url), project, version, page_url)
+        link = _pick_wheel(_parse_simple_page(html, page_url), project, version, page_url, machine)
         rf = RangeFile(client, link.url, what=f"{project} {version} ({link.filename})")
         member, raw = _read_metadata_member(rf, project)
         headers = email.parser.HeaderParser().parsestr(raw.decode("utf-8", errors="replace"))
@@ -406,13 +418,17 @@ def _major_minor(version: str) -> str | None:
     return f"{release[0]}.{release[1]}" if len(release) >= 2 else None
 
 
-def cuda_wheels(requires_dist: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+def _environment(machine: str) -> dict[str, str]:
+    return {**{key: str(value) for key, value in default_environment().items()}, **linux_markers(machine), "extra": ""}
+
+
+def cuda_wheels(requires_dist: tuple[str, ...] | list[str], machine: str = "x86_64") -> tuple[str, ...]:
     """The CUDA and NCCL requirements among a torch wheel's Requires-Dist, as the image installs them before torch:
-    the ``nvidia-*`` ones and ``cuda-toolkit[...]`` (torch 2.11+), whose markers hold on Linux x86_64 (no extra
+    the ``nvidia-*`` ones and ``cuda-toolkit[...]`` (torch 2.11+), whose markers hold on Linux `machine` (no extra
     asked for), each written without its marker (``nvidia-cublas-cu12==12.8.4.1``, ``cuda-toolkit[cublas,...]==13.0.2``,
     a range where torch states one), sorted by name. Lines that do not parse are left out (the NCCL pin's own check
     in :func:`torch_pins` reports a broken NCCL line)."""
-    env = {**{key: str(value) for key, value in default_environment().items()}, **LINUX_X86_64, "extra": ""}
+    env = _environment(machine)
     found: dict[str, str] = {}
     for line in requires_dist:
         try:
@@ -436,17 +452,20 @@ def torch_pins(
     index: str | None = None,
     session: requests.Session | None = None,
     deadline: float | None = None,
+    machine: str = "x86_64",
 ) -> TorchPins:
-    """The NCCL wheel and CUDA runtime version that torch `torch_version`'s Linux x86_64 wheel pins.
+    """The NCCL wheel and CUDA runtime version that torch `torch_version`'s wheel for Linux on `machine` pins.
 
     NCCL: the ``nvidia-nccl-cu12==X`` / ``nvidia-nccl-cu13==X`` requirement, which must be an exact
     ``==`` pin. CUDA (major.minor): from the ``nvidia-cuda-runtime-cu12==12.4.127`` or
     ``nvidia-cuda-runtime==13.0.96`` pin, else from a ``cuda-toolkit[...]==13.0.2`` pin; None when
-    neither is there (markers are ignored for these two). ``cuda_wheels``: see :func:`cuda_wheels`. `index`, `session`
+    neither is there. A requirement whose marker does not hold on Linux `machine` is not counted (torch 2.9's
+    aarch64 wheel names NCCL for x86_64 only: a CPU build). ``cuda_wheels``: see :func:`cuda_wheels`. `index`, `session`
     and `deadline`: as for :func:`read_wheel_metadata`.
     """
-    meta = read_wheel_metadata("torch", torch_version, index=index, session=session, deadline=deadline)
+    meta = read_wheel_metadata("torch", torch_version, index=index, session=session, deadline=deadline, machine=machine)
     where = f"torch {torch_version} ({meta.wheel_url})"
+    env = _environment(machine)
     nccl: list[tuple[str, str | None, str]] = []
     cuda_runtime: str | None = None
     cuda_toolkit: str | None = None
@@ -458,6 +477,8 @@ def torch_pins(
                 raise IndexLookupError(f"{where}: cannot parse the NCCL requirement {line!r}: {exc}") from exc
             continue
         name = canonicalize_name(req.name)
+        if req.marker is not None and not req.marker.evaluate(env):
+            continue  # not on this machine: torch 2.9's aarch64 wheel names NCCL for x86_64 only (a CPU build)
         if _NCCL.match(name):
             nccl.append((name, _exact_pin(req), line))
         elif _CUDA_RUNTIME.match(name) and cuda_runtime is None:
@@ -492,5 +513,46 @@ def torch_pins(
         requests_made=meta.requests_made,
         wheel_url=meta.wheel_url,
         wheel_sha256=meta.wheel_sha256,
-        cuda_wheels=cuda_wheels(meta.requires_dist),
+        cuda_wheels=cuda_wheels(meta.requires_dist, machine),
     )
+
+
+def releases(
+    project: str,
+    *,
+    index: str | None = None,
+    session: requests.Session | None = None,
+    deadline: float | None = None,
+) -> list[str]:
+    """The final releases of `project` the index offers, oldest first (by version): every version with a wheel or an
+    sdist on its simple page that is not yanked (PEP 592: a release counts while one of its files is not) and is not a
+    pre-release, a development release or a local version (2.5.1+cu121: a build of a release). `index`, `session`
+    and `deadline`: as for :func:`read_wheel_metadata`. Raises :class:`IndexLookupError` (the project, the page's
+    URL) when the page cannot be read."""
+    seconds = _deadline_seconds(deadline)
+    root = index or index_url()
+    if not _is_http(root):
+        raise IndexLookupError(f"{project} releases: the index {root} is not http(s)")
+    own_session = session is None
+    hint = f"the index is slow or stalled; set {DEADLINE_ENV} (seconds) to wait longer"
+    client = Client(session if session is not None else requests.Session(), seconds, hint=hint)
+    try:
+        html, page_url, _ = _fetch_simple_page(client, root, project, "releases")
+    finally:
+        if own_session:
+            client.session.close()
+    wanted = canonicalize_name(project)
+    found: set[Version] = set()
+    for link in _parse_simple_page(html, page_url):
+        if link.yanked:
+            continue
+        try:
+            if link.filename.endswith(".whl"):
+                name, version, _build, _tags = parse_wheel_filename(link.filename)
+            else:
+                name, version = parse_sdist_filename(link.filename)
+        except (InvalidWheelFilename, InvalidSdistFilename, InvalidVersion):
+            continue  # not a distribution (a signature, a file in another format): not a release's proof
+        if name == wanted and not (version.is_prerelease or version.is_devrelease or version.local):
+            found.add(version)
+    return [str(v) for v in sorted(found)]

@@ -104,18 +104,19 @@ class Resolved(Pinned):
         return pin.version if pin else None
 
 
-TorchLookup = Callable[[str], compat.TorchWheel]
+# (torch version, machine: x86_64 | aarch64) -> what that release's wheel for Linux on that machine pins
+TorchLookup = Callable[[str, str], compat.TorchWheel]
 
 
-def index_lookup(torch_version: str) -> compat.TorchWheel:
-    """Read a PyTorch release's NCCL and CUDA pins, and the CUDA wheels it requires, from the package index (range
-    requests on its wheel's METADATA)."""
+def index_lookup(torch_version: str, machine: str = "x86_64") -> compat.TorchWheel:
+    """Read a PyTorch release's NCCL and CUDA pins, and the CUDA wheels it requires, from its wheel for Linux on
+    `machine` on the package index (range requests on the wheel's METADATA)."""
     from imgbuild.core.errors import ResolveError
     from imgbuild.pin import pypi  # network edge: imported only when a release is not in the shipped table
 
-    pins = pypi.torch_pins(torch_version)
+    pins = pypi.torch_pins(torch_version, machine=machine)
     if pins.cuda_version is None:
-        raise ResolveError(f"torch {torch_version}: its wheel pins no CUDA runtime (a CPU build?)")
+        raise ResolveError(f"torch {torch_version}: its {machine} wheel pins no CUDA runtime (a CPU build?)")
     return compat.TorchWheel(pins.nccl_package, pins.nccl_version, pins.cuda_version, pins.cuda_wheels)
 
 

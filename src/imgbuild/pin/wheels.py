@@ -2,9 +2,11 @@
 (`Block.requirements`) with the sha256 of the files the target may install, resolved by uv at `imgbuild lock`.
 
 uv resolves for the target, not for this machine: `--python-version` is the image's Python (the `python` pin) and
-`--python-platform x86_64-manylinux_2_XX` its C library (compat.DISTRO's glibc), so the recorded hashes are those
-of the files pip on the target can pick (uv's pylock.toml output names every file with its hash; the wheels
-incompatible with the target are left out). The package index is uv's, as configured (uv.toml, UV_* variables):
+`--python-platform <machine>-manylinux_2_XX` its CPU and C library (compat.DISTRO's glibc), so the recorded hashes are
+those of the files pip on the target can pick (uv's pylock.toml output names every file with its hash; the wheels
+incompatible with the target are left out). A recipe built for several architectures (platform.arch) resolves each
+set for each of them: the versions must agree, and a requirement holds the hashes of every architecture's files
+(pip --require-hashes takes the one it installs). The package index is uv's, as configured (uv.toml, UV_* variables):
 nothing here names one.
 
 Sets resolve in install order (`install_order`: the builder stage's sets, then the runtime stage's, each stage in
@@ -37,7 +39,6 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-ARCH = "x86_64"  # every target imgbuild builds for (AWS x86_64 instances)
 UV_TIMEOUT_S = 600  # one set's resolution; torch's closure takes seconds with a warm uv cache
 _NO_BINARY = re.compile(r"^--no-binary(?:=|\s+)(\S+)$")
 
@@ -58,9 +59,10 @@ def requirement_lines(specifiers: Sequence[str]) -> list[str]:
     return [s for s in specifiers if not s.strip().startswith("-")]
 
 
-def target(resolved: Resolved) -> tuple[str, str]:
-    """(Python version, platform) the image's wheels are resolved for: the `python` pin's version (3.11 on Debian
-    12) and `x86_64-manylinux_2_XX` with the target distribution's glibc."""
+def target(resolved: Resolved, arch: str | None = None) -> tuple[str, str]:
+    """(Python version, platform) the image's wheels are resolved for on `arch` (default: the recipe's first): the
+    `python` pin's version (3.11 on Debian 12) and `<machine>-manylinux_2_XX` with the target distribution's glibc
+    (x86_64-manylinux_2_36, aarch64-manylinux_2_36)."""
     r = resolved.recipe
     os_id = f"{r.os.family}{r.os.version}"
     distro = compat.DISTRO.get(os_id)
@@ -69,7 +71,8 @@ def target(resolved: Resolved) -> tuple[str, str]:
     py = resolved.pins.get("python")
     if py is None or not py.version:
         raise ResolveError(f"{r.name}: its requirement sets need the python pin's version (components.python)")
-    return ".".join(py.version.split(".")[:2]), f"{ARCH}-manylinux_{distro.glibc.replace('.', '_')}"
+    machine = compat.MACHINE[arch or r.platform.arch[0]]
+    return ".".join(py.version.split(".")[:2]), f"{machine}-manylinux_{distro.glibc.replace('.', '_')}"
 
 
 def uv_bin() -> str:
@@ -103,10 +106,37 @@ def compile_sets(
     sets: Mapping[str, Sequence[str]], resolved: Resolved, *, offline: bool = False
 ) -> dict[str, tuple[Requirement, ...]]:
     """Each requirement set's closure with hashes, in install order (`install_order`): a set holds only what the
-    sets before it do not (they constrain its versions). `offline`: no network, uv answers from its cache (uv's
-    --offline; what it has not cached fails the set, naming it). Raises `ResolveError` when a set cannot be resolved
-    (uv's message, the recipe and the set named) and `IndexLookupError` when uv cannot run or reach the index."""
-    python, platform = target(resolved)
+    sets before it do not (they constrain its versions). Resolved for each of the recipe's architectures; the
+    versions must agree, and each requirement holds every architecture's hashes. `offline`: no network, uv answers
+    from its cache (uv's --offline; what it has not cached fails the set, naming it). Raises `ResolveError` when a set
+    cannot be resolved (uv's message, the recipe and the set named) or resolves differently on two architectures,
+    and `IndexLookupError` when uv cannot run or reach the index."""
+    per_arch = {arch: _compile_arch(sets, resolved, arch, offline) for arch in resolved.recipe.platform.arch}
+    first, *others = per_arch
+    out: dict[str, tuple[Requirement, ...]] = {}
+    for name, reqs in per_arch[first].items():
+        merged = {r.name: r for r in reqs}
+        for arch in others:
+            theirs = {r.name: r for r in per_arch[arch][name]}
+            if {n: r.version for n, r in theirs.items()} != {n: r.version for n, r in merged.items()}:
+                mine = ", ".join(f"{n}=={r.version}" for n, r in sorted(merged.items()))
+                other = ", ".join(f"{n}=={r.version}" for n, r in sorted(theirs.items()))
+                raise ResolveError(
+                    f"{resolved.name}: requirement set {name} resolves differently for {first} ({mine}) and "
+                    f"{arch} ({other}); pin the versions in the recipe so both architectures install the same"
+                )
+            merged = {
+                n: r.model_copy(update={"hashes": tuple(sorted({*r.hashes, *theirs[n].hashes}))})
+                for n, r in merged.items()
+            }
+        out[name] = tuple(merged[r.name] for r in reqs)
+    return out
+
+
+def _compile_arch(
+    sets: Mapping[str, Sequence[str]], resolved: Resolved, arch: str, offline: bool
+) -> dict[str, tuple[Requirement, ...]]:
+    python, platform = target(resolved, arch)
     uv = uv_bin()
     out: dict[str, tuple[Requirement, ...]] = {}
     pinned: dict[str, str] = {}  # name -> version, of every earlier set

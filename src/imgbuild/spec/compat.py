@@ -203,6 +203,29 @@ TORCH: dict[str, TorchWheel] = {
 }
 
 
+# Linux aarch64 (linux/arm64) wheels, read from each release's manylinux_2_28_aarch64 cp311 wheel METADATA on the
+# package index (2026-11): through 2.10 they are CPU builds (2.9.1's is 99 MiB; its NCCL and CUDA requirements carry
+# `platform_machine == "x86_64"` markers); from 2.11.0 they are CUDA builds that pin the same CUDA and NCCL wheels as
+# the x86_64 wheel of the release (checked for 2.11.0, 2.13.0 and 2.15.0; 2.15.0's is 461 MiB). A release in neither
+# list is read from the index for the target's machine.
+FIRST_AARCH64_CUDA_TORCH = "2.11.0"
+TORCH_AARCH64: dict[str, TorchWheel] = {v: TORCH[v] for v in ("2.11.0", "2.13.0", "2.15.0")}
+
+
+def torch_wheel(version: str, machine: str) -> TorchWheel | None:
+    """The shipped table's record of torch `version`'s wheel for Linux on `machine` (None: not in the table)."""
+    return TORCH.get(version) if machine == "x86_64" else TORCH_AARCH64.get(version)
+
+
+def torch_cpu_only(version: str, machine: str) -> bool:
+    """Whether torch `version`'s wheel for Linux on `machine` is known to be a CPU build (aarch64 before
+    FIRST_AARCH64_CUDA_TORCH)."""
+    try:
+        return machine == "aarch64" and Version(version) < Version(FIRST_AARCH64_CUDA_TORCH)
+    except ValueError:
+        return False
+
+
 def torch_wheel_has_arch(torch: str, cuda: str, arch: str) -> bool:
     """Whether the default wheel of `torch` (built for `cuda`) carries kernels for `arch`.
 
@@ -351,6 +374,42 @@ GAUDI: dict[str, GaudiRelease] = {
 GDRCOPY_MIN_FOR_PLUGIN: dict[str, str] = {"1.21": "2.5"}
 
 
+# CPU architectures (the recipe's platform.arch, Docker's names) and what each is called elsewhere: `uname -m`, the
+# machine in wheel tags and markers (x86_64, aarch64); Debian's multiarch triplet names library directories.
+MACHINE: dict[str, str] = {"amd64": "x86_64", "arm64": "aarch64"}
+DEFAULT_ARCH = "amd64"
+
+
+def multiarch(arch: str) -> str:
+    """Debian's and Ubuntu's multiarch triplet of `arch` (/usr/lib/<triplet>): x86_64-linux-gnu, aarch64-linux-gnu."""
+    return f"{MACHINE[arch]}-linux-gnu"
+
+
+MULTIARCH = "{multiarch}"  # in a pin's path: the architecture's triplet, filled in for each architecture's image
+
+
+def for_arch(path: str, arch: str) -> str:
+    """A pin's path for `arch`: MULTIARCH replaced by its triplet (/usr/lib/{multiarch}/openmpi ->
+    /usr/lib/aarch64-linux-gnu/openmpi). A pin is one for every architecture the recipe lists; its render is not."""
+    return path.replace(MULTIARCH, multiarch(arch))
+
+
+def docker_platform(arch: str) -> str:
+    """The OCI/Docker platform string of `arch`: linux/amd64, linux/arm64."""
+    return f"linux/{arch}"
+
+
+def parse_platform(text: str) -> str:
+    """`linux/arm64` (or `arm64`, `linux/aarch64`) as a platform.arch value; ValueError naming what is known."""
+    value = text.strip().lower()
+    os_name, _, arch = value.rpartition("/")
+    arch = {machine: name for name, machine in MACHINE.items()}.get(arch, arch)
+    if os_name not in ("", "linux") or arch not in MACHINE:
+        known = ", ".join(docker_platform(a) for a in MACHINE)
+        raise ValueError(f"{text!r} is not a platform imgbuild builds for (known: {known})")
+    return arch
+
+
 @dataclass(frozen=True)
 class Arch:
     """A GPU architecture and the CUDA major versions that can target it."""
@@ -375,3 +434,36 @@ def gencode(arch: str) -> str:
     """nvcc -gencode for one architecture (SASS for it, no PTX)."""
     num = arch.removeprefix("sm_")
     return f"-gencode=arch=compute_{num},code=sm_{num}"
+
+
+# --------------------------------------------------------------------------------------------------
+# Releases no other table lists: the versions a recipe may pin for components built from their GitHub releases.
+# v2.19.6 was the newest nccl-tests tag when they were read (2026-11); GDRCopy's tags were not read: 2.5.1 is the
+# release the shipped recipes pin (aws-ofi-nccl 1.21 needs >= 2.5), so a newer GDRCopy is not known here.
+NCCL_TESTS_RELEASES: tuple[str, ...] = ("2.16.4", "2.18.3", "2.19.6")
+GDRCOPY_RELEASES: tuple[str, ...] = ("2.5.1",)
+
+
+@dataclass(frozen=True)
+class TableSource:
+    """Where a table's facts were read and when: `read_on` is an ISO date, or a month where the day was not recorded,
+    or None where nobody recorded it (the table may then be stale by any amount)."""
+
+    source: str
+    read_on: str | None
+
+
+# When each table was read. `imgbuild outdated` takes a table's newest entry as the newest release of a component
+# that is not looked up on the package index, and says when the table was read: a release published since is not in
+# it. The months come from the project's facts notes, which date what they add by month (git first shows these tables
+# on 2026-11-21). Change a date when you read the source again, not when you edit the table for another reason.
+TABLES: dict[str, TableSource] = {
+    "TORCH": TableSource("each release's wheel METADATA on the package index", "2026-11"),
+    "PLUGIN_TESTED_NCCL": TableSource("aws/aws-ofi-nccl RELEASENOTES.md", "2026-11"),
+    "PLUGIN_TESTED_LIBFABRIC": TableSource("aws/aws-ofi-nccl RELEASENOTES.md", "2026-11"),
+    "EFA": TableSource("the AWS EFA installer changelog", "2026-11"),
+    "NCCL_TESTS_RELEASES": TableSource("NVIDIA/nccl-tests tags", "2026-11"),
+    "GDRCOPY_RELEASES": TableSource("the release the shipped recipes pin (NVIDIA/gdrcopy tags not read)", None),
+    "GAUDI": TableSource("HabanaAI/Setup_and_Install and Habana's support matrix", None),
+    "DISTRO": TableSource("the Debian and Ubuntu package archives", None),
+}

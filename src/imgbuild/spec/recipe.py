@@ -18,7 +18,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+    model_validator,
+)
 
 from imgbuild.core import paths
 from imgbuild.core.errors import RecipeError
@@ -78,10 +87,26 @@ class OS(Strict):
     packages: tuple[DebPackage, ...] = ()
 
 
+def _arch_list(value: object) -> object:
+    """`arch: arm64` or `arch: [amd64, arm64]`: one architecture or several, none twice."""
+    items = [value] if isinstance(value, str) else value
+    if isinstance(items, (list, tuple)):
+        if not items:
+            raise ValueError("expected an architecture or a list of them (amd64, arm64), got an empty list")
+        if len(set(items)) != len(items):
+            raise ValueError(f"an architecture is listed twice: {list(items)}")
+        return tuple(items)
+    return value
+
+
 class Platform(Strict):
     """The hardware the image is for."""
 
     accelerator: Literal["none", "nvidia", "gaudi"]
+    # The CPU architectures the image is built for (Docker's names): one, or a list for a multi-architecture image
+    # (the first is the default `imgbuild build` makes; `--platform` picks another). AWS's Graviton and Grace
+    # instances (p6e-gb200) are arm64.
+    arch: Annotated[tuple[Literal["amd64", "arm64"], ...], BeforeValidator(_arch_list)] = ("amd64",)
     gpu_arch: Literal["sm_70", "sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_100"] | None = None
     instance_types: tuple[InstanceType, ...] = ()
     devices_per_node: int = Field(1, ge=1, le=64)

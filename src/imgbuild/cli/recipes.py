@@ -1,23 +1,29 @@
-"""`imgbuild list`, `show`, `render` and `lock`: recipes in, pins and Dockerfiles out; no engine, no network
-(except `lock` asking the package index for releases not in the shipped tables)."""
+"""`imgbuild list`, `show`, `render`, `lock` and `outdated`: recipes in, pins and Dockerfiles out; no engine, no
+network (except `lock` asking the package index for releases not in the shipped tables, and `outdated` and
+`lock --upgrade` asking it for the newest releases)."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from imgbuild.cli.console import RecipeArg, err, handled, out, print_json, resolved, warn
 
+if TYPE_CHECKING:
+    from imgbuild.pin.outdated import Report
+    from imgbuild.spec.recipe import LoadedRecipe
+
 
 def register(app: typer.Typer) -> None:
-    """Add `list`, `show`, `render` and `lock` to `app`."""
+    """Add `list`, `show`, `render`, `lock` and `outdated` to `app`."""
     app.command("list")(list_)
     app.command("show")(show)
     app.command("render")(render_)
     app.command("lock")(lock_)
+    app.command("outdated")(outdated_)
 
 
 @handled
@@ -130,9 +136,77 @@ def lock_(
             "tag, a re-uploaded tarball, a changed wheel hash). Exit 15 on any drift: what a nightly job runs.",
         ),
     ] = False,
+    upgrade: Annotated[
+        bool,
+        typer.Option(
+            "--upgrade",
+            "-U",
+            help="Move every component `imgbuild outdated` tracks to its newest release that fits the rest: the new "
+            "versions are written into the recipe file (that value's text, comments kept), then the lock follows. "
+            "When a newest release does not fit, nothing is written: exit 5 with the rule that blocks it and the "
+            "newest release that fits instead.",
+        ),
+    ] = False,
+    upgrade_package: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--upgrade-package",
+            "-P",
+            metavar="COMPONENT[==VERSION]",
+            help="As --upgrade, for this component only (repeatable; a row of `imgbuild outdated`: pytorch, numpy, "
+            "efa, nccl_tests...); ==VERSION takes that release instead of the newest.",
+        ),
+    ] = None,
 ) -> None:
     """Resolve a recipe, read what its build fetches (base digests, checksums, wheel hashes) and write both to a
-    lock file beside it."""
+    lock file beside it. With --upgrade / --upgrade-package, first move the recipe's versions to the newest releases
+    that fit (see `imgbuild outdated`)."""
+    from imgbuild.core.errors import UsageError
+    from imgbuild.spec import recipe
+
+    loaded = recipe.load(ref).concrete()
+    old_text: str | None = None
+    if upgrade or upgrade_package:
+        if check or offline:
+            raise UsageError(
+                "--upgrade reads the package index and writes the recipe: not with "
+                + ("--check" if check else "--offline")
+            )
+        loaded, old_text = _upgrade(ref, loaded, upgrade_package or None)
+    try:
+        _lock(ref, loaded, offline=offline, check=check)
+    except BaseException:
+        if old_text is not None:  # the lock must follow from the recipe: put the recipe back as it was
+            from imgbuild.pin import outdated
+
+            outdated.restore(loaded.path, old_text)
+            err().print(f"imgbuild: {recipe.display(loaded.path)} is back as it was (locking failed)", markup=False)
+        raise
+
+
+def _upgrade(ref: str, loaded: LoadedRecipe, items: list[str] | None) -> tuple[LoadedRecipe, str | None]:
+    """`lock --upgrade`: the recipe moved to the newest releases that fit, written to its file, with the file's old
+    text (None when nothing moved); a ResolveError, nothing written, when a newest release does not fit."""
+    from imgbuild.pin import outdated
+    from imgbuild.spec import recipe
+
+    plan = outdated.upgrade(loaded, outdated.parse_wanted(items) if items else None)
+    if plan.blocked:
+        raise outdated.refusal(plan, ref)
+    if not plan.moves:
+        out().print(
+            f"{loaded.recipe.name}: nothing to upgrade (every component is at its newest release)", markup=False
+        )
+        return loaded, None
+    moved, old_text = outdated.write(loaded, plan)
+    for move in plan.moves:
+        out().print(f"upgraded {move.track.component} {move.old} -> {move.new} ({recipe.display(loaded.path)}: "
+                    f"{move.track.key})", markup=False)  # fmt: skip
+    return moved, old_text
+
+
+def _lock(ref: str, loaded: LoadedRecipe, *, offline: bool, check: bool) -> None:
+    """What `imgbuild lock` does with a loaded recipe: resolve, read the content, then check or write the lock."""
     import datetime
 
     from imgbuild.core.errors import DriftError, LockError
@@ -140,7 +214,6 @@ def lock_(
     from imgbuild.pin.resolver import index_lookup, resolve
     from imgbuild.spec import recipe
 
-    loaded = recipe.load(ref).concrete()
     res = resolve(loaded, lookup_torch=None if offline else index_lookup)
     warn(res)
     content = record.record(res, engine=_engine_or_none(), offline=offline)
@@ -175,6 +248,114 @@ def lock_(
         fresh = fresh.model_copy(update={"locked_at": old.locked_at})  # nothing changed: the same lock, same image
     path = lock.write(loaded, fresh)
     out().print(f"locked {res.name} -> {recipe.display(path)}", markup=False)
+
+
+@handled
+def outdated_(
+    ref: Annotated[
+        str | None,
+        typer.Argument(help="A shipped recipe's name or a YAML file (default: every recipe that is not abstract)."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """List each pinned component, the newest release its source offers, and whether that release fits the other
+    pins (the recipe resolved again with that one version replaced: what changes, or the rule that refuses it).
+
+    Sources: the package index (as pip finds it: IMGBUILD_INDEX_URL, PIP_INDEX_URL, pip's configuration) for torch,
+    numpy, mpi4py (pip) and an nvidia-nccl wheel no PyTorch pins; yanked and pre-releases are left out. The rest
+    (EFA installer, nccl-tests, GDRCopy, Gaudi, CUDA, distribution packages) comes from the shipped tables, each
+    shown with when it was read: a release published since is not in it.
+
+    Exit codes: 0 when every component is at its source's newest release; 18 when one is not, whether or not the
+    newer release fits (as `npm outdated` exits 1); 7 when the index could not say (the report is incomplete).
+    `imgbuild lock RECIPE --upgrade` moves the recipe to the newest releases that fit.
+    """
+    from imgbuild.core.errors import ImgbuildError, IndexLookupError, OutdatedError
+    from imgbuild.pin import outdated
+    from imgbuild.spec import recipe
+
+    if ref is not None:
+        refs = [ref]
+    else:
+        refs = [name for name in recipe.shipped_names() if not recipe.load(name).recipe.abstract]
+    reports: list[Report] = []
+    failed: list[tuple[str, ImgbuildError]] = []
+    for name in refs:
+        try:
+            reports.append(outdated.report(recipe.load(name).concrete()))
+        except ImgbuildError as error:
+            if ref is not None:
+                raise
+            failed.append((name, error))
+    if as_json:
+        print_json(
+            {
+                "recipes": [
+                    {
+                        "recipe": r.resolved.name,
+                        "file": recipe.display(r.loaded.path),
+                        "components": [f.as_json() for f in r.findings],
+                    }
+                    for r in reports
+                ],
+                "errors": [{"recipe": name, "error": problem.message} for name, problem in failed],
+                "outdated": sum(len(r.outdated) for r in reports),
+            }
+        )
+    else:
+        _outdated_table(reports)
+    for name, problem in failed:
+        err().print(f"imgbuild: {name}: {problem.message}", markup=False)
+    if failed:
+        first, problem = failed[0]
+        raise type(problem)(
+            f"{len(failed)} recipe(s) could not be checked, first {first}: {problem.message}", hint=problem.hint
+        )
+    unknown = [(r.resolved.name, f) for r in reports for f in r.unknown]
+    if unknown:
+        raise IndexLookupError(
+            "the newest release is not known for "
+            + "; ".join(f"{name} {f.track.component} ({f.error})" for name, f in unknown)
+        )
+    behind = [r for r in reports if r.outdated]
+    if behind:
+        what = ", ".join(f"{r.resolved.name} ({', '.join(f.track.component for f in r.outdated)})" for r in behind)
+        raise OutdatedError(
+            f"newer releases than the recipe pins: {what}",
+            hint="imgbuild lock RECIPE --upgrade (or --upgrade-package COMPONENT) moves to the newest that fit",
+        )
+
+
+def _outdated_table(reports: list[Report]) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from imgbuild.spec import recipe
+
+    for r in reports:
+        out().print(f"[bold]{escape(r.resolved.name)}[/bold]  {escape(recipe.display(r.loaded.path))}")
+        table = Table("component", "pinned", "newest", "from", "fits", box=None)
+        for f in r.findings:
+            if f.status == "outdated" and f.fits is None:
+                fits = f"unknown: {f.error}"
+            elif f.fits is True:
+                fits = "yes" + (f": {'; '.join(f.changes)}" if f.changes else " (no other pin changes)")
+            elif f.fits is False:
+                fits = f"no: {f.blocked_by}"
+            else:
+                fits = {"current": "-", "follows": "-", "untracked": "-"}.get(f.status, f"unknown: {f.error}")
+            if f.track.fixed and f.status == "outdated":
+                fits += f" (not moved by lock --upgrade: {f.track.fixed})"
+            newest = f.newest or {"follows": "-", "untracked": "?"}.get(f.status, "?")
+            newest = f"[bold]{escape(newest)}[/bold]" if f.status == "outdated" else escape(newest)
+            table.add_row(escape(f.track.component), escape(f.track.current), newest,
+                          escape(f.track.source.describe()), escape(fits))  # fmt: skip
+        out().print(table)
+    if any(f.track.source.kind == "table" for r in reports for f in r.findings):
+        out().print(
+            "A table lists the releases known when it was read (compat.TABLES): one published since is not seen here.",
+            markup=False,
+        )
 
 
 def _engine_or_none() -> object | None:

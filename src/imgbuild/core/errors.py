@@ -124,6 +124,14 @@ class ScanGateError(ImgbuildError):
     exit_code = 17
 
 
+class OutdatedError(ImgbuildError):
+    """`imgbuild outdated`: a component's source (the package index, or a shipped table) offers a newer release than
+    the recipe pins, whether or not it fits the other pins (as `npm outdated` exits 1). Its own code, not 1 (an
+    unexpected error) and not 15 (the lock still matches what resolves today): a script tells "behind" from "broken"."""
+
+    exit_code = 18
+
+
 class Interrupted(ImgbuildError):
     """The user pressed Ctrl-C; what was started has been cleaned up."""
 

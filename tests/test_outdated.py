@@ -1,0 +1,349 @@
+"""`imgbuild outdated` and `imgbuild lock --upgrade`: the newest release of each pinned component, whether it fits the
+other pins (the real resolver on a copy of the recipe with that one version replaced), and moving a recipe to the
+newest releases that fit (its file edited in place, comments kept, then locked).
+
+Every test but the last runs against a package index on 127.0.0.1 (conftest's `index` fixture: real wheels with
+METADATA, read with range requests) and writes recipes to a temporary folder. The last one reads the real index.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+from packaging.version import Version
+from typer.testing import CliRunner
+
+from imgbuild.cli import app
+from imgbuild.core.errors import RecipeError
+from imgbuild.pin import lock, outdated, pypi
+from imgbuild.spec import recipe
+from imgbuild.spec.edit import set_value
+from localindex import CP, Index, make_wheel, torch_wheel_name
+
+# h100 pins torch 2.13.0 (NCCL 2.29.7) with EFA 1.50.0's aws-ofi-nccl 1.21.1, tested with NCCL up to 2.31.2.
+GPU_RECIPE = """\
+# an H100 image of our own
+extends: h100
+description: H100 test image
+components:
+  pytorch: {version: 2.13.0}  # the release we trained with
+"""
+# A made-up torch release whose wheel pins an NCCL newer than the plugin was tested with.
+TORCH_NEXT = "2.16.0"
+TORCH_NEXT_REQUIRES = [
+    "filelock",
+    'nvidia-nccl-cu13==2.32.3; platform_system == "Linux"',
+    'cuda-toolkit[cudart,cublas]==13.2.2; platform_system == "Linux"',
+    'nvidia-cudnn-cu13==9.26.0.51; platform_system == "Linux"',
+]
+PLUGIN_RULE = "aws-ofi-nccl 1.21.1 was tested with NCCL up to 2.31.2; NCCL 2.32.3 is newer"
+NCCL_NEXT = "2.99.1"  # a made-up nvidia-nccl-cu12 release on the local index
+
+
+@pytest.fixture
+def env(index: Index, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Index:
+    """The local index for imgbuild (IMGBUILD_INDEX_URL) and for uv (`imgbuild lock` hashes wheels with it), no
+    Docker engine (base digests are recorded as unestablished, with why)."""
+    monkeypatch.setenv("IMGBUILD_INDEX_URL", index.simple)
+    monkeypatch.delenv("PIP_INDEX_URL", raising=False)
+    monkeypatch.setenv("UV_DEFAULT_INDEX", index.simple)
+    monkeypatch.setenv("UV_NO_CONFIG", "1")
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
+    monkeypatch.setenv("UV_HTTP_RETRIES", "0")
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
+    return index
+
+
+def serve(
+    index: Index, tmp_path: Path, project: str, version: str, requires: tuple[str, ...] = (), **kw: bool
+) -> dict[str, str]:
+    """Real wheels of `project` `version` on the index, for Linux x86_64 and aarch64 (torch, numpy: this
+    interpreter's cp tag; others py3-none); returns each one's sha256 by architecture (amd64, arm64)."""
+    hashes = {}
+    for arch, machine in (("amd64", "x86_64"), ("arm64", "aarch64")):
+        if project == "torch":
+            filename = torch_wheel_name(version, platform=f"manylinux_2_28_{machine}")
+        elif project == "numpy":
+            filename = f"numpy-{version}-{CP}-{CP}-manylinux_2_17_{machine}.whl"
+        else:
+            filename = f"{project.replace('-', '_')}-{version}-py3-none-manylinux2014_{machine}.whl"
+        data = make_wheel(tmp_path, filename, list(requires), junk=2000)
+        index.add_wheel(project, filename, data, **kw)
+        hashes[arch] = f"sha256:{hashlib.sha256(data).hexdigest()}"
+    return hashes
+
+
+def serve_sdist(index: Index, project: str, version: str) -> None:
+    data = f"an sdist of {project} {version}".encode()
+    url = index.add_file(f"/files/{project.replace('-', '_')}-{version}.tar.gz", data)
+    index.add_link(project, f"{url}#sha256={hashlib.sha256(data).hexdigest()}")
+
+
+def gpu_index(index: Index, tmp_path: Path, torch: list[str]) -> None:
+    """What a GPU recipe asks the index: torch's releases (2.13.0 and 2.15.0 are in the shipped table; others are
+    read from their wheel's METADATA), numpy 2.2.6, mpi4py 4.0.3 (its sdist: built against the image's MPI)."""
+    for version in torch:
+        serve(index, tmp_path, "torch", version, tuple(TORCH_NEXT_REQUIRES) if version == TORCH_NEXT else ())
+    serve(index, tmp_path, "numpy", "2.2.6")
+    serve_sdist(index, "mpi4py", "4.0.3")
+
+
+@pytest.fixture
+def gpu(recipe_dir: Path) -> Path:
+    path = recipe_dir / "gpu.yaml"
+    path.write_text(GPU_RECIPE)
+    return path
+
+
+def run(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def rows(output: str, recipe_name: str) -> dict[str, dict]:
+    data = json.loads(output)
+    (entry,) = [r for r in data["recipes"] if r["recipe"] == recipe_name]
+    return {row["component"]: row for row in entry["components"]}
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The index's releases
+
+
+def test_releases_leave_out_yanked_pre_and_dev_releases(index: Index, tmp_path: Path) -> None:
+    for version in ("1.0.0", "1.2.0rc1", "1.3.0.dev0", "1.1.0.post1"):
+        serve(index, tmp_path, "some-lib", version)
+    serve(index, tmp_path, "some-lib", "1.4.0", yanked=True)  # every file of 1.4.0 yanked: not a release
+    serve(index, tmp_path, "some-lib", "1.1.0", yanked=True)  # one file of 1.1.0 yanked, its sdist not: a release
+    serve_sdist(index, "some-lib", "1.1.0")
+    index.add_link("some-lib", f"{index.root}/files/other_lib-9.0.0-py3-none-any.whl")  # another project's file
+    index.add_link("some-lib", f"{index.root}/files/some_lib-1.5.0-py3-none-any.whl.asc")  # not a distribution
+    page = (index.server.files["/simple/some-lib/"]).decode()
+    assert page.count("data-yanked") == 4  # the server really marks them (both wheels of 1.4.0 and 1.1.0)
+    assert pypi.releases("Some_Lib", index=index.simple) == ["1.0.0", "1.1.0", "1.1.0.post1"]
+
+
+def test_releases_of_a_missing_project_name_the_page(index: Index) -> None:
+    with pytest.raises(pypi.IndexLookupError, match=r"no-such-project releases: no project .* answered 404"):
+        pypi.releases("no-such-project", index=index.simple)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# imgbuild outdated
+
+
+def test_everything_current_exits_0(env: Index, recipe_dir: Path, tmp_path: Path) -> None:
+    path = recipe_dir / "mine.yaml"
+    path.write_text("extends: cpu\n")
+    current = recipe.load(path).recipe.components.nccl.version
+    serve(env, tmp_path, "nvidia-nccl-cu12", current)
+    serve(env, tmp_path, "nvidia-nccl-cu12", NCCL_NEXT, yanked=True)
+    serve(env, tmp_path, "nvidia-nccl-cu12", "3.0.0rc1")
+    result = run("outdated", str(path), "--json")
+    assert result.exit_code == 0, result.output
+    found = rows(result.stdout, "mine")
+    assert found["nccl"]["status"] == "current" and found["nccl"]["newest"] == current
+    assert found["nccl"]["source"] == {"kind": "index", "name": "nvidia-nccl-cu12"}
+    assert found["openmpi"]["source"]["name"] == "DISTRO[debian12]"
+    assert found["openmpi"]["source"]["read_on"] is None  # nobody recorded when: said, not invented
+    assert {row["status"] for row in found.values()} == {"current"}
+    text = run("outdated", str(path))
+    assert text.exit_code == 0, text.output
+    assert "read on a date not recorded" in text.stdout
+
+
+def test_outdated_and_fits(env: Index, gpu: Path, tmp_path: Path) -> None:
+    gpu_index(env, tmp_path, ["2.12.1", "2.13.0", "2.15.0"])
+    before = gpu.read_text()
+    result = run("outdated", str(gpu), "--json")
+    assert result.exit_code == 18, result.output
+    assert "newer releases than the recipe pins: gpu (" in result.stderr
+    found = rows(result.stdout, "gpu")
+    torch = found["pytorch"]
+    assert (torch["pinned"], torch["newest"], torch["status"], torch["fits"]) == ("2.13.0", "2.15.0", "outdated", True)
+    assert torch["key"] == "components.pytorch.version"
+    # the resolver's pins for 2.15.0: its NCCL and its CUDA (read from the shipped table, not from a rule here)
+    assert "nccl 2.29.7 -> 2.30.7" in torch["changes"] and "pytorch.cuda 13.0 -> 13.2" in torch["changes"]
+    assert found["nccl"]["status"] == "follows" and found["nccl"]["source"] == {"kind": "follows", "name": "pytorch"}
+    assert found["numpy"]["status"] == "current" and found["mpi4py"]["status"] == "current"
+    # a table's newest, said to come from a table read on a date
+    efa = found["efa"]
+    assert efa["source"] == {"kind": "table", "name": "EFA", "about": "the AWS EFA installer changelog",
+                             "read_on": "2026-11"}  # fmt: skip
+    assert efa["newest"] == "1.51.0" and efa["fits"] is False
+    assert "aws-ofi-nccl 1.22.0 is not in the shipped table" in efa["blocked_by"]
+    assert found["nccl_tests"]["newest"] == "2.19.6" and found["nccl_tests"]["fits"] is True
+    assert gpu.read_text() == before  # outdated writes nothing
+
+    text = run("outdated", str(gpu))
+    assert text.exit_code == 18
+    assert "table compat.EFA, read 2026-11" in text.stdout and "index: torch" in text.stdout
+    assert "yes: nccl 2.29.7 -> 2.30.7" in text.stdout
+
+
+def test_outdated_but_blocked_names_the_rule(env: Index, gpu: Path, tmp_path: Path) -> None:
+    gpu_index(env, tmp_path, ["2.13.0", "2.15.0", TORCH_NEXT])
+    result = run("outdated", str(gpu), "--json")
+    assert result.exit_code == 18, result.output
+    torch = rows(result.stdout, "gpu")["pytorch"]
+    assert (torch["newest"], torch["fits"], torch["changes"]) == (TORCH_NEXT, False, [])
+    assert PLUGIN_RULE in torch["blocked_by"]  # the resolver's own message, read from the wheel's METADATA
+    assert "components.aws_ofi_nccl.version / components.nccl" in torch["blocked_by"]
+
+
+def test_an_index_that_cannot_answer_exits_7(env: Index, gpu: Path, tmp_path: Path) -> None:
+    gpu_index(env, tmp_path, ["2.13.0"])
+    del env.server.files["/simple/numpy/"]
+    result = run("outdated", str(gpu), "--json")
+    assert result.exit_code == 7, result.output
+    numpy = rows(result.stdout, "gpu")["numpy"]
+    assert numpy["status"] == "unknown" and "no project 'numpy' on the index" in numpy["error"]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# imgbuild lock --upgrade
+
+INHERITED = "# mine: the cpu image, as shipped\nextends: cpu\ndescription: mine  # keep this comment\n"
+IN_PLACE = """\
+extends: cpu
+description: mine
+components:
+  nccl:
+    source: wheel
+    version: {version}   # the wheel's release
+    package: nvidia-nccl-cu12
+"""
+
+
+@pytest.mark.parametrize("where", ["inherited", "in place"])
+def test_upgrade_writes_the_recipe_then_the_lock(env: Index, recipe_dir: Path, tmp_path: Path, where: str) -> None:
+    path = recipe_dir / "mine.yaml"
+    path.write_text(INHERITED)
+    current = recipe.load(path).recipe.components.nccl.version
+    if where == "in place":
+        path.write_text(IN_PLACE.format(version=current))
+    before = path.read_text()
+    serve(env, tmp_path, "nvidia-nccl-cu12", current)
+    served = serve(env, tmp_path, "nvidia-nccl-cu12", NCCL_NEXT)
+
+    result = run("lock", str(path), "--upgrade")
+    assert result.exit_code == 0, result.output
+    assert f"upgraded nccl {current} -> {NCCL_NEXT}" in result.stdout
+    after = path.read_text()
+    if where == "inherited":  # the parent is never edited: the recipe's own file sets the version
+        assert after == before + f"components:\n  nccl: {{version: {NCCL_NEXT}}}\n"
+    else:  # that value's text and nothing else
+        assert after == before.replace(f"version: {current}   #", f"version: {NCCL_NEXT}   #")
+    loaded = recipe.load(path)
+    locked = lock.read(loaded)  # fresh, and its pins follow from the recipe (lock.read refuses an edited lock)
+    assert locked is not None and locked.version("nccl") == NCCL_NEXT
+    assert locked.content is not None
+    (wheel,) = locked.content.python["nccl"]
+    archs = getattr(loaded.recipe.platform, "arch", ("amd64",))  # a requirement holds each architecture's hash
+    assert (wheel.name, wheel.version) == ("nvidia-nccl-cu12", NCCL_NEXT)
+    assert set(wheel.hashes) == {served[arch] for arch in archs}
+
+    check = run("lock", str(path), "--check")  # what resolves today is what the lock says
+    assert check.exit_code == 0, check.output
+    assert "the lock matches what resolves today" in check.stdout
+    assert run("outdated", str(path)).exit_code == 0
+
+
+def test_upgrade_refuses_a_newest_that_does_not_fit(env: Index, gpu: Path, tmp_path: Path) -> None:
+    gpu_index(env, tmp_path, ["2.13.0", "2.15.0", TORCH_NEXT])
+    before = gpu.read_text()
+    result = run("lock", str(gpu), "--upgrade-package", "pytorch")
+    assert result.exit_code == 5, result.output
+    assert f"pytorch {TORCH_NEXT} does not fit" in result.stderr and PLUGIN_RULE in result.stderr
+    assert "the newest that fits is 2.15.0" in result.stderr
+    assert f"imgbuild lock {gpu} --upgrade-package pytorch==2.15.0" in result.stderr
+    assert gpu.read_text() == before and not gpu.with_name("gpu.lock.json").exists()  # nothing written
+
+    # what that command would take: 2.15.0 only, in the recipe's own line, its comment kept
+    plan = outdated.upgrade(recipe.load(gpu), outdated.parse_wanted(["pytorch==2.15.0"]))
+    assert [(m.track.component, m.old, m.new) for m in plan.moves] == [("pytorch", "2.13.0", "2.15.0")]
+    assert plan.blocked == []
+    assert plan.loaded.recipe.components.pytorch.version == "2.15.0"
+
+
+def test_upgrade_everything_refuses_when_one_newest_is_blocked(env: Index, gpu: Path, tmp_path: Path) -> None:
+    gpu_index(env, tmp_path, ["2.13.0", "2.15.0"])
+    result = run("lock", str(gpu), "--upgrade")
+    assert result.exit_code == 5, result.output
+    # EFA 1.51.0 bundles aws-ofi-nccl 1.22.0, which the plugin table does not know: no newer EFA fits
+    assert "efa 1.51.0 does not fit" in result.stderr and "no newer release fits; it stays at 1.50.0" in result.stderr
+    hint = result.stderr.split("hint:")[1]
+    assert "--upgrade-package pytorch==2.15.0" in hint and "--upgrade-package nccl_tests==2.19.6" in hint
+    assert "cuda" not in hint  # CUDA comes with the base image: never moved alone
+    assert gpu.read_text() == GPU_RECIPE
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-P", "hwloc"], "does not move hwloc (ubuntu24.04's package: it changes with os.version)"),
+        (["-P", "cuda"], "CUDA comes with the base image"),
+        (["-P", "nccl"], "does not move nccl (it is PyTorch's pin)"),
+        (["-P", "tensorflow"], "no pinned component 'tensorflow'"),
+        (["-P", "pytorch==9.9.9"], "pytorch 9.9.9 is not a release index: torch lists"),
+        (["-P", "pytorch=="], "expected COMPONENT or COMPONENT==VERSION"),
+        (["--upgrade", "--offline"], "not with --offline"),
+        (["--upgrade", "--check"], "not with --check"),
+    ],
+)
+def test_upgrade_usage_errors(env: Index, gpu: Path, tmp_path: Path, args: list[str], message: str) -> None:
+    gpu_index(env, tmp_path, ["2.13.0", "2.15.0"])
+    result = run("lock", str(gpu), *args)
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr
+    assert gpu.read_text() == GPU_RECIPE
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Editing a recipe's text
+
+
+def test_set_value_replaces_only_the_value() -> None:
+    text = "a: 1\ncomponents:\n  efa: {version: 1.43.2}  # why\n  nccl:\n    version: '2.21.5'  # quoted\n"
+    assert set_value(text, ("components", "efa", "version"), "1.50.0", where="f") == text.replace("1.43.2", "1.50.0")
+    assert set_value(text, ("components", "nccl", "version"), "2.27.5", where="f") == text.replace(
+        "'2.21.5'", "'2.27.5'"
+    )
+
+
+def test_set_value_adds_a_missing_key_in_the_mappings_style() -> None:
+    text = "extends: h100\ncomponents:\n  pytorch: {version: 2.13.0}\n  gdrcopy:\n    version: 2.5.1\n# end\n"
+    flow = set_value(text, ("components", "pytorch", "numpy"), "2.3.5", where="f")
+    assert "  pytorch: {version: 2.13.0, numpy: 2.3.5}\n" in flow
+    block = set_value(text, ("components", "gdrcopy", "prefix"), "x", where="f")
+    assert block.endswith("  gdrcopy:\n    version: 2.5.1\n    prefix: x\n# end\n")
+    new = set_value(text, ("components", "efa", "version"), "1.50.0", where="f")
+    assert new.endswith("    version: 2.5.1\n  efa: {version: 1.50.0}\n# end\n")
+    root = set_value("extends: a100\n", ("cuda", "version"), "13.2", where="f")
+    assert root == 'extends: a100\ncuda: {version: "13.2"}\n'  # 13.2 unquoted would read as a number
+
+
+def test_set_value_refuses_what_it_cannot_edit() -> None:
+    with pytest.raises(RecipeError, match=r"f: components.pytorch is null \(removed\)"):
+        set_value("components:\n  pytorch: null\n", ("components", "pytorch", "version"), "2.15.0", where="f")
+    with pytest.raises(RecipeError, match=r"f: components.sshd.ports: expected a single value"):
+        set_value("components:\n  sshd: {ports: [22]}\n", ("components", "sshd", "ports"), "3022", where="f")
+    with pytest.raises(RecipeError, match="expected a version-like value"):
+        set_value("a: 1\n", ("a",), "1\nb: 2", where="f")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The real index
+
+
+@pytest.mark.network
+def test_h100_against_the_real_index() -> None:
+    """The configured index (as pip finds it) has torch 2.15.0 or newer, and h100 (torch 2.13.0) is reported behind."""
+    assert Version(pypi.releases("torch")[-1]) >= Version("2.15.0")
+    result = run("outdated", "h100", "--json")
+    assert result.exit_code == 18, result.output
+    torch = rows(result.stdout, "h100")["pytorch"]
+    assert torch["status"] == "outdated" and Version(torch["newest"]) >= Version("2.15.0")
+    assert torch["pinned"] == "2.13.0" and torch["source"] == {"kind": "index", "name": "torch"}

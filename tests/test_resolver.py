@@ -73,7 +73,9 @@ def test_pytorch_wheel_without_sm70_kernels(recipe_dir: Path) -> None:
     msg = resolve_error(
         recipe_dir,
         "extends: v100\ncomponents: {pytorch: {version: 2.11.1}}\ncuda: {version: 12.8.1}\n",
-        lookup_torch=lambda v, m="x86_64": compat.TorchWheel("nvidia-nccl-cu12", "2.28.9", "12.8", ("nvidia-nccl-cu12==2.28.9",)),
+        lookup_torch=lambda v, m="x86_64": compat.TorchWheel(
+            "nvidia-nccl-cu12", "2.28.9", "12.8", ("nvidia-nccl-cu12==2.28.9",)
+        ),
     )
     assert "have no sm_70 kernels, so they don't run on V100" in msg
 

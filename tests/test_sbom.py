@@ -50,7 +50,7 @@ VENV = "/opt/venv/lib/python3.11/site-packages"
 DIST = "/usr/lib/python3/dist-packages"
 PYTHON = (
     json.dumps({"interpreter": "/opt/venv/bin/python", "prefix": "/opt/venv", "distributions": [
-        {"name": "nvidia-nccl-cu12", "version": "2.21.5", "location": VENV},
+        {"name": "nvidia-nccl-cu12", "version": "2.27.5", "location": VENV},
         {"name": "pip", "version": "23.0.1", "location": VENV},
         {"name": "mpi4py", "version": "3.1.4", "location": DIST},
     ]}) + "\n"
@@ -64,7 +64,7 @@ def cpu_with_content(**content: Any) -> Resolved:
     """The cpu recipe freshly resolved (no network for it), with a lock's content and time."""
     resolved = resolve(load("cpu").concrete())
     base = {resolved.base_ref: ImageDigest(ref=resolved.base_ref, digest=BASE_DIGEST, origin="registry")}
-    python = {"nccl": (Requirement(name="nvidia_nccl_cu12", version="2.21.5", hashes=(NCCL_X86, NCCL_ARM)),)}
+    python = {"nccl": (Requirement(name="nvidia_nccl_cu12", version="2.27.5", hashes=(NCCL_X86, NCCL_ARM)),)}
     full = Content(**{"bases": base, "python": python, **content})
     return resolved.model_copy(update={"content": full, "locked_at": "2025-06-01T12:00:00Z"})
 
@@ -115,11 +115,11 @@ def test_document_lists_pins_packages_and_distributions_with_hashes() -> None:
     assert data["bomFormat"] == "CycloneDX" and data["specVersion"] == "1.6"
 
     # NCCL: the pin, and the wheel the image holds with the lock's hashes (both files of that version)
-    nccl = refs[f"pypi:nvidia-nccl-cu12@2.21.5:{VENV}"]
-    assert nccl["purl"] == "pkg:pypi/nvidia-nccl-cu12@2.21.5"
+    nccl = refs[f"pypi:nvidia-nccl-cu12@2.27.5:{VENV}"]
+    assert nccl["purl"] == "pkg:pypi/nvidia-nccl-cu12@2.27.5"
     assert hashes(nccl) == [NCCL_X86[7:], NCCL_ARM[7:]]
     assert "the installed one is among them" in props(nccl)["imgbuild:hashes"]
-    assert refs["pin:nccl"]["version"] == "2.21.5"
+    assert refs["pin:nccl"]["version"] == "2.27.5"
     deps = {d["ref"]: d.get("dependsOn", []) for d in data["dependencies"]}
     assert deps["pin:nccl"] == [nccl["bom-ref"]]
 
@@ -193,7 +193,7 @@ def test_image_without_the_checksum_file_or_a_lock_says_so() -> None:
     bare = resolve(load("cpu").concrete())  # no lock: versions, no hashes
     text = doc.document(inventory(bare), bare)
     doc.validate(text)
-    assert hashes(by_ref(text)[f"pypi:nvidia-nccl-cu12@2.21.5:{VENV}"]) == []
+    assert hashes(by_ref(text)[f"pypi:nvidia-nccl-cu12@2.27.5:{VENV}"]) == []
 
 
 def test_the_schema_check_refuses_a_broken_document() -> None:
@@ -316,7 +316,7 @@ def test_sbom_of_the_cpu_image(cpu_image: Any, docker_client: Any, tmp_path: Pat
     assert props(data["metadata"]["component"])["imgbuild:image-id"] == cpu_image.image_id
 
     nccl = doc.components_named(text, "nvidia-nccl-cu12")
-    assert [c["version"] for c in nccl] == ["2.21.5"]
+    assert [c["version"] for c in nccl] == ["2.27.5"]
     locked = {h.removeprefix("sha256:") for r in resolved.content.python["nccl"] for h in r.hashes}
     assert hashes(nccl[0]) and set(hashes(nccl[0])) <= locked
 

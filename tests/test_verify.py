@@ -339,7 +339,7 @@ def test_the_manifest_tells_what_verify_needs() -> None:
     assert (m.python, m.ssh_ports, m.slots) == ("/opt/venv/bin/python", (3022,), 1)
     assert {"FI_PROVIDER", "OMPI_MCA_btl_vader_single_copy_mechanism", "PATH"} <= set(m.rank_env)
     assert len(m.rank_env) == len(set(m.rank_env)) and set(m.env) <= set(m.rank_env)
-    assert m.component_dicts()["nccl"] == {"version": "2.21.5", "source": "wheel", "origin": "recipe",
+    assert m.component_dicts()["nccl"] == {"version": "2.27.5", "source": "wheel", "origin": "recipe",
                                            "package": "nvidia-nccl-cu12",
                                            "prefix": "/opt/venv/lib/python3.11/site-packages/nvidia/nccl"}  # fmt: skip
     assert m.details("sshd").permit_root_login == "prohibit-password"
@@ -355,7 +355,7 @@ def test_host_spec() -> None:
 def test_target_for_an_image_takes_the_lock_its_label_names() -> None:
     t = verify.target_for_image("my/img:1", {"io.imgbuild.recipe": "cpu"})
     assert t.resolved is not None and t.expected_manifest is not None
-    assert t.expected_manifest.components["nccl"].version == "2.21.5"
+    assert t.expected_manifest.components["nccl"].version == "2.27.5"
     other = verify.target_for_image("my/img:1", {"io.imgbuild.recipe": "mine"})
     assert other.resolved is None and "not a shipped recipe" in other.note
     assert "no io.imgbuild.recipe label" in verify.target_for_image("x:1", {}).note
@@ -431,8 +431,8 @@ def test_verify_passes_on_the_cpu_image(cpu_image: Any, docker_client: Any, tmp_
     by_name = {r["name"]: r for r in data["results"]}
     assert all(r["status"] == "pass" or (r["status"] == "skip" and r["reason"]) for r in data["results"]), data
     for name, found in {
-        "nccl-runtime-version": "22105 (2.21.5)",
-        "nccl-header-version": "2.21.5",
+        "nccl-runtime-version": "22705 (2.27.5)",
+        "nccl-header-version": "2.27.5",
         "openmpi-version": "4.1.4",
         "sshd-listening": "3022",
         "no-keys-in-image": "none found",

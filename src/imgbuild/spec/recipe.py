@@ -93,6 +93,9 @@ def _arch_list(value: object) -> object:
     if isinstance(items, (list, tuple)):
         if not items:
             raise ValueError("expected an architecture or a list of them (amd64, arm64), got an empty list")
+        unknown = [item for item in items if item not in ("amd64", "arm64")]
+        if unknown:
+            raise ValueError(f"expected amd64 or arm64 (Docker's names; a list for several), got {unknown[0]!r}")
         if len(set(items)) != len(items):
             raise ValueError(f"an architecture is listed twice: {list(items)}")
         return tuple(items)

@@ -140,6 +140,37 @@ else
     step_done "already installed"
 fi
 
+# --- 2b. linux/arm64 under emulation --------------------------------------------------------------------
+# `imgbuild build cpu --platform linux/arm64` runs the arm64 image's RUN steps, and `imgbuild verify ... --platform
+# linux/arm64` its containers, through QEMU: the kernel hands aarch64 binaries to qemu-aarch64-static (binfmt_misc,
+# registered with the F flag so it works inside containers and chroots). IMGBUILD_SKIP_ARM64=1 skips this step.
+if [[ "${IMGBUILD_SKIP_ARM64:-0}" == 1 ]]; then
+    log "==> linux/arm64 emulation: skipped (IMGBUILD_SKIP_ARM64=1)"
+else
+    step "linux/arm64 emulation (qemu-user-static, binfmt-support, binfmt_misc, qemu-aarch64)"
+    done_what=()
+    if ! have qemu-aarch64-static || ! have update-binfmts; then
+        apt_install qemu-user-static binfmt-support
+        done_what+=("installed qemu-user-static and binfmt-support")
+    fi
+    if [[ ! -e /proc/sys/fs/binfmt_misc/status ]]; then
+        mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc \
+            || die "cannot mount binfmt_misc on /proc/sys/fs/binfmt_misc (a container needs --privileged for it)"
+        done_what+=("mounted binfmt_misc")
+    fi
+    if ! grep -qx enabled /proc/sys/fs/binfmt_misc/qemu-aarch64 2>/dev/null; then
+        update-binfmts --enable qemu-aarch64 || die "update-binfmts --enable qemu-aarch64 failed"
+        done_what+=("enabled qemu-aarch64 in binfmt_misc")
+    fi
+    grep -qx enabled /proc/sys/fs/binfmt_misc/qemu-aarch64 \
+        || die "qemu-aarch64 is not enabled in /proc/sys/fs/binfmt_misc after update-binfmts"
+    if ((${#done_what[@]})); then
+        step_done "$(IFS=';'; echo "${done_what[*]}" | sed 's/;/; /g'): aarch64 binaries run through $(grep -m1 '^interpreter' /proc/sys/fs/binfmt_misc/qemu-aarch64 | cut -d' ' -f2)"
+    else
+        step_done "already set up: qemu-aarch64 enabled ($(grep -m1 '^interpreter' /proc/sys/fs/binfmt_misc/qemu-aarch64 | cut -d' ' -f2))"
+    fi
+fi
+
 # --- 3. the project -------------------------------------------------------------------------------------
 step "python package (pip install -e .[dev])"
 have "${PYTHON}" || apt_install python3

@@ -23,8 +23,9 @@ from imgbuild.core.errors import BuildError, PushError, UsageError
 from imgbuild.core.progress import BuildProgress
 from imgbuild.image import provenance, render
 from imgbuild.pin import lock
+from imgbuild.pin.content import local_ref
 from imgbuild.pin.resolver import Resolved
-from imgbuild.spec import recipe
+from imgbuild.spec import compat, recipe
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,47 @@ def check_disk(client: Any, plan: render.BuildPlan, *, free_bytes: int | None = 
         )
 
 
+def engine_bases(resolved: Resolved, plan: render.BuildPlan) -> list[str]:
+    """The names the engine holds the plan's bases under: a base made on this machine (recorded local in the lock)
+    has one copy per architecture, `debian:bookworm-slim-arm64` beside `debian:bookworm-slim` (content.local_ref)."""
+    bases = resolved.content.bases if resolved.content is not None else {}
+    return [
+        local_ref(ref, plan.arch) if (rec := bases.get(ref)) is not None and rec.local else ref
+        for ref in plan.base_images
+    ]
+
+
+def check_platform(client: Any, resolved: Resolved, plan: render.BuildPlan, *, engine_store: bool = True) -> None:
+    """Before a build for another architecture than this machine's: this machine must run its binaries (QEMU through
+    binfmt_misc), and each local base must be in the engine recorded as that architecture (an image recorded as
+    another makes BuildKit look the name up on Docker Hub). BuildError / BaseImageMissing saying what to run."""
+    from imgbuild.core.errors import BaseImageMissing
+    from imgbuild.engine import bootstrap
+
+    platform = compat.docker_platform(plan.arch)
+    if problem := bootstrap.emulation_problem(plan.arch):
+        hint = bootstrap.emulation_hint(plan.arch)
+        raise BuildError(f"cannot build {plan.recipe} for {platform}: {problem}", hint=hint)
+    if plan.arch == compat.DEFAULT_ARCH or not engine_store:
+        return
+    for ref, name in zip(plan.base_images, engine_bases(resolved, plan), strict=True):
+        if name == ref:
+            continue
+        record = engine.inspect_image(client, name)
+        if record is None:
+            raise BaseImageMissing(
+                f"the {platform} base {name} (the {ref} of {plan.recipe}'s lock, made on this machine) is not in "
+                "the engine",
+                hint=f"imgbuild base bootstrap {ref} --platform {platform}  (debootstrap under QEMU, about 2 min)",
+            )
+        if (got := builders.image_platform(record)) != platform:
+            raise BuildError(
+                f"the engine records the base {name} as {got}, not {platform}: BuildKit would look it up on Docker "
+                "Hub instead",
+                hint=f"docker rmi {name}; imgbuild base bootstrap {ref} --platform {platform}",
+            )
+
+
 def log_folder(log_dir: Path | None) -> Path:
     """The folder of this build's log: `log_dir`, else `<state folder>/logs`, made before the engine is asked. A
     state folder that cannot hold it (IMGBUILD_STATE_DIR naming a file, a symlink loop, a folder under /proc or one
@@ -135,18 +177,22 @@ def build(
     cache_to: str | None = None,
     builder: builders.Builder | None = None,
     sources: Path | None = None,
+    arch: str | None = None,
 ) -> BuildResult:
     """Build a recipe's image with BuildKit on the engine DOCKER_HOST (or the docker context, or the local socket)
     names. `builder_name` (--builder / IMGBUILD_BUILDER) picks a buildx builder; `cache_from` / `cache_to` are
     registry refs of the cache between machines (`builders.cache_plan`). `sources`: a folder `imgbuild sources fetch`
-    wrote: checked, then built from alone with the build's network off (imgbuild.build.sources)."""
+    wrote: checked, then built from alone with the build's network off (imgbuild.build.sources). `arch`: which of the
+    recipe's platform.arch to build (default its first; `--platform linux/arm64`), tagged `render.tags` gives
+    (`lock-<12 hex>-arm64` for an architecture other than the first); another architecture than this machine's runs
+    under QEMU (`arch_problems`)."""
     logs = log_folder(log_dir)  # first: a state folder that cannot hold the log fails before any other work
     for cache_ref in cache_from or []:
         builders.check_cache_ref(cache_ref, "--cache-from")
     if cache_to:
         builders.check_cache_ref(cache_to, "--cache-to")
     loaded, resolved, from_lock = prepare(ref)
-    plan = render.plan(resolved, provenance.of(loaded), offline=sources is not None)
+    plan = render.plan(resolved, provenance.of(loaded), offline=sources is not None, arch=arch)
     if sources is not None:
         from imgbuild.build import sources as fetched
 
@@ -158,8 +204,9 @@ def build(
         chosen = builder or builders.select(builder_name)
         cache = builders.cache_plan(chosen, cache_from or [], cache_to)
         check_disk(client, plan)
+        check_platform(client, resolved, plan, engine_store=chosen.engine_store)
         if chosen.engine_store:  # other buildx drivers resolve FROM from registries themselves
-            engine.ensure_base_images(client, list(plan.base_images), pull=pull)
+            engine.ensure_base_images(client, engine_bases(resolved, plan), pull=pull)
         stamp = dt.datetime.now(dt.timezone.utc)
         log_path = logs / f"{plan.recipe}-{stamp:%Y%m%dT%H%M%SZ}.log"  # or -2, -3 ... (engine.create_log)
         refs = [*plan.image_refs, *(extra_tags or [])]
@@ -187,6 +234,7 @@ def build(
                     log_path=log_path,
                     progress=progress,
                     network="none" if sources is not None else None,
+                    platform=compat.docker_platform(plan.arch),
                 )
         finally:
             shutil.rmtree(folder, ignore_errors=True)

@@ -392,9 +392,11 @@ def command(
     iidfile: Path,
     metadata_file: Path | None,
     network: str | None = None,
+    platform: str | None = None,
 ) -> list[str]:
     """The CLI's argument list for one build (no shell: values are never interpreted). `network`: the RUN steps'
-    network mode ("none": an offline build)."""
+    network mode ("none": an offline build); `platform`: the image's OS/architecture (`linux/arm64`: BuildKit runs
+    its steps under QEMU on an x86 machine; None: the engine's own)."""
     argv = [builder.cli, *(["buildx", "build"] if builder.kind == "buildx" else ["build"])]
     if builder.kind == "buildx" and builder.name:
         argv += ["--builder", builder.name]
@@ -415,6 +417,8 @@ def command(
         argv.append("--pull")
     if network:
         argv += ["--network", network]
+    if platform:
+        argv += ["--platform", platform]
     for ident, src in secrets.items():
         argv += ["--secret", f"id={ident},src={src}"]
     argv += list(cache.args)
@@ -580,9 +584,12 @@ def build(
     log_path: Path,
     progress: BuildProgress | None = None,
     network: str | None = None,
+    platform: str | None = None,
 ) -> BuildOutcome:
     """Build `context_dir/Dockerfile` with `builder`, tagged with every tag; the full output goes to the log
-    (`engine.create_log`: a new file, never one already at log_path).
+    (`engine.create_log`: a new file, never one already at log_path). `platform` (`linux/arm64`): the architecture
+    to build for; the image the engine then holds must record it, else its tags are put back and it is a
+    BuildError.
 
     Raises `BuildError` naming the failed step with its error and last output lines, `BaseImageMissing` when a
     base image cannot be had, `EngineError` when the CLI cannot be run or the engine fails, and `Interrupted` on
@@ -597,11 +604,11 @@ def build(
     work = Path(tempfile.mkdtemp(prefix="imgbuild-build-"))
     try:
         with log:
-            run = _Run(builder, client, log, log_path, progress, list(tags))
+            run = _Run(builder, client, log, log_path, progress, list(tags), platform)
             argv = command(
                 builder, context_dir, tags=tags, labels=labels or {}, build_args=build_args or {}, nocache=nocache,
                 pull=pull, secrets=secrets or {}, cache=cache, iidfile=work / "iid",
-                metadata_file=work / "metadata.json", network=network,
+                metadata_file=work / "metadata.json", network=network, platform=platform,
             )  # fmt: skip
             return run.run(argv, work, cache)
     finally:
@@ -619,9 +626,11 @@ class _Run:
         log_path: Path,
         progress: BuildProgress | None,
         tags: list[str],
+        platform: str | None = None,
     ) -> None:
         self.builder, self.client, self.log, self.log_path, self.progress = builder, client, log, log_path, progress
         self.tags = tags
+        self.platform = platform
         self.stream = _Stream(log, progress)
         self.before = {tag: _image_id(client, tag) for tag in tags}
 
@@ -733,7 +742,17 @@ class _Run:
             self.progress.finish(ok, summary)
 
     def _outcome(self, image_id: str, digest: str | None, cache: Cache, duration: float) -> BuildOutcome:
-        if not image_id or inspect_image(self.client, image_id) is None:
+        record = inspect_image(self.client, image_id) if image_id else None
+        if record is not None and self.platform and (got := image_platform(record)) != self.platform:
+            moved = self._restore_tags()
+            self._finish(False, f"build of {self.tags[0]} made a {got} image")
+            raise BuildError(
+                f"the build of {self.tags[0]} for --platform {self.platform} made an image the engine records as "
+                f"{got} ({image_id}); tags put back: {', '.join(moved) or 'none'}\nfull log: {self.log_path}",
+                hint="a base image recorded with the wrong architecture does this: `docker image inspect` its "
+                "Architecture, and bootstrap it again with `imgbuild base bootstrap NAME --platform PLATFORM`",
+            )
+        if record is None:
             self._finish(False, f"build of {self.tags[0]} failed")
             raise BuildError(
                 f"the build of {self.tags[0]} finished, but the engine has no image "
@@ -820,6 +839,11 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(10)
+
+
+def image_platform(record: Mapping[str, Any]) -> str:
+    """The OS/architecture the engine records for an image (`docker image inspect`'s Os and Architecture)."""
+    return f"{record.get('Os') or 'linux'}/{record.get('Architecture') or 'unknown'}"
 
 
 def _image_id(client: docker.DockerClient, ref: str) -> str | None:

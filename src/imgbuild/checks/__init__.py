@@ -107,6 +107,9 @@ class CheckContext:
     gpu: bool = False
     gpu_reason: str = "no GPU"
     image_scan: Callable[[], ImageScan] | None = None
+    # What `uname -m` must say (x86_64, aarch64): the machine of the manifest's architecture, which the caller
+    # looks up (spec.compat.MACHINE); None where no manifest says which.
+    machine: str | None = None
     _memo: dict[str, Any] = field(default_factory=dict, repr=False)
     _memo_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _key_locks: dict[str, threading.Lock] = field(default_factory=dict, repr=False)
@@ -298,6 +301,9 @@ def manifest_diffs(want: dict[str, Any], found: dict[str, Any]) -> list[str]:
     for key in ("recipe", "lock_digest"):
         if want.get(key) != found.get(key):
             diffs.append(f"{key}: lock {want.get(key)!r}, image {found.get(key)!r}")
+    # Which of the recipe's architectures: a manifest written before platform.arch existed is amd64's (its default).
+    if want.get("arch", "amd64") != found.get("arch", "amd64"):
+        diffs.append(f"arch: expected {want.get('arch', 'amd64')!r}, image {found.get('arch', 'amd64')!r}")
     wc, fc = want.get("components", {}), found.get("components", {})
     for name in sorted(set(wc) | set(fc)):
         if name not in fc:
@@ -309,6 +315,20 @@ def manifest_diffs(want: dict[str, Any], found: dict[str, Any]) -> list[str]:
     if want.get("env") != found.get("env"):
         diffs.append(f"env: lock {want.get('env')}, image {found.get('env')}")
     return diffs
+
+
+@check("machine", "image")
+def machine_matches(ctx: CheckContext) -> CheckResult:
+    """`uname -m` is the machine of the manifest's architecture (aarch64 for arm64, run under QEMU on x86 hosts)."""
+    if ctx.machine is None:
+        return skip("no manifest says which architecture this is")
+    ran = ctx.run("uname -m")
+    found = ran.out.strip()
+    if not ran.ok or not found:
+        return fail(f"uname -m failed: {ran.why()}", expected=ctx.machine)
+    if found != ctx.machine:
+        return fail(f"uname -m says {found}, the manifest's architecture is {ctx.machine}", ctx.machine, found)
+    return passed(ctx.machine, found)
 
 
 @check("env", "image", scopes=CONTAINER)

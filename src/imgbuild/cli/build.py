@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from imgbuild.cli.console import RecipeArg, err, handled, out, print_json, resolved
+from imgbuild.cli.console import RecipeArg, err, handled, out, platform_arch, print_json, resolved
 from imgbuild.core.interrupts import terminable
 
 base_app = typer.Typer(help="Base images built offline from a Debian or Ubuntu archive.", no_args_is_help=True)
@@ -137,6 +137,16 @@ def build_(
             "sites). Every file is checked against the lock first; a missing or changed one is exit 16.",
         ),
     ] = None,
+    platform: Annotated[
+        str | None,
+        typer.Option(
+            "--platform",
+            callback=platform_arch,
+            help="linux/amd64 or linux/arm64: one of the recipe's platform.arch (default its first). Another "
+            "architecture than this machine's builds under QEMU (scripts/setup.sh sets it up) and is tagged "
+            "<tag>-<arch>, e.g. imgbuild/cpu:lock-<12 hex>-arm64.",
+        ),
+    ] = None,
 ) -> None:
     """Build a recipe's image with BuildKit on the Docker engine (DOCKER_HOST, a docker context, or the local
     socket); `imgbuild doctor` says which builder is used and why."""
@@ -156,6 +166,7 @@ def build_(
         cache_from=cache_from or [],
         cache_to=cache_to,
         sources=sources,
+        arch=platform,
     )
     for w in result.warnings:
         err().print(f"imgbuild: warning: {w}", markup=False)
@@ -181,18 +192,28 @@ def base_bootstrap(
     suite: Annotated[str | None, typer.Option(help="Archive suite (bookworm, jammy...); implied by NAME.")] = None,
     mirror: Annotated[str | None, typer.Option(help="Archive mirror URL; the distribution's default.")] = None,
     variant: Annotated[str, typer.Option(help="debootstrap variant.")] = "minbase",
+    platform: Annotated[
+        str | None,
+        typer.Option(
+            "--platform",
+            callback=platform_arch,
+            help="linux/amd64 (default) or linux/arm64: another architecture than this machine's is bootstrapped "
+            "under QEMU (scripts/setup.sh sets it up) and named NAME-<arch>, e.g. debian:bookworm-slim-arm64.",
+        ),
+    ] = None,
 ) -> None:
     """Build a base image with debootstrap and import it into the engine under NAME (air-gapped sites)."""
     from imgbuild import engine
     from imgbuild.engine import bootstrap
+    from imgbuild.spec import compat
 
-    spec = bootstrap.spec_for(name, suite=suite, mirror=mirror, variant=variant)
+    spec = bootstrap.spec_for(name, suite=suite, mirror=mirror, variant=variant, arch=platform or compat.DEFAULT_ARCH)
     client = engine.connect()
     try:
         image_id = bootstrap.bootstrap_base(client, spec, progress_print=lambda s: err().print(s, markup=False))
     finally:
         client.close()
-    out().print(f"{name} {image_id}", markup=False)
+    out().print(f"{spec.image_name} {image_id}", markup=False)
 
 
 @handled

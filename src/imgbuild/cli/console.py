@@ -28,6 +28,27 @@ F = TypeVar("F", bound=Callable[..., Any])
 RecipeArg = Annotated[str, typer.Argument(help="A shipped recipe's name (see `imgbuild list`) or a YAML file.")]
 
 
+def platform_arch(value: str | None) -> str | None:
+    """--platform linux/arm64 -> "arm64" (platform.arch's name); anything else is a usage error (exit 2) naming the
+    option and the platforms imgbuild knows."""
+    from imgbuild.spec import compat
+
+    if value is None:
+        return None
+    try:
+        return compat.parse_platform(value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+def platform_archs(values: list[str] | None) -> list[str] | None:
+    """A repeatable --platform: each as platform_arch reads it, none twice."""
+    arches = [a for a in (platform_arch(v) for v in values or []) if a is not None]
+    if len(set(arches)) != len(arches):
+        raise typer.BadParameter(f"a platform is given twice: {', '.join(values or [])}")
+    return arches or None
+
+
 # The width of a table written to a pipe or a CI log without COLUMNS: wide enough that no row is wrapped (a table
 # takes the width its cells need, never this whole width).
 UNWRAPPED_WIDTH = 10_000

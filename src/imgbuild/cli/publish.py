@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from imgbuild.cli.console import err, handled, out
+from imgbuild.cli.console import err, handled, out, platform_archs
 from imgbuild.core.errors import ImgbuildError
 from imgbuild.core.interrupts import terminable
 
@@ -126,6 +126,16 @@ def push(
             "the registry's manifest digests).",
         ),
     ] = None,
+    platform: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--platform",
+            callback=platform_archs,
+            help="RECIPE only, repeatable: which architectures to publish (default: every one its platform.arch "
+            "lists). A recipe with several is published as an OCI image index under its plain tags, each "
+            "architecture's image under <tag>-<arch>.",
+        ),
+    ] = None,
 ) -> None:
     """Re-tag an image under a registry and push it; prints the pushed digest of every tag.
 
@@ -138,6 +148,13 @@ def push(
 
     if sbom_path is not None and not sbom.pushable(what):
         raise typer.BadParameter(f"{what!r} is not a recipe: the SBOM needs its lock", param_hint="--sbom")
+    arches = publish.recipe_arches(what)
+    if sbom_path is not None and arches is not None and (len(arches) > 1 or platform):
+        raise typer.BadParameter(
+            f"{what} is published as an image index ({', '.join('linux/' + a for a in platform or arches)}): the "
+            "SBOM describes one image; write each architecture's with `imgbuild sbom`",
+            param_hint="--sbom",
+        )
     gate = None
     if scan_gate is not None:
         from imgbuild.publish.scan import AllowList, ScanGate
@@ -154,6 +171,7 @@ def push(
             retry=publish.Retry(attempts=retries),
             progress=push_progress_for(err()),
             gate=gate,
+            arches=platform,
         )
     except ImgbuildError as exc:
         failed = getattr(exc, "result", None)  # scan.ScanGateFailed: what was pushed, and the gate's report
@@ -177,6 +195,13 @@ def _print_result(result: PublishResult, as_json: bool) -> None:
     for ref in result.refs:
         size = f"  size {ref.size}" if ref.size is not None else ""
         out().print(f"{ref.status}: {ref.target}  {ref.digest}{size}", markup=False)
+    if result.index is not None:
+        index = result.index
+        for ref in index.refs:
+            out().print(f"{ref.status}: {ref.target}  {ref.digest}  (image index)", markup=False)
+        out().print(f"index {index.digest} ({index.media_type}):", markup=False)
+        for entry in index.manifests:
+            out().print(f"  {entry.platform}  {entry.digest}  image {entry.image_id[:19]}", markup=False)
     if result.scan is not None:
         for line in result.scan.lines():
             out().print(line, markup=False)

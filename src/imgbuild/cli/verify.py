@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from imgbuild.cli.console import handled, out
+from imgbuild.cli.console import handled, out, platform_arch
 from imgbuild.core.errors import VerifyError
 from imgbuild.core.interrupts import terminable
 
@@ -47,11 +47,20 @@ def verify_command(
     ] = 1,
     junit: Annotated[Path | None, typer.Option("--junit", help="Write JUnit XML here.")] = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="Write the results and timings as JSON.")] = None,
+    platform: Annotated[
+        str | None,
+        typer.Option(
+            "--platform",
+            callback=platform_arch,
+            help="linux/amd64 or linux/arm64: which of the recipe's architectures (its image `imgbuild build "
+            "--platform` tagged); another architecture than this machine's runs under QEMU.",
+        ),
+    ] = None,
 ) -> None:
     """Verify an image (or a machine) against its recipe's lock: versions, NCCL, plugin, sshd, keys, GPUs."""
     from imgbuild import verify
 
-    report = verify.verify(ref, host=host, devices=device or [], expect_efa=expect_efa, nodes=nodes)
+    report = verify.verify(ref, host=host, devices=device or [], expect_efa=expect_efa, nodes=nodes, arch=platform)
     finish(report, junit, json_path)
 
 

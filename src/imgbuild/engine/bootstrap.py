@@ -5,7 +5,13 @@ archive through). `bootstrap_base()` runs debootstrap into a temporary directory
 official images do (the "-slim" names drop docs, man pages and locales), writes the apt sources, packs the
 tree with numeric owners and imports it with `docker import`. The temporary tree and tarball are always
 removed, on failure and on Ctrl-C too, after unmounting anything debootstrap left mounted inside it.
-Its command line is `imgbuild base bootstrap NAME [--suite S] [--mirror M] [--variant V]`.
+Its command line is `imgbuild base bootstrap NAME [--suite S] [--mirror M] [--variant V] [--platform P]`.
+
+Another architecture (`--platform linux/arm64` on an x86 machine) is bootstrapped with `debootstrap --arch`, its
+second stage running under QEMU (binfmt_misc's qemu-aarch64, which scripts/setup.sh enables), and named
+`NAME-<arch>` in the engine (imgbuild.pin.content.local_ref: the engine keeps one image per name). It is loaded as a
+docker-archive whose config records the architecture: `docker import --platform` on engine 20.10 still records the
+engine's own, and BuildKit then looks a `FROM` of the wrong architecture up on Docker Hub instead of the local store.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ from typing import Any, Literal
 
 from imgbuild.core import validate
 from imgbuild.core.errors import BuildError, Interrupted, UsageError
+from imgbuild.pin.content import local_ref
+from imgbuild.spec import compat
 
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 UBUNTU_MIRROR = "http://archive.ubuntu.com/ubuntu"
@@ -95,14 +103,20 @@ class BaseSpec:
     mirror: str
     variant: str = "minbase"
     slim: bool = False
+    arch: str = compat.DEFAULT_ARCH  # platform.arch's name (amd64, arm64): debootstrap --arch and the image's config
+
+    @property
+    def image_name(self) -> str:
+        """The name the engine holds the image under: NAME, or NAME-<arch> for another architecture's copy."""
+        return local_ref(self.name, self.arch)
 
     @property
     def repository(self) -> str:
-        return split_name(self.name)[0]
+        return split_name(self.image_name)[0]
 
     @property
     def tag(self) -> str:
-        return split_name(self.name)[1]
+        return split_name(self.image_name)[1]
 
 
 def split_name(name: str) -> tuple[str, str]:
@@ -122,13 +136,23 @@ def _distro_of_repo(repo: str) -> Distro | None:
     return None
 
 
-def spec_for(name: str, *, suite: str | None = None, mirror: str | None = None, variant: str = "minbase") -> BaseSpec:
+def spec_for(
+    name: str,
+    *,
+    suite: str | None = None,
+    mirror: str | None = None,
+    variant: str = "minbase",
+    arch: str = compat.DEFAULT_ARCH,
+) -> BaseSpec:
     """Work out suite, mirror and trimming for an image name such as `debian:bookworm-slim`.
 
     debian:bookworm, debian:12 (each also -slim), ubuntu:22.04 / ubuntu:jammy are known; `suite` and
-    `mirror` override what the name implies. A name that is neither debian nor ubuntu needs both.
+    `mirror` override what the name implies. A name that is neither debian nor ubuntu needs both. `arch`
+    (platform.arch's names; compat.parse_platform reads `--platform linux/arm64`) picks the architecture.
     """
     name = name.strip()
+    if arch not in compat.MACHINE:
+        raise UsageError(f"unknown architecture {_shown(arch)}; use one of {', '.join(compat.MACHINE)}")
     if not _image_name(name):
         raise UsageError(
             f"not an image name: {_shown(name)}; expected [REGISTRY/]REPOSITORY[:TAG] in lowercase "
@@ -171,7 +195,9 @@ def spec_for(name: str, *, suite: str | None = None, mirror: str | None = None, 
             )
     if mirror is None:
         mirror = DEBIAN_MIRROR if distro == "debian" else UBUNTU_MIRROR
-    return BaseSpec(name=name, distro=distro, suite=suite, mirror=mirror.rstrip("/"), variant=variant, slim=slim)
+    return BaseSpec(
+        name=name, distro=distro, suite=suite, mirror=mirror.rstrip("/"), variant=variant, slim=slim, arch=arch
+    )
 
 
 def can_bootstrap(name: str) -> bool:
@@ -270,6 +296,9 @@ def _debootstrap(spec: BaseSpec, rootfs: Path, progress_print: ProgressPrint) ->
     cmd = [exe]
     if spec.variant != "default":
         cmd.append(f"--variant={spec.variant}")
+    if spec.arch != host_arch():
+        _check_emulation(spec.arch)
+        cmd.append(f"--arch={spec.arch}")
     cmd += [spec.suite, str(rootfs), spec.mirror]
     progress_print("$ " + " ".join(cmd))
     env = {**os.environ, "LC_ALL": "C", "DEBIAN_FRONTEND": "noninteractive"}
@@ -295,6 +324,50 @@ def _debootstrap(spec: BaseSpec, rootfs: Path, progress_print: ProgressPrint) ->
         if spec.distro == "ubuntu" and not Path("/usr/share/keyrings/ubuntu-archive-keyring.gpg").exists():
             hint = "bootstrapping Ubuntu needs Ubuntu's archive keyring (apt-get install ubuntu-keyring)"
         raise BootstrapError(f"debootstrap {spec.suite} failed (exit {rc}):\n" + "\n".join(tail), hint=hint)
+
+
+def host_arch() -> str:
+    """This machine's architecture in platform.arch's names (amd64, arm64); `uname -m` where it is neither."""
+    import platform
+
+    machine = platform.machine()
+    return next((arch for arch, m in compat.MACHINE.items() if m == machine), machine)
+
+
+BINFMT_DIR = Path("/proc/sys/fs/binfmt_misc")
+
+
+def emulation_problem(arch: str) -> str | None:
+    """Why this machine cannot run `arch`'s binaries (None: it is its own architecture, or binfmt_misc hands them to
+    QEMU with the F flag, so that containers and chroots, which lack the interpreter, run them too)."""
+    if arch == host_arch():
+        return None
+    machine = compat.MACHINE[arch]
+    entry = BINFMT_DIR / f"qemu-{machine}"
+    try:
+        lines = entry.read_text().splitlines()
+    except OSError:
+        where = "binfmt_misc is not mounted" if not (BINFMT_DIR / "status").exists() else f"{entry} does not exist"
+        return f"{compat.docker_platform(arch)} binaries cannot run here: {where}"
+    if "enabled" not in lines:
+        return f"{compat.docker_platform(arch)} binaries cannot run here: {entry} is disabled"
+    flags = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("flags:")), "")
+    if "F" not in flags:
+        return f"{entry} lacks the F flag: containers and chroots cannot find its interpreter"
+    return None
+
+
+def emulation_hint(arch: str) -> str:
+    """How to make this machine run `arch`'s binaries (what scripts/setup.sh does)."""
+    return (
+        "run scripts/setup.sh, or: apt-get install qemu-user-static binfmt-support; mount -t binfmt_misc "
+        f"binfmt_misc /proc/sys/fs/binfmt_misc; update-binfmts --enable qemu-{compat.MACHINE[arch]}"
+    )
+
+
+def _check_emulation(arch: str) -> None:
+    if problem := emulation_problem(arch):
+        raise BootstrapError(problem, hint=emulation_hint(arch))
 
 
 def _write(path: Path, text: str, mode: int = 0o644) -> None:
@@ -390,12 +463,64 @@ def _tar_rootfs(rootfs: Path, tar_path: Path) -> None:
 def _import(client: Any, spec: BaseSpec, tar_path: Path) -> str:
     from imgbuild.engine import ENGINE_ERRORS, engine_error
 
+    if spec.arch != compat.DEFAULT_ARCH:
+        return _load(client, spec, tar_path)
     changes = ['CMD ["bash"]', f"ENV PATH={IMAGE_PATH}"]
     try:
         client.api.import_image(src=str(tar_path), repository=spec.repository, tag=spec.tag, changes=changes)
         return str(client.images.get(f"{spec.repository}:{spec.tag}").id)
     except ENGINE_ERRORS as exc:
         raise engine_error(exc, f"importing {spec.name}") from exc
+
+
+def image_config(spec: BaseSpec, diff_id: str) -> dict[str, Any]:
+    """The image config of a one-layer base (what `docker import` writes, with `spec.arch` as its architecture)."""
+    return {
+        "architecture": spec.arch,
+        "os": "linux",
+        "config": {"Cmd": ["bash"], "Env": [f"PATH={IMAGE_PATH}"]},
+        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+        "history": [
+            {"created_by": f"imgbuild base bootstrap {spec.name} --platform {compat.docker_platform(spec.arch)}"}
+        ],
+    }
+
+
+def _load(client: Any, spec: BaseSpec, tar_path: Path) -> str:
+    """`docker load` the tree as a docker-archive whose config records spec.arch (`docker import --platform` on engine
+    20.10 records the engine's architecture whatever it is told)."""
+    import hashlib
+    import io
+    import json
+
+    from imgbuild.engine import ENGINE_ERRORS, engine_error
+
+    sha = hashlib.sha256()
+    with tar_path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            sha.update(chunk)
+    layer_hex = sha.hexdigest()
+    config = json.dumps(image_config(spec, f"sha256:{layer_hex}"), sort_keys=True).encode()
+    config_name = hashlib.sha256(config).hexdigest() + ".json"
+    manifest = [{"Config": config_name, "RepoTags": [spec.image_name], "Layers": [f"{layer_hex}/layer.tar"]}]
+    archive = tar_path.with_name("image.tar")
+    try:
+        with tarfile.open(archive, "w") as tar:
+            for name, data in ((config_name, config), ("manifest.json", json.dumps(manifest).encode())):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+            tar.add(str(tar_path), arcname=f"{layer_hex}/layer.tar")
+        tar_path.unlink()  # the archive holds it now: one copy on disk, not two
+        with archive.open("rb") as f:
+            client.images.load(f)
+        image = client.images.get(spec.image_name)
+    except ENGINE_ERRORS as exc:
+        raise engine_error(exc, f"loading {spec.image_name}") from exc
+    recorded = image.attrs.get("Architecture")
+    if recorded != spec.arch:
+        raise BootstrapError(f"the engine recorded {spec.image_name} as {recorded}, not {spec.arch}")
+    return str(image.id)
 
 
 def bootstrap_base(client: Any, spec: BaseSpec, *, progress_print: ProgressPrint = print) -> str:
@@ -408,8 +533,8 @@ def bootstrap_base(client: Any, spec: BaseSpec, *, progress_print: ProgressPrint
     tar_path = workdir / "rootfs.tar"
     try:
         progress_print(
-            f"bootstrapping {spec.name}: {spec.distro} {spec.suite} ({spec.variant}"
-            f"{', slim' if spec.slim else ''}) from {spec.mirror}"
+            f"bootstrapping {spec.image_name}: {spec.distro} {spec.suite} ({spec.variant}"
+            f"{', slim' if spec.slim else ''}, {compat.docker_platform(spec.arch)}) from {spec.mirror}"
         )
         rootfs.mkdir()
         _debootstrap(spec, rootfs, progress_print)
@@ -422,9 +547,9 @@ def bootstrap_base(client: Any, spec: BaseSpec, *, progress_print: ProgressPrint
         _tar_rootfs(rootfs, tar_path)
         size_mb = tar_path.stat().st_size / 1e6
         t2 = time.monotonic()
-        progress_print(f"trimmed and packed {size_mb:.0f} MB in {t2 - t1:.1f}s; importing {spec.name}")
+        progress_print(f"trimmed and packed {size_mb:.0f} MB in {t2 - t1:.1f}s; importing {spec.image_name}")
         image_id = _import(client, spec, tar_path)
-        progress_print(f"imported {spec.name} as {image_id[:19]} in {time.monotonic() - t2:.1f}s")
+        progress_print(f"imported {spec.image_name} as {image_id[:19]} in {time.monotonic() - t2:.1f}s")
         return image_id
     except KeyboardInterrupt as exc:
         raise Interrupted("bootstrap interrupted; temporary files removed") from exc

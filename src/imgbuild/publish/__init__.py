@@ -28,6 +28,17 @@ With a scan gate (``--scan-gate LEVEL``, ECR only, `scan.ScanGate`) the content-
 passed gate pushes the other (readable) tags. A failed gate takes back the tag this run pushed
 (``BatchDeleteImage``), so nothing the run tagged is left; a tag published before this run is left as it was.
 
+A recipe built for several architectures (platform.arch, `imgbuild build --platform`) is published as one image
+index (`publish_index`): each architecture's image is pushed under ``<tag>-<arch>`` (amd64 too), then an OCI image
+index (``application/vnd.oci.image.index.v1+json``) naming each image's manifest and platform goes up under the plain
+tags (``lock-<12 hex>`` and the readable one) through the registry's HTTP API (`registry.RegistryAPI.put_manifest`:
+the engine pushes images, not indexes). `docker pull --platform linux/arm64` of a plain tag then gets the arm64
+image, a plain pull the engine's own. Every architecture's image must be built before anything is pushed; an index
+that cannot be put says which per-architecture tags were pushed. Immutable tags hold for the index as for images:
+the same index (its digest, from the same per-architecture manifests) is "already published", another one refused.
+The scan gate judges one image's digest, so it is refused for an index (push with --platform per architecture to a
+repository whose tags it gates, or gate each `<tag>-<arch>` digest another way).
+
 One module of about 560 lines: tagging, the push stream, retries and the immutable-tag check are the steps of
 one `Publisher.push_ref`, sharing the publisher's client, destination and progress.
 """
@@ -35,11 +46,12 @@ one `Publisher.push_ref`, sharing the publisher's client, destination and progre
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, Protocol
 
@@ -51,6 +63,7 @@ from imgbuild.core.errors import EngineError, ImgbuildError, Interrupted, PushEr
 from imgbuild.engine import ENGINE_ERRORS, connect, engine_error, inspect_image, reason
 from imgbuild.publish.registry import (
     LOGIN_HINT,
+    OCI_INDEX,
     Destination,
     RegistryAPI,
     RemoteManifest,
@@ -176,6 +189,61 @@ def resolve_source(client: docker.DockerClient, what: str) -> Source:
     return Source(str(found["Id"]), tuple(dict.fromkeys(refs)), tuple(found.get("RepoDigests") or ()))
 
 
+@dataclass(frozen=True)
+class ArchImage:
+    """One architecture's image of a multi-architecture recipe: the local image and, for each of its refs, the
+    plain tag the index goes under (`render.tags` without the architecture's suffix)."""
+
+    arch: str
+    image_id: str
+    repository: str  # imgbuild/cpu
+    tags: tuple[tuple[str, str], ...]  # (local ref, plain tag): (imgbuild/cpu:lock-<12 hex>-arm64, lock-<12 hex>)
+    repo_digests: tuple[str, ...] = ()
+
+
+def recipe_arches(what: str) -> tuple[str, ...] | None:
+    """The architectures recipe `what` is built for (platform.arch), None when `what` is an image."""
+    if not _is_recipe(what):
+        return None
+    from imgbuild.pin import lock
+
+    _, resolved, _ = lock.for_ref(what)
+    return tuple(resolved.recipe.platform.arch)
+
+
+def resolve_arch_images(client: docker.DockerClient, what: str, arches: Sequence[str] | None = None) -> list[ArchImage]:
+    """Recipe `what`'s image of each architecture in `arches` (default: every one its platform.arch lists), each
+    built from the lock (every tag `render.image_refs` gives it, on one image recorded as that architecture): else a
+    PushError naming the `imgbuild build ... --platform` to run, before anything is pushed."""
+    from imgbuild.image import render
+    from imgbuild.pin import lock
+    from imgbuild.spec import compat
+
+    _, resolved, _ = lock.for_ref(what)
+    wanted = [render.check_arch(resolved, a) for a in arches] if arches else list(resolved.recipe.platform.arch)
+    plain = render.tags(resolved, render.lock_digest(resolved))
+    repo = render.repository(resolved)
+    images: list[ArchImage] = []
+    for arch in wanted:
+        refs = render.image_refs(resolved, arch)
+        platform = compat.docker_platform(arch)
+        hint = f"imgbuild build {what} --platform {platform}"
+        found = inspect_image(client, refs[0])
+        if found is None:
+            raise PushError(f"{refs[0]} is not in the engine: the {platform} image of {resolved.name} has not been "
+                            "built from its lock", hint=hint)  # fmt: skip
+        if (got := str(found.get("Architecture") or "?")) != arch:
+            raise PushError(f"{refs[0]} is a linux/{got} image, not {platform}", hint=hint)
+        for ref in refs[1:]:
+            other = inspect_image(client, ref)
+            if other is None or other["Id"] != found["Id"]:
+                state = "is not in the engine" if other is None else f"is a different image ({other['Id'][:19]})"
+                raise PushError(f"{ref} {state}; expected the image of {refs[0]} ({found['Id'][:19]})", hint=hint)
+        images.append(ArchImage(arch, str(found["Id"]), repo, tuple(zip(refs, plain, strict=True)),
+                                tuple(found.get("RepoDigests") or ())))  # fmt: skip
+    return images
+
+
 # --------------------------------------------------------------------------------------------------------
 # retries and progress
 
@@ -242,18 +310,90 @@ class PushedRef:
 
 
 @dataclass(frozen=True)
+class IndexEntry:
+    """One architecture's image in an image index: its manifest in the registry (the descriptor's digest, media type
+    and size) and the platform it runs on."""
+
+    arch: str  # platform.arch's name: amd64, arm64
+    digest: str
+    media_type: str
+    size: int
+    image_id: str = ""  # the local image pushed (for the report; not in the index)
+
+    @property
+    def platform(self) -> str:
+        return f"linux/{self.arch}"
+
+
+@dataclass(frozen=True)
+class IndexReport:
+    """The image index put under the plain tags: its digest, and the per-architecture manifests it names."""
+
+    digest: str
+    media_type: str
+    size: int
+    manifests: tuple[IndexEntry, ...]
+    refs: tuple[PushedRef, ...]  # one per plain tag (lock-<12 hex>, the readable one)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "digest": self.digest,
+            "media_type": self.media_type,
+            "size": self.size,
+            "manifests": [
+                {
+                    "platform": m.platform,
+                    "digest": m.digest,
+                    "media_type": m.media_type,
+                    "size": m.size,
+                    "image_id": m.image_id,
+                }
+                for m in self.manifests
+            ],
+            "refs": [asdict(r) for r in self.refs],
+        }
+
+
+def index_document(entries: Sequence[IndexEntry]) -> bytes:
+    """The OCI image index naming `entries` (in their order; one per architecture), as the bytes put in the registry:
+    compact JSON with sorted keys, so the same manifests always give the same index digest (an immutable tag's
+    "already published" check compares it)."""
+    if not entries:
+        raise PushError("an image index needs at least one architecture's image")
+    if len({e.arch for e in entries}) != len(entries):
+        raise PushError(f"an architecture is named twice in the index: {', '.join(e.arch for e in entries)}")
+    doc = {
+        "schemaVersion": 2,
+        "mediaType": OCI_INDEX,
+        "manifests": [
+            {
+                "mediaType": e.media_type,
+                "digest": e.digest,
+                "size": e.size,
+                "platform": {"architecture": e.arch, "os": "linux"},
+            }
+            for e in entries
+        ],
+    }
+    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+
+@dataclass(frozen=True)
 class PublishResult:
     registry: str
     image_id: str
     refs: tuple[PushedRef, ...]
     warnings: tuple[str, ...] = ()
     scan: Any | None = None  # scan.GateReport with --scan-gate
+    index: IndexReport | None = None  # a multi-architecture push: refs are the per-architecture tags
 
     def to_json(self) -> dict[str, Any]:
-        data = {"registry": self.registry, "image_id": self.image_id, "refs": [asdict(r) for r in self.refs],
-                "warnings": list(self.warnings)}  # fmt: skip
+        data: dict[str, Any] = {"registry": self.registry, "image_id": self.image_id,
+                                "refs": [asdict(r) for r in self.refs], "warnings": list(self.warnings)}  # fmt: skip
         if self.scan is not None:
             data["scan"] = self.scan.to_json()
+        if self.index is not None:
+            data["index"] = self.index.to_json()
         return data
 
 
@@ -343,6 +483,95 @@ class Publisher:
                 self._api = None
         return PublishResult(str(self.destination), source.image_id, tuple(pushed), tuple(warnings), report)
 
+    # -- several architectures under one tag -----------------------------------------------------------------
+    def publish_index(self, images: Sequence[ArchImage]) -> PublishResult:
+        """Push each architecture's image under `<tag>-<arch>`, then the OCI image index of them under the plain tags.
+        An index that cannot be put is a PushError naming the per-architecture tags this run pushed."""
+        pushed: list[PushedRef] = []
+        warnings: list[str] = []
+        entries: list[IndexEntry] = []
+        try:
+            for image in images:
+                source = Source(image.image_id, tuple(local for local, _ in image.tags), image.repo_digests)
+                first: PushedRef | None = None
+                for local, plain in image.tags:
+                    done = self.push_ref(source, local, warnings, as_tag=f"{plain}-{image.arch}")
+                    pushed.append(done)
+                    first = first or done
+                assert first is not None
+                entries.append(self._entry(image, first))
+            body = index_document(entries)
+            digest = f"sha256:{hashlib.sha256(body).hexdigest()}"
+            refs: list[PushedRef] = []
+            repo = images[0].repository
+            path = self.destination.path(strip_domain(repo))
+            for plain in (plain for _, plain in images[0].tags):
+                target = f"{self.destination.repository(strip_domain(repo))}:{plain}"
+                try:
+                    refs.append(self._put_index(path, plain, target, body, digest))
+                except PushError as exc:
+                    done_tags = [r.target for r in pushed] + [r.target for r in refs]
+                    raise PushError(
+                        f"{exc.message}\nthe image index {digest} is not under {target}; pushed before it: "
+                        + ", ".join(done_tags),
+                        hint=exc.hint or "run the push again: the per-architecture tags are already there",
+                    ) from None
+            index = IndexReport(digest, OCI_INDEX, len(body), tuple(entries), tuple(refs))
+        finally:
+            self.progress.close()
+            if self._api is not None:
+                self._api.close()
+                self._api = None
+        return PublishResult(str(self.destination), images[0].image_id, tuple(pushed), tuple(warnings), index=index)
+
+    def _entry(self, image: ArchImage, pushed: PushedRef) -> IndexEntry:
+        """The index's descriptor of an architecture's pushed image: its manifest as the registry holds it."""
+        path = self.destination.path(strip_domain(image.repository))
+        remote = self._with_retries(pushed.target, lambda: self.registry_api().manifest(path, pushed.digest))
+        if remote is None or remote.size is None:
+            raise PushError(f"{self.destination.host} has no manifest {pushed.digest} for {pushed.target}, just pushed")
+        return IndexEntry(image.arch, remote.digest, remote.media_type, remote.size, image.image_id)
+
+    def _put_index(self, path: str, tag: str, target: str, body: bytes, digest: str) -> PushedRef:
+        """The index under one plain tag: "already published" where the registry holds that very index; refused
+        where an immutable tag holds another manifest; put otherwise."""
+        api = self.registry_api()
+        if self._is_immutable(path):
+            remote = self._with_retries(target, lambda: api.manifest(path, tag))
+            if remote is not None:
+                if remote.digest == digest:
+                    done = PushedRef(target, target, digest, len(body), "already published", 1)
+                    self.progress.done(done)
+                    return done
+                raise self._fail(
+                    target,
+                    f"the tag already exists in the immutable repository with different content: the registry has "
+                    f"{remote.digest} ({remote.media_type}), this run's image index is {digest}",
+                    1,
+                    hint="a published tag is never overwritten: change the recipe's lock (a new lock-<hash> tag) or "
+                    "delete the tag in the registry on purpose",
+                )
+        self.progress.start(target, 1)
+        self._with_retries(target, lambda: api.put_manifest(path, tag, body, OCI_INDEX))
+        done = PushedRef(target, target, digest, len(body), "pushed", 1)
+        self.progress.done(done)
+        return done
+
+    def _with_retries(self, target: str, call: Callable[[], Any]) -> Any:
+        """`call` (a registry HTTP request) with the push's retries on TransientError."""
+        attempts = max(1, self.retry.attempts)
+        for attempt in range(1, attempts + 1):
+            try:
+                return call()
+            except TransientError as exc:
+                if attempt >= attempts:
+                    raise self._fail(target, f"gave up after {attempt} attempts; last error: {exc}", attempt,
+                                     hint="the registry may be down or overloaded; retry later") from None  # fmt: skip
+                delay = self.retry.delay(attempt)
+                self.progress.retry(target, attempt, attempts, str(exc), delay)
+                self.retry.sleep(delay)
+        raise AssertionError("unreachable")
+
     # -- the scan gate -------------------------------------------------------------------------------------
     def _gate(self, source: Source, first: PushedRef) -> Any:
         """Wait for ECR's scan of the pushed digest and judge it; a failed gate takes back the tag this run pushed."""
@@ -382,9 +611,13 @@ class Publisher:
             return self.immutable
         return bool(repo is not None and repo.immutable)
 
-    def push_ref(self, source: Source, ref: str, warnings: list[str] | None = None) -> PushedRef:
-        """Push one local ref; the temporary tag is removed (or the previous one restored) whatever happens."""
+    def push_ref(
+        self, source: Source, ref: str, warnings: list[str] | None = None, *, as_tag: str | None = None
+    ) -> PushedRef:
+        """Push one local ref (under tag `as_tag` instead of its own where given); the temporary tag is removed (or
+        the previous one restored) whatever happens."""
         src_repo, tag = _split_ref(ref)
+        tag = as_tag or tag
         path = self.destination.path(strip_domain(src_repo))
         target_repo = self.destination.repository(strip_domain(src_repo))
         target = f"{target_repo}:{tag}"
@@ -542,11 +775,27 @@ def publish(
     auth_config: dict[str, str] | None = None,
     ecr_registry: Any | None = None,
     gate: Any | None = None,
+    arches: Sequence[str] | None = None,
 ) -> PublishResult:
-    """`imgbuild push WHAT --registry HOST[/PREFIX] [--ecr] [--scan-gate LEVEL]`.
+    """`imgbuild push WHAT --registry HOST[/PREFIX] [--ecr] [--scan-gate LEVEL] [--platform P ...]`.
 
     `gate` (a `scan.ScanGate`) needs ECR: on another registry it is a usage error before anything is contacted.
+    A recipe built for several architectures (or `arches`, --platform, naming some) is published as an image index
+    (`Publisher.publish_index`); the scan gate is refused there (it judges one image's digest).
     """
+    from imgbuild.core.errors import UsageError
+
+    recipe_archs = recipe_arches(what)
+    if arches and recipe_archs is None:
+        raise UsageError(f"--platform goes with a RECIPE: {what!r} is an image (it is pushed as the engine holds it)")
+    multi = recipe_archs is not None and (len(recipe_archs) > 1 or bool(arches))
+    if multi and gate is not None:
+        raise UsageError(
+            f"--scan-gate judges one image's digest: {what} is published as an image index of "
+            f"{', '.join('linux/' + a for a in (arches or recipe_archs or ()))}",
+            hint="leave --scan-gate out and scan each <tag>-<arch> image's digest, or gate a single-architecture "
+            "recipe",
+        )
     is_ecr = ecr_registry is not None or ecr or bool(registry and _ecr_host(registry))
     if gate is not None and not is_ecr:
         from imgbuild.core.errors import UsageError
@@ -570,9 +819,11 @@ def publish(
     own = client is None
     docker_client = connect() if client is None else client
     try:
-        source = resolve_source(docker_client, what)
         publisher = Publisher(docker_client, destination, ecr=ecr_registry, immutable=immutable, retry=retry,
                               progress=progress, auth_config=auth_config, gate=gate)  # fmt: skip
+        if multi:
+            return publisher.publish_index(resolve_arch_images(docker_client, what, arches))
+        source = resolve_source(docker_client, what)
         return publisher.publish(source)
     finally:
         if own:

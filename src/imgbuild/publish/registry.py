@@ -1,9 +1,11 @@
 """Registries: where to push (`parse_registry`: ``HOST[/PREFIX]``), just enough of their HTTP API (v2) to read a
-tag's manifest, and what the engine knows about them.
+tag's manifest and to put an image index under a tag, and what the engine knows about them.
 
 `publish` uses it for immutable tags: before pushing, it asks the registry whether the tag exists and which image
-it holds (``GET /v2/<name>/manifests/<tag>``). `engine_insecure` tells whether the engine talks plain HTTP to the
-registry (so may we); `docker_credentials` reads what ``docker login`` stored for it.
+it holds (``GET /v2/<name>/manifests/<tag>``); a multi-architecture image's OCI image index, which the engine cannot
+push, goes up with ``PUT /v2/<name>/manifests/<tag>`` (`RegistryAPI.put_manifest`). `engine_insecure` tells whether
+the engine talks plain HTTP to the registry (so may we); `docker_credentials` reads what ``docker login`` stored for
+it.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ __all__ = [
     "CREDENTIALS_HINT",
     "LOGIN_HINT",
     "MANIFEST_TYPES",
+    "OCI_INDEX",
     "Destination",
     "RegistryAPI",
     "RemoteManifest",
@@ -49,6 +52,8 @@ MANIFEST_TYPES = ", ".join(
     )
 )
 
+
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 
 _DOMAIN_RE = re.compile(r"^(?:localhost|[^/]*[.:][^/]*)(?::\d+)?$")
 # What parse_registry takes as a host: DNS letters, digits, dots and dashes (or a bracketed IPv6 address), a port.
@@ -131,11 +136,13 @@ class RemoteManifest:
     digest: str
     media_type: str
     config_digest: str | None
+    size: int | None = None  # bytes of the manifest document (an index's descriptor of it needs them)
+    body: bytes = b""  # the document itself
 
 
 class RegistryAPI:
-    """Just enough of the registry v2 API to read a tag's manifest: https (http too for insecure registries),
-    basic auth or a bearer token from the registry's realm."""
+    """Just enough of the registry v2 API to read a tag's manifest and put one: https (http too for insecure
+    registries), basic auth or a bearer token from the registry's realm."""
 
     def __init__(
         self,
@@ -155,7 +162,8 @@ class RegistryAPI:
         self._session.close()
 
     def manifest(self, name: str, tag: str) -> RemoteManifest | None:
-        """The manifest of ``name:tag``, None when the registry has no such tag (or repository)."""
+        """The manifest of ``name:tag`` (or ``name@digest``: pass the digest as `tag`), None when the registry has no
+        such tag (or repository)."""
         resp = self._get(f"/v2/{name}/manifests/{tag}", scope=f"repository:{name}:pull")
         if resp.status_code == 404:
             return None
@@ -178,13 +186,40 @@ class RegistryAPI:
             digest=digest,
             media_type=str(data.get("mediaType") or resp.headers.get("Content-Type", "")),
             config_digest=str(config["digest"]) if isinstance(config, dict) and "digest" in config else None,
+            size=len(body),
+            body=body,
         )
 
+    def put_manifest(self, name: str, tag: str, body: bytes, media_type: str) -> str:
+        """Put a manifest (an image index) under ``name:tag``; the digest the registry gives it, which must be the
+        sha256 of `body` (what the caller computed and reports). PushError for a refusal (its text), a failed login,
+        or a digest that differs; TransientError for 5xx, 429 and a registry that cannot be reached."""
+        want = f"sha256:{hashlib.sha256(body).hexdigest()}"
+        resp = self._send("PUT", f"/v2/{name}/manifests/{tag}", scope=f"repository:{name}:pull,push", data=body,
+                          content_type=media_type)  # fmt: skip
+        if resp.status_code in (401, 403):
+            raise PushError(f"{self.host}: authentication failed putting {name}:{tag} ({resp.status_code})",
+                            hint=LOGIN_HINT.format(host=self.host))  # fmt: skip
+        if resp.status_code >= 500 or resp.status_code == 429:
+            raise TransientError(f"{self.host} answered {resp.status_code} putting the manifest of {name}:{tag}")
+        if resp.status_code not in (200, 201):
+            raise PushError(f"{self.host} refused the manifest of {name}:{tag} ({resp.status_code}): "
+                            f"{resp.text[:300]}")  # fmt: skip
+        got = resp.headers.get("Docker-Content-Digest") or want
+        if got != want:
+            raise PushError(f"{self.host} stored the manifest of {name}:{tag} as {got}, not its sha256 {want}")
+        return want
+
     def _get(self, path: str, *, scope: str) -> requests.Response:
+        return self._send("GET", path, scope=scope)
+
+    def _send(
+        self, method: str, path: str, *, scope: str, data: bytes | None = None, content_type: str | None = None
+    ) -> requests.Response:
         last: Exception | None = None
         for scheme in list(self.schemes):
             try:
-                resp = self._request(f"{scheme}://{self.host}{path}", scope)
+                resp = self._request(f"{scheme}://{self.host}{path}", scope, method, data, content_type)
             except (requests.exceptions.SSLError, requests.exceptions.ConnectionError) as exc:
                 last = exc
                 continue
@@ -194,9 +229,13 @@ class RegistryAPI:
             return resp
         raise TransientError(f"cannot reach {self.host}: {reason(last) if last else 'no scheme left'}")
 
-    def _request(self, url: str, scope: str) -> requests.Response:
+    def _request(
+        self, url: str, scope: str, method: str = "GET", data: bytes | None = None, content_type: str | None = None
+    ) -> requests.Response:
         headers = {"Accept": MANIFEST_TYPES}
-        resp = self._session.get(url, headers=headers, timeout=self.timeout_s)
+        if content_type:
+            headers["Content-Type"] = content_type
+        resp = self._session.request(method, url, headers=headers, data=data, timeout=self.timeout_s)
         if resp.status_code != 401:
             return resp
         challenge = resp.headers.get("WWW-Authenticate", "")
@@ -205,7 +244,7 @@ class RegistryAPI:
         if scheme.lower() == "basic":
             if creds is None:
                 return resp
-            return self._session.get(url, headers=headers, auth=creds, timeout=self.timeout_s)
+            return self._session.request(method, url, headers=headers, data=data, auth=creds, timeout=self.timeout_s)
         if scheme.lower() == "bearer":
             fields = dict(re.findall(r'(\w+)="([^"]*)"', params))
             realm = fields.get("realm")
@@ -218,8 +257,8 @@ class RegistryAPI:
             token = token_resp.json().get("token") or token_resp.json().get("access_token")
             if not token:
                 return resp
-            return self._session.get(url, headers={**headers, "Authorization": f"Bearer {token}"},
-                                     timeout=self.timeout_s)  # fmt: skip
+            return self._session.request(method, url, headers={**headers, "Authorization": f"Bearer {token}"},
+                                         data=data, timeout=self.timeout_s)  # fmt: skip
         return resp
 
 

@@ -36,6 +36,7 @@ from imgbuild.blocks import runtime_order
 from imgbuild.checks.results import CheckResult, failures
 from imgbuild.core.errors import ImgbuildError, Interrupted, LockError, RecipeError, VerifyError
 from imgbuild.core.interrupts import sigint_deferred
+from imgbuild.engine import bootstrap
 from imgbuild.engine.containers import LABEL as LABEL_VERIFY
 from imgbuild.engine.containers import Containers
 from imgbuild.engine.runprofile import EFA_DEVICE_GLOB, RunSpec, for_engine, host_efa_devices, host_has_gpu, run_spec
@@ -43,7 +44,7 @@ from imgbuild.image import render
 from imgbuild.image.manifest import MANIFEST_PATH, Manifest
 from imgbuild.pin import lock
 from imgbuild.pin.resolver import Resolved
-from imgbuild.spec import recipe
+from imgbuild.spec import compat, recipe
 
 LABEL_RECIPE = "io.imgbuild.recipe"
 READY_TIMEOUT_S = 60.0
@@ -77,26 +78,32 @@ class Target:
     note: str = ""  # why there is no lock to compare with, or where the expectations come from
 
 
-def expected_manifest(resolved: Resolved) -> Manifest:
-    """The manifest the lock gives (what /etc/imgbuild/manifest.json must hold): no template is rendered."""
-    return render.manifest(resolved)
+def expected_manifest(resolved: Resolved, arch: str | None = None) -> Manifest:
+    """The manifest the lock gives the image of `arch` (default: the recipe's first), what its
+    /etc/imgbuild/manifest.json must hold: no template is rendered."""
+    return render.manifest(resolved, arch)
 
 
 def looks_like_image(ref: str) -> bool:
     return ":" in ref or "@" in ref
 
 
-def target_for_recipe(ref: str) -> Target:
+def target_for_recipe(ref: str, arch: str | None = None) -> Target:
+    """A recipe: the image `imgbuild build RECIPE [--platform linux/ARCH]` tags (render.image_ref; `-ARCH` after the
+    tag for an architecture other than the recipe's first), and its lock's manifest for that architecture."""
     loaded = recipe.load(ref)
     if loaded.recipe.abstract:
         raise RecipeError(f"{recipe.display(loaded.path)}: '{loaded.recipe.name}' is abstract (a parent): no image")
     resolved, how = lock.resolved_for(loaded)
+    arch = render.check_arch(resolved, arch)  # a RenderError naming the recipe's architectures
     note = "" if how == "lock" else f"{loaded.recipe.name} has no lock: compared with a fresh resolution"
-    return Target(ref, "recipe", render.image_ref(resolved), resolved.name, resolved, expected_manifest(resolved), note)
+    expected = expected_manifest(resolved, arch)
+    return Target(ref, "recipe", render.image_ref(resolved, arch), resolved.name, resolved, expected, note)
 
 
-def target_for_image(ref: str, labels: dict[str, str]) -> Target:
-    """An image: the recipe its label names, and that recipe's lock when the recipe is shipped."""
+def target_for_image(ref: str, labels: dict[str, str], arch: str | None = None) -> Target:
+    """An image: the recipe its label names, and that recipe's lock (its manifest for `arch`, the architecture the
+    engine records for the image) when the recipe is shipped."""
     name = labels.get(LABEL_RECIPE)
     if not name:
         return Target(ref, "image", ref, None, None, None, f"{ref} has no {LABEL_RECIPE} label: no lock to compare")
@@ -110,12 +117,16 @@ def target_for_image(ref: str, labels: dict[str, str]) -> Target:
         return Target(ref, "image", ref, name, None, None, f"the lock of '{name}' cannot be used: {exc.message}")
     if resolved is None:
         return Target(ref, "image", ref, name, None, None, f"shipped recipe '{name}' has no lock")
+    if arch is not None and arch not in resolved.recipe.platform.arch:
+        note = f"recipe '{name}' is not built for {arch}: the image's manifest is the only expectation"
+        return Target(ref, "image", ref, name, None, None, note)
     note = f"compared with the lock of shipped recipe '{name}'"
-    return Target(ref, "image", ref, name, resolved, expected_manifest(resolved), note)
+    return Target(ref, "image", ref, name, resolved, expected_manifest(resolved, arch), note)
 
 
-def resolve_target(ref: str, client: docker.DockerClient | None) -> Target:
-    """RECIPE (shipped name or YAML path) or IMAGE (has ':' or '@', or the engine knows it)."""
+def resolve_target(ref: str, client: docker.DockerClient | None, arch: str | None = None) -> Target:
+    """RECIPE (shipped name or YAML path) or IMAGE (has ':' or '@', or the engine knows it). `arch` (--platform):
+    which of a recipe's architectures; for an image, the architecture it must be."""
     if not looks_like_image(ref):
         try:
             recipe.find(ref)
@@ -123,13 +134,17 @@ def resolve_target(ref: str, client: docker.DockerClient | None) -> Target:
             if client is None or _image_labels(client, ref) is None:
                 raise
         else:
-            return target_for_recipe(ref)
+            return target_for_recipe(ref, arch)
     if client is None:
         raise VerifyError(f"{ref}: verifying an image needs the Docker engine")
-    labels = _image_labels(client, ref)
-    if labels is None:
+    info = engine.inspect_image(client, ref)
+    if info is None:
         raise VerifyError(f"image {ref} is not in the engine", hint="imgbuild build RECIPE, or docker pull it")
-    return target_for_image(ref, labels)
+    recorded = str(info.get("Architecture") or "")
+    if arch is not None and recorded != arch:
+        raise VerifyError(f"image {ref} is {info.get('Os') or 'linux'}/{recorded or '?'}, not --platform linux/{arch}")
+    labels = dict((info.get("Config") or {}).get("Labels") or {})
+    return target_for_image(ref, labels, recorded if recorded in compat.MACHINE else None)
 
 
 def _image_labels(client: docker.DockerClient, ref: str) -> dict[str, str] | None:
@@ -190,8 +205,11 @@ def verify(
     expect_efa: bool = False,
     nodes: int = 1,
     workers: int = 8,
+    arch: str | None = None,
 ) -> VerifyReport:
-    """Verify RECIPE|IMAGE in one container (or, with `host`, on that machine); then `nodes` >= 2 across nodes."""
+    """Verify RECIPE|IMAGE in one container (or, with `host`, on that machine); then `nodes` >= 2 across nodes.
+    `arch` (--platform linux/arm64): which of the recipe's architectures, its image `render.image_ref(resolved,
+    arch)`; another architecture than this machine's runs under QEMU (binfmt_misc), through the same checks."""
     if nodes < 1:
         raise VerifyError(f"--nodes must be at least 1, got {nodes}")
     if host and nodes > 1:
@@ -200,10 +218,10 @@ def verify(
     timings: dict[str, float] = {}
     try:
         if host:
-            report = _verify_host(ref, host, expect_efa=expect_efa, workers=workers, timings=timings)
+            report = _verify_host(ref, host, expect_efa=expect_efa, workers=workers, timings=timings, arch=arch)
         else:
             report = _verify_container(ref, devices=devices, expect_efa=expect_efa, nodes=nodes, workers=workers,
-                                       timings=timings)  # fmt: skip
+                                       timings=timings, arch=arch)  # fmt: skip
     except KeyboardInterrupt:
         raise Interrupted("interrupted: the verification's containers were removed") from None
     timings["total_s"] = round(time.monotonic() - start, 3)
@@ -219,7 +237,9 @@ def host_spec(host: str) -> str:
     raise VerifyError(f"--host {host!r}: expected 'local' or ssh://USER@HOST")
 
 
-def _verify_host(ref: str, host: str, *, expect_efa: bool, workers: int, timings: dict[str, float]) -> VerifyReport:
+def _verify_host(
+    ref: str, host: str, *, expect_efa: bool, workers: int, timings: dict[str, float], arch: str | None = None
+) -> VerifyReport:
     import testinfra
 
     spec = host_spec(host)
@@ -228,7 +248,7 @@ def _verify_host(ref: str, host: str, *, expect_efa: bool, workers: int, timings
     if looks_like_image(ref):
         client = engine.connect()
     try:
-        target = resolve_target(ref, client)
+        target = resolve_target(ref, client, arch)
     finally:
         if client is not None:
             client.close()
@@ -254,6 +274,7 @@ def _verify_host(ref: str, host: str, *, expect_efa: bool, workers: int, timings
         expect_efa=expect_efa,
         gpu=gpu_run.ok,
         gpu_reason="no GPU on this host (no nvidia-smi, no /dev/nvidia0)",
+        machine=compat.MACHINE.get(str(found_manifest.get("arch", compat.DEFAULT_ARCH))) if found_manifest else None,
     )
     t = time.monotonic()
     selected = checks.selected(ctx.components, "host", runtime_order())
@@ -369,7 +390,14 @@ def image_manifest(containers: Containers, target: Target) -> Manifest | None:
 
 
 def _verify_container(
-    ref: str, *, devices: Sequence[str], expect_efa: bool, nodes: int, workers: int, timings: dict[str, float]
+    ref: str,
+    *,
+    devices: Sequence[str],
+    expect_efa: bool,
+    nodes: int,
+    workers: int,
+    timings: dict[str, float],
+    arch: str | None = None,
 ) -> VerifyReport:
     import testinfra
 
@@ -380,10 +408,12 @@ def _verify_container(
     client = engine.connect()
     containers = Containers(client)
     try:
-        target = resolve_target(ref, client)
+        target = resolve_target(ref, client, arch)
         assert target.image is not None
         if _image_labels(client, target.image) is None:
             hint = f"imgbuild build {target.ref}" if target.kind == "recipe" else None
+            if hint and arch is not None:
+                hint += f" --platform {compat.docker_platform(arch)}"
             raise VerifyError(f"image {target.image} is not in the engine", hint=hint)
         timings["resolve_s"] = round(time.monotonic() - t, 3)
 
@@ -395,6 +425,8 @@ def _verify_container(
         profile = manifest or target.expected_manifest
         if profile is None:
             raise VerifyError(f"{target.image} has no {MANIFEST_PATH} and no lock to compare with ({target.note})")
+        if problem := bootstrap.emulation_problem(profile.arch):
+            raise VerifyError(f"cannot run {target.image}: {problem}", hint=bootstrap.emulation_hint(profile.arch))
         runtimes = list((client.info().get("Runtimes") or {}).keys())
         opts = run_options(profile, devices, runtimes)
 
@@ -424,6 +456,7 @@ def _verify_container(
             gpu=opts.gpu,
             gpu_reason=opts.gpu_reason,
             image_scan=scan.result,
+            machine=compat.MACHINE[profile.arch],
         )
         t = time.monotonic()
         selected = checks.selected(components, "container", runtime_order())

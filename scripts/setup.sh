@@ -2,9 +2,12 @@
 # Prepare a fresh Debian/Ubuntu machine (as root) to build and test imgbuild images:
 #   1. a running Docker engine (docker.io from the distribution; dockerd started in the background when
 #      there is no init system to do it),
-#   2. debootstrap, iproute2 and openssh-client (ssh-keygen for the multi-node tests),
+#   2. debootstrap, iproute2 and openssh-client (ssh-keygen for the multi-node tests); for linux/arm64 images
+#      (`imgbuild build cpu --platform linux/arm64`) qemu-user-static and binfmt-support, binfmt_misc mounted and
+#      qemu-aarch64 enabled,
 #   3. this repository installed with `pip install -e ".[dev]"`,
-#   4. the base images, bootstrapped offline with debootstrap when the engine does not have them,
+#   4. the base images, bootstrapped offline with debootstrap when the engine does not have them (the arm64
+#      copies under QEMU, named NAME-arm64: imgbuild base bootstrap NAME --platform linux/arm64),
 #   5. for the SageMaker local-mode test (tests/test_sagemaker_sdk.py): docker-compose from the distribution and
 #      the SageMaker Python SDK 2.x in a virtual environment of its own (it pins versions, e.g. packaging<25,
 #      that this project's environment must not be held to).
@@ -14,6 +17,9 @@
 #   PYTHON                 interpreter to install into (default: python3)
 #   IMGBUILD_BASE_IMAGES   base images to ensure, space-separated (default: debian:bookworm-slim)
 #   IMGBUILD_SKIP_BASE=1   skip step 4
+#   IMGBUILD_ARM64_BASE_IMAGES  base images to ensure for linux/arm64 too, each as NAME-arm64 in the engine
+#                          (default: debian:bookworm-slim; the cpu recipe's arm64 build starts from it)
+#   IMGBUILD_SKIP_ARM64=1  skip the linux/arm64 emulation and bases (refused when CI=true: CI builds arm64)
 #   IMGBUILD_MIRROR        Debian archive mirror for debootstrap (default: the tool's own default)
 #   DOCKERD_LOG            where a dockerd started here logs (default: /var/log/imgbuild-dockerd.log)
 #   IMGBUILD_SAGEMAKER_SDK_VENV  the SDK's virtual environment (default: /opt/imgbuild/sagemaker-sdk2; the
@@ -144,6 +150,9 @@ fi
 # `imgbuild build cpu --platform linux/arm64` runs the arm64 image's RUN steps, and `imgbuild verify ... --platform
 # linux/arm64` its containers, through QEMU: the kernel hands aarch64 binaries to qemu-aarch64-static (binfmt_misc,
 # registered with the F flag so it works inside containers and chroots). IMGBUILD_SKIP_ARM64=1 skips this step.
+if [[ "${IMGBUILD_SKIP_ARM64:-0}" == 1 && "${CI:-}" == true ]]; then
+    die "IMGBUILD_SKIP_ARM64=1 with CI=true: CI builds and verifies the linux/arm64 image, so it needs QEMU"
+fi
 if [[ "${IMGBUILD_SKIP_ARM64:-0}" == 1 ]]; then
     log "==> linux/arm64 emulation: skipped (IMGBUILD_SKIP_ARM64=1)"
 else
@@ -164,10 +173,12 @@ else
     fi
     grep -qx enabled /proc/sys/fs/binfmt_misc/qemu-aarch64 \
         || die "qemu-aarch64 is not enabled in /proc/sys/fs/binfmt_misc after update-binfmts"
+    interpreter="$(grep -m1 '^interpreter' /proc/sys/fs/binfmt_misc/qemu-aarch64 | cut -d' ' -f2)"
     if ((${#done_what[@]})); then
-        step_done "$(IFS=';'; echo "${done_what[*]}" | sed 's/;/; /g'): aarch64 binaries run through $(grep -m1 '^interpreter' /proc/sys/fs/binfmt_misc/qemu-aarch64 | cut -d' ' -f2)"
+        joined="$(printf '%s; ' "${done_what[@]}")"
+        step_done "${joined%; }: aarch64 binaries run through ${interpreter}"
     else
-        step_done "already set up: qemu-aarch64 enabled ($(grep -m1 '^interpreter' /proc/sys/fs/binfmt_misc/qemu-aarch64 | cut -d' ' -f2))"
+        step_done "already set up: qemu-aarch64 enabled (${interpreter})"
     fi
 fi
 
@@ -210,6 +221,27 @@ else
             step_done "bootstrapped"
         fi
     done
+    if [[ "${IMGBUILD_SKIP_ARM64:-0}" != 1 ]]; then
+        for image in ${IMGBUILD_ARM64_BASE_IMAGES:-debian:bookworm-slim}; do
+            arm_name="${image}-arm64"  # imgbuild.pin.content.local_ref
+            step "base image ${arm_name} (linux/arm64, for builds with --platform linux/arm64)"
+            arch="$(docker image inspect --format '{{.Architecture}}' "${arm_name}" 2>/dev/null || true)"
+            if [[ "${arch}" == arm64 ]]; then
+                step_done "present: $(docker image inspect --format '{{.Id}}' "${arm_name}" | cut -c1-19) (arm64)"
+            else
+                if [[ -n "${arch}" ]]; then
+                    log "    ${arm_name} is recorded as ${arch}, not arm64: removing it and bootstrapping again"
+                    docker rmi "${arm_name}" >/dev/null
+                fi
+                log "    not in the engine; bootstrapping under QEMU (about 2-3 min):" \
+                    "${bootstrap_cmd[*]} ${image} --platform linux/arm64 ${mirror_args[*]}"
+                "${bootstrap_cmd[@]}" "${image}" --platform linux/arm64 "${mirror_args[@]}"
+                [[ "$(docker image inspect --format '{{.Architecture}}' "${arm_name}" 2>/dev/null)" == arm64 ]] \
+                    || die "bootstrap finished but ${arm_name} is missing or not recorded as arm64"
+                step_done "bootstrapped"
+            fi
+        done
+    fi
 fi
 
 # --- 5. SageMaker Python SDK for the local-mode test --------------------------------------------------------

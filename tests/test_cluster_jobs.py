@@ -161,6 +161,8 @@ def trainer_pod(job: dict[str, Any]) -> dict[str, Any]:
                 spec[key] = [*spec.get(key, []), *pod_patch.get(key, [])]
             if "nodeSelector" in pod_patch:
                 spec["nodeSelector"] = {**spec.get("nodeSelector", {}), **pod_patch["nodeSelector"]}
+            if "affinity" in pod_patch:
+                spec["affinity"] = pod_patch["affinity"]
     return dict(pod)
 
 
@@ -339,6 +341,9 @@ def test_mpijob_works_with_what_the_operator_does(name: str) -> None:
                                   "memory": "32Gi"}),
         ("gaudi-1.15", None, {"habana.ai/gaudi": 8, "vpc.amazonaws.com/efa": 4, "hugepages-2Mi": "5120Mi",
                               "memory": "32Gi"}),
+        ("h200", None, {"nvidia.com/gpu": 8, "vpc.amazonaws.com/efa": 16, "hugepages-2Mi": "5120Mi", "memory": "32Gi"}),
+        ("b200", None, {"nvidia.com/gpu": 8, "vpc.amazonaws.com/efa": 8, "hugepages-2Mi": "5120Mi", "memory": "32Gi"}),
+        ("gb200", None, {"nvidia.com/gpu": 4, "vpc.amazonaws.com/efa": 4, "hugepages-2Mi": "5120Mi", "memory": "32Gi"}),
     ],
 )  # fmt: skip
 def test_worker_resources_follow_recipe_and_instance_type(
@@ -348,7 +353,79 @@ def test_worker_resources_follow_recipe_and_instance_type(
     template = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]
     assert container(template)["resources"] == {"limits": resources, "requests": resources}
     wanted = instance_type or (resolved(name).recipe.platform.instance_types or [None])[0]
-    assert template["spec"].get("nodeSelector") == ({"node.kubernetes.io/instance-type": wanted} if wanted else None)
+    arch = resolved(name).recipe.platform.arch
+    selector = {"node.kubernetes.io/instance-type": wanted} if wanted else {}
+    if len(arch) == 1:
+        selector["kubernetes.io/arch"] = arch[0]
+    assert template["spec"].get("nodeSelector") == (selector or None)
+
+
+ARCH_IN = {"key": "kubernetes.io/arch", "operator": "In"}
+
+
+@pytest.mark.parametrize(
+    ("name", "instance_type", "arch"),
+    [("gb200", "p6e-gb200.36xlarge", "arm64"), ("b200", "p6-b200.48xlarge", "amd64"),
+     ("h200", "p5en.48xlarge", "amd64"), ("a100", "p4d.24xlarge", "amd64")],
+)  # fmt: skip
+def test_every_engine_pins_the_image_architecture(name: str, instance_type: str, arch: str) -> None:
+    """One architecture: `kubernetes.io/arch` next to the instance type in every pod an engine makes, and the sbatch
+    script says it (Slurm has no standard feature for it)."""
+    wanted = {"node.kubernetes.io/instance-type": instance_type, "kubernetes.io/arch": arch}
+    for engine in jobs.Engine:
+        if engine is jobs.Engine.slurm:
+            text = jobs.render_job(resolved(name), engine, 2)
+            assert f"# Architecture: linux/{arch} only" in text and f"--constraint={arch}" in text
+            assert "\n#SBATCH --constraint" not in text  # a comment: the site names its features
+            continue
+        if engine in jobs.TORCH_ENGINES and not has_pytorch(name):
+            continue
+        job = obj(name, engine)
+        for template in pod_templates(engine, job):
+            replicas = job["spec"].get("mpiReplicaSpecs", {})
+            launcher = engine is jobs.Engine.mpijob and template is replicas["Launcher"]["template"]
+            # The MPI launcher runs the image too (its architecture), on any instance type (it needs no GPU).
+            expected = {"kubernetes.io/arch": arch} if launcher else wanted
+            assert template["spec"]["nodeSelector"] == expected, engine
+            assert "affinity" not in template["spec"]
+
+
+def test_a_multi_architecture_image_may_run_on_either() -> None:
+    """cpu is built for amd64 and arm64 under one tag (an image index): its pods are not pinned to one
+    architecture, and may not land on one the index lacks (a required nodeAffinity In the list)."""
+    assert resolved("cpu").recipe.platform.arch == ("amd64", "arm64")
+    for engine in (jobs.Engine.mpijob,):
+        for template in pod_templates(engine, obj("cpu", engine)):
+            spec = template["spec"]
+            assert "kubernetes.io/arch" not in spec.get("nodeSelector", {})
+            required = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            assert required["nodeSelectorTerms"] == [{"matchExpressions": [{**ARCH_IN, "values": ["amd64", "arm64"]}]}]
+            validate_pod_template(template)
+    job = obj("cpu", "mpijob", instance_type="c7g.16xlarge")  # a Graviton type: the index has its arm64 image
+    worker = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+    assert worker["nodeSelector"] == {"node.kubernetes.io/instance-type": "c7g.16xlarge"} and "affinity" in worker
+    launcher = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
+    assert "nodeSelector" not in launcher and launcher["affinity"] == worker["affinity"]
+    text = jobs.render_job(resolved("cpu"), "slurm", 2)
+    assert "# Architectures: linux/amd64, linux/arm64 (one image index)" in text
+
+
+@pytest.mark.parametrize(
+    ("name", "instance_type", "message"),
+    [
+        ("b200", "p6e-gb200.36xlarge", r"--instance-type p6e-gb200\.36xlarge: p6e-gb200\.36xlarge has arm64 CPUs; "
+                                       r"the image is built for amd64"),
+        ("gb200", "p6-b200.48xlarge", r"--instance-type p6-b200\.48xlarge: p6-b200\.48xlarge has amd64 CPUs; the "
+                                      r"image is built for arm64"),
+        ("gb200", "p5en.48xlarge", r"p5en\.48xlarge carries NVIDIA H200 \(sm_90\), which cannot run code built for "
+                                   r"sm_100"),
+    ],
+)  # fmt: skip
+def test_an_instance_type_of_another_architecture_is_refused(name: str, instance_type: str, message: str) -> None:
+    with pytest.raises(RecipeError, match=message) as caught:
+        plan(name, "mpijob", instance_type=instance_type)
+    if "CPUs" in message:
+        assert "never be scheduled" in str(caught.value)
 
 
 def test_efa_for_an_unknown_instance_type_is_asked_for() -> None:
@@ -649,7 +726,11 @@ def test_a_recipe_runs_where_its_accelerator_is(name: str, instance_type: str) -
     efa = None if jobs.efa_devices(instance_type) else 0
     job = obj(name, "mpijob", instance_type=instance_type, efa=efa)
     selector = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["nodeSelector"]
-    assert selector == {"node.kubernetes.io/instance-type": instance_type}
+    arch = resolved(name).recipe.platform.arch
+    assert selector == {
+        "node.kubernetes.io/instance-type": instance_type,
+        **({"kubernetes.io/arch": arch[0]} if len(arch) == 1 else {}),
+    }
 
 
 def test_instance_families_agree_with_the_recipes_and_the_efa_table() -> None:
@@ -662,8 +743,14 @@ def test_instance_families_agree_with_the_recipes_and_the_efa_table() -> None:
         for t in platform.instance_types:
             stripped = platform.model_copy(update={"instance_types": ()})
             assert jobs.accelerator_mismatch(stripped, t) is None, (name, t)
+            assert jobplan.arch_mismatch(platform, t) is None, (name, t)
+            assert jobplan.instance_arch(t) in platform.arch, (name, t)
     assert set(jobplan.EFA_DEVICES) <= set(jobplan.INSTANCE_ACCELERATORS)
+    assert set(jobplan.INSTANCE_ARCH) <= set(jobplan.INSTANCE_ACCELERATORS)
     assert jobs.efa_devices("p6-b200.48xlarge") == 8 and jobs.efa_devices("p5en.48xlarge") == 16
+    assert jobs.efa_devices("p6e-gb200.36xlarge") == 4
+    assert jobplan.instance_arch("p6e-gb200.36xlarge") == "arm64" and jobplan.instance_arch("p5.48xlarge") == "amd64"
+    assert jobplan.instance_arch("c7g.16xlarge") is None  # not a family imgbuild knows: not checked
 
 
 def test_a_child_recipe_can_name_another_instance_type(tmp_path: Path) -> None:

@@ -236,7 +236,7 @@ def test_user_recipe_renders(recipe_dir: Path) -> None:
     assert "Port 2222\nPort 3022" in sshd
 
 
-NVIDIA = ["a100", "h100", "v100"]
+NVIDIA = ["a100", "b200", "gb200", "h100", "h200", "v100"]
 
 
 @pytest.mark.parametrize("name", NVIDIA)
@@ -263,6 +263,21 @@ def test_nvidia_images_ship_on_runtime_with_one_nccl(name: str) -> None:
     devel, runtime_base = (render.slug(b) for b in plan.base_images)
     assert all(m in builder for m in apt_cache(devel)) and all(m in runtime for m in apt_cache(runtime_base))
     assert devel != runtime_base
+
+
+def test_gb200_renders_for_arm64_with_no_x86_64_path() -> None:
+    """gb200 is arm64 only (Grace CPUs): nothing in its Dockerfile, its context or its manifest names x86_64; the
+    wheels are the aarch64 ones, the plugin's lib dir the aarch64 triplet's; the bases are multi-arch nvidia/cuda."""
+    plan = plan_of("gb200")
+    assert "x86_64" not in plan.dockerfile and "amd64" not in plan.dockerfile
+    for f in plan.files:
+        assert b"x86_64" not in f.content, f.path
+    assert "PyTorch pins for Linux aarch64 (CUDA 13.0)" in plan.dockerfile
+    assert "/opt/amazon/ofi-nccl/lib/aarch64-linux-gnu" in plan.dockerfile
+    assert '-gencode=arch=compute_100,code=sm_100"' in plan.dockerfile
+    assert [b.split(":")[0] for b in plan.base_images] == ["nvidia/cuda", "nvidia/cuda"]
+    # The same recipe for amd64 (what b200 is, on x86) names x86_64 where gb200 names aarch64: the test can fail.
+    assert "/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu" in plan_of("b200").dockerfile
 
 
 @pytest.mark.parametrize("name", NVIDIA)

@@ -31,6 +31,9 @@ def resolve_error(d: Path, text: str, **kwargs) -> str:
         ("v100", {"nccl": "2.26.2", "pytorch": "2.7.1", "aws_ofi_nccl": "1.21.1", "efa": "1.50.0", "cuda": "12.6.3"}),
         ("h100", {"nccl": "2.29.7", "pytorch": "2.13.0", "aws_ofi_nccl": "1.21.1", "cuda": "13.0.1"}),
         ("gaudi-1.15", {"gaudi": "1.15.1", "pytorch": "2.2.0", "efa": "1.29.0", "openmpi": "4.1.6"}),
+        ("h200", {"nccl": "2.29.7", "pytorch": "2.13.0", "aws_ofi_nccl": "1.21.1", "efa": "1.50.0", "cuda": "13.0.1"}),
+        ("b200", {"nccl": "2.29.7", "pytorch": "2.13.0", "aws_ofi_nccl": "1.21.1", "efa": "1.50.0", "cuda": "13.0.1"}),
+        ("gb200", {"nccl": "2.29.7", "pytorch": "2.13.0", "aws_ofi_nccl": "1.21.1", "efa": "1.50.0", "cuda": "13.0.1"}),
     ],
 )
 def test_shipped_recipes_resolve(name: str, expect: dict[str, str]) -> None:
@@ -45,6 +48,46 @@ def test_nccl_is_pytorchs_and_every_pin_is_exact() -> None:
         torch = compat.TORCH[resolved.version("pytorch") or ""]
         assert resolved.version("nccl") == torch.nccl
         assert "PyTorch" in resolved.pins["nccl"].origin
+
+
+@pytest.mark.parametrize(("name", "machine"), [("h200", "x86_64"), ("b200", "x86_64"), ("gb200", "aarch64")])
+def test_the_newest_instances_get_the_nccl_of_their_architectures_torch_wheel(name: str, machine: str) -> None:
+    """torch -> NCCL for the wheel the image installs: gb200's is torch's aarch64 wheel (a CUDA build from 2.11.0),
+    read from the aarch64 table, and the lock that ships holds the same pins."""
+    from imgbuild.pin import lock
+
+    r = recipe.load(name).recipe
+    assert r.platform.arch == (("arm64",) if machine == "aarch64" else ("amd64",))
+    assert r.platform.gpu_arch == ("sm_90" if name == "h200" else "sm_100")
+    resolved = resolve(recipe.load(name), lookup_torch=None)
+    wheel = compat.torch_wheel(resolved.version("pytorch") or "", machine)
+    assert wheel is not None and resolved.version("nccl") == wheel.nccl
+    locked, how = lock.resolved_for(recipe.load(name), lookup_torch=None)
+    assert how == "lock", f"{name}: run `imgbuild lock {name}`"
+    torch = locked.pins["pytorch"].details
+    assert torch.nccl == locked.version("nccl") == wheel.nccl and torch.nccl_package == wheel.nccl_package
+
+
+def test_gb200_with_a_torch_whose_aarch64_wheel_is_a_cpu_build(recipe_dir: Path) -> None:
+    msg = resolve_error(recipe_dir, "extends: gb200\ncomponents: {pytorch: {version: 2.9.1}}\n")
+    assert "torch 2.9.1's wheel for linux/arm64 (aarch64) is a CPU build" in msg
+    assert "the first release with a CUDA build for aarch64 is 2.11.0" in msg
+    # The same release is fine on x86_64 (b200 is the same GPU on amd64) as far as the wheel goes.
+    assert resolve_text(recipe_dir, "extends: b200\ncomponents: {pytorch: {version: 2.11.0}}\n").version("nccl") == (
+        "2.28.9"
+    )
+    assert resolve_text(recipe_dir, "extends: gb200\ncomponents: {pytorch: {version: 2.11.0}}\n").version("nccl") == (
+        "2.28.9"
+    )
+
+
+def test_sm_100_needs_cuda_12_8(recipe_dir: Path) -> None:
+    text = (
+        "extends: b200\nbase: {tag: 12.6.3-runtime-ubuntu22.04, builder_tag: 12.6.3-devel-ubuntu22.04}\n"
+        "os: {version: '22.04'}\ncuda: {version: 12.6.3}\ncomponents: {pytorch: {version: 2.7.1}}\n"
+    )
+    msg = resolve_error(recipe_dir, text)
+    assert "sm_100" in msg and "12.8" in msg
 
 
 def test_gaudi_warns_about_latest_only_base() -> None:

@@ -48,8 +48,22 @@ TORCH_ENGINES = (Engine.trainjob, Engine.pytorchjob)
 MEMORY = {"accelerator": "32Gi", "none": "2Gi"}  # per worker, unless --memory
 
 # EFA devices per instance (AWS EC2 User Guide, "Supported instance types" for EFA: maximum EFA interfaces),
-# by instance family (the part of the type before the dot).
-EFA_DEVICES = {"p3dn": 1, "p4d": 4, "p4de": 4, "p5": 32, "p5e": 32, "p5en": 16, "p6-b200": 8, "dl1": 4}
+# by instance family (the part of the type before the dot). The newest three, where that page could not be read here:
+# p5en 16 (meta-pytorch/torchx PR #995, aws_p5en_48xlarge `devices={EFA_DEVICE: 16}`; 16 network cards in another
+# project's table of EFA network cards); p6-b200 8 (inferred: its 3200 Gbps of EFAv4, per instances.vantage.sh's data,
+# over 400 Gbps cards); p6e-gb200 4 (aws-samples/awsome-distributed-training micro-benchmarks/nccl-tests/kubernetes/
+# nccl-tests-gb200.yaml asks `vpc.amazonaws.com/efa: 4 #p6e has 4 NICs` per p6e-gb200.36xlarge; 1600 Gbps EFAv4).
+EFA_DEVICES = {
+    "p3dn": 1,
+    "p4d": 4,
+    "p4de": 4,
+    "p5": 32,
+    "p5e": 32,
+    "p5en": 16,
+    "p6-b200": 8,
+    "p6e-gb200": 4,
+    "dl1": 4,
+}
 EFA_MAX = max(EFA_DEVICES.values())  # --efa: more than any instance has never schedules
 
 # What each instance family carries (AWS EC2 User Guide, "Accelerated computing instance types"; the GPUs' compute
@@ -82,6 +96,13 @@ INSTANCE_ACCELERATORS: dict[str, tuple[str, str | None, str]] = {
     "inf2": ("neuron", None, "AWS Inferentia2"),
 }
 
+# The CPU architecture of the instance families above whose CPUs are not x86 (Docker's names): p6e-gb200 runs NVIDIA
+# Grace (Arm Neoverse V2) CPUs, so its containers are linux/arm64 (awsome-distributed-training's GB200 nccl-tests image
+# is built `FROM --platform=linux/arm64`; AWS's EKS blog on P6e-GB200: a GB200 superchip is two Blackwell GPUs and a
+# Grace CPU). Every other family of INSTANCE_ACCELERATORS runs Intel or AMD x86 CPUs (amd64). A family in neither
+# table is not checked: its architecture is unknown here.
+INSTANCE_ARCH: dict[str, str] = {"p6e-gb200": "arm64"}
+
 NAME_MAX = 40  # room for the operators' suffixes (`-launcher`, `-worker-N`, `-node-0-N`) in a 63-character name
 # Kubernetes counts replicas in int32 and Open MPI ranks (-np nodes x slots) in a C int: with at most 64 slots per
 # node (platform.devices_per_node), this many nodes keeps both in range. Slurm's node count is 32 bits too.
@@ -108,6 +129,7 @@ class JobPlan:
     image_pushed: bool  # False: the local build's tag (a cluster cannot pull it before it is pushed)
     instance_type: str | None
     efa: int
+    arch: tuple[str, ...]  # the CPU architectures the image is built for (platform.arch): where pods may run
     accelerator: str
     devices: int  # accelerator devices per node (0: none)
     memory: str
@@ -138,6 +160,23 @@ class JobPlan:
 def efa_devices(instance_type: str) -> int | None:
     """EFA devices an instance type has (None: not in the table)."""
     return EFA_DEVICES.get(instance_type.split(".", 1)[0])
+
+
+def instance_arch(instance_type: str) -> str | None:
+    """The CPU architecture (amd64, arm64) of an instance type (None: a family imgbuild does not know)."""
+    family = instance_type.split(".", 1)[0]
+    if family in INSTANCE_ARCH:
+        return INSTANCE_ARCH[family]
+    return "amd64" if family in INSTANCE_ACCELERATORS else None
+
+
+def arch_mismatch(platform: Platform, instance_type: str) -> str | None:
+    """Why an instance type cannot run an image of `platform` for its CPU architecture (None: it can, or its
+    architecture is not known here): an arm64 image never starts on an x86 instance, nor the reverse."""
+    arch = instance_arch(instance_type)
+    if arch is None or arch in platform.arch:
+        return None
+    return f"{instance_type} has {arch} CPUs; the image is built for {', '.join(platform.arch)} (platform.arch)"
 
 
 def _sm(arch: str) -> tuple[int, int]:
@@ -236,6 +275,18 @@ def plan_job(
                 hint=(f"pass --instance-type {listed[0]}, or " if listed else "")
                 + f"list the type in a child recipe's platform.instance_types (extends: {r.name})",
             )
+        why = arch_mismatch(r.platform, instance_type)
+        if why is not None:
+            source = (
+                f"{where}: platform.instance_types"
+                if instance_type in r.platform.instance_types
+                else f"--instance-type {instance_type}"
+            )
+            raise RecipeError(
+                f"{source}: {why}: its pods would never be scheduled",
+                hint=f"build the image for {instance_arch(instance_type)} (platform.arch in a child recipe, "
+                f"extends: {r.name}), or pick an instance type of {', '.join(r.platform.arch)}",
+            )
     if efa is None:
         if r.platform.accelerator == "none":
             efa = 0  # the CPU images talk TCP (libfabric's tcp provider)
@@ -274,6 +325,7 @@ def plan_job(
         image_pushed=image is not None,
         instance_type=instance_type,
         efa=efa,
+        arch=tuple(r.platform.arch),
         accelerator=r.platform.accelerator,
         devices=devices,
         memory=memory or MEMORY["none" if r.platform.accelerator == "none" else "accelerator"],

@@ -20,8 +20,8 @@ PyTorchJob for the image of a `JobPlan` (jobplan.py), as YAML with a comment hea
   - the launcher starts once every worker's sshd answers (`launcherCreationPolicy: WaitForWorkersReady` and a
     readiness probe on sshd's port).
   Per worker: the recipe's devices (`nvidia.com/gpu`, `habana.ai/gaudi`), `vpc.amazonaws.com/efa` by instance
-  type, 2 MiB hugepages (the EFA provider's buffers), memory, a memory-backed /dev/shm, the instance type as node
-  selector; `slotsPerWorker` = devices per node.
+  type, 2 MiB hugepages (the EFA provider's buffers), memory, a memory-backed /dev/shm, the instance type and the
+  image's CPU architecture (`kubernetes.io/arch`) as node selector; `slotsPerWorker` = devices per node.
 - `trainjob`: Kubeflow Trainer v2 TrainJob on the `torch-distributed` ClusterTrainingRuntime; `pytorchjob`:
   `kubeflow.org/v1` PyTorchJob (training-operator 1.9). Both run the image's torchrun (`launch.torchrun`), whose
   node count, rank and master come from the PET_* variables the operators set.
@@ -55,6 +55,7 @@ PYTORCHJOB_PORT = ("pytorchjob-port", 23456)
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
 DEVICE_RESOURCE = {"nvidia": "nvidia.com/gpu", "gaudi": "habana.ai/gaudi"}
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+ARCH_LABEL = "kubernetes.io/arch"  # the kubelet's well-known label: amd64, arm64 (Go's GOARCH, Docker's names)
 HUGEPAGES = ("hugepages-2Mi", "5120Mi")  # libfabric's EFA provider allocates its buffers from 2 MiB hugepages
 SHM_MOUNT = {"name": "dshm", "mountPath": "/dev/shm"}
 
@@ -175,8 +176,19 @@ def _security(job: JobPlan) -> dict[str, Any]:
     return {"securityContext": {"capabilities": {"add": list(job.capabilities)}}} if job.capabilities else {}
 
 
-def _node_selector(job: JobPlan) -> dict[str, Any]:
-    return {"nodeSelector": {INSTANCE_TYPE_LABEL: job.instance_type}} if job.instance_type else {}
+def _node_selector(job: JobPlan, *, instance_type: bool = True) -> dict[str, Any]:
+    """Where the pods may run: the instance type (not for the MPI launcher, which needs no accelerator), and the CPU
+    architecture the image is built for (`kubernetes.io/arch`, from platform.arch), which every pod that runs the
+    image needs, the launcher too. An image of one architecture pins it in the nodeSelector (an arm64 image on an x86
+    node fails with `exec format error`); a multi-architecture image (one tag, an image index: cpu is amd64 and
+    arm64) runs on a node of any architecture it was built for, said as a required nodeAffinity `In` its list rather
+    than pinned to one: the scheduler may use either kind of node, and never one the index lacks."""
+    selector = {INSTANCE_TYPE_LABEL: job.instance_type} if job.instance_type and instance_type else {}
+    if len(job.arch) == 1:
+        return {"nodeSelector": {**selector, ARCH_LABEL: job.arch[0]}}
+    term = {"matchExpressions": [{"key": ARCH_LABEL, "operator": "In", "values": list(job.arch)}]}
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+    return {"affinity": affinity, **({"nodeSelector": selector} if selector else {})}
 
 
 def _container(job: JobPlan, name: str, **fields: Any) -> dict[str, Any]:
@@ -223,7 +235,7 @@ def _mpijob(job: JobPlan) -> dict[str, Any]:
                 "Launcher": {
                     "replicas": 1,
                     "restartPolicy": "Never",
-                    "template": {"spec": {"containers": [launcher]}},
+                    "template": {"spec": {"containers": [launcher], **_node_selector(job, instance_type=False)}},
                 },
                 "Worker": {
                     "replicas": job.nodes,

@@ -55,6 +55,21 @@ def _image_tag(ref: str) -> str:
     return last.rpartition(":")[2] if ":" in last else "latest"
 
 
+def _arch_comment(job: JobPlan) -> list[str]:
+    """The image's CPU architecture, as a comment: Slurm has no standard feature for it (a node's features are the
+    site's own names in slurm.conf), so the constraint is shown for sites that define one, not set."""
+    platforms = ", ".join(f"linux/{a}" for a in job.arch)
+    if len(job.arch) == 1:
+        return [
+            f"# Architecture: {platforms} only: submit to a partition of {job.arch[0]} nodes; where nodes carry it "
+            f"as a feature: #SBATCH --constraint={job.arch[0]}"
+        ]
+    return [
+        f"# Architectures: {platforms} (one image index). A squashfs file holds one of them, the one enroot imports",
+        "# on its machine: import on (and run on) nodes of one architecture, or one file per architecture.",
+    ]
+
+
 def sbatch(job: JobPlan) -> str:
     """The sbatch script of a slurm job: comments saying how to import the image and submit, #SBATCH lines, the
     exports and one srun line."""
@@ -103,6 +118,7 @@ def sbatch(job: JobPlan) -> str:
     ]
     if job.accelerator == "nvidia":
         lines.append(f"# Where GPUs are a Slurm GRES (AWS ParallelCluster): #SBATCH --gpus-per-node={job.devices}")
+    lines += _arch_comment(job)
     lines += ["set -euo pipefail", ""]
     if job.image_pushed:
         lines.append(f"IMAGE=${{IMGBUILD_IMAGE:-{q(pyxis_image(job.image))}}}")

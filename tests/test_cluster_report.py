@@ -367,6 +367,59 @@ def test_instance_type_not_in_table() -> None:
     assert bw.status == "WARN" and "no published figure for p3.16xlarge" in bw.reason
 
 
+P5_TABLE = "awsome-dt-readme_2x-p5.48xlarge_slurm_table-only.log"
+NEWEST = ("p5en.48xlarge", "p6-b200.48xlarge", "p6e-gb200.36xlarge")
+
+
+@pytest.mark.parametrize("instance_type", NEWEST)
+def test_an_instance_type_with_no_published_figure_says_so(instance_type: str) -> None:
+    """p5en, p6-b200 and p6e-gb200: nobody published an all_reduce figure (bandwidth.yaml, unpublished): the report
+    says that, not that the table lacks the type, and still judges the rest of the run."""
+    rep = report(shared_log(P5_TABLE), Expect(instance_type=instance_type, nodes=2))
+    crits = by_name(rep)
+    bw = crits["bandwidth"]
+    assert bw.status == "WARN" and rep.verdict == "WARN" and rep.bandwidth == ()
+    assert f"not judged: no published figure exists for {instance_type}: none was found in" in bw.reason
+    assert "bandwidth.yaml, unpublished" in bw.reason and "(the table has" not in bw.reason
+    assert crits["results"].status == "PASS"
+    # A type neither published nor recorded as unpublished keeps the other message.
+    other = by_name(report(shared_log(P5_TABLE), Expect(instance_type="p6-b300.48xlarge", nodes=2)))["bandwidth"]
+    assert "no published figure for p6-b300.48xlarge (the table has" in other.reason
+
+
+def test_the_new_recipes_instance_types_are_published_or_said_unpublished() -> None:
+    from imgbuild.spec import recipe
+
+    table = expected.shipped()
+    for name in ("h200", "b200", "gb200"):
+        for t in recipe.load(name).recipe.platform.instance_types:
+            assert t in NEWEST and table.unpublished_for(t) is not None and not table.node_counts(t), (name, t)
+    # Their jobs still run all_reduce_perf as far as the p6/p5en rule asks (bus bandwidth climbs past 1 GiB there).
+    assert all(expected.max_judged_size(t) == 16 << 30 for t in NEWEST)
+
+
+def test_an_unpublished_type_with_a_figure_is_refused(tmp_path: Path) -> None:
+    good = expected.TABLE_PATH.read_text()
+    bad = tmp_path / "bandwidth.yaml"
+    bad.write_text(good.replace("  - instance_type: p6-b200.48xlarge\n", "  - instance_type: p5.48xlarge\n", 1))
+    with pytest.raises(VerifyError, match=r"unpublished\.1: p5\.48xlarge has figures"):
+        expected.load(bad)
+    bad.write_text(good.replace("  - instance_type: p6-b200.48xlarge\n", "  - instance_type: p5en.48xlarge\n", 1))
+    with pytest.raises(VerifyError, match=r"unpublished\.1: p5en\.48xlarge is listed twice"):
+        expected.load(bad)
+    bad.write_text(good.replace("    searched_on: 2026-11\n", "    searched_on: November\n", 1))
+    with pytest.raises(VerifyError, match=r"unpublished\.0\.searched_on"):
+        expected.load(bad)
+
+
+def test_cli_says_there_is_no_published_figure() -> None:
+    args = ["report", "--instance-type", "p6e-gb200.36xlarge", "--nodes", "2"]
+    result = runner.invoke(app, args, input=shared_log(P5_TABLE))
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "WARN" in text and "no published figure exists for p6e-gb200.36xlarge" in text
+
+
 def test_node_count_not_in_table() -> None:
     rep = report(
         shared_log("awsome-dt-readme_2x-p5.48xlarge_slurm_table-only.log"), Expect(instance_type="p5.48xlarge", nodes=4)

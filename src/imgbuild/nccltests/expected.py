@@ -3,8 +3,9 @@ are judged on which instance types.
 
 The figures live in `bandwidth.yaml` next to this module (one row per instance type, node count and message size,
 each with its source and the NCCL that produced it; one rule per instance family saying from which size bus
-bandwidth is judged and how far a job must run, with the why) so that a new published run is a data change reviewed
-like one. This module loads and checks that file; `max_judged_size(instance_type)` tells command.py how far
+bandwidth is judged and how far a job must run, with the why; and the instance types for which a search found no
+published figure, with where it looked, `unpublished`) so that a new published run is a data change reviewed like
+one. This module loads and checks that file; `max_judged_size(instance_type)` tells command.py how far
 all_reduce_perf must run (`-e`) for the verdict to judge it.
 """
 
@@ -47,6 +48,17 @@ class Figure(_Strict):
     note: str = ""
 
 
+class Unpublished(_Strict):
+    """An instance type nobody has published an all_reduce_perf figure for, as far as a search found: said, not left
+    out, so that `imgbuild cluster report` tells a run on it that there is nothing to judge its bus bandwidth by (not
+    that the table forgot it). `searched`: where the search looked and when; a figure found later replaces the row."""
+
+    instance_type: str = Field(pattern=r"^[a-z][a-z0-9-]*\.[a-z0-9]+$")
+    searched: str = Field(min_length=1)
+    searched_on: str = Field(pattern=r"^\d{4}-\d{2}(-\d{2})?$", description="ISO date or month of the search")
+    note: str = ""
+
+
 class Judging(_Strict):
     """Which sizes are judged on the instance families it names (shell-style patterns on the part of the instance
     type before the dot: `p5`, `p6*`)."""
@@ -76,6 +88,24 @@ class Table(_Strict):
     tolerance_why: str = Field(min_length=1)
     judging: tuple[Judging, ...] = Field(min_length=1)
     figures: tuple[Figure, ...]
+    unpublished: tuple[Unpublished, ...] = ()
+
+    @model_validator(mode="after")
+    def _unpublished_has_no_figure(self) -> Table:
+        seen: set[str] = set()
+        for i, u in enumerate(self.unpublished):
+            if u.instance_type in seen:
+                raise ValueError(f"unpublished.{i}: {u.instance_type} is listed twice")
+            seen.add(u.instance_type)
+            if u.instance_type in self.instance_types():
+                raise ValueError(
+                    f"unpublished.{i}: {u.instance_type} has figures: a published figure replaces its unpublished row"
+                )
+        return self
+
+    def unpublished_for(self, instance_type: str) -> Unpublished | None:
+        """The record that nobody published a figure for this instance type (None: not recorded as unpublished)."""
+        return next((u for u in self.unpublished if u.instance_type == instance_type), None)
 
     @model_validator(mode="after")
     def _one_figure_per_size(self) -> Table:

@@ -355,6 +355,13 @@ def _bandwidth(
     if not published:
         counts = figures_table.node_counts(instance_type)
         if not counts:
+            unpublished = figures_table.unpublished_for(instance_type)
+            if unpublished is not None:
+                return not_judged(
+                    f"no published figure exists for {instance_type}: none was found in {unpublished.searched} "
+                    f"(searched {unpublished.searched_on}; bandwidth.yaml, unpublished); the network, NCCL and "
+                    "results are still judged"
+                )
             return not_judged(
                 f"no published figure for {instance_type} (the table has {', '.join(figures_table.instance_types())})"
             )

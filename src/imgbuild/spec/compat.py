@@ -229,7 +229,10 @@ def torch_cpu_only(version: str, machine: str) -> bool:
 def torch_wheel_has_arch(torch: str, cuda: str, arch: str) -> bool:
     """Whether the default wheel of `torch` (built for `cuda`) carries kernels for `arch`.
 
-    cu12.1-12.6 wheels include sm_70; cu12.8 wheels dropped it in 2.11; cu13 wheels never had it.
+    cu12.1-12.6 wheels include sm_70; cu12.8 wheels dropped it in 2.11; cu13 wheels never had it. Every other
+    architecture is taken as present: that the cu12.8 and cu13 wheels carry sm_100 (B200, GB200) is inferred (PyTorch
+    builds its CUDA 12.8+ wheels for Blackwell; their TORCH_CUDA_ARCH_LIST was not read here), and so are sm_75 to
+    sm_90 in every wheel the table lists.
     """
     if arch != "sm_70":
         return True
@@ -426,6 +429,9 @@ ARCH: dict[str, Arch] = {
     "sm_86": Arch("A10G", "11.1", None),
     "sm_89": Arch("L4/L40S", "11.8", None),
     "sm_90": Arch("H100", "11.8", None),
+    # B200 (p6-b200) and GB200 (p6e-gb200): compute capability 10.0; SASS for it needs CUDA 12.8 or later (CUDA's
+    # Blackwell compatibility guide, "Building Applications Using CUDA Toolkit 12.8",
+    # https://docs.nvidia.com/cuda/blackwell-compatibility-guide). That GB200's GPUs are 10.0 like B200 is inferred.
     "sm_100": Arch("B200", "12.8", None),
 }
 

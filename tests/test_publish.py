@@ -637,7 +637,7 @@ def untag_all(client: docker.DockerClient, host: str) -> None:
 def test_push_recipe_pull_back_same_digest(docker_client, pinned_cpu, registry: LocalRegistry) -> None:
     buf = io.StringIO()
     t0 = time.monotonic()
-    result = publish.publish("cpu", f"{registry.host}/team", client=docker_client,
+    result = publish.publish("cpu", f"{registry.host}/team", client=docker_client, arches=["amd64"],
                              progress=PlainPushProgress(buf), retry=publish.Retry(sleep=Sleeps()))  # fmt: skip
     took = time.monotonic() - t0
     repo = f"{registry.host}/team/imgbuild/cpu"
@@ -684,7 +684,7 @@ def test_registry_requiring_auth_fails_fast(docker_client, pinned_cpu, auth_regi
     t0 = time.monotonic()
     with pytest.raises(PushError) as info:
         publish.publish("cpu", auth_registry.host, client=docker_client, retry=publish.Retry(sleep=sleeps),
-                        progress=PlainPushProgress(buf))  # fmt: skip
+                        progress=PlainPushProgress(buf), arches=["amd64"])  # fmt: skip
     print(f"auth failure reported after {time.monotonic() - t0:.2f}s")
     assert "authentication failed" in info.value.message and "no basic auth credentials" in info.value.message
     assert info.value.hint and f"docker login {auth_registry.host}" in info.value.hint
@@ -695,9 +695,11 @@ def test_registry_requiring_auth_fails_fast(docker_client, pinned_cpu, auth_regi
 @pytest.mark.docker
 def test_registry_with_credentials_accepts(docker_client, pinned_cpu, auth_registry: LocalRegistry) -> None:
     auth = {"username": "ci", "password": "s3cret", "serveraddress": auth_registry.host}
-    result = publish.publish("cpu", auth_registry.host, client=docker_client, auth_config=auth, immutable=True)
+    result = publish.publish("cpu", auth_registry.host, client=docker_client, auth_config=auth, immutable=True,
+                             arches=["amd64"])  # fmt: skip
     assert {r.status for r in result.refs} == {"pushed"}
-    again = publish.publish("cpu", auth_registry.host, client=docker_client, auth_config=auth, immutable=True)
+    again = publish.publish("cpu", auth_registry.host, client=docker_client, auth_config=auth, immutable=True,
+                            arches=["amd64"])  # fmt: skip
     assert {r.status for r in again.refs} == {"already published"}  # the HTTP digest check used basic auth
     assert local_tags(docker_client, auth_registry.host) == []
 
@@ -707,7 +709,7 @@ def test_stopped_registry_retries_then_fails(docker_client, pinned_cpu) -> None:
     host = f"127.0.0.1:{free_port()}"  # nothing listens: connection refused
     sleeps = Sleeps()
     with pytest.raises(PushError) as info:
-        publish.publish("cpu", host, client=docker_client, retry=publish.Retry(sleep=sleeps))
+        publish.publish("cpu", host, client=docker_client, retry=publish.Retry(sleep=sleeps), arches=["amd64"])
     assert sleeps == [1.0, 2.0, 4.0]
     message = info.value.message
     assert host in message and "imgbuild/cpu:lock-" in message and "gave up after 4 attempts" in message
@@ -742,7 +744,7 @@ def test_registry_killed_mid_push(docker_client, pinned_cpu, tmp_path: Path) -> 
     try:
         with pytest.raises(PushError) as info:
             publish.publish("cpu", reg.host, client=docker_client, progress=observer,
-                            retry=publish.Retry(sleep=sleeps))  # fmt: skip
+                            retry=publish.Retry(sleep=sleeps), arches=["amd64"])  # fmt: skip
     finally:
         reg.stop()
     assert observer.killed_at is not None, "the push never started uploading"
@@ -762,7 +764,7 @@ def test_sigterm_mid_push_removes_the_temporary_tags_and_exits_143(docker_client
 
     reg = LocalRegistry(tmp_path / "stopped-push").start()  # empty: every layer has to be uploaded
     proc = subprocess.Popen(
-        [sys.executable, "-m", "imgbuild.cli", "push", "cpu", "--registry", reg.host],
+        [sys.executable, "-m", "imgbuild.cli", "push", "cpu", "--platform", "linux/amd64", "--registry", reg.host],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "CI": "1"},
     )  # fmt: skip
     assert proc.stdout is not None
@@ -840,7 +842,8 @@ def test_push_writes_the_sbom_beside_the_push(docker_client, pinned_cpu, registr
     out = tmp_path / "cpu.cdx.json"
     try:
         result = CliRunner().invoke(
-            cli_app(), ["push", "cpu", "--registry", f"{registry.host}/sbom", "--json", "--sbom", str(out)]
+            cli_app(),
+            ["push", "cpu", "--platform=linux/amd64", "-r", f"{registry.host}/sbom", "--json", "--sbom", str(out)],
         )
         assert result.exit_code == 0, result.output
         digest = json.loads(result.stdout)["refs"][0]["digest"]

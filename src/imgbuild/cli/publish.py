@@ -132,8 +132,8 @@ def push(
             "--platform",
             callback=platform_archs,
             help="RECIPE only, repeatable: which architectures to publish (default: every one its platform.arch "
-            "lists). A recipe with several is published as an OCI image index under its plain tags, each "
-            "architecture's image under <tag>-<arch>.",
+            "lists). Several are published as an OCI image index under the plain tags, each architecture's image "
+            "under <tag>-<arch>; one alone is pushed as that image under the tags the engine holds it by.",
         ),
     ] = None,
 ) -> None:
@@ -149,10 +149,11 @@ def push(
     if sbom_path is not None and not sbom.pushable(what):
         raise typer.BadParameter(f"{what!r} is not a recipe: the SBOM needs its lock", param_hint="--sbom")
     arches = publish.recipe_arches(what)
-    if sbom_path is not None and arches is not None and (len(arches) > 1 or platform):
+    selected = platform or list(arches or ())
+    if sbom_path is not None and arches is not None and (len(selected) > 1 or selected[0] != arches[0]):
         raise typer.BadParameter(
-            f"{what} is published as an image index ({', '.join('linux/' + a for a in platform or arches)}): the "
-            "SBOM describes one image; write each architecture's with `imgbuild sbom`",
+            f"the SBOM describes the image of {what}'s first architecture, linux/{arches[0]}; this push is "
+            f"{', '.join('linux/' + a for a in selected)}",
             param_hint="--sbom",
         )
     gate = None

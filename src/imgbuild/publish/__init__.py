@@ -36,8 +36,10 @@ the engine pushes images, not indexes). `docker pull --platform linux/arm64` of 
 image, a plain pull the engine's own. Every architecture's image must be built before anything is pushed; an index
 that cannot be put says which per-architecture tags were pushed. Immutable tags hold for the index as for images:
 the same index (its digest, from the same per-architecture manifests) is "already published", another one refused.
-The scan gate judges one image's digest, so it is refused for an index (push with --platform per architecture to a
-repository whose tags it gates, or gate each `<tag>-<arch>` digest another way).
+`--platform` picks architectures: two or more make an index as above; one alone pushes that architecture's image under
+the tags the engine holds it by (the plain tags for the recipe's first, `<tag>-<arch>` for another), as a
+single-architecture recipe's image is pushed. The scan gate judges one image's digest, so it is refused for an index;
+gate each architecture's image with `--platform linux/ARCH --scan-gate LEVEL`.
 
 One module of about 560 lines: tagging, the push stream, retries and the immutable-tag check are the steps of
 one `Publisher.push_ref`, sharing the publisher's client, destination and progress.
@@ -148,8 +150,9 @@ def _is_recipe(what: str) -> bool:
     return what.endswith((".yaml", ".yml")) or what in recipe.shipped_names()
 
 
-def resolve_source(client: docker.DockerClient, what: str) -> Source:
-    """RECIPE -> its lock-derived refs (which must be built); IMAGE -> that image's tags.
+def resolve_source(client: docker.DockerClient, what: str, arch: str | None = None) -> Source:
+    """RECIPE -> its lock-derived refs (which must be built; those of `arch`, one of its platform.arch, where given:
+    `lock-<12 hex>-arm64` for another than the first); IMAGE -> that image's tags.
 
     An IMAGE given by name (``imgbuild/cpu:lock-...``) publishes every tag of that image in the same repository;
     given by id, every tag of the image that names no registry.
@@ -159,19 +162,20 @@ def resolve_source(client: docker.DockerClient, what: str) -> Source:
         from imgbuild.pin import lock
 
         _, resolved, _ = lock.for_ref(what)
-        plan = render.plan(resolved)
+        plan = render.plan(resolved, arch=arch)
         refs = plan.image_refs
+        build_cmd = f"imgbuild build {what}" + (f" --platform linux/{arch}" if arch else "")
         found = inspect_image(client, refs[0])
         if found is None:
             raise PushError(f"{refs[0]} is not in the engine: recipe {plan.recipe} has not been built from its lock",
-                            hint=f"imgbuild build {what}")  # fmt: skip
+                            hint=build_cmd)  # fmt: skip
         image_id = str(found["Id"])
         for ref in refs[1:]:
             other = inspect_image(client, ref)
             if other is None or other["Id"] != image_id:
                 state = "is not in the engine" if other is None else f"is a different image ({other['Id'][:19]})"
                 raise PushError(f"{ref} {state}; expected the image of {refs[0]} ({image_id[:19]})",
-                                hint=f"imgbuild build {what}")  # fmt: skip
+                                hint=build_cmd)  # fmt: skip
         return Source(image_id, tuple(refs), tuple(found.get("RepoDigests") or ()), plan.recipe)
 
     found = inspect_image(client, what)
@@ -788,22 +792,21 @@ def publish(
     recipe_archs = recipe_arches(what)
     if arches and recipe_archs is None:
         raise UsageError(f"--platform goes with a RECIPE: {what!r} is an image (it is pushed as the engine holds it)")
-    multi = recipe_archs is not None and (len(recipe_archs) > 1 or bool(arches))
-    if multi and gate is not None:
-        raise UsageError(
-            f"--scan-gate judges one image's digest: {what} is published as an image index of "
-            f"{', '.join('linux/' + a for a in (arches or recipe_archs or ()))}",
-            hint="leave --scan-gate out and scan each <tag>-<arch> image's digest, or gate a single-architecture "
-            "recipe",
-        )
+    selected = list(arches or recipe_archs or ())
+    multi = len(selected) > 1
     is_ecr = ecr_registry is not None or ecr or bool(registry and _ecr_host(registry))
     if gate is not None and not is_ecr:
-        from imgbuild.core.errors import UsageError
-
         raise UsageError(
             f"--scan-gate needs Amazon ECR: {registry} has no vulnerability scanner imgbuild can read",
             hint="push to an ECR registry (--ecr, or an <account>.dkr.ecr.<region>.amazonaws.com host), or leave "
             "--scan-gate out and scan the image another way",
+        )
+    if multi and gate is not None:
+        raise UsageError(
+            f"--scan-gate judges one image's digest: {what} is published as an image index of "
+            f"{', '.join('linux/' + a for a in selected)}",
+            hint="gate each architecture's image on its own (--platform linux/ARCH --scan-gate LEVEL pushes that one "
+            "image under its own tags), then push the index without the gate",
         )
     if ecr_registry is None and (ecr or (registry and _ecr_host(registry))):
         from imgbuild.publish.ecr import EcrRegistry
@@ -822,8 +825,8 @@ def publish(
         publisher = Publisher(docker_client, destination, ecr=ecr_registry, immutable=immutable, retry=retry,
                               progress=progress, auth_config=auth_config, gate=gate)  # fmt: skip
         if multi:
-            return publisher.publish_index(resolve_arch_images(docker_client, what, arches))
-        source = resolve_source(docker_client, what)
+            return publisher.publish_index(resolve_arch_images(docker_client, what, selected))
+        source = resolve_source(docker_client, what, arches[0] if arches else None)
         return publisher.publish(source)
     finally:
         if own:

@@ -17,7 +17,7 @@ import json
 import re
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import docker
 import docker.auth
@@ -136,8 +136,10 @@ class RemoteManifest:
     digest: str
     media_type: str
     config_digest: str | None
-    size: int | None = None  # bytes of the manifest document (an index's descriptor of it needs them)
-    body: bytes = b""  # the document itself
+    # The document and its length in bytes (an index's descriptor of it needs them): what the digest stands for,
+    # so not compared.
+    size: int | None = field(default=None, compare=False)
+    body: bytes = field(default=b"", compare=False, repr=False)
 
 
 class RegistryAPI:

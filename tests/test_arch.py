@@ -152,3 +152,20 @@ def test_the_index_picks_the_wheel_of_the_machine_asked_for(index: Index, tmp_pa
     index.add_wheel("torch", only_x86, make_wheel(tmp_path, only_x86, requires, junk=4096))
     with pytest.raises(pypi.IndexLookupError, match=r"torch 9.9.1: no Linux aarch64 \(or pure-Python\) wheel"):
         pypi.torch_pins("9.9.1", index=index.simple, machine="aarch64")
+
+
+def test_render_and_show_take_the_platform() -> None:
+    from typer.testing import CliRunner
+
+    from imgbuild.cli import app
+
+    runner = CliRunner()
+    arm = runner.invoke(app, ["render", "cpu", "--platform", "linux/arm64"])
+    assert arm.exit_code == 0, arm.output
+    assert "FROM debian:bookworm-slim-arm64 AS runtime" in arm.output
+    refused = runner.invoke(app, ["render", "pytorch", "--platform", "linux/arm64"])
+    assert refused.exit_code == 6 and "pytorch is built for linux/amd64, not linux/arm64" in refused.output
+    bad = runner.invoke(app, ["render", "cpu", "--platform", "linux/s390x"])
+    assert bad.exit_code == 2 and "linux/s390x" in bad.output and "--platform" in bad.output
+    shown = json.loads(runner.invoke(app, ["show", "cpu", "--json"]).output)
+    assert shown["platforms"] == ["linux/amd64", "linux/arm64"]

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from imgbuild.cli.console import RecipeArg, err, handled, out, print_json, resolved, warn
+from imgbuild.cli.console import RecipeArg, err, handled, out, platform_arch, print_json, resolved, warn
 
 if TYPE_CHECKING:
     from imgbuild.pin.outdated import Report
@@ -62,7 +62,7 @@ def show(
 ) -> None:
     """Show a recipe's resolved components: versions, sources and why each version."""
     from imgbuild.image import render
-    from imgbuild.spec import recipe
+    from imgbuild.spec import compat, recipe
 
     loaded, res, how = resolved(ref)
     refs = render.image_refs(res)
@@ -72,6 +72,7 @@ def show(
             "file": recipe.display(loaded.path),
             "from": how,
             "base": res.base_ref,
+            "platforms": [compat.docker_platform(a) for a in res.recipe.platform.arch],
             "image": refs,
             "components": {k: v.model_dump() for k, v in res.pins.items()},
             "warnings": list(res.warnings),
@@ -88,6 +89,7 @@ def show(
         f"file: {recipe.display(loaded.path)}  (pins from {'the lock' if how == 'lock' else 'a fresh resolution'})"
     )
     out().print(f"base: {res.base_ref}")
+    out().print(f"platforms: {', '.join(compat.docker_platform(a) for a in res.recipe.platform.arch)}")
     out().print(f"tags: {', '.join(refs)}")
     table = Table("component", "version", "source", "why", box=None)
     for name, pin in res.pins.items():
@@ -101,12 +103,20 @@ def render_(
     output: Annotated[
         Path | None, typer.Option("-o", "--output", help="Write the Dockerfile and its context files here.")
     ] = None,
+    platform: Annotated[
+        str | None,
+        typer.Option(
+            "--platform",
+            callback=platform_arch,
+            help="linux/amd64 or linux/arm64: one of the recipe's platform.arch (default its first).",
+        ),
+    ] = None,
 ) -> None:
     """Render a recipe's Dockerfile (to stdout, or with its build context into a folder)."""
     from imgbuild.image import provenance, render
 
     loaded, res, _ = resolved(ref)
-    plan = render.plan(res, provenance.of(loaded))
+    plan = render.plan(res, provenance.of(loaded), arch=platform)
     warn(res)
     if output is None:
         sys.stdout.write(plan.dockerfile)

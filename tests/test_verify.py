@@ -385,7 +385,7 @@ def test_cli_writes_junit_and_json_and_exits_on_failures(
     junit, js = tmp_path / "r.xml", tmp_path / "r.json"
     args = ["verify", "cpu", "--device", "/dev/fuse", "--expect-efa", "--junit", str(junit), "--json", str(js)]
     result = runner.invoke(cli_app(), args)
-    assert seen == {"ref": "cpu", "host": None, "devices": ["/dev/fuse"], "expect_efa": True, "nodes": 1}
+    assert seen == {"ref": "cpu", "host": None, "devices": ["/dev/fuse"], "expect_efa": True, "nodes": 1, "arch": None}
     assert result.exit_code == (0 if status == "pass" else VerifyError.exit_code), result.output
     assert "sshd-config" in result.stdout and "container start 0.5s" in result.stdout
     if status == "fail":

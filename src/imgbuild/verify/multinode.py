@@ -221,13 +221,15 @@ def run_multinode(
     timeout_s: float | None = None,
     sshd_wait_s: float = SSHD_WAIT_S,
     gpus: int | None = None,
+    slowdown: float = 1.0,
 ) -> list[CheckResult]:
     """Start `nodes` containers of image_ref on a private network and run `run_checks` across them.
 
     manifest: the image's (`Manifest.parse` of its /etc/imgbuild/manifest.json); its `mpirun`, `runtime`,
     `platform` and `components` drive the run. timeout_s bounds the whole check (default: 180 s, plus 600 s
     for the PyTorch trainings and 300 s for nccl-tests where they run); sshd_wait_s how long node-1 waits for
-    each node's sshd; gpus: the host's GPU count (default: its /dev/nvidiaN devices).
+    each node's sshd; gpus: the host's GPU count (default: its /dev/nvidiaN devices); slowdown: how much slower the
+    image runs than natively (another architecture under QEMU: verify.EMULATION_SLOWDOWN), scaling both waits.
 
     Returns per-node results (sshd, allreduce), overall ones (mpirun allreduce, rank and ssh environment,
     fi_pingpong, DDP per launcher, nccl-tests) and a last "multinode: timings" result whose details hold the
@@ -261,6 +263,8 @@ def run_multinode(
     if timeout_s is None:
         timeout_s = BASE_TIMEOUT_S + (2 * DDP_TIMEOUT_S if "pytorch" in manifest.components else 0)
         timeout_s += NCCL_TESTS_TIMEOUT_S if shares and "nccl_tests" in manifest.components else 0
+        timeout_s *= slowdown
+    sshd_wait_s *= slowdown
     run = _Run(Containers(client), image_ref, spec, nodes, shares)
     run.notes += notes
     session: Session | None = None

@@ -317,6 +317,15 @@ def test_machine_check() -> None:
     assert machine_matches(ctx("aarch64", None)).status == "skip"
 
 
+def test_ready_container_is_seen_under_qemu_too() -> None:
+    from imgbuild.verify import runs_sleep
+
+    assert runs_sleep("sleep infinity") and runs_sleep("/usr/bin/sleep infinity")
+    assert runs_sleep("/usr/libexec/qemu-binfmt/aarch64-binfmt-P /usr/bin/sleep sleep infinity")
+    assert not runs_sleep("/usr/libexec/qemu-binfmt/aarch64-binfmt-P /bin/bash /usr/local/bin/entrypoint")
+    assert not runs_sleep("/bin/sh -c entrypoint") and not runs_sleep("")
+
+
 def test_manifest_check_compares_the_architecture() -> None:
     want = {"recipe": "cpu", "lock_digest": "x", "components": {}, "env": {}, "arch": "arm64"}
     assert manifest_diffs(want, {**want}) == []

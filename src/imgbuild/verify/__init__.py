@@ -362,6 +362,15 @@ class ImageScan(threading.Thread):
         return self.outcome
 
 
+def runs_sleep(command: str) -> bool:
+    """Whether a process's command line (`docker top`'s CMD) is `sleep ...`: under QEMU (binfmt_misc with the P flag)
+    it is the interpreter's, `/usr/libexec/qemu-binfmt/aarch64-binfmt-P /usr/bin/sleep sleep infinity`."""
+    words = command.split()
+    if words and ("qemu" in words[0] or "binfmt" in words[0]):
+        words = words[1:]
+    return bool(words) and words[0].rsplit("/", 1)[-1].startswith("sleep")
+
+
 def _wait_ready(client: docker.DockerClient, cid: str, timeout_s: float = READY_TIMEOUT_S) -> str | None:
     """Wait until the entrypoint has exec'd the command (PID 1 is `sleep`); None when it runs, else why it exited.
 
@@ -378,7 +387,7 @@ def _wait_ready(client: docker.DockerClient, cid: str, timeout_s: float = READY_
             procs = client.api.top(cid).get("Processes") or []
         except docker.errors.APIError:
             procs = []
-        if procs and procs[0][-1].startswith("sleep"):
+        if procs and runs_sleep(procs[0][-1]):
             return None
         if time.monotonic() > deadline:
             return None

@@ -40,6 +40,7 @@ from test_publish import (
     FakeClient,
     LocalRegistry,
     Sleeps,
+    error_stream,
     flat,
     local_tags,
     ok_stream,
@@ -179,6 +180,18 @@ def test_an_index_that_cannot_be_put_names_the_tags_pushed_before_it() -> None:
     assert "MANIFEST_INVALID" in message and f"is not under 127.0.0.1:5000/team/imgbuild/cpu:{LOCK}" in message
     for tag in (f"{LOCK}-amd64", f"{READABLE}-amd64", f"{LOCK}-arm64", f"{READABLE}-arm64"):
         assert f"127.0.0.1:5000/team/imgbuild/cpu:{tag}" in message
+    assert not [t for t in api.tags if t.startswith("127.0.0.1:5000/")]
+
+
+def test_a_failed_arch_push_names_the_tags_pushed_before_it() -> None:
+    api = FakeAPI()
+    images = arch_images(api)
+    api.streams = [ok_stream("a"), ok_stream("b"), error_stream("name invalid: no such repository")]
+    with pytest.raises(PushError) as info:
+        index_publisher(api, IndexRegistry()).publish_index(images)
+    message = info.value.message
+    assert f"push of 127.0.0.1:5000/team/imgbuild/cpu:{LOCK}-arm64" in message and "no image index was put" in message
+    assert f"cpu:{LOCK}-amd64, 127.0.0.1:5000/team/imgbuild/cpu:{READABLE}-amd64" in message
     assert not [t for t in api.tags if t.startswith("127.0.0.1:5000/")]
 
 
@@ -501,3 +514,46 @@ def test_registry_api_put_manifest_logs_in_and_checks_the_digest() -> None:
     responses.put(f"{url}/v4", status=503)
     with pytest.raises(TransientError):
         api.put_manifest("team/imgbuild/cpu", "v4", body, OCI_INDEX)
+
+
+class BaseAPI:
+    """The engine's image records, as `engine.inspect_image` reads them."""
+
+    def __init__(self, images: dict[str, str]) -> None:
+        self.images = images  # name -> architecture
+
+    def inspect_image(self, ref: str) -> dict[str, Any]:
+        if ref not in self.images:
+            raise docker.errors.ImageNotFound(f"No such image: {ref}")
+        return {"Id": "sha256:" + "3" * 64, "Os": "linux", "Architecture": self.images[ref]}
+
+
+def test_build_checks_emulation_and_the_arm64_base_before_building(monkeypatch: pytest.MonkeyPatch) -> None:
+    from imgbuild import build
+    from imgbuild.core.errors import BaseImageMissing, BuildError
+    from imgbuild.image import render
+    from imgbuild.pin import lock
+
+    _, resolved, _ = lock.for_ref("cpu")
+    plan = render.plan(resolved, arch="arm64")
+    assert build.engine_bases(resolved, plan) == ["debian:bookworm-slim-arm64"]
+    assert build.engine_bases(resolved, render.plan(resolved)) == ["debian:bookworm-slim"]
+    client = type("Client", (), {"api": BaseAPI({"debian:bookworm-slim": "amd64"})})()
+
+    monkeypatch.setattr(bootstrap, "emulation_problem", lambda arch: "binfmt_misc is not mounted")
+    with pytest.raises(BuildError, match="cannot build cpu for linux/arm64: binfmt_misc") as info:
+        build.check_platform(client, resolved, plan)
+    assert "update-binfmts --enable qemu-aarch64" in (info.value.hint or "")
+    build.check_platform(client, resolved, plan, engine_store=False)  # a builder of its own: its machines' affair
+
+    monkeypatch.setattr(bootstrap, "emulation_problem", lambda arch: None)
+    with pytest.raises(BaseImageMissing) as missing:
+        build.check_platform(client, resolved, plan)
+    assert missing.value.hint and "imgbuild base bootstrap debian:bookworm-slim --platform linux/arm64" in (
+        missing.value.hint
+    )
+    client.api.images["debian:bookworm-slim-arm64"] = "amd64"
+    with pytest.raises(BuildError, match="records the base debian:bookworm-slim-arm64 as linux/amd64"):
+        build.check_platform(client, resolved, plan)
+    client.api.images["debian:bookworm-slim-arm64"] = "arm64"
+    build.check_platform(client, resolved, plan)

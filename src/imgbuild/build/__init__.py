@@ -110,17 +110,20 @@ def engine_bases(resolved: Resolved, plan: render.BuildPlan) -> list[str]:
 
 
 def check_platform(client: Any, resolved: Resolved, plan: render.BuildPlan, *, engine_store: bool = True) -> None:
-    """Before a build for another architecture than this machine's: this machine must run its binaries (QEMU through
-    binfmt_misc), and each local base must be in the engine recorded as that architecture (an image recorded as
-    another makes BuildKit look the name up on Docker Hub). BuildError / BaseImageMissing saying what to run."""
+    """Before a build for another architecture than this machine's on this engine's builder (`engine_store`; a buildx
+    builder of its own runs steps on its own machines): this machine must run its binaries (QEMU through binfmt_misc),
+    and each local base must be in the engine recorded as that architecture (an image recorded as another makes
+    BuildKit look the name up on Docker Hub). BuildError / BaseImageMissing saying what to run."""
     from imgbuild.core.errors import BaseImageMissing
     from imgbuild.engine import bootstrap
 
     platform = compat.docker_platform(plan.arch)
+    if not engine_store:  # a buildx builder of its own (remote, Kubernetes...) runs the steps on its own machines
+        return
     if problem := bootstrap.emulation_problem(plan.arch):
         hint = bootstrap.emulation_hint(plan.arch)
         raise BuildError(f"cannot build {plan.recipe} for {platform}: {problem}", hint=hint)
-    if plan.arch == compat.DEFAULT_ARCH or not engine_store:
+    if plan.arch == compat.DEFAULT_ARCH:
         return
     for ref, name in zip(plan.base_images, engine_bases(resolved, plan), strict=True):
         if name == ref:

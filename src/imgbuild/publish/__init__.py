@@ -499,7 +499,16 @@ class Publisher:
                 source = Source(image.image_id, tuple(local for local, _ in image.tags), image.repo_digests)
                 first: PushedRef | None = None
                 for local, plain in image.tags:
-                    done = self.push_ref(source, local, warnings, as_tag=f"{plain}-{image.arch}")
+                    try:
+                        done = self.push_ref(source, local, warnings, as_tag=f"{plain}-{image.arch}")
+                    except PushError as exc:
+                        if not pushed:
+                            raise
+                        raise PushError(
+                            f"{exc.message}\nno image index was put; pushed before it: "
+                            + ", ".join(r.target for r in pushed),
+                            hint=exc.hint,
+                        ) from None
                     pushed.append(done)
                     first = first or done
                 assert first is not None

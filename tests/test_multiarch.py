@@ -477,10 +477,15 @@ def test_push_both_architectures_as_one_index_and_pull_each(
         assert _pull(pulled) == "amd64"
         assert docker_client.api.inspect_image(pulled)["Id"] == cpu_image.image_id
     finally:
-        for tag in local_tags(docker_client, reg.host):
+        # the pulls' tags, and the digest references a pull leaves on the image (`REPO@sha256:...`)
+        digests = [d for i in docker_client.images.list() for d in i.attrs.get("RepoDigests") or []
+                   if d.startswith(reg.host + "/")]  # fmt: skip
+        for ref in [*local_tags(docker_client, reg.host), *digests]:
             with contextlib.suppress(docker.errors.APIError):
-                docker_client.api.remove_image(tag, noprune=True)
+                docker_client.api.remove_image(ref, noprune=True)
         reg.stop()
+    left = [d for i in docker_client.images.list() for d in i.attrs.get("RepoDigests") or [] if reg.host in d]
+    assert left == [] and local_tags(docker_client, reg.host) == [], left
 
 
 def test_index_entries_use_the_registry_descriptor() -> None:

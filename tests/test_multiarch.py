@@ -562,3 +562,34 @@ def test_build_checks_emulation_and_the_arm64_base_before_building(monkeypatch: 
         build.check_platform(client, resolved, plan)
     client.api.images["debian:bookworm-slim-arm64"] = "arm64"
     build.check_platform(client, resolved, plan)
+
+
+@pytest.mark.docker
+def test_arm64_base_loads_recording_its_architecture_and_runs(docker_client, tmp_path: Path) -> None:
+    """bootstrap's load step for another architecture, on a real arm64 tree (the base setup made, exported): the
+    engine records arm64 (`docker import` would record amd64) and a container of it runs under QEMU."""
+    import uuid
+
+    if not _has(docker_client):
+        pytest.fail("the engine has no debian:bookworm-slim-arm64: run scripts/setup.sh")
+    tree = docker_client.containers.create("debian:bookworm-slim-arm64", ["true"])
+    tar = tmp_path / "rootfs.tar"
+    try:
+        with tar.open("wb") as f:
+            for chunk in tree.export():
+                f.write(chunk)
+    finally:
+        tree.remove()
+    spec = bootstrap.BaseSpec(f"imgbuild-test/base-{uuid.uuid4().hex[:8]}:bookworm-slim", "debian", "bookworm",
+                              bootstrap.DEBIAN_MIRROR, slim=True, arch="arm64")  # fmt: skip
+    assert spec.image_name.endswith(":bookworm-slim-arm64")
+    image_id = bootstrap._import(docker_client, spec, tar)
+    try:
+        record = docker_client.api.inspect_image(spec.image_name)
+        assert (record["Id"], record["Architecture"], record["Os"]) == (image_id, "arm64", "linux")
+        assert record["Config"]["Cmd"] == ["bash"] and f"PATH={bootstrap.IMAGE_PATH}" in record["Config"]["Env"]
+        out = docker_client.containers.run(spec.image_name, ["uname", "-m"], remove=True)
+        assert out.decode().strip() == "aarch64"
+    finally:
+        docker_client.api.remove_image(spec.image_name)
+    assert not tar.exists(), "the layer's tar is moved into the archive, not copied (one copy on disk)"

@@ -593,3 +593,17 @@ def test_arm64_base_loads_recording_its_architecture_and_runs(docker_client, tmp
     finally:
         docker_client.api.remove_image(spec.image_name)
     assert not tar.exists(), "the layer's tar is moved into the archive, not copied (one copy on disk)"
+
+
+def test_doctor_reports_emulation_as_a_warning_naming_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    from imgbuild.build import doctor
+
+    monkeypatch.setattr(bootstrap, "host_arch", lambda: "amd64")
+    monkeypatch.setattr(bootstrap, "emulation_problem", lambda arch: "linux/arm64 binaries cannot run here: x")
+    rows = doctor._platform_checks({"amd64": ["cpu"], "arm64": ["cpu", "gb200"]})
+    assert [(c.name, c.status, c.needed_by) for c in rows] == [("emulation linux/arm64", "warn", ("cpu", "gb200"))]
+    assert "update-binfmts --enable qemu-aarch64" in rows[0].detail
+    assert doctor.failed(rows, {"cpu"}) == []  # amd64 still builds: a warning, never exit 13
+    monkeypatch.setattr(bootstrap, "emulation_problem", lambda arch: None)
+    (ok,) = doctor._platform_checks({"arm64": ["cpu"]})
+    assert ok.status == "ok" and "qemu-aarch64" in ok.detail

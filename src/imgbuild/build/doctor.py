@@ -227,6 +227,27 @@ def _device_checks(
     return checks
 
 
+def _platform_checks(platforms_needed: Mapping[str, Iterable[str]]) -> list[Check]:
+    """One row per architecture of another machine than this one that recipes list (platform.arch): whether QEMU
+    runs its binaries here (binfmt_misc). A warning, not a failure, when it does not: the recipe's first architecture
+    still builds; `imgbuild build --platform` for that one stops with the same hint."""
+    from imgbuild.engine import bootstrap
+    from imgbuild.spec import compat
+
+    checks = []
+    for arch, recipes in sorted(platforms_needed.items()):
+        if arch == bootstrap.host_arch():
+            continue
+        label, needers = f"emulation linux/{arch}", tuple(sorted(set(recipes)))
+        problem = bootstrap.emulation_problem(arch)
+        if problem is None:
+            entry = bootstrap.BINFMT_DIR / f"qemu-{compat.MACHINE[arch]}"
+            checks.append(Check(label, "ok", f"QEMU through {entry} (build and run --platform linux/{arch})", needers))
+        else:
+            checks.append(Check(label, "warn", f"{problem}: {bootstrap.emulation_hint(arch)}", needers))
+    return checks
+
+
 def run_checks(
     *,
     base_images: Mapping[str, Iterable[str]],
@@ -234,11 +255,13 @@ def run_checks(
     client_factory: Callable[[], Any] = _default_client,
     devices_needed: Mapping[str, Iterable[str]] | None = None,
     builder_select: Callable[[], Any] | None = None,
+    platforms_needed: Mapping[str, Iterable[str]] | None = None,
 ) -> list[Check]:
     """Everything doctor reports, in display order. Never raises.
 
     `devices_needed` (keys "efa", "gaudi", "nvidia-gpu") overrides who needs a device; by default GPU
     devices are needed by the recipes needing the nvidia runtime, Gaudi devices by those needing habana.
+    `platforms_needed` (architecture -> recipes listing it): a row for each one this machine emulates.
     """
     from imgbuild.build import builders
 
@@ -248,6 +271,7 @@ def run_checks(
     checks.append(_debootstrap_check(checks))
     checks += _runtime_checks(info if client is not None else None, runtimes_needed)
     checks += _device_checks(runtimes_needed, devices_needed or {})
+    checks += _platform_checks(platforms_needed or {})
     if client is not None:
         with contextlib.suppress(Exception):
             client.close()

@@ -242,10 +242,13 @@ def doctor(
     bases: dict[str, list[str]] = {}
     runtimes: dict[str, list[str]] = {}
     devices: dict[str, list[str]] = {}
+    platforms: dict[str, list[str]] = {}
     for name in names:
         _, res, _ = resolved(name)
         r = res.recipe
         bases.setdefault(res.base_ref, []).append(r.name)
+        for arch in r.platform.arch:
+            platforms.setdefault(arch, []).append(r.name)
         if r.runtime.runtime:
             runtimes.setdefault(r.runtime.runtime, []).append(r.name)
         if r.runtime.efa_devices:
@@ -260,6 +263,7 @@ def doctor(
         runtimes_needed=runtimes,
         devices_needed=devices,
         builder_select=lambda: builders.select(builder),
+        platforms_needed=platforms,
     )
     bad = doc.failed(checks, set(names) if refs else None)
     if as_json:

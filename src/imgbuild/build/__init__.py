@@ -23,7 +23,6 @@ from imgbuild.core.errors import BuildError, PushError, UsageError
 from imgbuild.core.progress import BuildProgress
 from imgbuild.image import provenance, render
 from imgbuild.pin import lock
-from imgbuild.pin.content import local_ref
 from imgbuild.pin.resolver import Resolved
 from imgbuild.spec import compat, recipe
 
@@ -101,12 +100,9 @@ def check_disk(client: Any, plan: render.BuildPlan, *, free_bytes: int | None = 
 
 def engine_bases(resolved: Resolved, plan: render.BuildPlan) -> list[str]:
     """The names the engine holds the plan's bases under: a base made on this machine (recorded local in the lock)
-    has one copy per architecture, `debian:bookworm-slim-arm64` beside `debian:bookworm-slim` (content.local_ref)."""
-    bases = resolved.content.bases if resolved.content is not None else {}
-    return [
-        local_ref(ref, plan.arch) if (rec := bases.get(ref)) is not None and rec.local else ref
-        for ref in plan.base_images
-    ]
+    has one copy per architecture, `debian:bookworm-slim-arm64` beside `debian:bookworm-slim` (Content.engine_ref)."""
+    content = resolved.content
+    return [content.engine_ref(ref, plan.arch) if content is not None else ref for ref in plan.base_images]
 
 
 def check_platform(client: Any, resolved: Resolved, plan: render.BuildPlan, *, engine_store: bool = True) -> None:
@@ -117,14 +113,12 @@ def check_platform(client: Any, resolved: Resolved, plan: render.BuildPlan, *, e
     from imgbuild.core.errors import BaseImageMissing
     from imgbuild.engine import bootstrap
 
-    platform = compat.docker_platform(plan.arch)
     if not engine_store:  # a buildx builder of its own (remote, Kubernetes...) runs the steps on its own machines
         return
+    platform = compat.docker_platform(plan.arch)
     if problem := bootstrap.emulation_problem(plan.arch):
         hint = bootstrap.emulation_hint(plan.arch)
         raise BuildError(f"cannot build {plan.recipe} for {platform}: {problem}", hint=hint)
-    if plan.arch == compat.DEFAULT_ARCH:
-        return
     for ref, name in zip(plan.base_images, engine_bases(resolved, plan), strict=True):
         if name == ref:
             continue

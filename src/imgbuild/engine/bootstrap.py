@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 from imgbuild.core import validate
 from imgbuild.core.errors import BuildError, Interrupted, UsageError
-from imgbuild.pin.content import local_ref
+from imgbuild.pin.content import local_ref, sha256_file
 from imgbuild.spec import compat
 
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
@@ -495,11 +495,7 @@ def _load(client: Any, spec: BaseSpec, tar_path: Path) -> str:
 
     from imgbuild.engine import ENGINE_ERRORS, engine_error
 
-    sha = hashlib.sha256()
-    with tar_path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            sha.update(chunk)
-    layer_hex = sha.hexdigest()
+    layer_hex = sha256_file(tar_path)
     config = json.dumps(image_config(spec, f"sha256:{layer_hex}"), sort_keys=True).encode()
     config_name = hashlib.sha256(config).hexdigest() + ".json"
     manifest = [{"Config": config_name, "RepoTags": [spec.image_name], "Layers": [f"{layer_hex}/layer.tar"]}]

@@ -35,7 +35,6 @@ from imgbuild.core import paths
 from imgbuild.core.errors import RenderError
 from imgbuild.image.manifest import Manifest
 from imgbuild.pin import record
-from imgbuild.pin.content import local_ref
 from imgbuild.pin.lock import Lock
 from imgbuild.pin.resolver import TARGET_TAGS, Resolved
 from imgbuild.spec import compat
@@ -506,13 +505,13 @@ def pinned_ref(resolved: Resolved, ref: str, arch: str | None = None) -> str:
     """A base reference as FROM names it for `arch`: with the digest the lock records for it (`image:tag@sha256:...`;
     a registry's digest of a multi-architecture image is its index's, one for every architecture), so the build
     starts from those bytes or fails; as it is where no digest was established, and, for a base made on this machine
-    (local: see imgbuild.pin.digests), the engine's name of that architecture's copy (content.local_ref)."""
+    (local: see imgbuild.pin.digests), the engine's name of that architecture's copy (Content.engine_ref)."""
     content = resolved.content
     recorded = content.bases.get(ref) if content is not None else None
-    if recorded is None or "@" in ref:
+    if content is None or recorded is None or "@" in ref:
         return ref
     if recorded.digest is None:
-        return local_ref(ref, arch or resolved.recipe.platform.arch[0]) if recorded.local else ref
+        return content.engine_ref(ref, arch or resolved.recipe.platform.arch[0])
     return f"{ref}@{recorded.digest}"
 
 

@@ -129,6 +129,13 @@ class Content(_Frozen):
         """Requirement set `name` as a pip requirements file (--require-hashes mode)."""
         return "".join(r.line() + "\n" for r in self.requirements(name))
 
+    def engine_ref(self, ref: str, arch: str) -> str:
+        """The name the engine holds base `ref` under for `arch`: a base made on this machine (recorded local) has a
+        copy per architecture (`local_ref`); any other is the recipe's own name (a registry's digest, its index's,
+        serves every architecture)."""
+        recorded = self.bases.get(ref)
+        return local_ref(ref, arch) if recorded is not None and recorded.local else ref
+
     def unestablished(self) -> list[str]:
         """What this content could not pin (each with the reason): a build says so, it never hides it."""
         out = [f"base {d.ref}: {d.origin}" for d in self.bases.values() if d.digest is None]

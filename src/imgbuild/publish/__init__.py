@@ -165,18 +165,8 @@ def resolve_source(client: docker.DockerClient, what: str, arch: str | None = No
         plan = render.plan(resolved, arch=arch)
         refs = plan.image_refs
         build_cmd = f"imgbuild build {what}" + (f" --platform linux/{arch}" if arch else "")
-        found = inspect_image(client, refs[0])
-        if found is None:
-            raise PushError(f"{refs[0]} is not in the engine: recipe {plan.recipe} has not been built from its lock",
-                            hint=build_cmd)  # fmt: skip
-        image_id = str(found["Id"])
-        for ref in refs[1:]:
-            other = inspect_image(client, ref)
-            if other is None or other["Id"] != image_id:
-                state = "is not in the engine" if other is None else f"is a different image ({other['Id'][:19]})"
-                raise PushError(f"{ref} {state}; expected the image of {refs[0]} ({image_id[:19]})",
-                                hint=build_cmd)  # fmt: skip
-        return Source(image_id, tuple(refs), tuple(found.get("RepoDigests") or ()), plan.recipe)
+        built = _built_image(client, refs, f"recipe {plan.recipe}", build_cmd)
+        return Source(str(built["Id"]), tuple(refs), tuple(built.get("RepoDigests") or ()), plan.recipe)
 
     found = inspect_image(client, what)
     if found is None:
@@ -191,6 +181,20 @@ def resolve_source(client: docker.DockerClient, what: str, arch: str | None = No
     if not refs:
         raise PushError(f"image {what} has no tags to publish", hint="tag it first: docker tag IMAGE NAME:TAG")
     return Source(str(found["Id"]), tuple(dict.fromkeys(refs)), tuple(found.get("RepoDigests") or ()))
+
+
+def _built_image(client: docker.DockerClient, refs: Sequence[str], what: str, hint: str) -> dict[str, Any]:
+    """The engine's record of the image a recipe's build tagged `refs` with: every ref on one image, else a PushError
+    naming the ref (`what`: "recipe cpu", "the linux/arm64 image of cpu") with the build to run as its hint."""
+    found = inspect_image(client, refs[0])
+    if found is None:
+        raise PushError(f"{refs[0]} is not in the engine: {what} has not been built from its lock", hint=hint)
+    for ref in refs[1:]:
+        other = inspect_image(client, ref)
+        if other is None or other["Id"] != found["Id"]:
+            state = "is not in the engine" if other is None else f"is a different image ({other['Id'][:19]})"
+            raise PushError(f"{ref} {state}; expected the image of {refs[0]} ({found['Id'][:19]})", hint=hint)
+    return found
 
 
 @dataclass(frozen=True)
@@ -232,17 +236,9 @@ def resolve_arch_images(client: docker.DockerClient, what: str, arches: Sequence
         refs = render.image_refs(resolved, arch)
         platform = compat.docker_platform(arch)
         hint = f"imgbuild build {what} --platform {platform}"
-        found = inspect_image(client, refs[0])
-        if found is None:
-            raise PushError(f"{refs[0]} is not in the engine: the {platform} image of {resolved.name} has not been "
-                            "built from its lock", hint=hint)  # fmt: skip
+        found = _built_image(client, refs, f"the {platform} image of {resolved.name}", hint)
         if (got := str(found.get("Architecture") or "?")) != arch:
             raise PushError(f"{refs[0]} is a linux/{got} image, not {platform}", hint=hint)
-        for ref in refs[1:]:
-            other = inspect_image(client, ref)
-            if other is None or other["Id"] != found["Id"]:
-                state = "is not in the engine" if other is None else f"is a different image ({other['Id'][:19]})"
-                raise PushError(f"{ref} {state}; expected the image of {refs[0]} ({found['Id'][:19]})", hint=hint)
         images.append(ArchImage(arch, str(found["Id"]), repo, tuple(zip(refs, plain, strict=True)),
                                 tuple(found.get("RepoDigests") or ())))  # fmt: skip
     return images
@@ -572,18 +568,25 @@ class Publisher:
 
     def _with_retries(self, target: str, call: Callable[[], Any]) -> Any:
         """`call` (a registry HTTP request) with the push's retries on TransientError."""
-        attempts = max(1, self.retry.attempts)
-        for attempt in range(1, attempts + 1):
+        attempt = 0
+        while True:
+            attempt += 1
             try:
                 return call()
             except TransientError as exc:
-                if attempt >= attempts:
-                    raise self._fail(target, f"gave up after {attempt} attempts; last error: {exc}", attempt,
-                                     hint="the registry may be down or overloaded; retry later") from None  # fmt: skip
-                delay = self.retry.delay(attempt)
-                self.progress.retry(target, attempt, attempts, str(exc), delay)
-                self.retry.sleep(delay)
-        raise AssertionError("unreachable")
+                self._back_off(target, attempt, exc)
+
+    def _back_off(self, target: str, attempt: int, exc: TransientError) -> None:
+        """After a transient failure of attempt `attempt`: a PushError when it was the last, else wait the retry's
+        delay (said in the log and the progress)."""
+        attempts = max(1, self.retry.attempts)
+        if attempt >= attempts:
+            raise self._fail(target, f"gave up after {attempt} attempts; last error: {exc}", attempt,
+                             hint="the registry may be down or overloaded; retry later") from None  # fmt: skip
+        delay = self.retry.delay(attempt)
+        log.warning("push of %s failed (attempt %d/%d): %s; retrying in %gs", target, attempt, attempts, exc, delay)
+        self.progress.retry(target, attempt, attempts, str(exc), delay)
+        self.retry.sleep(delay)
 
     # -- the scan gate -------------------------------------------------------------------------------------
     def _gate(self, source: Source, first: PushedRef) -> Any:
@@ -671,7 +674,6 @@ class Publisher:
     def _push_with_retries(
         self, source: Source, ref: str, path: str, target_repo: str, tag: str, target: str, immutable: bool
     ) -> PushedRef:
-        attempts = max(1, self.retry.attempts)
         refreshed = False
         attempt = 0
         while True:
@@ -706,14 +708,7 @@ class Publisher:
                     raise TransientError(result.error)
                 raise self._fail(target, result.error, attempt)
             except TransientError as exc:
-                if attempt >= attempts:
-                    raise self._fail(target, f"gave up after {attempt} attempts; last error: {exc}", attempt,
-                                     hint="the registry may be down or overloaded; retry later") from None  # fmt: skip
-                delay = self.retry.delay(attempt)
-                log.warning("push of %s failed (attempt %d/%d): %s; retrying in %gs", target, attempt, attempts, exc,
-                            delay)  # fmt: skip
-                self.progress.retry(target, attempt, attempts, str(exc), delay)
-                self.retry.sleep(delay)
+                self._back_off(target, attempt, exc)
 
     def _fail(self, target: str, message: str, attempt: int, *, hint: str | None = None) -> PushError:
         self.progress.failed(target, message)

@@ -146,13 +146,17 @@ def resolve_target(ref: str, client: docker.DockerClient | None, arch: str | Non
     recorded = str(info.get("Architecture") or "")
     if arch is not None and recorded != arch:
         raise VerifyError(f"image {ref} is {info.get('Os') or 'linux'}/{recorded or '?'}, not --platform linux/{arch}")
-    labels = dict((info.get("Config") or {}).get("Labels") or {})
-    return target_for_image(ref, labels, recorded if recorded in compat.MACHINE else None)
+    return target_for_image(ref, _labels(info), recorded if recorded in compat.MACHINE else None)
 
 
 def _image_labels(client: docker.DockerClient, ref: str) -> dict[str, str] | None:
     info = engine.inspect_image(client, ref)
-    return None if info is None else dict((info.get("Config") or {}).get("Labels") or {})
+    return None if info is None else _labels(info)
+
+
+def _labels(info: dict[str, Any]) -> dict[str, str]:
+    """An image's labels, from the engine's record of it."""
+    return dict((info.get("Config") or {}).get("Labels") or {})
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -223,7 +223,8 @@ else
     done
     if [[ "${IMGBUILD_SKIP_ARM64:-0}" != 1 ]]; then
         for image in ${IMGBUILD_ARM64_BASE_IMAGES:-debian:bookworm-slim}; do
-            arm_name="${image}-arm64"  # imgbuild.pin.content.local_ref
+            # the engine's name of its arm64 copy: the rule render's FROM follows (debian:bookworm-slim-arm64)
+            arm_name="$("${PYTHON}" -c 'import sys; from imgbuild.pin.content import local_ref; print(local_ref(sys.argv[1], "arm64"))' "${image}")"
             step "base image ${arm_name} (linux/arm64, for builds with --platform linux/arm64)"
             arch="$(docker image inspect --format '{{.Architecture}}' "${arm_name}" 2>/dev/null || true)"
             if [[ "${arch}" == arm64 ]]; then

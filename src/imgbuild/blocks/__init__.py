@@ -16,6 +16,7 @@ from functools import cache
 from typing import Any
 
 from imgbuild.blocks import (
+    app,
     aws_ofi_nccl,
     efa,
     gaudi,
@@ -67,6 +68,7 @@ REGISTRY: tuple[Block, ...] = tuple(
         gaudi,
         sshd,
         sagemaker,
+        app,  # the user's layer: after the whole stack (its `final` stages)
     )
 )
 BY_NAME: dict[str, Block] = {b.name: b for b in REGISTRY}

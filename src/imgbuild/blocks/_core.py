@@ -220,8 +220,11 @@ class Resolution:
         self.torch_wheel: compat.TorchWheel | None = None  # what the pytorch block found (nccl reads it)
 
     def options(self, name: str) -> Any:
-        """A block's options in the recipe (None when the recipe leaves it out)."""
-        return getattr(self.recipe.components, name)
+        """A block's options in the recipe (None when the recipe leaves it out): `components.<name>`, or the top-level
+        key `<name>` of a block whose options are a section of their own (`Block.top_level`: the user's `app`)."""
+        if name in type(self.recipe.components).model_fields:
+            return getattr(self.recipe.components, name)
+        return getattr(self.recipe, name)
 
     def fail(self, keys: str, message: str, hint: str | None = None) -> ResolveError:
         return ResolveError(f"{display(self.path)}: {keys}: {message}", hint=hint)
@@ -284,7 +287,14 @@ class Block:
                  template installs a set with `pip_install(pip, ctx, name)` (--require-hashes --no-deps);
     requirements_stage  the stage its template installs its sets in: every builder-stage set installs before any
                  runtime-stage one (the runtime copies the builder's venv first), whatever the registry's order.
-    Its Dockerfile fragments are the macros `builder` and `runtime` of `<name>.j2` next to its module, and its
+    python_dists the Python distributions its pin puts in the image outside pip (a distribution's python3-mpi4py, a
+                 base image's torch): name -> version. Requirement sets are resolved with them as constraints and
+                 never install them again (pin.wheels), so a later set cannot replace them unseen;
+    context      files from the user's own tree its fragments COPY (context path, bytes, mode): the `app` block's code;
+    top_level    its options are the recipe's top-level key `<name>` (the user's `app:` section), not
+                 `components.<name>`.
+    Its Dockerfile fragments are the macros `builder`, `runtime` and `final` of `<name>.j2` next to its module (`final`:
+    stages of their own after the runtime stage, the last of which is the image), and its
     verify checks are registered with `imgbuild.checks.check(..., "<name>")` in its module.
     """
 
@@ -304,6 +314,9 @@ class Block:
     downloads: Callable[[Pin, Context], list[str]] = lambda pin, ctx: []
     requirements: Callable[[Pin, Context], Mapping[str, list[str]]] = lambda pin, ctx: {}
     requirements_stage: Literal["builder", "runtime"] = "builder"
+    python_dists: Callable[[Pin], Mapping[str, str]] = lambda pin: {}
+    context: Callable[[Pin, Context], list[tuple[str, bytes, int]]] = lambda pin, ctx: []
+    top_level: bool = False
     template_globals: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
 
     @property

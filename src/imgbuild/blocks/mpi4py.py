@@ -93,6 +93,8 @@ BLOCK = Block(
     resolve=resolve,
     contribute=contribute,
     requirements=requirements,
+    # Debian's python3-mpi4py is built against Debian's Open MPI: a requirement set never installs another over it
+    python_dists=lambda pin: {"mpi4py": pin.version} if pin.source == "distro" and pin.version else {},
     after=("python", "openmpi"),
     build_after=("python", "openmpi"),
     template_globals={"mpi4py_mpicc": mpicc, "mpi4py_wheel_cache_id": wheel_cache_id},

@@ -176,6 +176,8 @@ BLOCK = Block(
     details=PyTorchDetails,
     requirements=requirements,
     requirements_stage="runtime",
+    # a base image's torch (Habana's): requirement sets resolve against it and never install PyPI's over it
+    python_dists=lambda pin: {"torch": pin.version} if pin.source == "base" and pin.version else {},
     after=("python",),
     tag=(2, "pt"),
 )

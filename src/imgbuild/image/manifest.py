@@ -20,6 +20,9 @@ Schema 1 (every key below; `image_env` was added later and reads as empty from o
                    components' and the recipe's): what the ranks of a multi-node job need as well
     mpirun         the recipe's `mpirun:` section
     runtime        the recipe's `runtime:` section
+    app            only in an image with the user's layer (`app:`): `distributions` (name -> version of every Python
+                   distribution that layer installs, from the lock's requirement sets `app` and `app/source`) and
+                   `code_digest` (imgbuild.probes.codetree's digest of the code it copies in, when it has code)
 """
 
 from __future__ import annotations
@@ -54,6 +57,15 @@ def read_entry(name: str, data: Any) -> Any:
     return {**{k: data[k] for k in PIN_KEYS if k in data}, "details": details}
 
 
+class AppEntry(BaseModel):
+    """What the image's user layer installs, for verify: the lock's versions and the code's digest."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    distributions: dict[str, str] = {}
+    code_digest: str | None = None
+
+
 class Manifest(BaseModel):
     """/etc/imgbuild/manifest.json, typed. Made by render (`Manifest(...)` with every field) and read by verify."""
 
@@ -71,6 +83,7 @@ class Manifest(BaseModel):
     image_env: tuple[EnvName, ...] = ()
     mpirun: MpiRun
     runtime: Runtime
+    app: AppEntry | None = None
 
     @field_validator("components", mode="before")
     @classmethod
@@ -115,6 +128,8 @@ class Manifest(BaseModel):
         """The manifest as JSON data, as the file holds it."""
         data = self.model_dump(mode="json", by_alias=True)
         data["components"] = self.component_dicts()
+        if data["app"] is None:  # the key exists only in images with a user layer
+            del data["app"]
         return data
 
     def to_json(self) -> str:

@@ -10,6 +10,7 @@ modes travel in the build context.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
 import sys
@@ -33,7 +34,7 @@ from imgbuild.blocks import (
 )
 from imgbuild.core import paths
 from imgbuild.core.errors import RenderError
-from imgbuild.image.manifest import Manifest
+from imgbuild.image.manifest import AppEntry, Manifest
 from imgbuild.pin import record
 from imgbuild.pin.lock import Lock
 from imgbuild.pin.resolver import TARGET_TAGS, Resolved
@@ -143,6 +144,38 @@ def pip_install(
         f"{download_env}{pip} download --dest {WHEELHOUSE} {hashed} \\\n"
         f" && {install_env}{pip} install --no-index --find-links {WHEELHOUSE} {hashed}"
     )
+
+
+def pip_wheel(
+    context: Any, pip: str, ctx: Context, name: str, wheel_dir: str, env: str = "", build_env: str = ""
+) -> str:
+    """The RUN that builds requirement set `name` into wheels in `wheel_dir` with `pip wheel --no-deps
+    --no-build-isolation`: its `--no-binary` names from their sdists (checked against the lock's hashes), compiled
+    against what the stage has installed (the image's torch, NCCL and MPI), its other requirements as the index has
+    them (hashed too). `env` prefixes the command (PIP_ENV), `build_env` the builds' variables."""
+    from imgbuild.pin.wheels import no_binary, requirement_lines
+
+    block = name.split("/")[0]
+    sets = next((b.requirements(ctx.need(b.name), ctx) for b in REGISTRY if b.name == block), {})
+    if name not in sets:
+        raise RenderError(f"{ctx.resolved.name}: no requirement set {name!r} in block {block!r} (it has {list(sets)})")
+    sources = no_binary(sets[name])
+    options = f"--no-binary={','.join(sources)} " if sources else ""
+    prefix = " ".join(p for p in (env, build_env) if p)
+    prefix = f"{prefix} " if prefix else ""
+    index = f"--no-index --find-links {context['sources_dir']}/wheels " if context.get("sources_dir") else ""
+    head = f"{prefix}{pip} wheel --no-deps --no-build-isolation {index}{options}--wheel-dir {wheel_dir}"
+    if ctx.content is None:
+        words = " ".join(shlex.quote(r) for r in requirement_lines(sets[name]))
+        note = f"# No lock content: requirement set {name} builds unhashed (`imgbuild lock` records its hashes).\n"
+        return f"{note}{context['run'](CA_MOUNT, PIP_CACHE_MOUNT)}{head} {words}"
+    if name not in ctx.content.python:
+        raise RenderError(
+            f"{ctx.resolved.name}: the lock records no requirement set {name!r}: refresh it (imgbuild lock)"
+        )
+    file = f"{REQUIREMENTS_DIR}/{requirements_path(name).rsplit('/', 1)[1]}"
+    bind = f"--mount=type=bind,source={requirements_path(name)},target={file}"
+    return f"{context['run'](CA_MOUNT, PIP_CACHE_MOUNT, bind)}{head} --require-hashes -r {file}"
 
 
 def requirement_files(ctx: Context) -> list[ContextFile]:
@@ -333,6 +366,7 @@ def environment(offline: bool = False) -> jinja2.Environment:
         apt_mounts=apt_mounts,
         cache_mount=cache_mount,
         pip_install=jinja2.pass_context(pip_install),
+        pip_wheel=jinja2.pass_context(pip_wheel),
         builder_base=builder_base,
         paths=paths,  # where things are in the image (paths.ENTRYPOINT, paths.IMAGE_ETC...)
     )
@@ -439,7 +473,7 @@ def _fragments(resolved: Resolved, ctx: Context, offline: bool = False) -> dict[
         except jinja2.TemplateNotFound:
             module = None
         texts = {}
-        for macro in ("builder", "runtime"):
+        for macro in ("builder", "runtime", "final"):
             fn = getattr(module, macro, None)
             texts[macro] = str(fn(pin=pin, ctx=ctx, r=r, pins=pins)).strip("\n") if fn is not None else ""
         if provides == "fragment" and not any(texts.values()):
@@ -477,6 +511,7 @@ def _dockerfile(
     fragments = _fragments(resolved, ctx, offline)
     builder = [f for name in builder_order() if (f := fragments.get(name, {}).get("builder"))]
     runtime = [f for name in runtime_order() if (f := fragments.get(name, {}).get("runtime"))]
+    final = [f for name in runtime_order() if (f := fragments.get(name, {}).get("final"))]
     builder_pkgs, runtime_pkgs = stage_packages(resolved, contribs)
     env_paths, recipe_env = image_env(resolved, contribs)
     return (
@@ -489,6 +524,7 @@ def _dockerfile(
             builder_base=builder_base(resolved),
             builder=builder,
             runtime=runtime,
+            final=final,
             builder_packages=builder_pkgs,
             runtime_packages=runtime_pkgs,
             env_paths=env_paths,
@@ -538,6 +574,9 @@ def _labels(resolved: Resolved, digest: str, provenance: Provenance | None = Non
         "io.imgbuild.recipe": r.name,
         "io.imgbuild.lock-digest": digest,
     }
+    code = code_digest(resolved)
+    if code is not None:
+        labels["io.imgbuild.code-digest"] = code
     for name, pin in resolved.pins.items():
         if pin.version and name != "base":
             labels[f"io.imgbuild.component.{name}"] = pin.version
@@ -580,9 +619,24 @@ def lock_tag(digest: str) -> str:
 def tags(resolved: Resolved, digest: str, arch: str | None = None) -> tuple[str, str]:
     """The image's tags, as `plan` gives them: the content-addressed one, then the readable one. The engine keeps one
     image per tag, so the image of an architecture other than the recipe's first carries its name after a dash
-    (`lock-<12 hex>-arm64`); `imgbuild push` publishes the architectures under the plain tags as one image index."""
+    (`lock-<12 hex>-arm64`); `imgbuild push` publishes the architectures under the plain tags as one image index.
+    An image that carries the user's code (app.code) is its lock and that code: the content-addressed tag is the
+    sha256 of both digests, and the readable one ends in `-code<8 hex>`, so an edited program makes a new image
+    under new tags without a new lock."""
     suffix = arch_suffix(resolved, arch)
-    return lock_tag(digest) + suffix, readable_tag(resolved) + suffix
+    code = code_digest(resolved)
+    if code is None:
+        return lock_tag(digest) + suffix, readable_tag(resolved) + suffix
+    both = hashlib.sha256(f"{digest}\n{code}".encode()).hexdigest()
+    return lock_tag(both) + suffix, f"{readable_tag(resolved)}-code{code[:8]}{suffix}"
+
+
+def code_digest(resolved: Resolved) -> str | None:
+    """The digest of the user's code the image carries (probes.codetree; None without app.code)."""
+    from imgbuild.blocks.app import code_digest as of_app
+
+    app = resolved.recipe.app
+    return of_app(app) if app is not None and "app" in resolved.pins else None
 
 
 def arch_suffix(resolved: Resolved, arch: str | None) -> str:
@@ -615,7 +669,21 @@ def _manifest(resolved: Resolved, digest: str, contribs: dict[str, Contribution]
         image_env=tuple(sorted([*(name for name, paths in env_paths.items() if paths), *env])),
         mpirun=r.mpirun,
         runtime=runtime_profile(r.runtime, contribs),
+        app=_app_entry(resolved),
     )
+
+
+# The requirement sets of the user's layer that reach the image (app/build stays in its build stage).
+APP_SETS = ("app", "app/source")
+
+
+def _app_entry(resolved: Resolved) -> AppEntry | None:
+    """The manifest's `app`: the versions the lock gives the user layer's distributions, and its code's digest."""
+    if "app" not in resolved.pins:
+        return None
+    python = resolved.content.python if resolved.content is not None else {}
+    dists = {r.name: r.version for name in APP_SETS for r in python.get(name, ())}
+    return AppEntry(distributions=dict(sorted(dists.items())), code_digest=code_digest(resolved))
 
 
 def _for_arch(pin: Pin, arch: str) -> Pin:
@@ -660,4 +728,5 @@ def _files(
             files.append(ContextFile(path, content, mode))
         for path, text in block.data(pins[block.name], manifest).items():
             files.append(ContextFile(path, text.encode()))
+        files += [ContextFile(path, data, mode) for path, data, mode in block.context(pins[block.name], ctx)]
     return files

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
 
 from imgbuild.core.errors import IndexLookupError, ResolveError
 from imgbuild.pin.content import Requirement
@@ -139,16 +141,84 @@ def _compile_arch(
     python, platform = target(resolved, arch)
     uv = uv_bin()
     out: dict[str, tuple[Requirement, ...]] = {}
-    pinned: dict[str, str] = {}  # name -> version, of every earlier set
+    # name -> (version, what pins it): the distributions blocks bring outside pip, then every earlier set's
+    pinned: dict[str, tuple[str, str]] = dict(provided(resolved))
     with tempfile.TemporaryDirectory(prefix="imgbuild-wheels-") as tmp:
         folder = Path(tmp)
         for name in install_order(list(sets)):
-            closure = _compile(uv, folder, resolved.name, name, sets[name], pinned, python, platform, offline)
+            versions = {n: v for n, (v, _) in pinned.items()}
+            try:
+                closure = _compile(uv, folder, resolved.name, name, sets[name], versions, python, platform, offline)
+            except ResolveError as exc:
+                raise _replaced(
+                    exc, uv, folder, resolved.name, name, sets[name], pinned, python, platform, offline
+                ) from exc
             mine = tuple(r for r in closure if r.name not in pinned)
             for r in mine:
-                pinned[r.name] = r.version
+                pinned[r.name] = (r.version, f"requirement set {name}")
             out[name] = mine
     return out
+
+
+def provided(resolved: Resolved) -> dict[str, tuple[str, str]]:
+    """The Python distributions the image's blocks bring outside pip (`Block.python_dists`: Debian's python3-mpi4py,
+    a base image's torch): name -> (version, which component)."""
+    from imgbuild.blocks import REGISTRY
+
+    return {
+        canonicalize_name(dist): (version, f"components.{b.name} ({resolved.pins[b.name].source})")
+        for b in REGISTRY
+        if b.name in resolved.pins
+        for dist, version in b.python_dists(resolved.pins[b.name]).items()
+    }
+
+
+def _differ(a: str, b: str) -> bool:
+    try:
+        return Version(a) != Version(b)
+    except InvalidVersion:
+        return a != b
+
+
+def _replaced(
+    exc: ResolveError,
+    uv: str,
+    folder: Path,
+    recipe: str,
+    name: str,
+    specifiers: Sequence[str],
+    pinned: Mapping[str, tuple[str, str]],
+    python: str,
+    platform: str,
+    offline: bool,
+) -> ResolveError:
+    """Why set `name` has no solution with the earlier pins as constraints, in the words a user needs: resolved on its
+    own, which pinned distributions it would replace, and with what ("requirements would replace torch 2.9.1 with
+    2.8.0"). uv's own message when the set has no solution even alone, or when nothing pinned moves."""
+    if not pinned:
+        return exc
+    alone = folder / "alone"
+    alone.mkdir(exist_ok=True)
+    try:
+        closure = _compile(uv, alone, recipe, name, specifiers, {}, python, platform, offline)
+    except (ResolveError, IndexLookupError):
+        return exc
+    finally:
+        shutil.rmtree(alone, ignore_errors=True)
+    moved = [
+        f"{r.name} {pinned[r.name][0]} ({pinned[r.name][1]}) with {r.version}"
+        for r in closure
+        if r.name in pinned and _differ(r.version, pinned[r.name][0])
+    ]
+    if not moved:
+        return exc
+    return ResolveError(
+        f"{recipe}: requirement set {name} ({', '.join(requirement_lines(specifiers))}): requirements would replace "
+        + "; ".join(moved)
+        + ": the image's stack pins these, and one image holds one version of each",
+        hint="take the stack's version (leave the requirement unpinned, or pin what the lock has), "
+        "or extend a recipe whose stack pins the version you need",
+    )
 
 
 def _compile(

@@ -130,7 +130,7 @@ class Cuda(Strict):
 def _components_model() -> type[Strict]:
     from imgbuild.blocks import REGISTRY
 
-    fields: dict[str, Any] = {b.name: (b.options | None, None) for b in REGISTRY}
+    fields: dict[str, Any] = {b.name: (b.options | None, None) for b in REGISTRY if not b.top_level}
     model: type[Strict] = create_model(
         "Components",
         __base__=Strict,
@@ -140,7 +140,15 @@ def _components_model() -> type[Strict]:
     return model
 
 
+def _app_model() -> type[Strict]:
+    """The user's layer (`app:`), the options of the block of that name (imgbuild.blocks.app)."""
+    from imgbuild.blocks.app import App
+
+    return App
+
+
 if TYPE_CHECKING:
+    from imgbuild.blocks.app import App
 
     class Components(Strict):
         """The building blocks of an image (a field per registered block)."""
@@ -149,6 +157,7 @@ if TYPE_CHECKING:
 
 else:
     Components = _components_model()
+    App = _app_model()
 
 
 class Runtime(Strict):
@@ -199,6 +208,7 @@ class Recipe(Strict):
     mpirun: MpiRun = MpiRun()
     labels: dict[LabelKey, Text] = {}
     license: Text | None = None  # an SPDX expression: the image's org.opencontainers.image.licenses label
+    app: App | None = None  # the user's layer: requirements, source builds, code, train's default program
 
     @model_validator(mode="after")
     def _cuda_matches_platform(self) -> Recipe:
@@ -270,6 +280,8 @@ def load(ref: str | Path) -> LoadedRecipe:
     chain: list[Path] = []
     docs: list[tuple[Path, dict[str, Any], dict[tuple[str, ...], int]]] = []
     _read_chain(path, chain, docs, display(path))
+    for doc_path, doc, lines in docs:
+        _read_requirements_file(doc_path, doc, lines)
     merged: dict[str, Any] = {}
     for _, doc, _ in reversed(docs):
         merged = _merge(merged, doc)
@@ -282,7 +294,64 @@ def load(ref: str | Path) -> LoadedRecipe:
         recipe = Recipe.model_validate(merged)
     except ValidationError as exc:
         raise RecipeError(_format_errors(exc, docs)) from None
+    if recipe.app is not None and recipe.app.code is not None:
+        _place_code(recipe.app.code, docs)
     return LoadedRecipe(recipe=recipe, path=path, chain=tuple(chain), merged=merged)
+
+
+def _inside(doc_path: Path, name: str, key: str) -> Path:
+    """`name` (relative) resolved against the folder of the recipe `doc_path`, which it must not leave (links
+    resolved): a recipe names files beside it, never elsewhere on the machine that builds it."""
+    folder = doc_path.parent.resolve()
+    target = (doc_path.parent / name).resolve()
+    if not target.is_relative_to(folder):
+        raise RecipeError(
+            f"{key}: {name!r} is outside the recipe's folder {display(folder)} (it resolves to {display(target)})",
+            hint="move it beside the recipe (or the recipe beside it)",
+        )
+    return target
+
+
+def _read_requirements_file(doc_path: Path, doc: dict[str, Any], lines: dict[tuple[str, ...], int]) -> None:
+    """`app.requirements: FILE` -> {file, lines}: the file (beside the recipe) read now, so its requirements are part
+    of the merged recipe and of its digest (an edited file makes the lock stale). Errors name the file and its line."""
+    app = doc.get("app")
+    if not isinstance(app, dict) or not isinstance(app.get("requirements"), str):
+        return
+    from imgbuild.blocks.app import parse_requirements
+
+    name = app["requirements"]
+    key = f"{display(doc_path)}:{lines.get(('app', 'requirements'), 1)}: app.requirements"
+    if not name.endswith(".txt") or not name.isprintable():
+        raise RecipeError(
+            f"{key}: expected a list of requirements or a requirements file's name (*.txt), got {_cut(name)!r}"
+        )
+    target = _inside(doc_path, name, key)
+    if not _is_file(target, key):
+        raise RecipeError(f"{key}: no such file {display(target)}")
+    try:
+        text = target.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RecipeError(f"{key}: cannot read {display(target)}: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        parsed = parse_requirements(text, display(target))
+    except ValueError as exc:
+        raise RecipeError(f"{key}: {exc}") from None
+    app["requirements"] = {"file": name, "lines": parsed}
+
+
+def _place_code(code: Any, docs: list[tuple[Path, dict[str, Any], dict[tuple[str, ...], int]]]) -> None:
+    """app.code.dir is relative to the recipe that names it (the child's, else a parent's): tell the model which
+    folder that is, after checking the code folder is there and inside it."""
+    for doc_path, doc, lines in docs:
+        app = doc.get("app")
+        if isinstance(app, dict) and isinstance(app.get("code"), dict) and "dir" in app["code"]:
+            key = f"{display(doc_path)}:{lines.get(('app', 'code', 'dir'), 1)}: app.code.dir"
+            target = _inside(doc_path, code.dir, key)
+            if not target.is_dir():
+                raise RecipeError(f"{key}: no such folder {display(target)}")
+            code._root = doc_path.parent
+            return
 
 
 # A recipe is a few kilobytes: a bigger file is refused before it is parsed.

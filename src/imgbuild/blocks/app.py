@@ -42,6 +42,7 @@ from packaging.utils import canonicalize_name
 from pydantic import AfterValidator, PrivateAttr
 
 from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution
+from imgbuild.blocks.python import site_packages
 from imgbuild.checks import CheckContext, check, fail, passed, skip
 from imgbuild.checks.results import CheckResult
 from imgbuild.core.errors import RenderError
@@ -113,14 +114,6 @@ def parse_requirements(text: str, where: str) -> list[str]:
     return out
 
 
-class RequirementsFile(Strict):
-    """`requirements: FILE` as the loader read it: the file's name (relative to the recipe that names it) and its
-    requirements (they are part of the recipe's digest, so editing the file makes the lock stale)."""
-
-    file: RelPath
-    lines: tuple[PipRequirement, ...]
-
-
 class AppCode(Strict):
     """The user's code folder: copied into the image at `path`."""
 
@@ -141,7 +134,10 @@ class AppCode(Strict):
 class App(Strict):
     """The user's layer: requirements, source builds, OS packages, code, the default program."""
 
-    requirements: tuple[PipRequirement, ...] | RequirementsFile = ()
+    requirements: tuple[PipRequirement, ...] = ()
+    # `requirements: FILE` as the loader read it: FILE's name (relative to the recipe that names it); its lines are
+    # `requirements` (part of the recipe's digest: an edited file makes the lock stale).
+    requirements_file: RelPath | None = None
     from_source: tuple[DistName, ...] = ()
     build_requirements: tuple[PipRequirement, ...] = ()
     build_packages: tuple[DebPackage, ...] = ()
@@ -153,8 +149,7 @@ class App(Strict):
 
     @property
     def requirement_lines(self) -> tuple[str, ...]:
-        r = self.requirements
-        return r.lines if isinstance(r, RequirementsFile) else r
+        return self.requirements
 
 
 class AppDetails(Details):
@@ -290,11 +285,31 @@ def build_env(ctx: Context) -> dict[str, str]:
         env |= {"MPICC": f"{wrappers}mpicc", "MPICXX": f"{wrappers}mpicxx"}
     if ctx.cuda_home:
         env["CUDA_HOME"] = ctx.cuda_home
+    cuda = _cuda_include(ctx)
+    if cuda:
+        env["CUDA_INCLUDE_DIR"] = cuda
+    # nccl.h includes cuda_runtime.h: a build that knows neither variable still finds both through the compiler's path
+    includes = [p for p in (f"{nccl}/include" if nccl else None, cuda) if p]
+    if includes:
+        env["CPATH"] = ":".join(includes)
     gpu = ctx.resolved.recipe.platform.gpu_arch
     if gpu:
         digits = gpu.removeprefix("sm_")
         env["TORCH_CUDA_ARCH_LIST"] = f"{digits[:-1]}.{digits[-1]}"
     return {**env, **_app(ctx).build_env}
+
+
+def _cuda_include(ctx: Context) -> str | None:
+    """CUDA's headers in the image: the toolkit's (CUDA_HOME), else those of the CUDA runtime wheel PyTorch pins
+    (nvidia-cuda-runtime-cuXX ships include/ beside its library)."""
+    if ctx.cuda_home:
+        return f"{ctx.cuda_home}/include"
+    torch, python = ctx.pin("pytorch"), ctx.pin("python")
+    wheels = getattr(torch.details, "cuda_wheels", ()) if torch is not None else ()
+    site = site_packages(python) if python is not None else None
+    if site and any(w.startswith("nvidia-cuda-runtime") for w in wheels):
+        return f"{site}/nvidia/cuda_runtime/include"
+    return None
 
 
 def code_files(app: App) -> list[tuple[str, bytes, int]]:

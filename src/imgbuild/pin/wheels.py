@@ -205,9 +205,13 @@ def _replaced(
         return exc
     finally:
         shutil.rmtree(alone, ignore_errors=True)
+    named = [
+        canonicalize_name(re.split(r"[\s\[<>=!~;@]", line.strip(), maxsplit=1)[0])
+        for line in requirement_lines(specifiers)
+    ]
     moved = [
         f"{r.name} {pinned[r.name][0]} ({pinned[r.name][1]}) with {r.version}"
-        for r in closure
+        for r in sorted(closure, key=lambda r: (r.name not in named, r.name))  # what the set names first
         if r.name in pinned and _differ(r.version, pinned[r.name][0])
     ]
     if not moved:

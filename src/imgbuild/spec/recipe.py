@@ -313,9 +313,15 @@ def _inside(doc_path: Path, name: str, key: str) -> Path:
 
 
 def _read_requirements_file(doc_path: Path, doc: dict[str, Any], lines: dict[tuple[str, ...], int]) -> None:
-    """`app.requirements: FILE` -> {file, lines}: the file (beside the recipe) read now, so its requirements are part
+    """`app.requirements: FILE` -> the file's requirements (and `requirements_file: FILE`): the file (beside the
+    recipe) read now, so its requirements are part
     of the merged recipe and of its digest (an edited file makes the lock stale). Errors name the file and its line."""
     app = doc.get("app")
+    if isinstance(app, dict) and "requirements_file" in app:
+        line = lines.get(("app", "requirements_file"), 1)
+        raise RecipeError(
+            f"{display(doc_path)}:{line}: app.requirements_file: set by imgbuild: write `requirements: FILE` instead"
+        )
     if not isinstance(app, dict) or not isinstance(app.get("requirements"), str):
         return
     from imgbuild.blocks.app import parse_requirements
@@ -337,7 +343,7 @@ def _read_requirements_file(doc_path: Path, doc: dict[str, Any], lines: dict[tup
         parsed = parse_requirements(text, display(target))
     except ValueError as exc:
         raise RecipeError(f"{key}: {exc}") from None
-    app["requirements"] = {"file": name, "lines": parsed}
+    app["requirements"], app["requirements_file"] = parsed, name
 
 
 def _place_code(code: Any, docs: list[tuple[Path, dict[str, Any], dict[tuple[str, ...], int]]]) -> None:

@@ -42,7 +42,6 @@ from packaging.utils import canonicalize_name
 from pydantic import AfterValidator, PrivateAttr
 
 from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution
-from imgbuild.blocks.python import site_packages
 from imgbuild.checks import CheckContext, check, fail, passed, skip
 from imgbuild.checks.results import CheckResult
 from imgbuild.core.errors import RenderError
@@ -300,16 +299,10 @@ def build_env(ctx: Context) -> dict[str, str]:
 
 
 def _cuda_include(ctx: Context) -> str | None:
-    """CUDA's headers in the image: the toolkit's (CUDA_HOME), else those of the CUDA runtime wheel PyTorch pins
-    (nvidia-cuda-runtime-cuXX ships include/ beside its library)."""
-    if ctx.cuda_home:
-        return f"{ctx.cuda_home}/include"
-    torch, python = ctx.pin("pytorch"), ctx.pin("python")
-    wheels = getattr(torch.details, "cuda_wheels", ()) if torch is not None else ()
-    site = site_packages(python) if python is not None else None
-    if site and any(w.startswith("nvidia-cuda-runtime") for w in wheels):
-        return f"{site}/nvidia/cuda_runtime/include"
-    return None
+    """CUDA's headers in the image: the toolkit's (CUDA_HOME; the NVIDIA targets copy it into the build stage). A
+    stack of CUDA wheels alone (`pytorch`) has no complete set: nvidia-cuda-runtime's include/ lacks crt/, which
+    nvcc's wheel brings (add it to app.build_requirements)."""
+    return f"{ctx.cuda_home}/include" if ctx.cuda_home else None
 
 
 def code_files(app: App) -> list[tuple[str, bytes, int]]:

@@ -2,14 +2,17 @@
 // library it links (ncclGetVersion), and the MPI library it links (MPI_Get_library_version, callable before
 // MPI_Init).
 #include <mpi.h>
-#include <nccl.h>
 #include <torch/extension.h>
 
 #include <string>
 
+// NCCL's C entry point, declared here: nccl.h includes CUDA's cuda_runtime.h, and this image's CUDA comes as PyTorch's
+// wheels, whose headers are incomplete without the nvcc wheel. Linked against the image's one libnccl (setup.py).
+extern "C" int ncclGetVersion(int* version);
+
 int nccl_version() {
   int version = 0;
-  if (ncclGetVersion(&version) != ncclSuccess) {
+  if (ncclGetVersion(&version) != 0) {  // ncclSuccess
     throw std::runtime_error("ncclGetVersion failed");
   }
   return version;

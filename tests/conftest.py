@@ -174,9 +174,14 @@ def sagemaker_job(docker_client: Any, tmp_path: Path, request: pytest.FixtureReq
         interface: str = "eth0",
         isolated: bool = False,
         files: dict[str, str] | None = None,
+        mount_code: bool = True,
+        hyperparameters: dict[str, str] | None = None,
     ) -> Job:
         """`interface` is resourceconfig's network_interface_name; `isolated` gives the hosts no network at all
-        (no default route), for one-host jobs; `files` are more files of /opt/ml/code (relative path -> text)."""
+        (no default route), for one-host jobs; `files` are more files of /opt/ml/code (relative path -> text);
+        `mount_code` False leaves /opt/ml/code the image's own (train fetches the code: `hyperparameters` with
+        sagemaker_submit_directory); `hyperparameters` go to hyperparameters.json, JSON-encoded as the SDK writes
+        them."""
         network = f"imgbuild-sm-{uuid.uuid4().hex[:10]}"
         docker_client.api.create_network(network, driver="bridge", labels={"io.imgbuild.test": "sagemaker"})
         networks.append(network)
@@ -190,8 +195,8 @@ def sagemaker_job(docker_client: Any, tmp_path: Path, request: pytest.FixtureReq
             (code / rel).write_text(text)
         key_dir = ssh_key_pair(docker_client, image, tmp_path / "ssh")
         environment = {"IMGBUILD_PEER_TIMEOUT": "60", **(env or {})}
-        if not args:
-            environment["SAGEMAKER_PROGRAM"] = program
+        if not args:  # env={"SAGEMAKER_PROGRAM": ""}: the program comes from the hyperparameters
+            environment.setdefault("SAGEMAKER_PROGRAM", program)
         if keys == "env":
             environment["IMGBUILD_SSH_PRIVATE_KEY"] = (key_dir / "id_ed25519").read_text()
             environment["IMGBUILD_AUTHORIZED_KEYS"] = (key_dir / "id_ed25519.pub").read_text().strip()
@@ -202,12 +207,16 @@ def sagemaker_job(docker_client: Any, tmp_path: Path, request: pytest.FixtureReq
                 d.mkdir(parents=True)
             resource = {"current_host": name, "hosts": names, "network_interface_name": interface}
             (config / "resourceconfig.json").write_text(json.dumps(resource))
+            if hyperparameters is not None:
+                encoded = {k: json.dumps(v) for k, v in hyperparameters.items()}
+                (config / "hyperparameters.json").write_text(json.dumps(encoded))
             binds = {
                 str(config): {"bind": "/opt/ml/input/config", "mode": "ro"},
-                str(code): {"bind": "/opt/ml/code", "mode": "ro"},
                 str(model): {"bind": "/opt/ml/model", "mode": "rw"},
                 str(output): {"bind": "/opt/ml/output", "mode": "rw"},
             }
+            if mount_code:
+                binds[str(code)] = {"bind": "/opt/ml/code", "mode": "ro"}
             if keys == "channel":
                 binds[str(key_dir)] = {"bind": "/opt/ml/input/data/ssh", "mode": "ro"}
             elif keys == "dir":
@@ -236,6 +245,24 @@ def sagemaker_job(docker_client: Any, tmp_path: Path, request: pytest.FixtureReq
         return job
 
     return start
+
+
+def docker_bridge_address(client: Any) -> str:
+    """The host's address on Docker's default bridge (docker0, e.g. 172.17.0.1): containers on any bridge network,
+    compose's included, reach the host there."""
+    for config in client.api.inspect_network("bridge")["IPAM"]["Config"] or []:
+        if config.get("Gateway"):
+            return str(config["Gateway"])
+    pytest.fail("Docker's default bridge network has no gateway address")
+
+
+@pytest.fixture(scope="session")
+def bridge_s3(docker_client: Any) -> Iterator[Any]:
+    """moto's S3 server bound to the host's docker0 address, so containers reach it (tests/sm_code.py)."""
+    from sm_code import s3_server
+
+    with s3_server(docker_bridge_address(docker_client)) as served:
+        yield served
 
 
 # ------------------------------------------------------------------------------------------------------------

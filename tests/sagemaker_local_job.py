@@ -2,6 +2,12 @@
 `sagemaker.estimator.Estimator` with `instance_type="local"`), kept off AWS: dummy credentials and a region in
 the boto session, code, channels and output as file:// paths, telemetry off.
 
+The code (source_dir) reaches the containers one of two ways: mounted at /opt/ml/code (local_code, the default),
+or, with --s3-endpoint and --bucket, as SageMaker itself ships it: the SDK tars source_dir into sourcedir.tar.gz,
+uploads it to that S3 endpoint (a LocalSession with s3_endpoint_url, local_code off) and passes
+sagemaker_submit_directory=s3://BUCKET/.../sourcedir.tar.gz, with AWS_ENDPOINT_URL_S3 in the containers' environment;
+the image's train fetches it on every host.
+
 Run by tests/test_sagemaker_sdk.py with the interpreter that has the SDK (not this project's: see
 scripts/setup.sh). Prints one JSON line: {"raised": null or the exception's text}; the job's artifacts end up in
 --output (model.tar.gz, output.tar.gz) as the SDK leaves them.
@@ -25,6 +31,9 @@ def main() -> int:
     parser.add_argument("--output", required=True, help="where the SDK puts model.tar.gz and output.tar.gz")
     parser.add_argument("--root", required=True, help="local mode's container_root (its compose project folder)")
     parser.add_argument("--env", action="append", default=[], help="NAME=VALUE for the job's environment")
+    parser.add_argument("--s3-endpoint", help="an S3 endpoint the code goes through (local_code off); the containers "
+                        "must reach it at this address too")  # fmt: skip
+    parser.add_argument("--bucket", help="the session's default bucket on --s3-endpoint (it must exist)")
     args = parser.parse_args()
 
     import boto3
@@ -35,11 +44,15 @@ def main() -> int:
         aws_access_key_id="AKIAIMGBUILDTEST0000", aws_secret_access_key="imgbuild-test-not-a-secret",
         region_name="us-east-1",
     )  # fmt: skip
+    if bool(args.s3_endpoint) != bool(args.bucket):
+        parser.error("--s3-endpoint and --bucket go together")
+    through_s3 = {"s3_endpoint_url": args.s3_endpoint, "default_bucket": args.bucket} if args.s3_endpoint else {}
     session = LocalSession(
         boto_session=boto_session,
         sagemaker_config={"SchemaVersion": "1.0", "SageMaker": {"PythonSDK": {"Modules": {"TelemetryOptOut": True}}}},
+        **through_s3,
     )
-    session.config = {"local": {"local_code": True, "container_root": args.root}}
+    session.config = {"local": {"local_code": not through_s3, "container_root": args.root}}
     estimator = Estimator(
         image_uri=args.image,
         role="arn:aws:iam::111111111111:role/imgbuild-test",

@@ -147,10 +147,13 @@ def test_compiled_parts_in_builder_only() -> None:
     builder, runtime = text.split("# ---- runtime")
     for tool in ("make ", "./configure", "curl ", "gpg "):
         assert tool in builder and tool not in runtime, tool
-    # pip installs only PyTorch's wheels in the runtime stage (prebuilt wheels, no compiler); the rest in the builder.
+    # pip installs only prebuilt wheels in the runtime stage (PyTorch's, the sagemaker block's boto3: no compiler);
+    # the rest in the builder.
     assert "imgbuild-wheelhouse nvidia-nccl-cu12==" in builder and "--no-binary=mpi4py --no-build-isolation" in builder
     assert [
-        i for _, i in instructions(runtime) if "pip install" in i and "torch==" not in i and "nvidia-" not in i
+        i
+        for _, i in instructions(runtime)
+        if "pip install" in i and "torch==" not in i and "nvidia-" not in i and "boto3==" not in i
     ] == []
     assert "build-essential" not in runtime
     assert "-gencode=arch=compute_80,code=sm_80" in builder
@@ -194,7 +197,8 @@ def test_context_files_and_manifest() -> None:
                           "imgbuild/sagemaker/train", "imgbuild/sagemaker/40-sagemaker.sh",
                           "imgbuild/sagemaker/sagemaker.conf", "imgbuild/sagemaker/mpirun.args",
                           "imgbuild/sagemaker/torchrun.args", "imgbuild/sagemaker/launch-env.conf",
-                          "imgbuild/requirements/nccl.txt"}  # fmt: skip
+                          "imgbuild/sagemaker/fetch-code", "imgbuild/requirements/nccl.txt",
+                          "imgbuild/requirements/sagemaker.txt"}  # fmt: skip
     assert files["imgbuild/imgbuild-entrypoint"].mode == 0o755 and files["imgbuild/sagemaker/train"].mode == 0o755
     copied = set(re.findall(r"(?:^COPY|\s)(imgbuild/\S+)", plan.dockerfile, re.M))
     copied |= set(re.findall(r"--mount=type=bind,source=(imgbuild/[^,\s]+)", plan.dockerfile))  # requirement sets

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+import sm_code
 from conftest import SHIPPED, Host, Job, ssh_key_pair
 from imgbuild.blocks import TEMPLATE_DIR, sagemaker
 from imgbuild.core import paths
@@ -162,6 +163,83 @@ def test_job_runs_across_hosts(sm_job: Any, count: int, keys: str) -> None:
     assert "sshd listening on 3022,22" in leader_log  # SageMaker mode adds 22
     assert not [h.name for h in job.hosts if (h.output / "failure").exists()], logs  # no stray reason anywhere
     print(f"{count} hosts: leader done in {took:.1f}s")
+
+
+# Script mode: the code as SDK 2.x ships it (Estimator(source_dir=...)): sourcedir.tar.gz in S3, named by the
+# sagemaker_submit_directory hyperparameter, with the program in sagemaker_program. Every rank imports the wheel its
+# requirements.txt installs and a module of the code, so each host must have fetched both before mpirun starts.
+FETCHED = """\
+import json
+import socket
+
+import imgbuild_probe_dep
+from mpi4py import MPI
+
+from helper import WORD
+
+comm = MPI.COMM_WORLD
+values = comm.gather([socket.gethostname(), imgbuild_probe_dep.VALUE, WORD], root=0)
+if comm.rank == 0:
+    with open("/opt/ml/model/result.json", "w") as f:
+        json.dump(values, f)
+"""
+
+
+def s3_job(sm_job: Any, s3: Any, count: int, archive: bytes | None, key: str = "job/source/sourcedir.tar.gz") -> Job:
+    """A job whose code is `archive` at s3://<a fresh bucket>/`key` (None: nothing uploaded there)."""
+    bucket = s3.bucket()
+    uri = s3.put(bucket, key, archive) if archive is not None else f"s3://{bucket}/{key}"
+    return sm_job(  # type: ignore[no-any-return]
+        count, script="", mount_code=False, env={**s3.env(), "SAGEMAKER_PROGRAM": ""},
+        hyperparameters={"sagemaker_submit_directory": uri, "sagemaker_program": "fetched.py", "epochs": "2"},
+    )  # fmt: skip
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_code_from_s3_runs_on_every_host_with_its_requirements(sm_job: Any, bridge_s3: Any) -> None:
+    code = sm_code.sourcedir({"fetched.py": FETCHED, "helper.py": "WORD = 'fetched'\n"}, with_dep=True)
+    job = s3_job(sm_job, bridge_s3, 2, code)
+    leader, workers, took = finish(job)
+    logs = explain(job)
+    assert (leader, workers) == (0, [0]), logs
+    result = json.loads((job.hosts[0].model / "result.json").read_text())
+    assert result == [["algo-1", 42, "fetched"], ["algo-2", 42, "fetched"]], logs
+    for host in job.hosts:
+        assert "installing requirements.txt" in job.logs(host), logs
+    print(f"2 hosts, code from S3: leader done in {took:.1f}s")
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("case", "status", "reason"),
+    [
+        ("missing-key", 82, "sagemaker_submit_directory {uri}: no such object (NoSuchKey)"),
+        ("escaping-member", 88,
+         "sagemaker_submit_directory {uri}: unsafe archive member '../escaped.py': leaves the code folder; "
+         "nothing was unpacked"),
+        ("failing-requirements", 90,
+         "pip install -r requirements.txt failed (exit 1): ERROR: No matching distribution found for "
+         "imgbuild-no-such-dist==9"),
+    ],
+    ids=["missing-key", "escaping-member", "failing-requirements"],
+)  # fmt: skip
+def test_code_fetch_failures_are_the_jobs_reason(
+    sm_job: Any, bridge_s3: Any, case: str, status: int, reason: str
+) -> None:
+    archive = {
+        "missing-key": None,
+        "escaping-member": sm_code.tar_gz([("fetched.py", b""), ("../escaped.py", b"")]),
+        "failing-requirements": sm_code.sourcedir({"fetched.py": "", "requirements.txt": sm_code.BAD_REQUIREMENTS}),
+    }[case]
+    job = s3_job(sm_job, bridge_s3, 1, archive)
+    leader, _, _ = finish(job)
+    logs = explain(job)
+    assert leader == status, logs
+    (config,) = [json.loads(p.read_text()) for p in job.hosts[0].output.parent.glob("config/hyperparameters.json")]
+    uri = json.loads(config["sagemaker_submit_directory"])
+    assert (job.hosts[0].output / "failure").read_text() == reason.format(uri=uri) + "\n", logs
 
 
 @pytest.mark.docker

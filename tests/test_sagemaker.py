@@ -83,6 +83,18 @@ def test_train_data_of_the_recipe(name: str, slots: int, ifname_vars: str, mca: 
     assert "lo,docker0" in args and "--allow-run-as-root" in args
 
 
+def test_default_program_is_the_apps() -> None:
+    """sagemaker.conf's DEFAULT_PROGRAM: the app block's program_path (train runs it when the job names none)."""
+    from conftest import REPO
+
+    assert conf(context_files("cpu")["imgbuild/sagemaker/sagemaker.conf"])["DEFAULT_PROGRAM"] == ""
+    example = REPO / "examples" / "pytorch-app" / "pytorch-app.yaml"
+    resolved, _ = resolved_for(recipe.load(example), lookup_torch=None)
+    program = resolved.pins["app"].details.program_path
+    assert program and program.endswith("train.py")
+    assert conf(context_files(example)["imgbuild/sagemaker/sagemaker.conf"])["DEFAULT_PROGRAM"] == program
+
+
 def test_torchrun_launcher_and_no_sagemaker(recipe_dir: Path) -> None:
     mine = recipe_dir / "mine.yaml"
     mine.write_text("extends: cpu\ncomponents:\n  sagemaker: {launcher: torchrun, ssh_port: 2222}\n")

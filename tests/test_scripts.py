@@ -210,3 +210,32 @@ def test_the_sagemaker_hook_adds_its_port_for_train_and_clears_the_markers(tmp_p
     ran = subprocess.run(["bash", "-euc", show, str(hook), "train"], capture_output=True, text=True, env=env)
     assert ran.stdout.startswith(f"ports=2200,{job.conf['SSH_SAGEMAKER_PORT']} "), ran.stderr
     assert not [m for m in ("LEADER_SEEN", "JOB_DONE", "WORKER_READY") if Path(job.conf[m]).exists()]
+
+
+def test_program_order_ends_with_the_images_own(tmp_path: Path) -> None:
+    """Arguments after train, SAGEMAKER_PROGRAM, the sagemaker_program hyperparameter, then DEFAULT_PROGRAM (the
+    recipe's app): each one only when the ones before it name nothing."""
+    job = Job(tmp_path)
+    conf = job.etc / "sagemaker.conf"
+    conf.write_text(conf.read_text().replace("DEFAULT_PROGRAM=\n", "DEFAULT_PROGRAM=default.sh\n"))
+    for name in ("default.sh", "hyper.sh", "env.sh", "arg.sh"):
+        (job.code / name).write_text(f"echo ran-{name}\n")
+
+    def ran(*args: str, **env: str) -> str:
+        done = job.run(*args, IMGBUILD_LAUNCHER="none", **env)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    assert ran() == "ran-default.sh"
+    Path(job.conf["HYPERPARAMETERS"]).write_text(json.dumps({"sagemaker_program": json.dumps("hyper.sh")}))
+    assert ran() == "ran-hyper.sh"
+    assert ran(SAGEMAKER_PROGRAM="env.sh") == "ran-env.sh"
+    assert ran("arg.sh", SAGEMAKER_PROGRAM="env.sh") == "ran-arg.sh"
+
+
+def test_a_failing_fetch_is_the_jobs_reason_and_status(tmp_path: Path) -> None:
+    job = Job(tmp_path)
+    Path(job.conf["HYPERPARAMETERS"]).write_text(json.dumps({"sagemaker_submit_directory": '"/nowhere/code.tar.gz"'}))
+    ran = job.run("x.py", IMGBUILD_LAUNCHER="none")
+    assert ran.returncode == 81, ran.stderr
+    assert job.failure.read_text() == "sagemaker_submit_directory /nowhere/code.tar.gz: no such file or folder\n"

@@ -21,7 +21,7 @@ setup(
     ext_modules=[
         CppExtension(
             "imgbuild_example._stack",
-            ["imgbuild_example/_stack.cpp"],
+            ["src/imgbuild_example/_stack.cpp"],
             include_dirs=[os.environ["NCCL_INCLUDE_DIR"]],
             extra_compile_args=[a for a in mpi_flags("compile") if a.startswith(("-I", "-D", "-pthread"))],
             # The NCCL wheel ships libnccl.so.2 (no unversioned link): link that file, and find it there at run time.

@@ -317,6 +317,10 @@ class Block:
     python_dists: Callable[[Pin], Mapping[str, str]] = lambda pin: {}
     context: Callable[[Pin, Context], list[tuple[str, bytes, int]]] = lambda pin, ctx: []
     top_level: bool = False
+    # what the image holds of the block beyond the lock (the user's code), as a digest the image's tags fold in (None:
+    # nothing), and the block's entry in the image's manifest (a field of Manifest named after the block; None: none)
+    image_digest: Callable[[Pin, Any], str | None] = lambda pin, resolved: None
+    manifest_entry: Callable[[Pin, Any], Any] = lambda pin, resolved: None
     template_globals: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
 
     @property

@@ -362,6 +362,18 @@ def code_digest(app: App) -> str | None:
     )
 
 
+# The requirement sets of the user's layer that reach the image (app/build stays in its build stage).
+IMAGE_SETS = ("app", "app/source")
+
+
+def manifest_entry(pin: Pin, resolved: Any) -> dict[str, Any]:
+    """The manifest's `app` (imgbuild.image.manifest.AppEntry): the versions the lock gives the user layer's
+    distributions, and its code's digest."""
+    python = resolved.content.python if resolved.content is not None else {}
+    dists = {r.name: r.version for name in IMAGE_SETS for r in python.get(name, ())}
+    return {"distributions": dict(sorted(dists.items())), "code_digest": code_digest(resolved.recipe.app)}
+
+
 def context(pin: Pin, ctx: Context) -> list[tuple[str, bytes, int]]:
     app = _app(ctx)
     if app.code is None:
@@ -384,6 +396,8 @@ BLOCK = Block(
     requirements_stage="runtime",
     context=context,
     top_level=True,
+    image_digest=lambda pin, resolved: code_digest(resolved.recipe.app),
+    manifest_entry=manifest_entry,
     after=("python", "pytorch", "mpi4py", "nccl", "openmpi", "sagemaker"),
     template_globals={
         "app_sets": requirements,

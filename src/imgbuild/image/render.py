@@ -34,7 +34,7 @@ from imgbuild.blocks import (
 )
 from imgbuild.core import paths
 from imgbuild.core.errors import RenderError
-from imgbuild.image.manifest import AppEntry, Manifest
+from imgbuild.image.manifest import Manifest
 from imgbuild.pin import record
 from imgbuild.pin.lock import Lock
 from imgbuild.pin.resolver import TARGET_TAGS, Resolved
@@ -632,11 +632,11 @@ def tags(resolved: Resolved, digest: str, arch: str | None = None) -> tuple[str,
 
 
 def code_digest(resolved: Resolved) -> str | None:
-    """The digest of the user's code the image carries (probes.codetree; None without app.code)."""
-    from imgbuild.blocks.app import code_digest as of_app
-
-    app = resolved.recipe.app
-    return of_app(app) if app is not None and "app" in resolved.pins else None
+    """What the image holds beyond its lock (the user's code: `Block.image_digest`), as one digest; None: nothing."""
+    parts = [d for b in REGISTRY if b.name in resolved.pins if (d := b.image_digest(resolved.pins[b.name], resolved))]
+    if len(parts) <= 1:
+        return parts[0] if parts else None
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
 def arch_suffix(resolved: Resolved, arch: str | None) -> str:
@@ -669,21 +669,13 @@ def _manifest(resolved: Resolved, digest: str, contribs: dict[str, Contribution]
         image_env=tuple(sorted([*(name for name, paths in env_paths.items() if paths), *env])),
         mpirun=r.mpirun,
         runtime=runtime_profile(r.runtime, contribs),
-        app=_app_entry(resolved),
+        **{
+            b.name: e
+            for b in REGISTRY
+            if b.name in resolved.pins
+            if (e := b.manifest_entry(resolved.pins[b.name], resolved))
+        },
     )
-
-
-# The requirement sets of the user's layer that reach the image (app/build stays in its build stage).
-APP_SETS = ("app", "app/source")
-
-
-def _app_entry(resolved: Resolved) -> AppEntry | None:
-    """The manifest's `app`: the versions the lock gives the user layer's distributions, and its code's digest."""
-    if "app" not in resolved.pins:
-        return None
-    python = resolved.content.python if resolved.content is not None else {}
-    dists = {r.name: r.version for name in APP_SETS for r in python.get(name, ())}
-    return AppEntry(distributions=dict(sorted(dists.items())), code_digest=code_digest(resolved))
 
 
 def _for_arch(pin: Pin, arch: str) -> Pin:

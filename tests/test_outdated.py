@@ -205,7 +205,11 @@ def test_an_index_that_cannot_answer_exits_7(env: Index, gpu: Path, tmp_path: Pa
 # ------------------------------------------------------------------------------------------------------------
 # imgbuild lock --upgrade
 
-INHERITED = "# mine: the cpu image, as shipped\nextends: cpu\ndescription: mine  # keep this comment\n"
+# boto3 (the sagemaker block's set) is not on the local index: the block is left out
+INHERITED = (
+    "# mine: the cpu image, as shipped\nextends: cpu\ndescription: mine  # keep this comment\n"
+    "components: {sagemaker: null}\n"
+)
 IN_PLACE = """\
 extends: cpu
 description: mine
@@ -214,6 +218,7 @@ components:
     source: wheel
     version: {version}   # the wheel's release
     package: nvidia-nccl-cu12
+  sagemaker: null
 """
 
 

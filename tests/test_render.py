@@ -112,7 +112,8 @@ def test_one_buildkit_dialect(name: str) -> None:
     assert "--chmod" not in code and "PIP_NO_CACHE_DIR" not in code and "--no-cache-dir" not in code
     assert "/var/lib/apt/lists/*" not in code and "update-ca-certificates" not in code and "imgbuild/ca" not in code
     froms = [i for _, i in steps if i.startswith("FROM ")]
-    assert froms[-1].endswith(" AS runtime") and all(" AS " in f for f in froms), froms
+    # the last stage is the image: the runtime, or the user's layer after it (app:)
+    assert froms[-1].endswith((" AS runtime", " AS app")) and all(" AS " in f for f in froms), froms
     bases = {stage: f.split()[1] for f in froms for stage in [f.split(" AS ")[-1]]}
     for stage, step in steps:
         if not step.startswith("RUN "):

@@ -64,7 +64,10 @@ def cpu_with_content(**content: Any) -> Resolved:
     """The cpu recipe freshly resolved (no network for it), with a lock's content and time."""
     resolved = resolve(load("cpu").concrete())
     base = {resolved.base_ref: ImageDigest(ref=resolved.base_ref, digest=BASE_DIGEST, origin="registry")}
-    python = {"nccl": (Requirement(name="nvidia_nccl_cu12", version="2.27.5", hashes=(NCCL_X86, NCCL_ARM)),)}
+    python = {
+        "nccl": (Requirement(name="nvidia_nccl_cu12", version="2.27.5", hashes=(NCCL_X86, NCCL_ARM)),),
+        "sagemaker": (Requirement(name="boto3", version="1.44.5", hashes=("sha256:" + "b" * 64,)),),
+    }
     full = Content(**{"bases": base, "python": python, **content})
     return resolved.model_copy(update={"content": full, "locked_at": "2025-06-01T12:00:00Z"})
 

@@ -78,10 +78,10 @@ def test_torchs_two_layers_are_disjoint_and_together_its_closure() -> None:
 def test_the_recipes_sets_install_builder_stage_first_each_holding_what_the_earlier_do_not() -> None:
     resolved = resolved_of("a100")
     sets = record.requirement_sets(resolved)
-    assert list(sets) == ["nccl", "pytorch/cuda", "pytorch/torch", "mpi4py/build", "mpi4py"]  # registry order
+    assert list(sets) == ["nccl", "pytorch/cuda", "pytorch/torch", "mpi4py/build", "mpi4py", "sagemaker"]  # registry
     out = wheels.compile_sets(sets, resolved)
     # mpi4py builds in the builder stage, whose venv the runtime stage copies before PyTorch's layers
-    assert list(out) == ["nccl", "mpi4py/build", "mpi4py", "pytorch/cuda", "pytorch/torch"]
+    assert list(out) == ["nccl", "mpi4py/build", "mpi4py", "pytorch/cuda", "pytorch/torch", "sagemaker"]
     names = [r.name for reqs in out.values() for r in reqs]
     assert len(names) == len(set(names))
     assert "nvidia-nccl-cu12" not in {r.name for r in out["pytorch/cuda"]}  # the nccl set holds it

@@ -96,6 +96,25 @@ def requirements_path(name: str) -> str:
     return f"{REQUIREMENTS_CONTEXT}/{name.replace('/', '.')}.txt"
 
 
+def requirement_set(ctx: Context, name: str) -> list[str]:
+    """Requirement set `name`'s specifiers, from the block named by its first part (`Block.requirements`)."""
+    block = name.split("/")[0]
+    sets = next((b.requirements(ctx.need(b.name), ctx) for b in REGISTRY if b.name == block), {})
+    if name not in sets:
+        raise RenderError(f"{ctx.resolved.name}: no requirement set {name!r} in block {block!r} (it has {list(sets)})")
+    return list(sets[name])
+
+
+def set_file(ctx: Context, name: str) -> tuple[str, str]:
+    """(the RUN's bind mount of set `name`'s requirements file, where it is mounted): the lock must record the set."""
+    if name not in ctx.content.python:
+        raise RenderError(
+            f"{ctx.resolved.name}: the lock records no requirement set {name!r}: refresh it (imgbuild lock)"
+        )
+    file = f"{REQUIREMENTS_DIR}/{requirements_path(name).rsplit('/', 1)[1]}"
+    return f"--mount=type=bind,source={requirements_path(name)},target={file}", file
+
+
 def pip_install(
     context: Any, pip: str, ctx: Context, name: str, env: str = "", *, build_env: str = "", mounts: Sequence[str] = ()
 ) -> str:
@@ -109,11 +128,7 @@ def pip_install(
     cache and the requirements file. `context` is Jinja's (the environment's `run` and `sources_dir`)."""
     from imgbuild.pin.wheels import no_binary, requirement_lines
 
-    block = name.split("/")[0]
-    sets = next((b.requirements(ctx.need(b.name), ctx) for b in REGISTRY if b.name == block), {})
-    if name not in sets:
-        raise RenderError(f"{ctx.resolved.name}: no requirement set {name!r} in block {block!r} (it has {list(sets)})")
-    specifiers = sets[name]
+    specifiers = requirement_set(ctx, name)
     sources = no_binary(specifiers)
     options = f" --no-binary={','.join(sources)} --no-build-isolation" if sources else ""
     run_, sources_dir = context["run"], context.get("sources_dir")
@@ -129,12 +144,7 @@ def pip_install(
         listed = " \\\n".join(f"      {w}" for w in words)
         command = f'set -- \\\n{listed} \\\n && {download} "$@" \\\n && {install} "$@"'
         return f"{head}{run_(CA_MOUNT, PIP_CACHE_MOUNT, *mounts)}{command}"
-    if name not in ctx.content.python:
-        raise RenderError(
-            f"{ctx.resolved.name}: the lock records no requirement set {name!r}: refresh it (imgbuild lock)"
-        )
-    file = f"{REQUIREMENTS_DIR}/{requirements_path(name).rsplit('/', 1)[1]}"
-    bind = f"--mount=type=bind,source={requirements_path(name)},target={file}"
+    bind, file = set_file(ctx, name)
     hashed = f"--require-hashes --no-deps{options} -r {file}"
     if sources_dir:
         install = f"{install_env}{pip} install --no-index --find-links {sources_dir}/wheels {hashed}"
@@ -155,26 +165,18 @@ def pip_wheel(
     them (hashed too). `env` prefixes the command (PIP_ENV), `build_env` the builds' variables."""
     from imgbuild.pin.wheels import no_binary, requirement_lines
 
-    block = name.split("/")[0]
-    sets = next((b.requirements(ctx.need(b.name), ctx) for b in REGISTRY if b.name == block), {})
-    if name not in sets:
-        raise RenderError(f"{ctx.resolved.name}: no requirement set {name!r} in block {block!r} (it has {list(sets)})")
-    sources = no_binary(sets[name])
+    specifiers = requirement_set(ctx, name)
+    sources = no_binary(specifiers)
     options = f"--no-binary={','.join(sources)} " if sources else ""
     prefix = " ".join(p for p in (env, build_env) if p)
     prefix = f"{prefix} " if prefix else ""
     index = f"--no-index --find-links {context['sources_dir']}/wheels " if context.get("sources_dir") else ""
     head = f"{prefix}{pip} wheel --no-deps --no-build-isolation {index}{options}--wheel-dir {wheel_dir}"
     if ctx.content is None:
-        words = " ".join(shlex.quote(r) for r in requirement_lines(sets[name]))
+        words = " ".join(shlex.quote(r) for r in requirement_lines(specifiers))
         note = f"# No lock content: requirement set {name} builds unhashed (`imgbuild lock` records its hashes).\n"
         return f"{note}{context['run'](CA_MOUNT, PIP_CACHE_MOUNT)}{head} {words}"
-    if name not in ctx.content.python:
-        raise RenderError(
-            f"{ctx.resolved.name}: the lock records no requirement set {name!r}: refresh it (imgbuild lock)"
-        )
-    file = f"{REQUIREMENTS_DIR}/{requirements_path(name).rsplit('/', 1)[1]}"
-    bind = f"--mount=type=bind,source={requirements_path(name)},target={file}"
+    bind, file = set_file(ctx, name)
     return f"{context['run'](CA_MOUNT, PIP_CACHE_MOUNT, bind)}{head} --require-hashes -r {file}"
 
 

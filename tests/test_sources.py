@@ -108,9 +108,7 @@ def test_a_damaged_folder_is_refused_before_anything_is_built(
     result = CliRunner().invoke(app, ["build", "cpu", "--sources", str(copy)])
     assert result.exit_code == 16, result.output
     name, version = rel.split("/")[-1].split("-")[:2]  # a file's name (NAME-VERSION-...) or the pin it is for
-    assert rel.split("/")[-1] in result.output or f"{name.replace('_', '-')}=={version}" in result.output, (
-        result.output
-    )
+    assert rel.split("/")[-1] in result.output or f"{name.replace('_', '-')}=={version}" in result.output, result.output
     if damage != "missing-deb" and damage != "edited-index":
         assert "expected" in result.output and "found" in result.output
     assert _tags(docker_client) == before  # nothing tagged

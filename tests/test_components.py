@@ -185,7 +185,12 @@ def test_mpi4py_pip_builds_and_verifies(docker_client, tmp_path: Path) -> None:
 def _dockerfile(resolved) -> str:
     """The Dockerfile alone (render.plan renders the context files too)."""
     ctx, contribs = render.contributions(resolved)
-    return render._dockerfile(resolved, ctx, contribs, render._labels(resolved, render.lock_digest(resolved)))
+    return render._dockerfile(
+        resolved,
+        ctx,
+        contribs,
+        render._labels(resolved, render.lock_digest(resolved), None, render.image_digests(resolved)),
+    )
 
 
 def _configure_line(text: str, marker: str) -> str:

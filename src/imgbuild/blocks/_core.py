@@ -318,9 +318,10 @@ class Block:
     context: Callable[[Pin, Context], list[tuple[str, bytes, int]]] = lambda pin, ctx: []
     top_level: bool = False
     # what the image holds of the block beyond the lock (the user's code), as a digest the image's tags fold in (None:
-    # nothing), and the block's entry in the image's manifest (a field of Manifest named after the block; None: none)
+    # nothing), and the block's entry in the image's manifest (a field of Manifest named after the block; None: none),
+    # given that digest (render reads it once per plan)
     image_digest: Callable[[Pin, Any], str | None] = lambda pin, resolved: None
-    manifest_entry: Callable[[Pin, Any], Any] = lambda pin, resolved: None
+    manifest_entry: Callable[[Pin, Any, str | None], Any] = lambda pin, resolved, image_digest: None
     template_globals: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
 
     @property

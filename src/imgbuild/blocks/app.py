@@ -33,6 +33,7 @@ rebuilds only it. Its pin holds what the recipe decided (names, paths); the vers
 from __future__ import annotations
 
 import re
+import shlex
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -46,6 +47,7 @@ from imgbuild.checks import CheckContext, check, fail, passed, skip
 from imgbuild.checks.results import CheckResult
 from imgbuild.core.errors import RenderError
 from imgbuild.probes import codetree
+from imgbuild.spec import compat
 from imgbuild.spec.schema import AbsPath, DebPackage, EnvName, Strict, Text, matching, one_line
 
 if sys.version_info >= (3, 11):
@@ -146,10 +148,6 @@ class App(Strict):
     program: RelPath | None = None
     imports: tuple[ModuleName, ...] = ()
 
-    @property
-    def requirement_lines(self) -> tuple[str, ...]:
-        return self.requirements
-
 
 class AppDetails(Details):
     """The app pin: what the recipe decided. `requirements` are the distributions the user named (normalized),
@@ -188,7 +186,7 @@ def project_name(folder: Path) -> str:
 
 
 def resolve(app: App, rs: Resolution) -> Pin:
-    lines = app.requirement_lines
+    lines = app.requirements
     names = _names(lines)
     builds = bool(app.from_source) or (app.code is not None and app.code.install)
     if lines or builds:
@@ -247,7 +245,7 @@ def requirements(pin: Pin, ctx: Context) -> dict[str, list[str]]:
     app = _app(ctx)
     details = pin.typed(AppDetails)
     source = set(details.from_source)
-    lines = app.requirement_lines
+    lines = app.requirements
     binary = [line for line, name in zip(lines, details.requirements, strict=True) if name not in source]
     built = [line for line, name in zip(lines, details.requirements, strict=True) if name in source]
     sets: dict[str, list[str]] = {}
@@ -366,12 +364,12 @@ def code_digest(app: App) -> str | None:
 IMAGE_SETS = ("app", "app/source")
 
 
-def manifest_entry(pin: Pin, resolved: Any) -> dict[str, Any]:
+def manifest_entry(pin: Pin, resolved: Any, image_digest: str | None) -> dict[str, Any]:
     """The manifest's `app` (imgbuild.image.manifest.AppEntry): the versions the lock gives the user layer's
-    distributions, and its code's digest."""
+    distributions, and its code's digest (`image_digest`: code_digest, as render read it)."""
     python = resolved.content.python if resolved.content is not None else {}
     dists = {r.name: r.version for name in IMAGE_SETS for r in python.get(name, ())}
-    return {"distributions": dict(sorted(dists.items())), "code_digest": code_digest(resolved.recipe.app)}
+    return {"distributions": dict(sorted(dists.items())), "code_digest": image_digest}
 
 
 def context(pin: Pin, ctx: Context) -> list[tuple[str, bytes, int]]:
@@ -402,7 +400,7 @@ BLOCK = Block(
     template_globals={
         "app_sets": requirements,
         "app_build_packages": build_packages,
-        "app_build_vars": lambda ctx: " ".join(f"{k}={shquote(v)}" for k, v in build_env(ctx).items()),
+        "app_build_vars": lambda ctx: " ".join(f"{k}={shlex.quote(v)}" for k, v in build_env(ctx).items()),
         "app_paths": lambda: {"code_context": CODE_CONTEXT, "wheels": WHEELS_DIR},
     },
 )
@@ -446,20 +444,11 @@ def app_distributions(ctx: CheckContext) -> CheckResult:
     wrong = [
         f"{name} {data.get(name) or 'missing'} (lock: {version})"
         for name, version in sorted(want.items())
-        if data.get(name) is None or canonicalize_version(data[name]) != canonicalize_version(version)
+        if data.get(name) is None or not compat.same_version(data[name], version)
     ]
     if wrong:
         return fail("; ".join(wrong), expected, f"{len(want) - len(wrong)} of {len(want)} as locked")
     return passed(expected, ", ".join(f"{n}=={v}" for n, v in sorted(want.items())))
-
-
-def canonicalize_version(version: str) -> str:
-    from packaging.version import InvalidVersion, Version
-
-    try:
-        return str(Version(version))
-    except InvalidVersion:
-        return version
 
 
 # Imports each module (the distributions' top-level modules, from their metadata, and the recipe's `imports`), then
@@ -569,7 +558,7 @@ def app_built_links(ctx: CheckContext) -> CheckResult:
     exts = [so for files in data["extensions"].values() for so in files]
     bad: list[str] = []
     for so in exts:
-        ldd = ctx.run(f"ldd {shquote(so)}")
+        ldd = ctx.run(f"ldd {shlex.quote(so)}")
         for line in ldd.out.splitlines():
             m = re.match(r"\s*(libnccl\.so\S*|libmpi\.so\S*) => (\S+)", line)
             if m is None:
@@ -577,19 +566,13 @@ def app_built_links(ctx: CheckContext) -> CheckResult:
             if m.group(2) == "not":
                 bad.append(f"{so}: {m.group(1)} not found")
                 continue
-            real = ctx.run(f"readlink -f {shquote(m.group(2))}").out.strip()
+            real = ctx.run(f"readlink -f {shlex.quote(m.group(2))}").out.strip()
             if real not in allowed:
                 bad.append(f"{so}: {m.group(1)} => {real}")
     found = ", ".join(f"{lib} {p}" for lib, paths in sorted(loaded.items()) for p in paths) or "neither loaded"
     if foreign or bad:
         return fail("; ".join([*foreign, *bad]), expected, found)
     return passed(expected, found, extensions=exts)
-
-
-def shquote(text: str) -> str:
-    import shlex
-
-    return shlex.quote(text)
 
 
 @check("app-code", "app")
@@ -601,7 +584,6 @@ def app_code(ctx: CheckContext) -> CheckResult:
         return skip("the app has no code folder (the job brings it: source_dir)", expected="")
     want = _expected(ctx).get("code_digest")
     import json
-    import shlex
 
     probe = f"<<'IMGBUILD_EOF'\n{codetree_source()}\nIMGBUILD_EOF"
     ran = ctx.run(f"{shlex.quote(ctx.python)} - {shlex.quote(details.code_path)} {probe}")

@@ -14,7 +14,7 @@ import hashlib
 import os
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import TYPE_CHECKING, Any
@@ -420,8 +420,9 @@ def plan(
     arch = check_arch(resolved, arch)
     ctx, contribs = contributions(resolved, arch)
     digest = lock_digest(resolved)
-    labels = _labels(resolved, digest, provenance or Provenance())
-    manifest = _manifest(resolved, digest, contribs, arch)
+    digests = image_digests(resolved)  # the user's code read once: labels, manifest and tags name one reading
+    labels = _labels(resolved, digest, provenance or Provenance(), digests)
+    manifest = _manifest(resolved, digest, contribs, arch, digests)
     builder_pkgs, runtime_pkgs = stage_packages(resolved, contribs)
     apt: dict[str, set[str]] = {}
     apt.setdefault(builder_base(resolved), set()).update(builder_pkgs)
@@ -443,7 +444,7 @@ def plan(
         labels=labels,
         lock_digest=digest,
         repository=repository(resolved),
-        tags=tags(resolved, digest, arch),
+        tags=tags(resolved, digest, arch, digests),
         arch=arch,
         base_images=tuple(bases),
         manifest=manifest,
@@ -553,10 +554,13 @@ def pinned_ref(resolved: Resolved, ref: str, arch: str | None = None) -> str:
     return f"{ref}@{recorded.digest}"
 
 
-def _labels(resolved: Resolved, digest: str, provenance: Provenance | None = None) -> dict[str, str]:
+def _labels(
+    resolved: Resolved, digest: str, provenance: Provenance | None, digests: Mapping[str, str]
+) -> dict[str, str]:
     """The image's labels: OCI's annotations (github.com/opencontainers/image-spec, annotations.md) and imgbuild's.
     Only what the lock and the caller establish: `created` is the lock's time (a rebuild from one lock makes the
-    same image), `base.digest` the base's digest the lock recorded; each is left out when unknown."""
+    same image), `base.digest` the base's digest the lock recorded; each is left out when unknown. `digests`: what
+    the image holds beyond the lock (image_digests)."""
     r = resolved.recipe
     provenance = provenance or Provenance()
     base = resolved.content.bases.get(resolved.base_ref) if resolved.content is not None else None
@@ -576,7 +580,7 @@ def _labels(resolved: Resolved, digest: str, provenance: Provenance | None = Non
         "io.imgbuild.recipe": r.name,
         "io.imgbuild.lock-digest": digest,
     }
-    code = code_digest(resolved)
+    code = code_digest(digests)
     if code is not None:
         labels["io.imgbuild.code-digest"] = code
     for name, pin in resolved.pins.items():
@@ -591,7 +595,7 @@ def manifest(resolved: Resolved, arch: str | None = None) -> Manifest:
     rendered)."""
     arch = check_arch(resolved, arch)
     _, contribs = contributions(resolved, arch)
-    return _manifest(resolved, lock_digest(resolved), contribs, arch)
+    return _manifest(resolved, lock_digest(resolved), contribs, arch, image_digests(resolved))
 
 
 def check_arch(resolved: Resolved, arch: str | None) -> str:
@@ -618,24 +622,34 @@ def lock_tag(digest: str) -> str:
     return f"lock-{digest[:12]}"
 
 
-def tags(resolved: Resolved, digest: str, arch: str | None = None) -> tuple[str, str]:
+def tags(
+    resolved: Resolved, digest: str, arch: str | None = None, digests: Mapping[str, str] | None = None
+) -> tuple[str, str]:
     """The image's tags, as `plan` gives them: the content-addressed one, then the readable one. The engine keeps one
     image per tag, so the image of an architecture other than the recipe's first carries its name after a dash
     (`lock-<12 hex>-arm64`); `imgbuild push` publishes the architectures under the plain tags as one image index.
     An image that carries the user's code (app.code) is its lock and that code: the content-addressed tag is the
     sha256 of both digests, and the readable one ends in `-code<8 hex>`, so an edited program makes a new image
-    under new tags without a new lock."""
+    under new tags without a new lock (`digests`: image_digests, when the caller has read them)."""
     suffix = arch_suffix(resolved, arch)
-    code = code_digest(resolved)
+    code = code_digest(image_digests(resolved) if digests is None else digests)
     if code is None:
         return lock_tag(digest) + suffix, readable_tag(resolved) + suffix
     both = hashlib.sha256(f"{digest}\n{code}".encode()).hexdigest()
     return lock_tag(both) + suffix, f"{readable_tag(resolved)}-code{code[:8]}{suffix}"
 
 
-def code_digest(resolved: Resolved) -> str | None:
-    """What the image holds beyond its lock (the user's code: `Block.image_digest`), as one digest; None: nothing."""
-    parts = [d for b in REGISTRY if b.name in resolved.pins if (d := b.image_digest(resolved.pins[b.name], resolved))]
+def image_digests(resolved: Resolved) -> dict[str, str]:
+    """What the image holds of each block beyond its lock (`Block.image_digest`: the user's code, read from the
+    recipe's folder), by block name; blocks with nothing there are left out."""
+    return {
+        b.name: d for b in REGISTRY if b.name in resolved.pins if (d := b.image_digest(resolved.pins[b.name], resolved))
+    }
+
+
+def code_digest(digests: Mapping[str, str]) -> str | None:
+    """What the image holds beyond its lock (image_digests), as one digest; None: nothing."""
+    parts = list(digests.values())
     if len(parts) <= 1:
         return parts[0] if parts else None
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
@@ -656,7 +670,9 @@ def image_refs(resolved: Resolved, arch: str | None = None) -> list[str]:
     return [f"{repository(resolved)}:{tag}" for tag in tags(resolved, lock_digest(resolved), arch)]
 
 
-def _manifest(resolved: Resolved, digest: str, contribs: dict[str, Contribution], arch: str) -> Manifest:
+def _manifest(
+    resolved: Resolved, digest: str, contribs: dict[str, Contribution], arch: str, digests: Mapping[str, str]
+) -> Manifest:
     r = resolved.recipe
     env_paths, env = image_env(resolved, contribs)
     return Manifest(
@@ -675,7 +691,7 @@ def _manifest(resolved: Resolved, digest: str, contribs: dict[str, Contribution]
             b.name: e
             for b in REGISTRY
             if b.name in resolved.pins
-            if (e := b.manifest_entry(resolved.pins[b.name], resolved))
+            if (e := b.manifest_entry(resolved.pins[b.name], resolved, digests.get(b.name)))
         },
     )
 

@@ -37,6 +37,7 @@ from imgbuild import __version__
 from imgbuild.core.errors import VerifyError
 from imgbuild.image.manifest import Manifest
 from imgbuild.pin.resolver import Resolved
+from imgbuild.spec import compat
 
 SPEC_VERSION = "1.6"
 MEDIA_TYPE = "application/vnd.cyclonedx+json"
@@ -121,15 +122,6 @@ def normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def _same_version(a: str, b: str) -> bool:
-    from packaging.version import InvalidVersion, Version
-
-    try:
-        return Version(a) == Version(b)
-    except InvalidVersion:
-        return a == b
-
-
 def _deb_upstream(version: str) -> str:
     """A Debian version without its epoch: `1:8.9p1-3` -> `8.9p1-3`."""
     return version.split(":", 1)[1] if ":" in version else version
@@ -177,7 +169,7 @@ def document(inv: Inventory, resolved: Resolved, *, timestamp: dt.datetime | Non
     py_components: dict[str, Component] = {}
     py_by_name: dict[str, list[tuple[str, str]]] = {}
     for d in parse_python(inv.python):
-        hashes = next((h for v, h in locked.get(normalize(d.name), []) if _same_version(v, d.version)), ())
+        hashes = next((h for v, h in locked.get(normalize(d.name), []) if compat.same_version(v, d.version)), ())
         ref = f"pypi:{normalize(d.name)}@{d.version}:{d.location}"
         note = (
             None
@@ -274,7 +266,7 @@ def document(inv: Inventory, resolved: Resolved, *, timestamp: dt.datetime | Non
             r
             for n in sorted(wanted)
             for v, r in py_by_name.get(n, [])
-            if pin.version is None or _same_version(v, pin.version)
+            if pin.version is None or compat.same_version(v, pin.version)
         ]
         if pin.source == "distro" and pin.version:
             carried += [r for r, deb in deb_refs.items() if _carries(name, pin.version, deb)]

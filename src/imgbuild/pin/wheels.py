@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 from packaging.utils import canonicalize_name
-from packaging.version import InvalidVersion, Version
 
 from imgbuild.core.errors import IndexLookupError, ResolveError
 from imgbuild.pin.content import Requirement
@@ -173,13 +172,6 @@ def provided(resolved: Resolved) -> dict[str, tuple[str, str]]:
     }
 
 
-def _differ(a: str, b: str) -> bool:
-    try:
-        return Version(a) != Version(b)
-    except InvalidVersion:
-        return a != b
-
-
 def _replaced(
     exc: ResolveError,
     uv: str,
@@ -212,7 +204,7 @@ def _replaced(
     moved = [
         f"{r.name} {pinned[r.name][0]} ({pinned[r.name][1]}) with {r.version}"
         for r in sorted(closure, key=lambda r: (r.name not in named, r.name))  # what the set names first
-        if r.name in pinned and _differ(r.version, pinned[r.name][0])
+        if r.name in pinned and not compat.same_version(r.version, pinned[r.name][0])
     ]
     if not moved:
         return exc

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from packaging.version import Version
+from packaging.version import InvalidVersion, Version
 
 
 @dataclass(frozen=True)
@@ -274,6 +274,15 @@ PLUGIN_TESTED_LIBFABRIC: dict[str, str] = {
     "1.19.2": "2.4.0amzn3.0",
     "1.21.1": "2.6.0amzn1.0",
 }
+
+
+def same_version(a: str, b: str) -> bool:
+    """Whether two version strings name one release: equal by PEP 440 (2.27.5 and 2.27.5.0, +cu128 kept), or by
+    their text where either is not a PEP 440 version."""
+    try:
+        return Version(a) == Version(b)
+    except InvalidVersion:
+        return a == b
 
 
 def for_release(table: dict[str, str], version: str) -> str | None:

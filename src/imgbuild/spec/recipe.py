@@ -29,6 +29,7 @@ from pydantic import (
     model_validator,
 )
 
+from imgbuild.blocks.app import App  # the user's layer (`app:`): the options of the block of that name
 from imgbuild.core import paths
 from imgbuild.core.errors import RecipeError
 from imgbuild.core.paths import display
@@ -140,15 +141,7 @@ def _components_model() -> type[Strict]:
     return model
 
 
-def _app_model() -> type[Strict]:
-    """The user's layer (`app:`), the options of the block of that name (imgbuild.blocks.app)."""
-    from imgbuild.blocks.app import App
-
-    return App
-
-
 if TYPE_CHECKING:
-    from imgbuild.blocks.app import App
 
     class Components(Strict):
         """The building blocks of an image (a field per registered block)."""
@@ -157,7 +150,6 @@ if TYPE_CHECKING:
 
 else:
     Components = _components_model()
-    App = _app_model()
 
 
 class Runtime(Strict):

@@ -18,7 +18,7 @@ if [[ "${1:-}" == train || "${1:-}" == "${sagemaker_conf[TRAIN]}" ]]; then
     IMGBUILD_SSHD_PORTS="${IMGBUILD_SSHD_PORTS:+${IMGBUILD_SSHD_PORTS},}${sagemaker_conf[SSH_SAGEMAKER_PORT]}"
     export IMGBUILD_SSHD_PORTS
     rm -f "${sagemaker_conf[LEADER_SEEN]}" "${sagemaker_conf[JOB_DONE]}" "${sagemaker_conf[JOB_DONE]}.tmp" \
-        "${sagemaker_conf[WORKER_READY]:-/tmp/imgbuild-worker-ready}"
+        "${sagemaker_conf[WORKER_READY]}"
 fi
 # Set for sshd's hook, not exported: the command's environment stays as the run gave it.
 if [[ -z "${IMGBUILD_SSH_DIR:-}" && ! -d "${sagemaker_conf[SSH_KEY_DIR]}" ]]; then

@@ -250,10 +250,41 @@ def sagemaker_job(docker_client: Any, tmp_path: Path, request: pytest.FixtureReq
 def docker_bridge_address(client: Any) -> str:
     """The host's address on Docker's default bridge (docker0, e.g. 172.17.0.1): containers on any bridge network,
     compose's included, reach the host there."""
-    for config in client.api.inspect_network("bridge")["IPAM"]["Config"] or []:
+    return bridge_address(client.api.inspect_network("bridge"), interface_ipv4)
+
+
+def bridge_address(network: dict[str, Any], interface_address: Any) -> str:
+    """The gateway of a bridge network's record (`docker network inspect`) when the engine states one (newer
+    engines do), else the address of the host's interface behind the bridge (its `bridge.name` option, docker0
+    by default): a docker.io 20.10 engine started afresh records `Config: [{Subnet: 172.17.0.0/16}]` with no
+    Gateway, while docker0 holds 172.17.0.1. The interface's address must lie in the network's subnet."""
+    import ipaddress
+
+    configs = (network.get("IPAM") or {}).get("Config") or []
+    for config in configs:
         if config.get("Gateway"):
             return str(config["Gateway"])
-    pytest.fail("Docker's default bridge network has no gateway address")
+    name = (network.get("Options") or {}).get("com.docker.network.bridge.name") or "docker0"
+    address = interface_address(name)
+    subnets = [ipaddress.ip_network(c["Subnet"], strict=False) for c in configs if c.get("Subnet")]
+    if address is None:
+        pytest.fail(f"Docker's bridge network {network.get('Name')!r} states no gateway and {name} has no IPv4 address")
+    if subnets and not any(ipaddress.ip_address(address) in net for net in subnets):
+        pytest.fail(f"{name}'s address {address} is outside the bridge network's subnets {[str(n) for n in subnets]}")
+    return str(address)
+
+
+def interface_ipv4(name: str) -> str | None:
+    """The first IPv4 address of this host's interface `name` (`ip -j -4 addr show dev NAME`), None when it has
+    none."""
+    out = subprocess.run(
+        ["ip", "-j", "-4", "addr", "show", "dev", name], capture_output=True, text=True, check=True, timeout=10
+    ).stdout
+    for link in json.loads(out or "[]"):
+        for info in link.get("addr_info", []):
+            if info.get("family") == "inet" and info.get("local"):
+                return str(info["local"])
+    return None
 
 
 @pytest.fixture(scope="session")

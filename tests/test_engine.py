@@ -834,3 +834,42 @@ def test_progress_auto_chooses(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not BuildProgress.auto(Console(file=io.StringIO())).live
     monkeypatch.setenv("CI", "true")
     assert not BuildProgress.auto(Console(file=io.StringIO(), force_terminal=True)).live
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The host's address on Docker's bridge (conftest.docker_bridge_address: where containers reach moto's S3 server)
+
+
+def test_bridge_address_is_the_gateway_an_engine_states_else_its_interface() -> None:
+    from conftest import bridge_address
+
+    newer = {"Name": "bridge", "IPAM": {"Config": [{"Subnet": "172.17.0.0/16", "Gateway": "172.17.0.1"}]}}
+    unread = lambda name: pytest.fail(f"{name} read although the gateway is stated")  # noqa: E731
+    assert bridge_address(newer, unread) == "172.17.0.1"
+    # docker.io 20.10 started afresh: no Gateway in the record, docker0 holds the address
+    fresh = {
+        "Name": "bridge",
+        "IPAM": {"Config": [{"Subnet": "172.18.0.0/16"}]},
+        "Options": {"com.docker.network.bridge.name": "br-test"},
+    }
+    asked: list[str] = []
+    assert bridge_address(fresh, lambda name: asked.append(name) or "172.18.0.1") == "172.18.0.1"
+    assert asked == ["br-test"]
+    with pytest.raises(pytest.fail.Exception, match="outside the bridge network's subnets"):
+        bridge_address(fresh, lambda name: "10.1.2.3")
+    with pytest.raises(pytest.fail.Exception, match="has no IPv4 address"):
+        bridge_address({"Name": "bridge", "IPAM": {"Config": None}}, lambda name: None)
+
+
+@pytest.mark.docker
+def test_bridge_address_is_the_default_route_of_a_container(docker_client: docker.DockerClient) -> None:
+    """What the S3 tests bind moto to is the gateway a container on the default bridge routes through, whether
+    or not the engine's record states it (a fresh 20.10 engine does not)."""
+    from conftest import docker_bridge_address
+
+    out = docker_client.containers.run(
+        "debian:bookworm-slim", ["cat", "/proc/net/route"], network_mode="bridge", remove=True
+    ).decode()
+    default = next(line.split() for line in out.splitlines()[1:] if line.split()[1] == "00000000")
+    gateway = ".".join(str(b) for b in bytes.fromhex(default[2])[::-1])  # the kernel prints it little-endian
+    assert docker_bridge_address(docker_client) == gateway

@@ -314,7 +314,7 @@ def cache_ref_problem(value: str, option: str) -> str | None:
     except ValueError as exc:
         return str(exc)
     if option == "--cache-to" and "@" in value:
-        return f"a cache is written under a tag, not a digest: {value[:120]!r}"
+        return f"a cache is written under a tag, not a digest: {validate.shown(value)}"
     return None
 
 

@@ -69,6 +69,8 @@ def main() -> None:
     except Exception as exc:  # an ImgbuildError never gets here: every command is @handled
         if os.environ.get("IMGBUILD_DEBUG"):
             raise
-        err().print(f"imgbuild: unexpected error: {type(exc).__name__}: {exc}", markup=False)
+        from imgbuild.core.validate import redact
+
+        err().print(f"imgbuild: unexpected error: {type(exc).__name__}: {redact(str(exc))}", markup=False)
         err().print("hint: run again with IMGBUILD_DEBUG=1 for a traceback, and report it", markup=False)
         sys.exit(1)

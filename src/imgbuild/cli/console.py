@@ -119,7 +119,7 @@ def print_json(data: Any) -> None:
 
 def handled(fn: F) -> F:
     """Turn ImgbuildError into a message on stderr and the error class's exit code (a traceback only with
-    IMGBUILD_DEBUG=1)."""
+    IMGBUILD_DEBUG=1). Credentials in the message (`user:***@host`) are redacted: no error prints a password."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -128,9 +128,11 @@ def handled(fn: F) -> F:
         except ImgbuildError as exc:
             if os.environ.get("IMGBUILD_DEBUG"):
                 raise
-            err().print(f"imgbuild: error: {exc.message}", markup=False)
+            from imgbuild.core.validate import redact  # a URL, reference or engine address may hold a password
+
+            err().print(f"imgbuild: error: {redact(exc.message)}", markup=False)
             if exc.hint:
-                err().print(f"hint: {exc.hint}", markup=False)
+                err().print(f"hint: {redact(exc.hint)}", markup=False)
             raise typer.Exit(exc.exit_code) from None
 
     return wrapper  # type: ignore[return-value]
@@ -142,9 +144,8 @@ def warn(resolved: Resolved) -> None:
         err().print(f"imgbuild: warning: {w}", markup=False)
 
 
-def resolved(ref: str) -> tuple[LoadedRecipe, Resolved, str]:
-    """The recipe REF (refused when abstract) with its pins: from its lock when fresh ("lock"), else freshly
-    resolved ("resolved")."""
+def resolved(ref: str) -> tuple[LoadedRecipe, Resolved]:
+    """The recipe REF (refused when abstract) with its lock's pins; exit 4 naming the lock file when it has none."""
     from imgbuild.pin import lock
 
     return lock.for_ref(ref)

@@ -15,6 +15,7 @@ from typing import Annotated
 import typer
 
 from imgbuild.cli.console import RecipeArg, err, handled, out, resolved, warn
+from imgbuild.core import validate
 from imgbuild.core.errors import EngineError
 
 
@@ -34,14 +35,19 @@ def run(
         bool, typer.Option("--print", help="Print the docker command instead of running it.")
     ] = False,
     image: Annotated[
-        str | None, typer.Option("--image", help="Image reference to run (default: the recipe's lock tag).")
+        str | None,
+        typer.Option(
+            "--image",
+            callback=validate.option(validate.image_ref),
+            help="Image reference to run (default: the recipe's lock tag).",
+        ),
     ] = None,
 ) -> None:
     """Run a container of a recipe's image with its runtime profile (devices, runtime, limits)."""
     from imgbuild.engine import runprofile
     from imgbuild.image import render
 
-    _, res, _ = resolved(ref)
+    _, res = resolved(ref)
     warn(res)
     image_ref = image or render.image_ref(res)
     # What the engine and host cannot give (a GPU request without the nvidia runtime, a runtime it lacks) is left

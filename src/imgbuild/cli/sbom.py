@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from imgbuild.cli.console import RecipeArg, err, handled, resolved, warn
+from imgbuild.core import validate
 from imgbuild.core.interrupts import terminable
 
 
@@ -26,14 +27,19 @@ def sbom_command(
     ] = None,
     image: Annotated[
         str | None,
-        typer.Option("--image", metavar="REF", help="The image to describe (default: the recipe's lock-<hash> image)."),
+        typer.Option(
+            "--image",
+            metavar="REF",
+            callback=validate.option(validate.image_ref),
+            help="The image to describe (default: the recipe's lock-<hash> image).",
+        ),
     ] = None,
 ) -> None:
     """What a built image holds, as CycloneDX JSON: the lock's pins and checksums, its Debian packages and Python
     distributions with their hashes, its digests."""
     from imgbuild.publish import sbom
 
-    _, res, _ = resolved(ref)
+    _, res = resolved(ref)
     warn(res)
     made = sbom.make(res, image=image)
     for warning in made.warnings:

@@ -82,7 +82,7 @@ class SshNodes:
         ]  # fmt: skip
         if self.key is not None:
             argv += ["-i", str(self.key), "-o", "IdentitiesOnly=yes"]
-        return [*argv, *extra, host]
+        return [*argv, *extra, "--", validate.argument(host, "--hosts")]  # after `--`: never an option of ssh
 
     def connect(self, wait_s: float = CONNECT_WAIT_S) -> list[tuple[str, str]]:
         """Open the master connection to every host, trying again for up to wait_s seconds (a container that has

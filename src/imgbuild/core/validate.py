@@ -58,9 +58,39 @@ _DNS_LABEL_RE = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?", re.ASCII)
 _QUANTITY_RE = re.compile(r"\d+(\.\d+)?(Ki|Mi|Gi|Ti|k|M|G|T)?", re.ASCII)
 
 
-def _shown(value: str) -> str:
-    """The value as an error message shows it: quoted, control characters escaped, long ones cut."""
+# Credentials in a URL or a reference: `USER:SECRET@` anywhere (`https://u:token@host`, `type=registry,ref=u:p@host/x`,
+# `ssh://u:pw@host`), and a bare `TOKEN@` after http(s)://. `NAME:TAG@sha256:HEX` is a reference's digest, not a secret.
+_USERINFO_RE = re.compile(
+    r"(?P<user>[^\s/@:'\"=,;()\[\]]+):(?P<secret>[^\s/'\"]*)@(?!" + _DIGEST + r"(?![0-9a-fA-F]))", re.ASCII
+)
+_TOKEN_RE = re.compile(r"(?P<scheme>\bhttps?://)(?P<token>[^\s/@:'\"]+)@", re.ASCII | re.IGNORECASE)
+REDACTED = "***"
+
+
+def redact(text: str) -> str:
+    """`text` with the secret of every credential in it replaced by ***: `user:***@host`, `https://***@host`. Every
+    message that can echo a URL, a reference or an engine address goes through it (`console.handled`, `shown`)."""
+    text = _USERINFO_RE.sub(lambda m: f"{m['user']}:{REDACTED}@", text)
+    return _TOKEN_RE.sub(lambda m: f"{m['scheme']}{REDACTED}@", text)
+
+
+def shown(value: str) -> str:
+    """The value as an error message shows it: credentials redacted, quoted, control characters escaped, long ones
+    cut."""
+    value = redact(value)
     return repr(value if len(value) <= 80 else value[:77] + "...")
+
+
+def argument(value: str, what: str) -> str:
+    """`value` when it can be handed to another program (ssh, docker, uv, pip ...) as an argument: one that starts
+    with `-` would be read as an option of that program (`ssh -oProxyCommand=...`), so it is refused, naming `what`
+    (the option or variable it came from). Callers also put `--` before it where the program takes one."""
+    if value.startswith("-"):
+        raise ValueError(
+            f"{what}: expected a value, got {shown(value)}: a value starting with '-' would be read as an option of "
+            "the program it is passed to"
+        )
+    return value
 
 
 def image_ref(value: str) -> str:
@@ -71,9 +101,9 @@ def image_ref(value: str) -> str:
     )
     m = IMAGE_REF_RE.fullmatch(value) if len(value) <= _IMAGE_REF_MAX else None
     if m is None:
-        raise ValueError(f"expected {expected}, got {_shown(value)}")
+        raise ValueError(f"expected {expected}, got {shown(value)}")
     if len(m.group("name")) > IMAGE_NAME_MAX:
-        raise ValueError(f"expected {expected} whose name is at most {IMAGE_NAME_MAX} characters, got {_shown(value)}")
+        raise ValueError(f"expected {expected} whose name is at most {IMAGE_NAME_MAX} characters, got {shown(value)}")
     return value
 
 
@@ -81,7 +111,7 @@ def instance_type(value: str) -> str:
     """An EC2 instance type (family.size)."""
     if len(value) > INSTANCE_TYPE_MAX or _INSTANCE_TYPE_RE.fullmatch(value) is None:
         raise ValueError(
-            f"expected {INSTANCE_TYPE_EXPECTED}, at most {INSTANCE_TYPE_MAX} characters, got {_shown(value)}"
+            f"expected {INSTANCE_TYPE_EXPECTED}, at most {INSTANCE_TYPE_MAX} characters, got {shown(value)}"
         )
     return value
 
@@ -97,7 +127,7 @@ def host(value: str) -> str:
     if len(value) > HOST_MAX or _HOST_RE.fullmatch(value) is None:
         raise ValueError(
             "expected a host name (RFC 1123: letters, digits and '-' in dot-separated labels, not starting or "
-            f"ending with '-') or an IP address, got {_shown(value)}"
+            f"ending with '-') or an IP address, got {shown(value)}"
         )
     return value
 
@@ -106,7 +136,7 @@ def hosts(value: str) -> list[str]:
     """A comma-separated list of host names or addresses (empty items are dropped), each checked by `host`."""
     names = [h.strip() for h in value.split(",") if h.strip()]
     if not names:
-        raise ValueError(f"expected one host or more, separated by commas (10.0.0.1,10.0.0.2), got {_shown(value)}")
+        raise ValueError(f"expected one host or more, separated by commas (10.0.0.1,10.0.0.2), got {shown(value)}")
     for name in names:
         host(name)
     return names
@@ -117,7 +147,7 @@ def user_name(value: str) -> str:
     if _USER_RE.fullmatch(value) is None:
         raise ValueError(
             "expected a user name (lowercase letters, digits, '_' and '-', not starting with a digit or '-', at "
-            f"most 32 characters), got {_shown(value)}"
+            f"most 32 characters), got {shown(value)}"
         )
     return value
 
@@ -127,7 +157,7 @@ def dns_label(value: str, max_length: int = 63) -> str:
     if len(value) > max_length or _DNS_LABEL_RE.fullmatch(value) is None:
         raise ValueError(
             f"expected a DNS label (a-z, 0-9 and '-', starting with a letter) of at most {max_length} characters, "
-            f"got {_shown(value)}"
+            f"got {shown(value)}"
         )
     return value
 
@@ -135,7 +165,7 @@ def dns_label(value: str, max_length: int = 63) -> str:
 def quantity(value: str) -> str:
     """A Kubernetes quantity (32Gi, 64000Mi)."""
     if _QUANTITY_RE.fullmatch(value) is None:
-        raise ValueError(f"expected a Kubernetes quantity such as 32Gi or 64000Mi, got {_shown(value)}")
+        raise ValueError(f"expected a Kubernetes quantity such as 32Gi or 64000Mi, got {shown(value)}")
     return value
 
 
@@ -150,6 +180,6 @@ def option(check: Callable[[str], T]) -> Callable[[str | None], T | None]:
         try:
             return check(value)
         except ValueError as exc:
-            raise typer.BadParameter(str(exc)) from None
+            raise typer.BadParameter(redact(str(exc))) from None
 
     return callback

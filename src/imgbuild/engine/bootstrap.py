@@ -152,19 +152,21 @@ def spec_for(
     """
     name = name.strip()
     if arch not in compat.MACHINE:
-        raise UsageError(f"unknown architecture {_shown(arch)}; use one of {', '.join(compat.MACHINE)}")
+        raise UsageError(f"unknown architecture {validate.shown(arch)}; use one of {', '.join(compat.MACHINE)}")
     if not _image_name(name):
         raise UsageError(
-            f"not an image name: {_shown(name)}; expected [REGISTRY/]REPOSITORY[:TAG] in lowercase "
+            f"not an image name: {validate.shown(name)}; expected [REGISTRY/]REPOSITORY[:TAG] in lowercase "
             "(Docker's reference grammar, no digest), e.g. debian:bookworm-slim"
         )
     if variant not in VARIANTS:
-        raise UsageError(f"unknown debootstrap variant {_shown(variant)}; use one of {', '.join(VARIANTS)}")
+        raise UsageError(f"unknown debootstrap variant {validate.shown(variant)}; use one of {', '.join(VARIANTS)}")
     if suite is not None and not _SUITE_RE.fullmatch(suite):
-        raise UsageError(f"not a suite name: {_shown(suite)}; expected a distribution's suite, e.g. bookworm, jammy")
+        raise UsageError(
+            f"not a suite name: {validate.shown(suite)}; expected a distribution's suite, e.g. bookworm, jammy"
+        )
     if mirror is not None and not _MIRROR_RE.fullmatch(mirror):
         raise UsageError(
-            f"--mirror must be an http(s):// or file:// URL without spaces, got {_shown(mirror)}",
+            f"--mirror must be an http(s):// or file:// URL without spaces, got {validate.shown(mirror)}",
             hint=f"e.g. --mirror {DEBIAN_MIRROR}",
         )
     repo, tag = split_name(name)
@@ -216,12 +218,6 @@ def _image_name(name: str) -> bool:
     except ValueError:
         return False
     return "@" not in name
-
-
-def _shown(value: str) -> str:
-    """A value as an error message quotes it: repr (control characters visible), at most 200 characters."""
-    text = repr(value)
-    return text if len(text) <= 200 else text[:199] + "…"
 
 
 def sources_list(spec: BaseSpec) -> str:
@@ -300,7 +296,7 @@ def _debootstrap(spec: BaseSpec, rootfs: Path, progress_print: ProgressPrint) ->
         _check_emulation(spec.arch)
         cmd.append(f"--arch={spec.arch}")
     cmd += [spec.suite, str(rootfs), spec.mirror]
-    progress_print("$ " + " ".join(cmd))
+    progress_print("$ " + validate.redact(" ".join(cmd)))  # a mirror URL may hold a password
     env = {**os.environ, "LC_ALL": "C", "DEBIAN_FRONTEND": "noninteractive"}
     tail: collections.deque[str] = collections.deque(maxlen=30)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace", env=env)

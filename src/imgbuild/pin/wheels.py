@@ -14,6 +14,13 @@ the order given): a later set is compiled with the earlier sets' pins as constra
 what they do not hold, so each set installs with --no-deps and the sets together hold every distribution the image
 installs, transitive ones included. A set's entry `--no-binary=NAME` (pip's own requirements-file option) says that
 NAME installs from its sdist (mpi4py, compiled against the image's MPI): its record is the sdist's hash alone.
+
+An existing lock's versions are preferences, as uv and pip-tools keep the pins of an existing output file: each set
+is compiled with them written where uv reads its previous output (`--output-file`), so a distribution keeps its
+locked version while that version still resolves and fits the set, whatever the index has published since; only its
+hashes are read again (the same version served with other bytes is drift, not a newer release). A release the index
+has yanked since stays preferred (uv keeps a yanked pin, as pip installs a release pinned exactly) and is reported
+(`Yank`).
 """
 
 from __future__ import annotations
@@ -26,9 +33,10 @@ import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
 
 from imgbuild.core.errors import IndexLookupError, ResolveError
 from imgbuild.pin.content import Requirement
@@ -42,6 +50,17 @@ else:  # pragma: no cover - Python 3.10
 
 UV_TIMEOUT_S = 600  # one set's resolution; torch's closure takes seconds with a warm uv cache
 _NO_BINARY = re.compile(r"^--no-binary(?:=|\s+)(\S+)$")
+# uv's warning for a yanked release it resolved to (a preference, an exact pin): `name==version` is yanked (reason: ..)
+_YANKED = re.compile(r"^warning: `([^`=]+)==([^`]+)` is yanked(?: \(reason: (.*)\))?\s*$", re.MULTILINE)
+
+
+class Yank(NamedTuple):
+    """A distribution a set resolved to although the index has yanked that release (PEP 592)."""
+
+    set: str
+    name: str
+    version: str
+    reason: str
 
 
 def no_binary(specifiers: Sequence[str]) -> list[str]:
@@ -104,15 +123,28 @@ def install_order(names: Sequence[str]) -> list[str]:
 
 
 def compile_sets(
-    sets: Mapping[str, Sequence[str]], resolved: Resolved, *, offline: bool = False
+    sets: Mapping[str, Sequence[str]],
+    resolved: Resolved,
+    *,
+    offline: bool = False,
+    preferences: Mapping[str, str] | None = None,
+    yanked: list[Yank] | None = None,
 ) -> dict[str, tuple[Requirement, ...]]:
     """Each requirement set's closure with hashes, in install order (`install_order`): a set holds only what the
     sets before it do not (they constrain its versions). Resolved for each of the recipe's architectures; the
     versions must agree, and each requirement holds every architecture's hashes. `offline`: no network, uv answers
-    from its cache (uv's --offline; what it has not cached fails the set, naming it). Raises `ResolveError` when a set
+    from its cache (uv's --offline; what it has not cached fails the set, naming it). `preferences`: normalized name ->
+    version, the existing lock's pins, kept where they still resolve (`preference_file`). `yanked`, when given,
+    receives each distribution resolved to a yanked release. Raises `ResolveError` when a set
     cannot be resolved (uv's message, the recipe and the set named) or resolves differently on two architectures,
     and `IndexLookupError` when uv cannot run or reach the index."""
-    per_arch = {arch: _compile_arch(sets, resolved, arch, offline) for arch in resolved.recipe.platform.arch}
+    prefer = dict(preferences or {})
+    found: set[Yank] = set()
+    per_arch = {
+        arch: _compile_arch(sets, resolved, arch, offline, prefer, found) for arch in resolved.recipe.platform.arch
+    }
+    if yanked is not None:
+        yanked.extend(sorted(found))
     first, *others = per_arch
     out: dict[str, tuple[Requirement, ...]] = {}
     for name, reqs in per_arch[first].items():
@@ -135,7 +167,12 @@ def compile_sets(
 
 
 def _compile_arch(
-    sets: Mapping[str, Sequence[str]], resolved: Resolved, arch: str, offline: bool
+    sets: Mapping[str, Sequence[str]],
+    resolved: Resolved,
+    arch: str,
+    offline: bool,
+    preferences: Mapping[str, str],
+    yanked: set[Yank],
 ) -> dict[str, tuple[Requirement, ...]]:
     python, platform = target(resolved, arch)
     uv = uv_bin()
@@ -146,13 +183,18 @@ def _compile_arch(
         folder = Path(tmp)
         for name in install_order(list(sets)):
             versions = {n: v for n, (v, _) in pinned.items()}
+            found: dict[str, tuple[str, str]] = {}
             try:
-                closure = _compile(uv, folder, resolved.name, name, sets[name], versions, python, platform, offline)
+                closure = _compile(
+                    uv, folder, resolved.name, name, sets[name], versions, python, platform, offline,
+                    preferences=preferences, yanked=found,
+                )  # fmt: skip
             except ResolveError as exc:
                 raise _replaced(
                     exc, uv, folder, resolved.name, name, sets[name], pinned, python, platform, offline
                 ) from exc
             mine = tuple(r for r in closure if r.name not in pinned)
+            yanked.update(Yank(name, r.name, r.version, found[r.name][1]) for r in mine if r.name in found)
             for r in mine:
                 pinned[r.name] = (r.version, f"requirement set {name}")
             out[name] = mine
@@ -227,7 +269,12 @@ def _compile(
     python: str,
     platform: str,
     offline: bool = False,
+    *,
+    preferences: Mapping[str, str] | None = None,
+    yanked: dict[str, tuple[str, str]] | None = None,
 ) -> list[Requirement]:
+    """One set's closure, resolved by uv with `pinned` as constraints and `preferences` as the previous output's pins;
+    `yanked` (when given) receives name -> (version, reason) for each yanked release uv resolved to."""
     where = f"{recipe}: requirement set {name}"
     lines = requirement_lines(specifiers)
     if not lines:
@@ -238,11 +285,13 @@ def _compile(
     (folder / f"{slug}.constraints.txt").write_text("".join(f"{n}=={v}\n" for n, v in sorted(pinned.items())))
     lock = folder / slug / "pylock.toml"  # uv wants the name pylock.toml for this format
     lock.parent.mkdir()
-    argv = [
-        uv, "pip", "compile", "--quiet", "--no-python-downloads", "--generate-hashes",
+    if preferences:
+        lock.write_text(preference_file(preferences))
+    argv = [  # not --quiet: uv's warnings name the yanked releases it resolved to
+        uv, "pip", "compile", "--no-python-downloads", "--generate-hashes",
         "--python-version", python, "--python-platform", platform,
         "--constraints", str(folder / f"{slug}.constraints.txt"),
-        *(a for n in sources for a in ("--no-binary", n)),
+        *(f"--no-binary={n}" for n in sources),  # `=`: a name is never read as an option of uv
         *(["--offline"] if offline else []),
         "--format", "pylock.toml", "--output-file", str(lock), str(folder / f"{slug}.in"),
     ]  # fmt: skip
@@ -259,7 +308,25 @@ def _compile(
         if "No solution found" in ran.stderr:
             raise ResolveError(why)
         raise IndexLookupError(why, hint="uv reads its index from uv.toml or UV_INDEX / UV_DEFAULT_INDEX")
+    if yanked is not None:
+        for m in _YANKED.finditer(ran.stderr):
+            yanked[canonicalize_name(m.group(1))] = (m.group(2), (m.group(3) or "").strip().strip('"'))
     return _read(lock, where, set(sources))
+
+
+def preference_file(preferences: Mapping[str, str]) -> str:
+    """The previous output uv reads its preferences from (`uv pip compile --output-file`, here a pylock.toml): one
+    package entry (name, version) for each preferred pin. Only a valid distribution name and PEP 440 version is written
+    (what a lock holds came from a file a user may have edited: anything else is left out, never written into TOML)."""
+    lines = ['lock-version = "1.0"', 'created-by = "imgbuild (the existing lock\'s pins, preferred)"']
+    for name, version in sorted(preferences.items()):
+        try:
+            Version(version)
+        except InvalidVersion:
+            continue
+        if re.fullmatch(r"[a-z0-9](?:[a-z0-9-]*[a-z0-9])?", name) and re.fullmatch(r"[A-Za-z0-9.+!_-]+", version):
+            lines += ["", "[[packages]]", f'name = "{name}"', f'version = "{version}"']
+    return "\n".join(lines) + "\n"
 
 
 def _read(lock: Path, where: str, sources: set[str]) -> list[Requirement]:

@@ -34,6 +34,7 @@ import docker.errors
 from imgbuild import checks, engine
 from imgbuild.blocks import runtime_order
 from imgbuild.checks.results import CheckResult, failures
+from imgbuild.core import validate
 from imgbuild.core.errors import ImgbuildError, Interrupted, LockError, RecipeError, VerifyError
 from imgbuild.core.interrupts import sigint_deferred
 from imgbuild.engine import bootstrap
@@ -97,11 +98,10 @@ def target_for_recipe(ref: str, arch: str | None = None) -> Target:
     loaded = recipe.load(ref)
     if loaded.recipe.abstract:
         raise RecipeError(f"{recipe.display(loaded.path)}: '{loaded.recipe.name}' is abstract (a parent): no image")
-    resolved, how = lock.resolved_for(loaded)
+    resolved = lock.resolved_for(loaded)  # a recipe without a lock is refused: its image would be no lock's
     arch = render.check_arch(resolved, arch)  # a RenderError naming the recipe's architectures
-    note = "" if how == "lock" else f"{loaded.recipe.name} has no lock: compared with a fresh resolution"
     expected = expected_manifest(resolved, arch)
-    return Target(ref, "recipe", render.image_ref(resolved, arch), resolved.name, resolved, expected, note)
+    return Target(ref, "recipe", render.image_ref(resolved, arch), resolved.name, resolved, expected)
 
 
 def target_for_image(ref: str, labels: dict[str, str], arch: str | None = None) -> Target:
@@ -127,17 +127,26 @@ def target_for_image(ref: str, labels: dict[str, str], arch: str | None = None) 
     return Target(ref, "image", ref, name, resolved, expected_manifest(resolved, arch), note)
 
 
+def recipe_target(ref: str, arch: str | None = None) -> Target | None:
+    """REF's target when it names a recipe (a shipped name or a YAML file), else None: read before any engine is
+    asked, so a recipe without a lock is exit 4 whether or not an engine answers."""
+    if looks_like_image(ref):
+        return None
+    try:
+        recipe.find(ref)
+    except ImgbuildError:
+        return None
+    return target_for_recipe(ref, arch)
+
+
 def resolve_target(ref: str, client: docker.DockerClient | None, arch: str | None = None) -> Target:
     """RECIPE (shipped name or YAML path) or IMAGE (has ':' or '@', or the engine knows it). `arch` (--platform):
     which of a recipe's architectures; for an image, the architecture it must be."""
-    if not looks_like_image(ref):
-        try:
-            recipe.find(ref)
-        except ImgbuildError:
-            if client is None or _image_labels(client, ref) is None:
-                raise
-        else:
-            return target_for_recipe(ref, arch)
+    target = recipe_target(ref, arch)
+    if target is not None:
+        return target
+    if not looks_like_image(ref) and (client is None or _image_labels(client, ref) is None):
+        recipe.find(ref)  # neither a recipe nor an image the engine has: the recipe's error (no such recipe...)
     if client is None:
         raise VerifyError(f"{ref}: verifying an image needs the Docker engine")
     info = engine.inspect_image(client, ref)
@@ -235,13 +244,31 @@ def verify(
     return report
 
 
+_SSH_HOST_RE = re.compile(r"ssh://(?:(?P<user>[^@/]*)@)?(?P<host>\[[^\]/]*\]|[^:/@\[\]]*)(?::(?P<port>\d{1,5}))?")
+
+
 def host_spec(host: str) -> str:
-    """--host value -> testinfra host spec: 'local' -> local://, ssh://USER@HOST as is."""
+    """--host value -> testinfra host spec: 'local' -> local://, ssh://[USER@]HOST[:PORT] as is. The user and the
+    host are checked by their grammars (validate.user_name, validate.host): testinfra hands them to ssh with no `--`
+    before them, so neither may start with '-' (`ssh://-oProxyCommand=...` would be an option of ssh)."""
     if host in ("local", "local://"):
         return "local://"
-    if re.fullmatch(r"ssh://(?:[A-Za-z0-9._-]+@)?[A-Za-z0-9.:\[\]-]+(?::\d+)?", host):
-        return host
-    raise VerifyError(f"--host {host!r}: expected 'local' or ssh://USER@HOST")
+    expected = "expected 'local' or ssh://[USER@]HOST[:PORT]"
+    m = _SSH_HOST_RE.fullmatch(host)
+    if m is None:
+        raise VerifyError(f"--host {validate.shown(host)}: {expected}")
+    try:
+        validate.argument(m["host"], "--host")
+        validate.host(m["host"].strip("[]"))
+        if m["user"] is not None and ":" in m["user"]:
+            raise ValueError("it holds a password (USER:PASSWORD@), which is not repeated; ssh logs in with keys")
+        if m["user"] is not None:
+            validate.user_name(validate.argument(m["user"], "--host"))
+        if m["port"] is not None and not 1 <= int(m["port"]) <= 65535:
+            raise ValueError(f"expected a port 1-65535, got {m['port']}")
+    except ValueError as exc:
+        raise VerifyError(f"--host {validate.shown(host)}: {expected}: {exc}") from None
+    return host
 
 
 def _verify_host(
@@ -417,14 +444,15 @@ def _verify_container(
 ) -> VerifyReport:
     import testinfra
 
+    t = time.monotonic()
+    named = recipe_target(ref, arch)  # a recipe's lock before the engine: a missing one is exit 4 either way
     if shutil.which("docker") is None:
         raise VerifyError("the docker command line is not installed (testinfra runs `docker exec`)",
                           hint=engine.SETUP_HINT)  # fmt: skip
-    t = time.monotonic()
     client = engine.connect()
     containers = Containers(client)
     try:
-        target = resolve_target(ref, client, arch)
+        target = named or resolve_target(ref, client, arch)
         assert target.image is not None
         if _image_labels(client, target.image) is None:
             hint = f"imgbuild build {target.ref}" if target.kind == "recipe" else None

@@ -9,6 +9,7 @@ import typing
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 from conftest import REPO, SHIPPED
 from imgbuild.blocks import BY_NAME, REGISTRY, builder_order, resolve_order, runtime_order
@@ -202,8 +203,8 @@ def _configure_line(text: str, marker: str) -> str:
 
 
 def test_hwloc_is_offered_to_the_builds_that_use_it(recipe_dir: Path) -> None:
-    """hwloc's own contribution: its packages in both stages, --with-hwloc=/usr in Open MPI's and the plugin's
-    configure when they build from source (neither names hwloc)."""
+    """hwloc's own contribution: its packages in both stages, --with-hwloc (no directory: it is in the compiler's
+    default paths) in Open MPI's and the plugin's configure when they build from source (neither names hwloc)."""
     (recipe_dir / "ompi.yaml").write_text(
         "extends: a100\ncomponents:\n  openmpi: {source: source, version: 4.1.6}\n  mpi4py: null\n"
     )
@@ -212,14 +213,14 @@ def test_hwloc_is_offered_to_the_builds_that_use_it(recipe_dir: Path) -> None:
     builder, runtime = text.split("# ---- runtime")
     assert "      libhwloc-dev \\\n" in builder and "      libhwloc15 \\\n" in runtime
     assert _configure_line(text, "openmpi-4.1.6") == (
-        "./configure --prefix=/opt/openmpi --disable-static --with-ofi=/opt/amazon/efa --with-hwloc=/usr "
+        "./configure --prefix=/opt/openmpi --disable-static --with-ofi=/opt/amazon/efa --with-hwloc "
         "--with-cuda=/usr/local/cuda"
     )
     assert _configure_line(_dockerfile(_resolved("ofi-release")), "aws-ofi-nccl").endswith(
-        "--enable-platform-aws --with-hwloc=/usr"
+        "--enable-platform-aws --with-hwloc"
     )
     ctx, _ = render.contributions(resolved)
-    assert ctx.configure_args("openmpi") == ["--with-ofi=/opt/amazon/efa", "--with-hwloc=/usr"]
+    assert ctx.configure_args("openmpi") == ["--with-ofi=/opt/amazon/efa", "--with-hwloc"]
     assert ctx.configure_args("nccl") == []
 
 
@@ -231,8 +232,120 @@ def test_without_hwloc_nothing_asks_for_it(recipe_dir: Path) -> None:
     assert "hwloc" not in text
     assert "--with-hwloc" not in _dockerfile(_resolved("modes"))  # Open MPI from source, no hwloc block
     assert _configure_line(_dockerfile(_resolved("modes")), "openmpi-4.1.6") == (
-        "./configure --prefix=/opt/openmpi --disable-static"
+        "./configure --prefix=/opt/openmpi --disable-static --with-ofi"  # Debian's libfabric, in /usr
     )
+
+
+# ---- configure lines: what compiling them catches and a golden file does not ---------------------------------------
+# aws-ofi-nccl 1.16.3 and 1.21.1 compiled with these lines (issue 28): a `--with-X=/usr` makes configure add
+# `-isystem /usr/include` and g++ fails in <cstdlib>; a release built without --with-gdrcopy has HAVE_GDRCOPY 0.
+
+# `--with-X=/usr`, however the directory is written (/usr/, //usr, /usr/.), up to the end of the argument.
+SYSTEM_WITH = re.compile(r"--with-[\w-]+=/+usr(?:/+\.?)*(?=[\s\\'\";]|$)", re.M)
+
+
+def _rendered(name: str) -> list[tuple[str, str]]:
+    """The Dockerfile of recipe `name` for each architecture it is built for: (arch, text)."""
+    resolved = _resolved(name)
+    return [(arch, render.plan(resolved, arch=arch).dockerfile) for arch in resolved.recipe.platform.arch]
+
+
+def _configure_lines(text: str) -> list[str]:
+    """Every ./configure command of a Dockerfile, its continuation lines joined."""
+    lines = []
+    for step in text.split("\n\n"):
+        for start in [m.start() for m in re.finditer(r"\./configure ", step)]:
+            command = step[start:].split("\n && ")[0].removesuffix(" \\")
+            lines.append(" ".join(part.strip() for part in command.split("\\\n")))
+    return lines
+
+
+def test_system_with_pattern_catches_every_spelling_of_usr() -> None:
+    for bad in ["--with-hwloc=/usr", "--with-cuda=/usr/", "--with-ofi=//usr", "--with-mpi=/usr/. \\", "--with-x=/usr;"]:
+        assert SYSTEM_WITH.search(bad), bad
+    for fine in ["--with-hwloc", "--with-mpi=/usr/lib/x86_64-linux-gnu/openmpi", "--with-cuda=/usr/local/cuda"]:
+        assert not SYSTEM_WITH.search(fine), fine
+
+
+@pytest.mark.parametrize("name", [*SHIPPED, *EXTRA])
+def test_no_rendered_dockerfile_passes_usr_to_a_configure(name: str) -> None:
+    """Every shipped and test recipe, every architecture: no `--with-X=/usr` anywhere in the Dockerfile, and every
+    configure line's `--with-X=DIR` names a directory outside the compiler's default paths."""
+    for arch, text in _rendered(name):
+        assert SYSTEM_WITH.findall(text) == [], f"{name} ({arch})"
+        for line in _configure_lines(text):
+            dirs = re.findall(r"--with-[\w-]+=(\S+)", line)
+            assert all(d.rstrip("/") not in ("/usr", "") for d in dirs), f"{name} ({arch}): {line}"
+
+
+@pytest.mark.parametrize("name", [*SHIPPED, *EXTRA])
+def test_the_plugin_is_built_against_gdrcopy_exactly_when_the_image_has_it(name: str) -> None:
+    """A plugin built from its release gets --with-gdrcopy=<GDRCopy's prefix> exactly when the image has GDRCopy and
+    the release's configure takes the option (1.18 on); GDRCopy is built before it, so gdrapi.h is there."""
+    resolved = _resolved(name)
+    plugin = resolved.pins.get("aws_ofi_nccl")
+    text = render.plan(resolved).dockerfile
+    lines = [line for line in _configure_lines(text) if "--enable-platform-aws" in line]
+    if plugin is None or plugin.source != "release":
+        assert lines == [] and "--with-gdrcopy" not in text
+        return
+    assert len(lines) == 1, lines
+    gdrcopy = resolved.pins.get("gdrcopy")
+    wanted = gdrcopy is not None and Version(plugin.version) >= Version("1.18")
+    flags = [arg for arg in lines[0].split() if arg.startswith("--with-gdrcopy")]
+    assert flags == ([f"--with-gdrcopy={gdrcopy.details.prefix}"] if wanted else []), name
+    if wanted:
+        assert text.index("# GDRCopy ") < text.index("# aws-ofi-nccl ")
+
+
+def test_the_121_release_is_configured_against_the_images_gdrcopy(recipe_dir: Path) -> None:
+    """The golden recipe's line, and the same recipe without GDRCopy (no flag: the plugin warns it wants it) and with
+    GDRCopy in /usr (the bare flag: configure finds gdrapi.h in the default paths)."""
+    line = _configure_line(_dockerfile(_resolved("ofi-release-gdrcopy")), "aws-ofi-nccl")
+    assert line == (
+        "./configure --prefix=/opt/aws-ofi-nccl --with-libfabric=/opt/amazon/efa --with-cuda=/usr/local/cuda "
+        "--with-mpi=/opt/amazon/openmpi --with-gdrcopy=/opt/gdrcopy --enable-platform-aws --with-hwloc"
+    )
+    base = "extends: h200\ncomponents:\n  aws_ofi_nccl: {source: release, version: 1.21.1}\n"
+    (recipe_dir / "none.yaml").write_text(base + "  gdrcopy: null\n")
+    resolved = resolve(recipe.load(recipe_dir / "none.yaml"), lookup_torch=None)
+    assert any("GDRCopy >= 2.5" in w for w in resolved.warnings)
+    assert "gdrcopy" not in _configure_line(_dockerfile(resolved), "aws-ofi-nccl")
+    (recipe_dir / "usr.yaml").write_text(base + "  gdrcopy: {version: 2.5.1, prefix: /usr/}\n")
+    line = _configure_line(_dockerfile(resolve(recipe.load(recipe_dir / "usr.yaml"), lookup_torch=None)), "aws-ofi")
+    assert " --with-gdrcopy " in f"{line} "
+
+
+def test_a_recipe_prefix_of_usr_gives_the_bare_option(recipe_dir: Path) -> None:
+    """A directory the recipe names that is the system's (/usr, however written) reaches no configure line: CUDA
+    under /usr (the distribution's toolkit) gives the plugin and Open MPI a bare --with-cuda."""
+    (recipe_dir / "c.yaml").write_text(
+        "extends: a100\ncuda: {version: 12.8.1, home: //usr/}\n"
+        "components:\n  aws_ofi_nccl: {source: release, version: 1.16.3}\n"
+        "  openmpi: {source: source, version: 4.1.6}\n  mpi4py: null\n  nccl_tests: null\n"
+    )
+    text = _dockerfile(resolve(recipe.load(recipe_dir / "c.yaml"), lookup_torch=None))
+    assert _configure_line(text, "aws-ofi-nccl") == (
+        "./configure --prefix=/opt/aws-ofi-nccl --with-libfabric=/opt/amazon/efa --with-cuda "
+        "--with-mpi=/opt/openmpi --enable-platform-aws --with-hwloc"
+    )
+    assert _configure_line(text, "openmpi-4.1.6").endswith("--with-hwloc --with-cuda")
+    assert SYSTEM_WITH.findall(text) == []
+
+
+def test_with_prefix_is_the_one_rule() -> None:
+    from imgbuild.blocks._core import with_prefix
+
+    assert [with_prefix("x", p) for p in ("/usr", "/usr/", "//usr", "/usr/.", None)] == ["--with-x"] * 5
+    assert with_prefix("mpi", "/usr/lib/x86_64-linux-gnu/openmpi") == "--with-mpi=/usr/lib/x86_64-linux-gnu/openmpi"
+    assert with_prefix("cuda", "/usr/local/cuda") == "--with-cuda=/usr/local/cuda"
+    src = REPO / "src" / "imgbuild"
+    written = [
+        str(p.relative_to(REPO))
+        for p in sorted([*src.rglob("*.py"), *src.rglob("*.j2")])
+        if p.name != "_core.py" and re.search(r"""["']--with-[a-z]""", p.read_text())
+    ]
+    assert written == [], "a --with-X argument made outside blocks._core.with_prefix"
 
 
 def test_only_the_hwloc_block_and_the_registry_name_hwloc() -> None:

@@ -43,7 +43,7 @@ RUN --mount=type=secret,id=imgbuild-ca,target=/run/secrets/imgbuild-ca.pem,requi
  && tar -xjf /tmp/openmpi-4.1.6.tar.bz2 -C /tmp \
  && rm /tmp/openmpi-4.1.6.tar.bz2 \
  && cd /tmp/openmpi-4.1.6 \
- && ./configure --prefix=/opt/openmpi --disable-static \
+ && ./configure --prefix=/opt/openmpi --disable-static --with-ofi \
  && make -j"$(nproc)" install \
  && cd / \
  && rm -rf /tmp/openmpi-4.1.6

@@ -97,7 +97,7 @@ RUN --mount=type=secret,id=imgbuild-ca,target=/run/secrets/imgbuild-ca.pem,requi
  && cd /tmp/aws-ofi-nccl-1.16.3 \
  && ./configure --prefix=/opt/aws-ofi-nccl --with-libfabric=/opt/amazon/efa \
       --with-cuda=/usr/local/cuda --with-mpi=/opt/amazon/openmpi --enable-platform-aws \
-      --with-hwloc=/usr \
+      --with-hwloc \
  && make -j"$(nproc)" \
  && make install \
  && cd / \

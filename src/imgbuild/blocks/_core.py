@@ -3,6 +3,7 @@ the resolution state a block's pin rule works on. Component modules import this;
 
 from __future__ import annotations
 
+import posixpath
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -87,8 +88,8 @@ class Contribution:
     # Free disk the engine needs for this block's layers while they are written and committed.
     build_disk_gb: float = 0.0
     # Configure arguments this block offers to another block's build, by that block's name ({"openmpi":
-    # ["--with-LIB=/usr"]}): a consumer's template appends `ctx.configure_args(its name)` when it builds from
-    # source, so a block others use changes only its own files. Offers to a block the image lacks are ignored.
+    # [with_prefix("ofi", prefix)]}): a consumer's template appends `ctx.configure_args(its name)` when it builds
+    # from source, so a block others use changes only its own files. Offers to a block the image lacks are ignored.
     offers: dict[str, list[str]] = field(default_factory=dict)
     # Shell commands run right after the runtime stage's apt-get install, in its RUN (sshd: remove the host keys the
     # package made, so no image carries keys).
@@ -106,6 +107,14 @@ class Context:
     fabric_in_builder: bool = False  # a block compiles against the fabric (libfabric, MPI) in the builder
     offers: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # consumer -> what blocks offer it
     arch: str = compat.DEFAULT_ARCH  # the CPU architecture this image is rendered for (one of platform.arch)
+
+    def with_arg(self, option: str, name: str | None = None) -> list[str]:
+        """The configure argument for building against block `name` (default: `option`) where the image has it
+        (itself, or a block that provides it): `with_prefix(option, its prefix)`; nothing where the image lacks it."""
+        name = name or option
+        if not self.has(name) and name not in self.providers:
+            return []
+        return [with_prefix(option, self.prefix(name))]
 
     def configure_args(self, name: str) -> list[str]:
         """The configure arguments other blocks offer to block `name`'s build (`Contribution.offers`), in the
@@ -184,6 +193,21 @@ class Context:
     def python(self) -> str:
         """The interpreter pip-installed packages run under: the python block's venv's, else python3."""
         return python_of(self.resolved.pins)
+
+
+# The prefix of the compiler's own search paths (/usr/include, /usr/lib). A configure script given `--with-X=/usr`
+# adds `-isystem /usr/include`, which moves /usr/include ahead of libstdc++'s headers: g++'s <cstdlib> then fails at
+# its `#include_next <stdlib.h>` ("stdlib.h: No such file or directory"; GCC 11, 13 and 14 alike).
+SYSTEM_PREFIX = "/usr"
+
+
+def with_prefix(option: str, prefix: str | None) -> str:
+    """THE configure argument that builds against a dependency installed under `prefix`: `--with-OPTION=PREFIX`, or
+    the bare `--with-OPTION` (autoconf's "yes": use it, from the compiler's default paths) where it is in the system's
+    paths (`prefix` None, or /usr however written). Every `--with-X` a block passes or offers is made here."""
+    if prefix is None or "/" + posixpath.normpath(prefix).lstrip("/") == SYSTEM_PREFIX:
+        return f"--with-{option}"
+    return f"--with-{option}={prefix}"
 
 
 def python_of(pins: Mapping[str, Pin]) -> str:

@@ -145,6 +145,26 @@ def downloads(pin: Pin, ctx: Context) -> list[str]:
     return [release_url(str(pin.version))] if pin.source == "release" else []
 
 
+# The first release whose configure takes --with-gdrcopy (m4/check_pkg_gdrcopy.m4, in v1.18.0 and later). Without it
+# the plugin's HAVE_GDRCOPY is 0 unless gdrapi.h is in the compiler's default paths, which GDRCopy's prefix is not.
+GDRCOPY_OPTION = "1.18"
+
+
+def configure_args(pin: Pin, ctx: Context) -> list[str]:
+    """The release build's configure arguments for what it builds against (`Context.with_arg`: no `--with-X=/usr`):
+    libfabric (EFA's), CUDA, Open MPI, GDRCopy where the image has it and the release's configure takes it, then
+    what other blocks offer the plugin (`Contribution.offers`)."""
+    gdrcopy = ctx.with_arg("gdrcopy") if Version(str(pin.version)) >= Version(GDRCOPY_OPTION) else []
+    return [
+        *ctx.with_arg("libfabric"),
+        *ctx.with_arg("cuda"),
+        *ctx.with_arg("mpi", "openmpi"),
+        *gdrcopy,
+        "--enable-platform-aws",
+        *ctx.configure_args("aws_ofi_nccl"),
+    ]
+
+
 def contribute(pin: Pin, ctx: Context) -> Contribution:
     c = Contribution(name="aws_ofi_nccl")
     prefix = pin.details.prefix
@@ -169,10 +189,10 @@ BLOCK = Block(
     contribute=contribute,
     details=PluginDetails,
     after=("nccl",),
-    build_after=("efa", "nccl"),
+    build_after=("efa", "openmpi", "gdrcopy", "nccl"),
     tag=(5, "ofi"),
     downloads=downloads,
-    template_globals={"aws_ofi_nccl_release_url": release_url},
+    template_globals={"aws_ofi_nccl_release_url": release_url, "aws_ofi_nccl_configure_args": configure_args},
 )
 
 

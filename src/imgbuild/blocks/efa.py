@@ -17,7 +17,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from imgbuild.blocks import gaudi
-from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution
+from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution, with_prefix
 from imgbuild.checks import CheckContext, check, compare, fail
 from imgbuild.checks.results import CheckResult
 from imgbuild.spec import compat
@@ -111,7 +111,7 @@ def contribute(pin: Pin, ctx: Context) -> Contribution:
             # nccl-tests (and whatever else links -lmpi) carry no rpath to the installer's Open MPI.
             c.ld_library_path.append(f"{d.mpi_prefix}/lib")
         if not ctx.has("libfabric"):  # the installer's libfabric stands in for the block (Block.provides)
-            c.offers["openmpi"] = [f"--with-ofi={d.prefix}"]
+            c.offers["openmpi"] = [with_prefix("ofi", d.prefix)]
     return c
 
 

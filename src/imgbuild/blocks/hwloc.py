@@ -1,8 +1,9 @@
 """hwloc: the Portable Hardware Locality library from the distribution (libhwloc15; libhwloc-dev in the builder).
 
 Open MPI and the NCCL net plugin use it, where the image has it, to map processes and NICs to the machine's
-topology: this block offers `--with-hwloc=/usr` to their configure when they build from source (Open MPI from its
-source release, aws-ofi-nccl from its release), and neither names it.
+topology: this block offers `--with-hwloc` to their configure when they build from source (Open MPI from its
+source release, aws-ofi-nccl from its release), and neither names it. The package is in the compiler's default
+paths, so the offer names no directory (`with_prefix`: a `--with-hwloc=/usr` breaks g++).
 
 Recipe options (`components.hwloc`):
     source    distro (default): the distribution's package
@@ -14,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from imgbuild.blocks._core import Block, Context, Contribution, Pin, Resolution
+from imgbuild.blocks._core import Block, Context, Contribution, Pin, Resolution, with_prefix
 from imgbuild.checks import CheckContext, check, compare, fail
 from imgbuild.checks.results import CheckResult
 from imgbuild.spec.schema import Strict, pin_validator
@@ -42,7 +43,7 @@ def contribute(pin: Pin, ctx: Context) -> Contribution:
     c = Contribution(name="hwloc")
     c.builder_packages.add("libhwloc-dev")
     c.runtime_packages.add(PACKAGE)
-    c.offers = {consumer: [f"--with-hwloc={PREFIX}"] for consumer in CONSUMERS}
+    c.offers = {consumer: [with_prefix("hwloc", PREFIX)] for consumer in CONSUMERS}
     return c
 
 

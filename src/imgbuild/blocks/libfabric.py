@@ -13,7 +13,7 @@ import shlex
 from typing import Any, Literal
 
 from imgbuild.blocks import gaudi
-from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution
+from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution, with_prefix
 from imgbuild.checks import CheckContext, check, compare, fail, first_executable, passed, skip
 from imgbuild.checks.results import CheckResult
 from imgbuild.spec import compat
@@ -57,8 +57,7 @@ def contribute(pin: Pin, ctx: Context) -> Contribution:
         c.env["LIBFABRIC_ROOT"] = pin.details.prefix
         c.path.append(f"{pin.details.prefix}/bin")
         c.ld_library_path.append(f"{pin.details.prefix}/lib")
-    if pin.details.prefix and pin.details.prefix != "/usr":  # in the system's paths, Open MPI finds it unasked
-        c.offers["openmpi"] = [f"--with-ofi={pin.details.prefix}"]
+    c.offers["openmpi"] = [with_prefix("ofi", pin.details.prefix)]
     return c
 
 

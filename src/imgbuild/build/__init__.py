@@ -24,7 +24,7 @@ from imgbuild.core.progress import BuildProgress
 from imgbuild.image import provenance, render
 from imgbuild.pin import lock
 from imgbuild.pin.resolver import Resolved
-from imgbuild.spec import compat, recipe
+from imgbuild.spec import compat
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,6 @@ class BuildResult:
     steps_total: int
     steps_run: int
     duration_s: float
-    from_lock: bool
     warnings: tuple[str, ...]
     steps_cached: int = 0
     steps: tuple[builders.StepRecord, ...] = ()
@@ -64,11 +63,6 @@ def parse_build_args(items: list[str]) -> dict[str, str]:
             raise BuildError(f"--build-arg {item!r}: expected KEY=VALUE")
         out[key] = value
     return out
-
-
-def prepare(ref: str) -> tuple[recipe.LoadedRecipe, Resolved, bool]:
-    loaded, resolved, how = lock.for_ref(ref)
-    return loaded, resolved, how == "lock"
 
 
 def check_disk(client: Any, plan: render.BuildPlan, *, free_bytes: int | None = None) -> None:
@@ -188,7 +182,7 @@ def build(
         builders.check_cache_ref(cache_ref, "--cache-from")
     if cache_to:
         builders.check_cache_ref(cache_to, "--cache-to")
-    loaded, resolved, from_lock = prepare(ref)
+    loaded, resolved = lock.for_ref(ref)  # a recipe without a lock is refused: no image from unpinned content
     plan = render.plan(resolved, provenance.of(loaded), offline=sources is not None, arch=arch)
     if sources is not None:
         from imgbuild.build import sources as fetched
@@ -251,7 +245,6 @@ def build(
         steps_total=outcome.steps_total,
         steps_run=outcome.steps_run,
         duration_s=outcome.duration_s,
-        from_lock=from_lock,
         warnings=resolved.warnings,
         steps_cached=outcome.steps_cached,
         steps=outcome.steps,

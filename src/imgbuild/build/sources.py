@@ -61,10 +61,9 @@ class Index:
 
 
 def _locked(ref: str) -> tuple[Resolved, Content, render.BuildPlan]:
-    """The recipe's lock (content included) and its plan; a recipe without a lock is refused."""
-    _, resolved, how = lock.for_ref(ref)
-    if how != "lock" or resolved.content is None:
-        raise UsageError(f"{ref}: sources are fetched for a lock, and the recipe has none", hint=f"imgbuild lock {ref}")
+    """The recipe's lock (content included) and its plan; a recipe without a lock is refused (lock.resolved_for)."""
+    _, resolved = lock.for_ref(ref)
+    assert resolved.content is not None  # lock.read refuses a lock without content
     return resolved, resolved.content, render.plan(resolved)
 
 

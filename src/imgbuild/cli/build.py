@@ -236,6 +236,7 @@ def doctor(
     from imgbuild.build import builders
     from imgbuild.build import doctor as doc
     from imgbuild.core.errors import DoctorError
+    from imgbuild.pin import lock
     from imgbuild.spec import recipe
 
     names = refs or recipe.shipped_names()
@@ -244,7 +245,7 @@ def doctor(
     devices: dict[str, list[str]] = {}
     platforms: dict[str, list[str]] = {}
     for name in names:
-        _, res, _ = resolved(name)
+        res, _ = lock.lock_or_fresh(recipe.load(name).concrete())  # what a recipe needs: a fresh one will do
         r = res.recipe
         bases.setdefault(res.base_ref, []).append(r.name)
         for arch in r.platform.arch:
@@ -291,6 +292,7 @@ def sources_fetch(
     from imgbuild import engine
     from imgbuild.build import sources
 
+    resolved(ref)  # a recipe without a usable lock is exit 4 before the engine is asked for anything
     client = engine.connect()
     try:
         index = sources.fetch(ref, output, client, say=lambda line: err().print(line, markup=False))

@@ -148,7 +148,7 @@ def _job(
     from imgbuild.spec import recipe
 
     loaded = recipe.load(ref).concrete()
-    resolved, _ = lock.resolved_for(loaded, lookup_torch=None)
+    resolved = lock.resolved_for(loaded)
     warn(resolved)
     job = plan_job(
         resolved,

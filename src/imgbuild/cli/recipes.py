@@ -60,11 +60,14 @@ def show(
     ref: RecipeArg,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
-    """Show a recipe's resolved components: versions, sources and why each version."""
+    """Show a recipe's resolved components: versions, sources and why each version. From its lock; a recipe without
+    one is resolved afresh (versions only: no content), and says so."""
     from imgbuild.image import render
+    from imgbuild.pin import lock
     from imgbuild.spec import compat, recipe
 
-    loaded, res, how = resolved(ref)
+    loaded = recipe.load(ref).concrete()
+    res, how = lock.lock_or_fresh(loaded)
     refs = render.image_refs(res)
     if as_json:
         data = {
@@ -85,9 +88,12 @@ def show(
     warn(res)
     # Recipe text is shown as it is, never read as rich markup ("[/bold]" in a description is text).
     out().print(f"[bold]{escape(res.name)}[/bold]  {escape(res.recipe.description)}")
-    out().print(
-        f"file: {recipe.display(loaded.path)}  (pins from {'the lock' if how == 'lock' else 'a fresh resolution'})"
+    where = (
+        f"the lock {recipe.display(lock.lock_path(loaded))}"
+        if how == "lock"
+        else f"a fresh resolution: no lock yet, so render and build refuse it until `imgbuild lock {lock._ref(loaded)}`"
     )
+    out().print(f"file: {recipe.display(loaded.path)}  (pins from {where})")
     out().print(f"base: {res.base_ref}")
     out().print(f"platforms: {', '.join(compat.docker_platform(a) for a in res.recipe.platform.arch)}")
     out().print(f"tags: {', '.join(refs)}")
@@ -111,11 +117,32 @@ def render_(
             help="linux/amd64 or linux/arm64: one of the recipe's platform.arch (default its first).",
         ),
     ] = None,
+    unlocked: Annotated[
+        bool,
+        typer.Option(
+            "--unlocked",
+            help="Render from a fresh resolution instead of the lock, to look at an edit before locking it: versions "
+            "only, no digests or hashes (no --require-hashes), tags unlocked-<hash>. `build` takes none of it.",
+        ),
+    ] = False,
 ) -> None:
-    """Render a recipe's Dockerfile (to stdout, or with its build context into a folder)."""
+    """Render a recipe's Dockerfile from its lock (to stdout, or with its build context into a folder); a recipe
+    without a lock is exit 4 (or --unlocked)."""
     from imgbuild.image import provenance, render
 
-    loaded, res, _ = resolved(ref)
+    if unlocked:
+        from imgbuild.pin.resolver import index_lookup, resolve
+        from imgbuild.spec import recipe
+
+        loaded = recipe.load(ref).concrete()
+        res = resolve(loaded, lookup_torch=index_lookup)
+        err().print(
+            f"imgbuild: --unlocked: {res.name} rendered from a fresh resolution, not a lock: nothing is pinned by "
+            "content; not for a build",
+            markup=False,
+        )
+    else:
+        loaded, res = resolved(ref)
     plan = render.plan(res, provenance.of(loaded), arch=platform)
     warn(res)
     if output is None:
@@ -142,8 +169,10 @@ def lock_(
         bool,
         typer.Option(
             "--check",
-            help="Re-resolve and read the content again, write nothing, and list what differs from the lock (a moved "
-            "tag, a re-uploaded tarball, a changed wheel hash). Exit 15 on any drift: what a nightly job runs.",
+            help="Re-resolve and read the content again (keeping the lock's versions), write nothing, and list what "
+            "differs from the lock: a moved tag, a re-uploaded tarball, a wheel served with another hash, a stale "
+            "recipe, a pin that no longer resolves or was yanked. Exit 15 on any drift: what a nightly job runs. A "
+            "newer release is not drift (`imgbuild outdated` lists those).",
         ),
     ] = False,
     upgrade: Annotated[
@@ -152,7 +181,8 @@ def lock_(
             "--upgrade",
             "-U",
             help="Move every component `imgbuild outdated` tracks to its newest release that fits the rest: the new "
-            "versions are written into the recipe file (that value's text, comments kept), then the lock follows. "
+            "versions are written into the recipe file (that value's text, comments kept), then the lock follows, "
+            "every Python distribution at its newest release that fits (a plain relock keeps the lock's versions). "
             "When a newest release does not fit, nothing is written: exit 5 with the rule that blocks it and the "
             "newest release that fits instead.",
         ),
@@ -164,17 +194,26 @@ def lock_(
             "-P",
             metavar="COMPONENT[==VERSION]",
             help="As --upgrade, for this component only (repeatable; a row of `imgbuild outdated`: pytorch, numpy, "
-            "efa, nccl_tests...); ==VERSION takes that release instead of the newest.",
+            "efa, nccl_tests...); ==VERSION takes that release instead of the newest. A Python distribution the lock "
+            "pins (botocore, six...) is released from the lock's versions: the newest release that fits.",
         ),
     ] = None,
 ) -> None:
     """Resolve a recipe, read what its build fetches (base digests, checksums, wheel hashes) and write both to a
-    lock file beside it. With --upgrade / --upgrade-package, first move the recipe's versions to the newest releases
-    that fit (see `imgbuild outdated`)."""
-    from imgbuild.core.errors import UsageError
+    lock file beside it. An existing lock's Python versions are kept while they still resolve and fit (as uv and
+    pip-tools keep an existing output's pins). With --upgrade / --upgrade-package, first move the recipe's versions to
+    the newest releases that fit (see `imgbuild outdated`) and release the lock's versions (all, or those named)."""
+    from imgbuild.core.errors import LockError, UsageError
+    from imgbuild.pin import lock
     from imgbuild.spec import recipe
 
     loaded = recipe.load(ref).concrete()
+    try:
+        locked = lock.preferences(loaded)
+    except LockError as exc:
+        err().print(f"imgbuild: {exc.message}: none of its versions is kept", markup=False)
+        locked = {}
+    keep = locked
     old_text: str | None = None
     if upgrade or upgrade_package:
         if check or offline:
@@ -182,9 +221,12 @@ def lock_(
                 "--upgrade reads the package index and writes the recipe: not with "
                 + ("--check" if check else "--offline")
             )
-        loaded, old_text = _upgrade(ref, loaded, upgrade_package or None)
+        components, released = _upgrade_names(ref, loaded, upgrade_package or [], locked)
+        keep = {} if upgrade else {name: v for name, v in keep.items() if name not in released}
+        if upgrade or components:
+            loaded, old_text = _upgrade(ref, loaded, components or None)
     try:
-        _lock(ref, loaded, offline=offline, check=check)
+        _lock(ref, loaded, offline=offline, check=check, keep=keep, locked=locked)
     except BaseException:
         if old_text is not None:  # the lock must follow from the recipe: put the recipe back as it was
             from imgbuild.pin import outdated
@@ -192,6 +234,51 @@ def lock_(
             outdated.restore(loaded.path, old_text)
             err().print(f"imgbuild: {recipe.display(loaded.path)} is back as it was (locking failed)", markup=False)
         raise
+
+
+def _upgrade_names(
+    ref: str, loaded: LoadedRecipe, items: list[str], locked: dict[str, str]
+) -> tuple[list[str], set[str]]:
+    """`--upgrade-package` values split as uv's are: (the components `imgbuild outdated` tracks, moved in the recipe;
+    the Python distributions released from the lock's versions). A component releases its own distribution too
+    (pytorch: torch). A name that is neither is a UsageError naming both lists."""
+    from packaging.utils import canonicalize_name
+
+    from imgbuild.core.errors import UsageError
+    from imgbuild.pin import outdated
+    from imgbuild.pin.resolver import resolve
+
+    tracks = {t.component: t for t in outdated.tracks(resolve(loaded))}
+    components: list[str] = []
+    released: set[str] = set()
+    unknown: list[str] = []
+    for item in items:
+        name, sep, _ = item.partition("==")
+        track = tracks.get(name.strip().replace("-", "_"))
+        dist = canonicalize_name(name.strip())
+        if track is not None:
+            components.append(item)
+            if track.source.kind == "index":
+                released.add(canonicalize_name(track.source.name))
+        elif dist in locked and sep:
+            raise UsageError(
+                f"--upgrade-package {item!r}: {dist} is a Python distribution the lock pins, not a component: it is "
+                "released from the lock's version and takes the newest release that fits (no ==VERSION)",
+                hint=f"imgbuild lock {ref} --upgrade-package {dist}",
+            )
+        elif dist in locked:
+            released.add(dist)
+        elif name.strip():
+            unknown.append(name.strip())
+        else:
+            components.append(item)  # outdated.parse_wanted refuses it: expected COMPONENT or COMPONENT==VERSION
+    if unknown:
+        raise UsageError(
+            f"{loaded.recipe.name}: no pinned component or locked Python distribution {', '.join(map(repr, unknown))}",
+            hint=f"its components: {', '.join(tracks)}"
+            + (f"; the lock's distributions: {', '.join(sorted(locked))}" if locked else ""),
+        )
+    return components, released
 
 
 def _upgrade(ref: str, loaded: LoadedRecipe, items: list[str] | None) -> tuple[LoadedRecipe, str | None]:
@@ -215,18 +302,29 @@ def _upgrade(ref: str, loaded: LoadedRecipe, items: list[str] | None) -> tuple[L
     return moved, old_text
 
 
-def _lock(ref: str, loaded: LoadedRecipe, *, offline: bool, check: bool) -> None:
-    """What `imgbuild lock` does with a loaded recipe: resolve, read the content, then check or write the lock."""
+def _lock(
+    ref: str, loaded: LoadedRecipe, *, offline: bool, check: bool, keep: dict[str, str], locked: dict[str, str]
+) -> None:
+    """What `imgbuild lock` does with a loaded recipe: resolve, read the content (the Python distributions at the
+    versions in `keep` where they still resolve), then check or write the lock, saying which of the versions the
+    lock had (`locked`) moved."""
     import datetime
 
     from imgbuild.core.errors import DriftError, LockError
     from imgbuild.pin import lock, record
     from imgbuild.pin.resolver import index_lookup, resolve
+    from imgbuild.pin.wheels import Yank
     from imgbuild.spec import recipe
 
     res = resolve(loaded, lookup_torch=None if offline else index_lookup)
     warn(res)
-    content = record.record(res, engine=_engine_or_none(), offline=offline)
+    yanked: list[Yank] = []
+    content = record.record(res, engine=_engine_or_none(), offline=offline, preferences=keep, yanked=yanked)
+    withdrawn = [
+        f"python {y.set}: {y.name}=={y.version} is yanked on the index{f' ({y.reason})' if y.reason else ''}: "
+        f"the publisher withdrew it (imgbuild lock {ref} --upgrade-package {y.name} moves it)"
+        for y in yanked
+    ]
     for item in content.unestablished():
         err().print(f"imgbuild: not pinned by content: {item}", markup=False)
     now = datetime.datetime.now(datetime.UTC).replace(microsecond=0).isoformat()
@@ -243,17 +341,28 @@ def _lock(ref: str, loaded: LoadedRecipe, *, offline: bool, check: bool) -> None
                 + (old_error.message if old_error is not None else "no lock to check"),
                 hint=f"imgbuild lock {ref}",
             )
-        lines = lock.drift(lock.Lock.of(old), lock.Lock.of(fresh))
+        lines = lock.drift(lock.Lock.of(old), lock.Lock.of(fresh)) + withdrawn
         if lines:
             for line in lines:
                 out().print(f"  {line}", markup=False)
             raise DriftError(
                 f"{res.name}: the lock differs from what resolves today ({len(lines)} difference"
                 f"{'s' if len(lines) != 1 else ''})",
-                hint=f"review, then imgbuild lock {ref}",
+                hint=f"review, then imgbuild lock {ref} (it keeps every version that still resolves)",
             )
-        out().print(f"{res.name}: the lock matches what resolves today", markup=False)
+        out().print(
+            f"{res.name}: the lock matches what resolves today (a newer release is not drift: "
+            f"imgbuild outdated {ref} lists them)",
+            markup=False,
+        )
         return
+    for line in withdrawn:
+        err().print(f"imgbuild: warning: {line}; kept, as pip installs a release pinned exactly", markup=False)
+    for set_name, reqs in content.python.items():
+        for req in reqs:
+            before = locked.get(req.name)
+            if before is not None and before != req.version:
+                out().print(f"python {set_name}: {req.name} {before} -> {req.version}", markup=False)
     if old is not None and not lock.drift(lock.Lock.of(old), lock.Lock.of(fresh)):
         fresh = fresh.model_copy(update={"locked_at": old.locked_at})  # nothing changed: the same lock, same image
     path = lock.write(loaded, fresh)

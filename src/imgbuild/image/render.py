@@ -617,9 +617,11 @@ def repository(resolved: Resolved) -> str:
     return f"imgbuild/{resolved.name}"
 
 
-def lock_tag(digest: str) -> str:
-    """The content-addressed tag of an image whose lock has sha256 `digest`: `lock-<12 hex>`."""
-    return f"lock-{digest[:12]}"
+def lock_tag(digest: str, *, locked: bool = True) -> str:
+    """The content-addressed tag of an image whose lock has sha256 `digest`: `lock-<12 hex>`; `unlocked-<12 hex>`
+    for a resolution that is no lock (`render --unlocked`, `show` of a recipe without one), so nothing is ever taken
+    for a locked image."""
+    return f"{'lock' if locked else 'unlocked'}-{digest[:12]}"
 
 
 def tags(
@@ -632,11 +634,12 @@ def tags(
     sha256 of both digests, and the readable one ends in `-code<8 hex>`, so an edited program makes a new image
     under new tags without a new lock (`digests`: image_digests, when the caller has read them)."""
     suffix = arch_suffix(resolved, arch)
+    locked = resolved.content is not None  # a lock always records content; a fresh resolution never does
     code = code_digest(image_digests(resolved) if digests is None else digests)
     if code is None:
-        return lock_tag(digest) + suffix, readable_tag(resolved) + suffix
+        return lock_tag(digest, locked=locked) + suffix, readable_tag(resolved) + suffix
     both = hashlib.sha256(f"{digest}\n{code}".encode()).hexdigest()
-    return lock_tag(both) + suffix, f"{readable_tag(resolved)}-code{code[:8]}{suffix}"
+    return lock_tag(both, locked=locked) + suffix, f"{readable_tag(resolved)}-code{code[:8]}{suffix}"
 
 
 def image_digests(resolved: Resolved) -> dict[str, str]:

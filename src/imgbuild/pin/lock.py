@@ -1,8 +1,9 @@
 """Lock files: the resolved pins of a recipe, written beside it (`cpu.yaml` -> `cpu.lock.json`).
 
-Builds and renders use the lock when it is there. A lock records the digest of the merged recipe it was made
-from, so a change to the recipe or to any parent makes it stale, and a stale lock is an error, not a guess. A lock
-whose pins were edited by hand (they no longer follow from the recipe by the resolver's rules) is an error too.
+Builds and renders use the lock, and refuse a recipe without one (`resolved_for`). A lock records the digest of the
+merged recipe it was made from, so a change to the recipe or to any parent makes it stale, and a stale lock is an
+error, not a guess. A lock whose pins were edited by hand (they no longer follow from the recipe by the resolver's
+rules) is an error too.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ import tempfile
 from pathlib import Path
 from typing import Literal
 
+from packaging.utils import canonicalize_name
 from pydantic import ValidationError
 
 from imgbuild.blocks.pytorch import PyTorchDetails
 from imgbuild.core.errors import ImgbuildError, LockError
-from imgbuild.pin.content import Content
+from imgbuild.pin.content import Content, Requirement
 from imgbuild.pin.resolver import Pin, Pinned, Resolved, TorchLookup, index_lookup, resolve
 from imgbuild.spec import compat
 from imgbuild.spec.recipe import LoadedRecipe, display, load
@@ -61,7 +63,9 @@ class Lock(Pinned):
 
 def drift(old: Lock, new: Lock) -> list[str]:
     """What differs between a lock and a fresh one, a line each (when it was locked left out): pins, base digests,
-    download checksums, requirement sets (a version, a hash, a distribution added or gone)."""
+    download checksums, requirement sets (a hash, a version, a distribution added or gone). The fresh one keeps the
+    lock's Python versions where they still resolve (`preferences`), so a version that differs is one that no longer
+    resolves or fits: a newer release alone is never drift (`imgbuild outdated` reports those)."""
     lines = []
     for name in sorted(set(old.pins) | set(new.pins)):
         a, b = old.pins.get(name), new.pins.get(name)
@@ -86,7 +90,8 @@ def drift(old: Lock, new: Lock) -> list[str]:
             if x3 is None or y3 is None:
                 lines.append(f"python {set_name}: {dist} {'added' if x3 is None else 'gone'}")
             elif x3.version != y3.version:
-                lines.append(f"python {set_name}: {dist} {x3.version} -> {y3.version}")
+                lines.append(f"python {set_name}: {dist}=={x3.version} no longer resolves (gone from the index, or "
+                             f"no longer fits the set's requirements): {y3.version} resolves instead")  # fmt: skip
             elif set(x3.hashes) != set(y3.hashes):
                 gone, added = sorted(set(x3.hashes) - set(y3.hashes)), sorted(set(y3.hashes) - set(x3.hashes))
                 lines.append(f"python {set_name}: {dist}=={x3.version}: hashes changed (gone: "
@@ -154,18 +159,7 @@ def read(loaded: LoadedRecipe) -> Resolved | None:
     if not path.exists():
         return None
     hint = f"imgbuild lock {_ref(loaded)}"
-    try:
-        with path.open("rb") as f:
-            raw = f.read(MAX_LOCK_BYTES + 1)
-        if len(raw) > MAX_LOCK_BYTES:
-            raise LockError(f"{display(path)}: larger than {MAX_LOCK_BYTES >> 20} MiB: not a lock file", hint=hint)
-        data = json.loads(raw.decode("utf-8"))
-    except OSError as exc:
-        raise LockError(f"{display(path)}: unreadable lock file: {exc.strerror or exc}", hint=hint) from None
-    except ValueError as exc:  # not UTF-8, not JSON, or a number past Python's 4300-digit limit
-        raise LockError(f"{display(path)}: unreadable lock file: {str(exc).split(';')[0]}", hint=hint) from None
-    except RecursionError:
-        raise LockError(f"{display(path)}: unreadable lock file: nested too deeply for a lock", hint=hint) from None
+    data = _json(path, hint)
     if not isinstance(data, dict) or data.get("lock_version") != LOCK_VERSION:
         found = data.get("lock_version") if isinstance(data, dict) else None
         older = (
@@ -204,6 +198,45 @@ def read(loaded: LoadedRecipe) -> Resolved | None:
     )
     _check_not_edited(loaded, resolved, path, hint)
     return resolved
+
+
+def _json(path: Path, hint: str) -> object:
+    """A lock file's JSON, read bounded (MAX_LOCK_BYTES); a LockError naming the file when it cannot be read."""
+    try:
+        with path.open("rb") as f:
+            raw = f.read(MAX_LOCK_BYTES + 1)
+        if len(raw) > MAX_LOCK_BYTES:
+            raise LockError(f"{display(path)}: larger than {MAX_LOCK_BYTES >> 20} MiB: not a lock file", hint=hint)
+        return json.loads(raw.decode("utf-8"))
+    except OSError as exc:
+        raise LockError(f"{display(path)}: unreadable lock file: {exc.strerror or exc}", hint=hint) from None
+    except ValueError as exc:  # not UTF-8, not JSON, or a number past Python's 4300-digit limit
+        raise LockError(f"{display(path)}: unreadable lock file: {str(exc).split(';')[0]}", hint=hint) from None
+    except RecursionError:
+        raise LockError(f"{display(path)}: unreadable lock file: nested too deeply for a lock", hint=hint) from None
+
+
+def preferences(loaded: LoadedRecipe) -> dict[str, str]:
+    """The Python distributions the recipe's existing lock pins (normalized name -> version): `imgbuild lock` keeps
+    them as uv and pip-tools keep an existing output's pins (`wheels.compile_sets`), so a relock moves one only when
+    it no longer resolves or no longer fits, or when --upgrade / --upgrade-package asks. Read from any readable lock, a
+    stale one included (a recipe edit keeps the pins it still allows); {} when there is none, or none it records.
+    A LockError when the file is there but cannot be read as JSON."""
+    path = lock_path(loaded)
+    if not path.exists():
+        return {}
+    data = _json(path, f"imgbuild lock {_ref(loaded)}")
+    content = data.get("content") if isinstance(data, dict) else None
+    python = content.get("python") if isinstance(content, dict) else None
+    out: dict[str, str] = {}
+    for reqs in python.values() if isinstance(python, dict) else ():
+        for item in reqs if isinstance(reqs, list) else ():
+            try:
+                req = Requirement.model_validate(item)
+            except ValidationError:  # an entry edited into something else: no preference, not an error
+                continue
+            out[canonicalize_name(req.name)] = req.version
+    return out
 
 
 def _check_not_edited(loaded: LoadedRecipe, locked: Resolved, path: Path, hint: str) -> None:
@@ -256,18 +289,32 @@ def _check_not_edited(loaded: LoadedRecipe, locked: Resolved, path: Path, hint: 
         )
 
 
-def for_ref(ref: str) -> tuple[LoadedRecipe, Resolved, Literal["lock", "resolved"]]:
-    """The recipe REF (refused when abstract) with its pins: from its lock when fresh ("lock"), else freshly
-    resolved ("resolved")."""
+def for_ref(ref: str) -> tuple[LoadedRecipe, Resolved]:
+    """The recipe REF (refused when abstract) with the pins of its lock: a LockError when it has none (or one that is
+    stale, unreadable or edited). What every command that builds on a lock uses (render, build, verify, push...)."""
     loaded = load(ref).concrete()
-    resolved, how = resolved_for(loaded)
-    return loaded, resolved, how
+    return loaded, resolved_for(loaded)
 
 
-def resolved_for(
+def resolved_for(loaded: LoadedRecipe) -> Resolved:
+    """The recipe's lock as a Resolved; a LockError naming the lock file when there is none: an image is built from
+    pinned content (versions, digests, hashes) or not at all, never from whatever resolves today."""
+    locked = read(loaded)
+    if locked is None:
+        raise LockError(
+            f"{display(lock_path(loaded))}: no such lock: {display(loaded.path)} has not been locked, and images "
+            "are built from a lock's pins and hashes only",
+            hint=f"imgbuild lock {_ref(loaded)}",
+        )
+    return locked
+
+
+def lock_or_fresh(
     loaded: LoadedRecipe, *, lookup_torch: TorchLookup | None = index_lookup
 ) -> tuple[Resolved, Literal["lock", "resolved"]]:
-    """The lock when present (and fresh), else a fresh resolution."""
+    """The recipe's lock when it has one ("lock"), else a fresh resolution ("resolved": versions only, no content)
+    for what only shows pins (`show`, `doctor`), never for what builds on them. A stale or edited lock is still an
+    error."""
     locked = read(loaded)
     if locked is not None:
         return locked, "lock"

@@ -161,7 +161,7 @@ def resolve_source(client: docker.DockerClient, what: str, arch: str | None = No
         from imgbuild.image import render
         from imgbuild.pin import lock
 
-        _, resolved, _ = lock.for_ref(what)
+        _, resolved = lock.for_ref(what)
         plan = render.plan(resolved, arch=arch)
         refs = plan.image_refs
         build_cmd = f"imgbuild build {what}" + (f" --platform linux/{arch}" if arch else "")
@@ -215,7 +215,7 @@ def recipe_arches(what: str) -> tuple[str, ...] | None:
         return None
     from imgbuild.pin import lock
 
-    _, resolved, _ = lock.for_ref(what)
+    _, resolved = lock.for_ref(what)
     return tuple(resolved.recipe.platform.arch)
 
 
@@ -227,7 +227,7 @@ def resolve_arch_images(client: docker.DockerClient, what: str, arches: Sequence
     from imgbuild.pin import lock
     from imgbuild.spec import compat
 
-    _, resolved, _ = lock.for_ref(what)
+    _, resolved = lock.for_ref(what)
     wanted = [render.check_arch(resolved, a) for a in arches] if arches else list(resolved.recipe.platform.arch)
     plain = render.tags(resolved, render.lock_digest(resolved))
     repo = render.repository(resolved)

@@ -24,7 +24,6 @@ def matrix(names: list[str] | None = None) -> dict[str, Any]:
     publishable: a missing or stale lock is an error naming the recipe. Abstract recipes (parents) are left
     out, and refused when named.
     """
-    from imgbuild.core.errors import LockError
     from imgbuild.image import render
     from imgbuild.pin import lock
     from imgbuild.spec import recipe
@@ -34,12 +33,7 @@ def matrix(names: list[str] | None = None) -> dict[str, Any]:
         loaded = recipe.load(name)
         if loaded.recipe.abstract and not names:
             continue  # a parent among the shipped files: nothing of its own to publish
-        loaded.concrete()
-        resolved = lock.read(loaded)
-        if resolved is None:
-            raise LockError(
-                f"{name} has no lock: a published image must come from a lock", hint=f"imgbuild lock {name}"
-            )
+        resolved = lock.resolved_for(loaded.concrete())  # a published image comes from a lock
         plan = render.plan(resolved)
         accelerator = loaded.recipe.platform.accelerator
         labels = RUNNERS[accelerator]

@@ -168,7 +168,7 @@ def after_push(what: str, result: Any, output: Path, *, client: Any | None = Non
     digests the registry gave each tag, written to `output` (for CI to keep beside the push)."""
     from imgbuild.pin import lock
 
-    _, resolved, _ = lock.for_ref(what)
+    _, resolved = lock.for_ref(what)
     digests = tuple(dict.fromkeys(f"{ref.target.rsplit(':', 1)[0]}@{ref.digest}" for ref in result.refs))
     made = make(resolved, repo_digests=digests, client=client)
     write(made, output)

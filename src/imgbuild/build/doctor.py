@@ -109,13 +109,16 @@ def _engine_checks(client_factory: Callable[[], Any]) -> tuple[Any | None, dict[
         version = client.version()
         info = client.info()
     except Exception as exc:  # docker-py raises DockerException, requests errors, or plain OSError
+        from imgbuild import engine
+        from imgbuild.core.validate import redact
+
+        malformed = engine.malformed_host(exc)  # a DOCKER_HOST that is no address: named with the forms it takes
+        if malformed is not None:
+            detail = malformed.message + (f" ({malformed.hint})" if malformed.hint else "")
+            return None, {}, [Check(ENGINE_CHECK, "missing", detail)]
         host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
         detail = f"no Docker engine answers at {host}: {_short_reason(exc)}"
-        return (
-            None,
-            {},
-            [Check(ENGINE_CHECK, "missing", f"{detail} ({ENGINE_HINT})")],
-        )
+        return None, {}, [Check(ENGINE_CHECK, "missing", redact(f"{detail} ({ENGINE_HINT})"))]
     driver = info.get("Driver", "?")
     checks = [
         Check(
@@ -275,7 +278,18 @@ def run_checks(
     if client is not None:
         with contextlib.suppress(Exception):
             client.close()
-    return checks
+    return [_redacted(c) for c in checks]
+
+
+def _redacted(check: Check) -> Check:
+    """The check with any credential in what it says redacted (a DOCKER_HOST or registry URL a docker CLI echoes)."""
+    import dataclasses
+    import json
+
+    from imgbuild.core.validate import redact
+
+    data = None if check.data is None else json.loads(redact(json.dumps(check.data)))
+    return dataclasses.replace(check, detail=redact(check.detail), data=data)
 
 
 STATUS_STYLE = {"ok": "green", "missing": "bold red", "warn": "yellow", "info": "dim"}

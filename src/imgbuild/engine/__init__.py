@@ -22,16 +22,19 @@ import docker.errors
 import requests
 import requests.exceptions
 
+from imgbuild.core import validate
 from imgbuild.core.errors import BaseImageMissing, BuildError, EngineError
 from imgbuild.core.progress import truncate
 
 __all__ = [
     "ENGINE_ERRORS",
+    "check_docker_host",
     "connect",
     "create_log",
     "engine_error",
     "ensure_base_images",
     "inspect_image",
+    "malformed_host",
     "new_client",
     "reason",
 ]
@@ -59,7 +62,7 @@ _CONNECT_ERRORS: tuple[type[BaseException], ...] = (*ENGINE_ERRORS, OSError)  # 
 def _engine_host() -> str:
     host = os.environ.get("DOCKER_HOST")
     if host:
-        return f"DOCKER_HOST={host}"
+        return f"DOCKER_HOST={validate.redact(host)}"
     context = _context_name()
     if context:
         return f"docker context {context}" + (" (DOCKER_CONTEXT)" if os.environ.get("DOCKER_CONTEXT") else "")
@@ -79,7 +82,9 @@ def _context_name() -> str | None:
 
 def new_client(timeout: int | None = None) -> docker.DockerClient:
     """A client (not yet pinged) for the engine of DOCKER_HOST, else of the docker context in use, else the local
-    socket; docker-py's own exceptions (and `EngineError` for a context that does not exist) escape."""
+    socket; docker-py's own exceptions (and `EngineError` for a context that does not exist, or a DOCKER_HOST that
+    `check_docker_host` refuses) escape."""
+    check_docker_host()
     context = _context_name()
     if context:
         return _from_context(context, timeout)
@@ -109,7 +114,10 @@ _MALFORMED_HOST = (
     "protocol is not implemented",
     "only supported on Windows",
 )
-DOCKER_HOST_FORMS = "unix:///PATH/docker.sock, tcp://HOST:PORT (PORT 1-65535, an IPv6 HOST in [ ]) or ssh://[USER@]HOST"
+DOCKER_HOST_FORMS = (
+    "unix:///PATH/docker.sock, tcp://HOST:PORT (PORT 1-65535, an IPv6 HOST in [ ]), ssh://[USER@]HOST[:PORT] or "
+    "npipe:////./pipe/NAME (Windows)"
+)
 
 
 def connect() -> docker.DockerClient:
@@ -119,26 +127,58 @@ def connect() -> docker.DockerClient:
     A DOCKER_HOST that is no engine address (`tcp://:abc`, a port out of range, an unknown scheme) is an
     `EngineError` naming the variable and the forms it takes; an engine that does not answer, one with the
     setup hint."""
-    host = os.environ.get("DOCKER_HOST")
     try:
         client = new_client()
         client.ping()
     except ValueError as exc:  # urllib parsing DOCKER_HOST; without DOCKER_HOST it is no address problem: a bug
-        if not host:
-            raise
-        raise _malformed_host(host, exc) from exc
+        raise (malformed_host(exc) or exc) from exc
     except _CONNECT_ERRORS as exc:
-        if host and any(marker in str(exc) for marker in _MALFORMED_HOST):
-            raise _malformed_host(host, exc) from exc
-        raise EngineError(
+        raise (malformed_host(exc) or EngineError(
             f"cannot reach the Docker engine at {_engine_host()}: {reason(exc)}", hint=SETUP_HINT
-        ) from exc
+        )) from exc  # fmt: skip
     return client
 
 
-def _malformed_host(host: str, exc: BaseException) -> EngineError:
+def malformed_host(exc: BaseException) -> EngineError | None:
+    """The `EngineError` naming DOCKER_HOST and the forms it takes when `exc`, raised making or pinging a client
+    (`new_client`), says DOCKER_HOST is no engine address; None for any other failure (`doctor` shows the same)."""
+    host = os.environ.get("DOCKER_HOST")
+    if isinstance(exc, EngineError):
+        return exc
+    if host and (isinstance(exc, ValueError) or any(marker in str(exc) for marker in _MALFORMED_HOST)):
+        return _malformed_host(host, exc)
+    return None
+
+
+def check_docker_host() -> None:
+    """What docker-py and the docker CLI would take from DOCKER_HOST and should not: a password
+    (`ssh://USER:PASSWORD@HOST`, `tcp://USER:PASSWORD@HOST:PORT`: ssh logs in with keys or an agent, and the docker CLI
+    refuses it too), an ssh address without a host, and an ssh user or host starting with '-' (the docker CLI hands
+    them to ssh: an option of ssh, `ssh://-oProxyCommand=...`). `EngineError` naming the variable and its forms,
+    never repeating the password; the rest of the grammar is docker-py's (`connect`)."""
+    host = os.environ.get("DOCKER_HOST")
+    if not host:
+        return
+    scheme, sep, rest = host.partition("://")
+    authority = rest.split("/", 1)[0] if sep else ""
+    user, at, address = authority.rpartition("@")
+    if at and ":" in user:
+        raise _malformed_host(host, "it holds a password (USER:PASSWORD@), which imgbuild does not repeat or pass on")
+    if scheme.lower() == "ssh":
+        name = address.rsplit(":", 1)[0] if address.count(":") == 1 else address
+        try:
+            validate.argument(user, "DOCKER_HOST's user")
+            validate.argument(name, "DOCKER_HOST's host")
+        except ValueError as exc:
+            raise _malformed_host(host, str(exc)) from None
+        if not name:
+            raise _malformed_host(host, "no host after ssh://")
+
+
+def _malformed_host(host: str, exc: BaseException | str) -> EngineError:
+    why = exc if isinstance(exc, str) else reason(exc)
     return EngineError(
-        f"DOCKER_HOST={truncate(repr(host), 200)} is not the address of a Docker engine ({reason(exc)}); "
+        f"DOCKER_HOST={validate.shown(host)} is not the address of a Docker engine ({why}); "
         f"expected {DOCKER_HOST_FORMS}",
         hint="fix or unset DOCKER_HOST (unset: the local engine at " + DEFAULT_SOCKET + ")",
     )

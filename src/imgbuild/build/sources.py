@@ -23,10 +23,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +34,8 @@ from typing import Any
 
 from imgbuild import engine
 from imgbuild.blocks import slug
+from imgbuild.core import files as userfiles
+from imgbuild.core import validate
 from imgbuild.core.errors import ContentError, UsageError
 from imgbuild.image import render
 from imgbuild.pin import lock
@@ -42,6 +44,13 @@ from imgbuild.pin.resolver import Resolved
 
 INDEX = "sources.json"
 FORMAT = 1
+# sources.json lists a few thousand files at most: a larger one is refused before it is read.
+MAX_INDEX_BYTES = 16 << 20
+# What sources.json may name: a file in one of the folder's parts, by a plain name (apt writes an epoch's ':' as
+# %3a). No name starts with a dot: nothing names `..`, the folder itself or a file outside it.
+_NAME = r"[A-Za-z0-9_+~%][A-Za-z0-9._+~%-]*"
+_ENTRY = re.compile(rf"(files|wheels|base)/{_NAME}|debs/{_NAME}/{_NAME}", re.ASCII)
+_SHA256 = re.compile(r"[0-9a-f]{64}", re.ASCII)
 Say = Callable[[str], None]
 
 
@@ -73,12 +82,10 @@ def _locked(ref: str) -> tuple[Resolved, Content, render.BuildPlan]:
 def fetch(ref: str, out: Path, client: Any, say: Say = print) -> Index:
     """Download and check everything a build of REF's lock needs into `out` (new or empty). Written in a temporary
     folder beside it and renamed into place at the end: a failed or interrupted fetch leaves nothing."""
+    from imgbuild.core.outputs import new_folder
+
     resolved, content, plan = _locked(ref)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise UsageError(f"{out}: exists and is not an empty folder", hint="name a new folder with -o")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
-    try:
+    with new_folder(out, what="the sources") as tmp:  # renamed onto `out` at the end, removed on any failure
         files: dict[str, str] = {}
         files.update(_fetch_downloads(content, tmp, say))
         files.update(_fetch_wheels(resolved, content, tmp, say))
@@ -86,12 +93,6 @@ def fetch(ref: str, out: Path, client: Any, say: Say = print) -> Index:
         bases = _save_bases(client, plan, tmp, files, say)
         index = Index(recipe=resolved.name, lock_digest=plan.lock_digest, files=files, bases=bases)
         (tmp / INDEX).write_text(index.to_json())
-        if out.exists():
-            out.rmdir()
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return index
 
 
@@ -100,7 +101,10 @@ def _fetch_downloads(content: Content, tmp: Path, say: Say) -> dict[str, str]:
 
     out: dict[str, str] = {}
     for url, download in content.downloads.items():
-        path = tmp / "files" / download.filename
+        rel = f"files/{download.filename}"
+        if _ENTRY.fullmatch(rel) is None:
+            raise ContentError(f"{url}: the lock's URL ends in {download.filename!r}, not a plain file name")
+        path = tmp / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         say(f"fetching {url}")
         try:
@@ -118,7 +122,7 @@ def _fetch_downloads(content: Content, tmp: Path, say: Say) -> dict[str, str]:
             raise ContentError(
                 f"{url}: sha256 expected {download.sha256}, found {found} (the lock's, {download.origin})"
             )
-        out[f"files/{download.filename}"] = found
+        out[rel] = found
     return out
 
 
@@ -223,16 +227,7 @@ def check(folder: Path, resolved: Resolved, plan: render.BuildPlan) -> Index:
         raise UsageError(
             f"{resolved.name}: a build from sources needs the recipe's lock", hint=f"imgbuild lock {resolved.name}"
         )
-    try:
-        data = json.loads((folder / INDEX).read_text())
-        index = Index(recipe=data["recipe"], lock_digest=data["lock_digest"], files=dict(data["files"]),
-                      bases={k: dict(v) for k, v in data["bases"].items()})  # fmt: skip
-    except FileNotFoundError:
-        raise ContentError(f"{folder}: no {INDEX}: not a folder `imgbuild sources fetch` wrote") from None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise ContentError(f"{folder / INDEX}: unreadable: {exc}") from None
-    if data.get("format") != FORMAT:
-        raise ContentError(f"{folder / INDEX}: format: expected {FORMAT}, got {data.get('format')!r}")
+    index = read_index(folder)
     hint = f"imgbuild sources fetch {resolved.name} -o NEW_FOLDER"
     if index.lock_digest != plan.lock_digest:
         raise ContentError(
@@ -262,6 +257,63 @@ def check(folder: Path, resolved: Resolved, plan: render.BuildPlan) -> Index:
     return index
 
 
+def read_index(folder: Path) -> Index:
+    """The folder's sources.json, read with a bound and checked for its form: every file a plain name in one of the
+    folder's parts (never a path out of it) with 64 hex digits, every base an image reference with an id and an
+    archive under base/. ContentError naming sources.json and what is wrong."""
+    path = folder / INDEX
+    if not folder.is_dir():
+        raise ContentError(f"{folder}: not a folder")
+    if not path.exists() and not path.is_symlink():
+        raise ContentError(f"{folder}: no {INDEX}: not a folder `imgbuild sources fetch` wrote")
+    try:
+        entry(folder, INDEX)
+        data = json.loads(userfiles.read_text_bounded(path, MAX_INDEX_BYTES))
+    except userfiles.Refused as exc:
+        raise ContentError(f"{INDEX} unreadable: {exc}") from None
+    except (ValueError, RecursionError) as exc:
+        raise ContentError(f"{path}: unreadable: {str(exc).split(';')[0][:200]}") from None
+    if not isinstance(data, dict):
+        raise ContentError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    if data.get("format") != FORMAT:
+        raise ContentError(f"{path}: format: expected {FORMAT}, got {str(data.get('format'))[:40]!r}")
+    fields = {"recipe": str, "lock_digest": str, "files": dict, "bases": dict}
+    for key, kind in fields.items():
+        if not isinstance(data.get(key), kind):
+            raise ContentError(f"{path}: {key}: expected {'text' if kind is str else 'an object'}")
+    for rel, sha in data["files"].items():
+        if _ENTRY.fullmatch(rel) is None:
+            raise ContentError(f"{path}: files: {rel[:120]!r}: expected a plain file name under files/, wheels/, "
+                               "base/ or debs/BASE/")  # fmt: skip
+        if not isinstance(sha, str) or _SHA256.fullmatch(sha) is None:
+            raise ContentError(f"{path}: files: {rel}: expected a sha256 of 64 hex digits, got {str(sha)[:80]!r}")
+    for ref, base in data["bases"].items():
+        try:
+            validate.image_ref(ref)
+        except ValueError as exc:
+            raise ContentError(f"{path}: bases: {exc}") from None
+        archive, image_id = (base.get("archive"), base.get("id")) if isinstance(base, dict) else (None, None)
+        if not isinstance(archive, str) or not archive.startswith("base/") or _ENTRY.fullmatch(archive) is None:
+            raise ContentError(f"{path}: bases: {ref}: archive: expected base/NAME.tar, got {str(archive)[:120]!r}")
+        if not isinstance(image_id, str) or not (image_id.startswith("sha256:") and _SHA256.fullmatch(image_id[7:])):
+            raise ContentError(f"{path}: bases: {ref}: id: expected sha256:<64 hex digits>, got {str(image_id)[:80]!r}")
+        if archive not in data["files"]:
+            raise ContentError(f"{path}: bases: {ref}: archive {archive} is not among its files (no sha256)")
+    return Index(recipe=data["recipe"], lock_digest=data["lock_digest"], files=dict(data["files"]),
+                 bases={k: dict(v) for k, v in data["bases"].items()})  # fmt: skip
+
+
+def entry(folder: Path, rel: str) -> Path:
+    """The file `rel` of the sources folder, which must stay in it (links resolved) and be a regular file (a FIFO or a
+    device is never opened); ContentError naming it otherwise."""
+    try:
+        path = userfiles.inside(folder, folder / rel)
+        userfiles.regular(path)
+    except userfiles.Refused as exc:
+        raise ContentError(f"{folder}: {rel}: {exc}") from None
+    return path
+
+
 def _no_wheel(folder: Path, name: str, req: Requirement) -> str:
     return (
         f"{folder}: wheels/ holds no file of {req.name}=={req.version} (requirement set {name}) with a sha256 the lock "
@@ -271,9 +323,9 @@ def _no_wheel(folder: Path, name: str, req: Requirement) -> str:
 
 def _check_file(folder: Path, rel: str, expected: str, whose: str, hint: str) -> None:
     path = folder / rel
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         raise ContentError(f"{folder}: {rel} is missing", hint=hint)
-    found = sha256_file(path)
+    found = sha256_file(entry(folder, rel))
     if found != expected:
         raise ContentError(f"{folder}: {rel}: sha256 expected {expected} ({whose}), found {found}", hint=hint)
 
@@ -286,7 +338,7 @@ def load_bases(client: Any, folder: Path, index: Index, say: Say = print) -> Non
         if have is not None and have["Id"] == base["id"]:
             continue
         say(f"loading base image {ref} from {base['archive']}")
-        with (folder / base["archive"]).open("rb") as f:
+        with entry(folder, base["archive"]).open("rb") as f:
             try:
                 client.images.load(f)
             except engine.ENGINE_ERRORS as exc:
@@ -306,11 +358,11 @@ def stage(folder: Path, index: Index, context: Path) -> None:
     for rel in index.files:
         if rel.startswith("base/"):
             continue
-        dest = root / rel
+        source, dest = entry(folder, rel), userfiles.inside(root, root / rel)
         dest.parent.mkdir(parents=True, exist_ok=True)
         try:
-            os.link(folder / rel, dest)
+            os.link(source, dest)
         except OSError:
-            shutil.copy2(folder / rel, dest)
+            shutil.copy2(source, dest)
     with contextlib.suppress(FileExistsError):
         (root / "apt" / "none").mkdir(parents=True)

@@ -283,6 +283,7 @@ sources_app = typer.Typer(help="Everything a recipe's build fetches, for air-gap
 
 @sources_app.command("fetch")
 @handled
+@terminable
 def sources_fetch(
     ref: RecipeArg,
     output: Annotated[Path, typer.Option("--output", "-o", help="A new (or empty) folder to fetch into.")],

@@ -24,7 +24,8 @@ import typer
 from imgbuild.cli.console import handled
 from imgbuild.cluster.jobplan import EFA_MAX, NAME_MAX, NODES_MAX, Engine, program_words
 from imgbuild.core import validate
-from imgbuild.core.errors import OutputError, RecipeError, VerifyError
+from imgbuild.core.errors import OutputError, VerifyError
+from imgbuild.core.outputs import write_file
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -171,10 +172,7 @@ def _job(
     if output is None:
         sys.stdout.write(text)
         return
-    try:
-        output.write_text(text)
-    except OSError as exc:
-        raise RecipeError(f"{output}: cannot write the job: {exc.strerror}") from None
+    write_file(output, text, what="the job")
     err().print(f"imgbuild: wrote {output} ({job.engine.value}, {job.nodes} nodes)", markup=False)
 
 
@@ -474,10 +472,7 @@ def _write(path: Path, data: bytes) -> None:
         except OSError as exc:
             raise OutputError(f"stdout: cannot write the report: {exc.strerror or exc}") from None
         return
-    try:
-        path.write_bytes(data)
-    except OSError as exc:
-        raise OutputError(f"{path}: cannot write the report: {exc.strerror or exc}") from None
+    write_file(path, data, what="the report")
 
 
 def render(rep: Report, console: Console) -> None:

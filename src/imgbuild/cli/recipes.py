@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from imgbuild.cli.console import RecipeArg, err, handled, out, platform_arch, print_json, resolved, warn
+from imgbuild.core.interrupts import terminable
 
 if TYPE_CHECKING:
     from imgbuild.pin.outdated import Report
@@ -155,6 +156,7 @@ def render_(
 
 
 @handled
+@terminable
 def lock_(
     ref: RecipeArg,
     offline: Annotated[
@@ -370,6 +372,7 @@ def _lock(
 
 
 @handled
+@terminable
 def outdated_(
     ref: Annotated[
         str | None,

@@ -67,18 +67,26 @@ def verify_command(
 def finish(report: VerifyReport, junit: Path | None, json_path: Path | None) -> None:
     """Show the report, write JUnit / JSON where asked, and end with exit 11 naming the failed checks."""
     from imgbuild import verify
+    from imgbuild.core.errors import OutputError
+    from imgbuild.core.outputs import write_file
 
     render_table(report, out())
-    try:
-        if junit is not None:
-            verify.write_junit(report, junit)
-        if json_path is not None:
-            verify.write_json(report, json_path)
-    except OSError as exc:
-        raise VerifyError(f"cannot write the report: {exc}") from None
+    problems: list[str] = []  # as `cluster report`: every file asked for is tried; a failed check (11) wins over 14
+    for path, make, what in (
+        (junit, verify.junit_xml, "the JUnit report"),
+        (json_path, verify.report_json, "the JSON report"),
+    ):
+        if path is not None:
+            try:
+                write_file(path, make(report), what=what)
+            except OutputError as exc:
+                problems.append(exc.message)
     if report.failed:
         names = ", ".join(dict.fromkeys(r.name for r in report.failed))
-        raise VerifyError(f"{len(report.failed)} of {len(report.results)} checks failed: {names}")
+        unwritten = f" ({'; '.join(problems)})" if problems else ""
+        raise VerifyError(f"{len(report.failed)} of {len(report.results)} checks failed: {names}{unwritten}")
+    if problems:
+        raise OutputError("; ".join(problems))
 
 
 def render_table(report: VerifyReport, console: Console) -> None:

@@ -2,9 +2,11 @@
 
 Ctrl-C raises KeyboardInterrupt (Python's own SIGINT handler). SIGTERM (what `timeout`, `docker stop`, systemd and a
 cancelled CI job send) is turned into `SigtermInterrupt`, a KeyboardInterrupt, in `terminable` commands (build, push,
-verify), so it takes the very cleanup path Ctrl-C takes; the command then ends with `errors.Terminated` (exit 143,
-128 + SIGTERM) where Ctrl-C gives `errors.Interrupted` (130). While what a command started is being removed,
-further interrupts wait (`sigint_deferred`).
+verify, sbom, and those that run long writing files: sources fetch, lock, lock --upgrade, outdated), so it takes the
+very cleanup path Ctrl-C takes (containers and tags removed, a half-fetched folder removed, a recipe an upgrade edited
+put back, no temporary file left); the command then ends with `errors.Terminated` (exit 143, 128 + SIGTERM) where
+Ctrl-C gives `errors.Interrupted` (130). While what a command started is being removed, further interrupts wait
+(`sigint_deferred`).
 """
 
 from __future__ import annotations

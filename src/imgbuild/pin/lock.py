@@ -8,11 +8,8 @@ rules) is an error too.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Literal
 
@@ -21,6 +18,7 @@ from pydantic import ValidationError
 
 from imgbuild.blocks.pytorch import PyTorchDetails
 from imgbuild.core.errors import ImgbuildError, LockError
+from imgbuild.core.outputs import write_atomic  # the lock and the recipe are written whole or not at all
 from imgbuild.pin.content import Content, Requirement
 from imgbuild.pin.resolver import Pin, Pinned, Resolved, TorchLookup, index_lookup, resolve
 from imgbuild.spec import compat
@@ -125,32 +123,6 @@ def write(loaded: LoadedRecipe, resolved: Resolved) -> Path:
     except OSError as exc:
         raise LockError(f"{display(path)}: cannot write the lock: {exc.strerror or exc}") from None
     return path
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Replace `path` with `text` through a temporary file created exclusively (O_EXCL, a name no one can
-    predict) in the same folder, then renamed over it: a symlink planted beside the file is never followed, and
-    parallel writers each rename a whole file of their own. The file gets the mode a plain open() would give
-    it (0666 less the umask), not mkstemp's 0600. A symlink at `path` itself is replaced, not written through."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def _umask() -> int:
-    """The process's umask (read back by setting it: a lock is written from the CLI's one thread)."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def read(loaded: LoadedRecipe) -> Resolved | None:

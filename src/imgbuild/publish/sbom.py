@@ -148,11 +148,11 @@ def make(
 
 
 def write(sbom: Sbom, output: Path) -> Path:
-    """Write the document (atomically: a reader sees the old file or the new one)."""
-    from imgbuild.pin.lock import write_atomic
+    """Write the document (atomically: a reader sees the old file or the new one); `OutputError` (exit 14) naming
+    the path when it cannot be written."""
+    from imgbuild.core.outputs import write_file
 
-    output.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(output, sbom.text)
+    write_file(output, sbom.text, what="the SBOM", parents=True)
     return output
 
 

@@ -25,7 +25,6 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 import docker
@@ -544,8 +543,9 @@ def _verify_container(
 # Output files
 
 
-def write_json(report: VerifyReport, path: Path) -> None:
-    path.write_text(json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n")
+def report_json(report: VerifyReport) -> str:
+    """The report as `--json` writes it."""
+    return json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n"
 
 
 def junit_xml(report: VerifyReport) -> str:
@@ -564,7 +564,3 @@ def junit_xml(report: VerifyReport) -> str:
         properties=properties,
         time_s=report.timings.get("total_s"),
     )
-
-
-def write_junit(report: VerifyReport, path: Path) -> None:
-    path.write_text(junit_xml(report))

@@ -119,7 +119,7 @@ def print_json(data: Any) -> None:
 
 def handled(fn: F) -> F:
     """Turn ImgbuildError into a message on stderr and the error class's exit code (a traceback only with
-    IMGBUILD_DEBUG=1). Credentials in the message (`user:***@host`) are redacted: no error prints a password."""
+    IMGBUILD_DEBUG=1). The message has no password in it: `ImgbuildError` redacts credentials when it is made."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -128,11 +128,9 @@ def handled(fn: F) -> F:
         except ImgbuildError as exc:
             if os.environ.get("IMGBUILD_DEBUG"):
                 raise
-            from imgbuild.core.validate import redact  # a URL, reference or engine address may hold a password
-
-            err().print(f"imgbuild: error: {redact(exc.message)}", markup=False)
+            err().print(f"imgbuild: error: {exc.message}", markup=False)
             if exc.hint:
-                err().print(f"hint: {redact(exc.hint)}", markup=False)
+                err().print(f"hint: {exc.hint}", markup=False)
             raise typer.Exit(exc.exit_code) from None
 
     return wrapper  # type: ignore[return-value]

@@ -6,6 +6,8 @@ IMGBUILD_DEBUG=1. Exit code 1 is left for unexpected errors and 2 for command-li
 
 from __future__ import annotations
 
+from imgbuild.core.validate import redact
+
 
 class ImgbuildError(Exception):
     """Base class: a message meant for the user and an exit code."""
@@ -13,9 +15,12 @@ class ImgbuildError(Exception):
     exit_code = 1
 
     def __init__(self, message: str, *, hint: str | None = None) -> None:
+        # A URL, a reference or an engine address quoted in a message may hold a password: every error says
+        # `user:***@host` instead, wherever it is shown (the CLI's error line, a table row, --json).
+        message = redact(message)
         super().__init__(message)
         self.message = message
-        self.hint = hint
+        self.hint = None if hint is None else redact(hint)
 
     def __str__(self) -> str:
         return self.message if not self.hint else f"{self.message}\nhint: {self.hint}"

@@ -300,7 +300,7 @@ def _pick_wheel(links: list[_Link], project: str, version: str, page_url: str, m
 # The wheel
 
 
-def _deadline_seconds(deadline: float | None) -> float:
+def deadline_seconds(deadline: float | None) -> float:
     """The lookup's deadline: the argument, else ``IMGBUILD_INDEX_DEADLINE``, else the default."""
     source = "deadline"
     if deadline is None:
@@ -368,7 +368,7 @@ def read_wheel_metadata(
     seconds (default: ``IMGBUILD_INDEX_DEADLINE``, else :data:`DEFAULT_DEADLINE`). Raises
     :class:`IndexLookupError` on any failure, with the project, version and URL in the message.
     """
-    seconds = _deadline_seconds(deadline)
+    seconds = deadline_seconds(deadline)
     root = index or index_url()
     if not _is_http(root):
         raise IndexLookupError(
@@ -529,7 +529,7 @@ def releases(
     pre-release, a development release or a local version (2.5.1+cu121: a build of a release). `index`, `session`
     and `deadline`: as for :func:`read_wheel_metadata`. Raises :class:`IndexLookupError` (the project, the page's
     URL) when the page cannot be read."""
-    seconds = _deadline_seconds(deadline)
+    seconds = deadline_seconds(deadline)
     root = index or index_url()
     if not _is_http(root):
         raise IndexLookupError(f"{project} releases: the index {root} is not http(s)")

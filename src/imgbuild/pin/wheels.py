@@ -25,6 +25,7 @@ has yanked since stays preferred (uv keeps a yanked pin, as pip installs a relea
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -39,6 +40,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from imgbuild.core.errors import IndexLookupError, ResolveError
+from imgbuild.pin import pypi
 from imgbuild.pin.content import Requirement
 from imgbuild.pin.resolver import Resolved
 from imgbuild.spec import compat
@@ -49,6 +51,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 UV_TIMEOUT_S = 600  # one set's resolution; torch's closure takes seconds with a warm uv cache
+UV_HTTP_TIMEOUT_S = 30  # uv's own default for one request (UV_HTTP_TIMEOUT)
 _NO_BINARY = re.compile(r"^--no-binary(?:=|\s+)(\S+)$")
 # uv's warning for a yanked release it resolved to (a preference, an exact pin): `name==version` is yanked (reason: ..)
 _YANKED = re.compile(r"^warning: `([^`=]+)==([^`]+)` is yanked(?: \(reason: (.*)\))?\s*$", re.MULTILINE)
@@ -93,6 +96,20 @@ def target(resolved: Resolved, arch: str | None = None) -> tuple[str, str]:
         raise ResolveError(f"{r.name}: its requirement sets need the python pin's version (components.python)")
     machine = compat.MACHINE[arch or r.platform.arch[0]]
     return ".".join(py.version.split(".")[:2]), f"{machine}-manylinux_{distro.glibc.replace('.', '_')}"
+
+
+def uv_deadline() -> tuple[float, dict[str, str], str]:
+    """(seconds, uv's settings, where the seconds come from) for one uv resolution. With IMGBUILD_INDEX_DEADLINE set,
+    the resolution ends by it, uv's retries included: uv is killed at the deadline. Each of uv's requests may take
+    no longer than the lookup deadline (UV_HTTP_TIMEOUT: uv's own 30 s, or the user's, lowered to it). Unset, a
+    resolution (a set's closure is many lookups: torch's reads some twenty wheels' metadata) may take UV_TIMEOUT_S."""
+    seconds = pypi.deadline_seconds(None)  # IMGBUILD_INDEX_DEADLINE, else the default; a malformed one is refused
+    theirs = os.environ.get("UV_HTTP_TIMEOUT", "").strip()
+    per_request = int(theirs) if theirs.isdigit() and int(theirs) > 0 else UV_HTTP_TIMEOUT_S
+    settings = {"UV_HTTP_TIMEOUT": str(max(1, min(per_request, math.floor(seconds))))}
+    if os.environ.get(pypi.DEADLINE_ENV, "").strip():
+        return seconds, settings, f"{pypi.DEADLINE_ENV}={seconds:g}"
+    return float(UV_TIMEOUT_S), settings, f"{UV_TIMEOUT_S} s for one resolution; {pypi.DEADLINE_ENV} sets another"
 
 
 def uv_bin() -> str:
@@ -295,11 +312,17 @@ def _compile(
         *(["--offline"] if offline else []),
         "--format", "pylock.toml", "--output-file", str(lock), str(folder / f"{slug}.in"),
     ]  # fmt: skip
-    env = {**os.environ, "UV_NO_PROGRESS": "1", "NO_COLOR": "1"}
+    limit, settings, named = uv_deadline()
+    env = {**os.environ, "UV_NO_PROGRESS": "1", "NO_COLOR": "1", **settings}
     try:
-        ran = subprocess.run(argv, capture_output=True, text=True, timeout=UV_TIMEOUT_S, env=env, check=False)
-    except subprocess.TimeoutExpired:
-        raise IndexLookupError(f"{where}: uv pip compile did not finish in {UV_TIMEOUT_S} s") from None
+        ran = subprocess.run(argv, capture_output=True, text=True, timeout=limit, env=env, check=False)
+    except subprocess.TimeoutExpired:  # uv is killed: its retries end with it
+        raise IndexLookupError(
+            f"{where}: uv pip compile did not finish within {limit:g} s ({named}): the package index did not answer "
+            "in time",
+            hint=f"check that the index uv reads (uv.toml, UV_INDEX / UV_DEFAULT_INDEX) answers; {pypi.DEADLINE_ENV} "
+            "gives a slow one more time",
+        ) from None
     except OSError as exc:
         raise IndexLookupError(f"{where}: cannot run {uv}: {exc.strerror or exc}") from None
     if ran.returncode != 0:

@@ -11,7 +11,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from imgbuild.cli import run as cli_run
+from imgbuild.cli import app as imgbuild_app
 from imgbuild.core.errors import EngineError
 from imgbuild.engine import runprofile
 from imgbuild.image import render
@@ -26,7 +26,7 @@ HABANA = (
 
 
 def resolved(name: str) -> Resolved:
-    return resolved_for(recipe.load(name), lookup_torch=None)[0]
+    return resolved_for(recipe.load(name))
 
 
 def line(name: str, cmd: tuple[str, ...] = (), devices: tuple[str, ...] = (), interactive: bool = False) -> str:
@@ -88,16 +88,9 @@ def test_host_efa_devices_in_numeric_order(tmp_path: Path) -> None:
 
 @pytest.fixture
 def app(monkeypatch: pytest.MonkeyPatch) -> typer.Typer:
-    """A CLI with `run` registered (a callback keeps it a group, as the real CLI is), no host devices."""
+    """The imgbuild CLI, on a host without EFA devices (as this one is)."""
     monkeypatch.setattr(runprofile, "host_efa_devices", lambda pattern=runprofile.EFA_DEVICE_GLOB: [])
-    app = typer.Typer()
-
-    @app.callback()
-    def _root() -> None:
-        """imgbuild."""
-
-    cli_run.register(app)
-    return app
+    return imgbuild_app
 
 
 runner = CliRunner()
@@ -107,11 +100,92 @@ def image_of(name: str) -> str:
     return render.plan(resolved(name)).image_refs[0]
 
 
-def test_run_print_gaudi(app: typer.Typer, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runprofile, "engine_runtimes", lambda: ["runc", "habana"])  # a Gaudi host's engine
+DL1_EFA = " ".join(f"--device=/dev/infiniband/uverbs{n}" for n in range(4))  # dl1.24xlarge: 4 EFA devices
+
+
+@pytest.mark.parametrize("runtimes", [["runc", "habana"], ["runc"], None])
+def test_run_print_gaudi_is_the_dl1_line_whatever_this_host_is(
+    app: typer.Typer, monkeypatch: pytest.MonkeyPatch, runtimes: list[str] | None
+) -> None:
+    """`--print` gives the line to paste on the recipe's target host (dl1.24xlarge): Habana's runtime and its 4 EFA
+    devices, the same on a Gaudi host's engine, on one without the habana runtime, and with no engine to ask; stderr
+    says what `imgbuild run` would drop here and why, so stdout stays one pasteable line."""
+    monkeypatch.setattr(runprofile, "engine_runtimes", lambda: runtimes)
     result = runner.invoke(app, ["run", "gaudi-1.15", "--print"])
     assert result.exit_code == 0, result.output
-    assert result.stdout == f"docker run --rm {HABANA} --ulimit memlock=-1:-1 {image_of('gaudi-1.15')}\n"
+    assert result.stdout == f"docker run --rm {HABANA} {DL1_EFA} --ulimit memlock=-1:-1 {image_of('gaudi-1.15')}\n"
+    assert "note: the line is for the recipe's target host, dl1.24xlarge (4 EFA devices)" in result.stderr
+    assert (
+        "note: this host would drop --device=/dev/infiniband/{uverbs0,uverbs1,uverbs2,uverbs3}: it has none "
+        "(/dev/infiniband/uverbs*)"
+    ) in result.stderr
+    dropped = "note: this host would drop --runtime=habana: the engine has no 'habana' runtime"
+    assert (dropped in result.stderr) is (runtimes == ["runc"]), result.stderr
+
+
+def test_run_without_print_adapts_to_this_host(app: typer.Typer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`imgbuild run` itself keeps adapting to the host (runprofile.for_host): on an engine without Habana's runtime
+    it starts without it and says so, before it asks the engine for the image (missing here: exit 8)."""
+    monkeypatch.setattr(runprofile, "engine_runtimes", lambda: ["runc"])
+    result = runner.invoke(app, ["run", "gaudi-1.15", "--image", "imgbuild/no-such-image:nothing", "--", "true"])
+    assert result.exit_code == EngineError.exit_code, result.output
+    assert "note: the engine has no 'habana' runtime: started without --runtime=habana" in result.stderr
+    assert "would drop" not in result.stderr and "target host" not in result.stderr
+    argv = runprofile.docker_run_args(resolved("gaudi-1.15"), "IMG", host_devices=[], engine=(["runc"], False))
+    assert "--runtime=habana" not in argv and not any(a.startswith("--device=") for a in argv)
+    argv = runprofile.docker_run_args(
+        resolved("gaudi-1.15"), "IMG", host_devices=["/dev/infiniband/uverbs0"], engine=(["runc", "habana"], False)
+    )
+    assert "--runtime=habana" in argv and [a for a in argv if a.startswith("--device=")] == [
+        "--device=/dev/infiniband/uverbs0"
+    ]
+
+
+def test_run_print_a100_has_its_gpus_and_p4ds_efa_devices(app: typer.Typer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """a100's target is p4d.24xlarge: --gpus all and 4 EFA devices on any host; a host with 2 of them is told it
+    would drop the other two, one without a GPU that it would drop --gpus."""
+    monkeypatch.setattr(runprofile, "engine_runtimes", lambda: ["runc", "nvidia"])
+    monkeypatch.setattr(runprofile, "host_has_gpu", lambda device=runprofile.GPU_DEVICE: False)
+    two = ["/dev/infiniband/uverbs0", "/dev/infiniband/uverbs1"]
+    monkeypatch.setattr(runprofile, "host_efa_devices", lambda pattern=runprofile.EFA_DEVICE_GLOB: two)
+    result = runner.invoke(app, ["run", "a100", "--print", "--", "nvidia-smi"])
+    assert result.exit_code == 0, result.output
+    p4d = " ".join(f"--device=/dev/infiniband/uverbs{n}" for n in range(4))
+    assert result.stdout == (
+        f"docker run --rm --net=host --ipc=host --gpus all {p4d} --ulimit memlock=-1:-1 {image_of('a100')} nvidia-smi\n"
+    )
+    assert "note: the line is for the recipe's target host, p4d.24xlarge (4 EFA devices)" in result.stderr
+    assert "note: this host would drop --gpus all: no GPU on this host (/dev/nvidia0)" in result.stderr
+    assert (
+        "note: this host would drop --device=/dev/infiniband/{uverbs2,uverbs3}: it has only 2 (/dev/infiniband/uverbs*)"
+    ) in result.stderr
+
+
+def test_run_print_cpu_is_the_same_line_anywhere(app: typer.Typer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No accelerator, no EFA, no instance type: the line has no devices and there is nothing to drop."""
+    monkeypatch.setattr(runprofile, "engine_runtimes", lambda: ["runc"])
+    monkeypatch.setattr(runprofile, "host_efa_devices", lambda pattern=runprofile.EFA_DEVICE_GLOB: ["/dev/x/uverbs0"])
+    result = runner.invoke(app, ["run", "cpu", "--print"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == f"docker run --rm --ulimit memlock=-1:-1 --shm-size=1g {image_of('cpu')}\n"
+    assert "note:" not in result.stderr
+
+
+def test_print_without_a_known_target_uses_this_hosts_efa_devices(recipe_dir: Path) -> None:
+    """A recipe that wants EFA but names no instance type whose EFA devices are known: the target's line has this
+    host's EFA devices, and a note says to add the target's own (what `run --print` prints on stderr)."""
+    mine = recipe_dir / "mine.yaml"
+    mine.write_text("extends: a100\nplatform: {instance_types: []}\n")
+    notes: list[str] = []
+    here = ["/dev/infiniband/uverbs0"]
+    argv = runprofile.docker_run_args(recipe.load(mine), "IMG", host_devices=here, target=True, notes=notes)
+    assert runprofile.command_line(argv) == (
+        "docker run --rm --net=host --ipc=host --gpus all --device=/dev/infiniband/uverbs0 --ulimit memlock=-1:-1 IMG"
+    )
+    assert notes == [
+        "the recipe names no instance type whose EFA devices imgbuild knows (platform.instance_types): the line has "
+        "this host's 1; on the target add --device=/dev/infiniband/uverbsN for each of its own"
+    ]
 
 
 def test_run_print_with_a_command(app: typer.Typer) -> None:
@@ -132,15 +206,15 @@ def test_run_print_with_a_command(app: typer.Typer) -> None:
             True,
             False,
             False,
-            "container toolkit is not set up (no 'nvidia' runtime, no nvidia-container-runtime-hook)",
+            "NVIDIA's container toolkit is not set up (no 'nvidia' runtime, no nvidia-container-runtime-hook)",
         ),
         (["runc"], True, True, True, None),  # the toolkit's hook alone serves Docker's --gpus
-        (["runc", "nvidia"], False, False, False, "no GPU on this host (/dev/nvidia0): started without --gpus all"),
+        (["runc", "nvidia"], False, False, False, "no GPU on this host (/dev/nvidia0)"),
         (["runc", "nvidia"], True, False, True, None),
         (None, False, False, True, None),  # no engine to ask: the recipe's whole profile, to paste on a GPU host
     ],
 )
-def test_run_print_gpus_only_where_the_engine_can_give_them(
+def test_run_gpus_only_where_the_engine_can_give_them(
     app: typer.Typer,
     monkeypatch: pytest.MonkeyPatch,
     runtimes: list[str] | None,
@@ -151,14 +225,33 @@ def test_run_print_gpus_only_where_the_engine_can_give_them(
 ) -> None:
     """`imgbuild run` and verify share one rule (runprofile.for_host): Docker refuses `--gpus` without NVIDIA's
     toolkit (its `nvidia` runtime or its hook on PATH), so it is passed only where the host has a GPU and the toolkit
-    serves it (the engine and host are faked here)."""
+    serves it (the engine and host are faked here). `--print` keeps it (the line is for the target's GPUs) and says
+    that this host would drop it."""
     monkeypatch.setattr(runprofile, "engine_runtimes", lambda: runtimes)
     monkeypatch.setattr(runprofile, "host_has_gpu", lambda device=runprofile.GPU_DEVICE: gpu)
     monkeypatch.setattr(runprofile, "nvidia_hook_present", lambda: hook)
     result = runner.invoke(app, ["run", "pytorch", "--print"])
     assert result.exit_code == 0, result.output
-    assert ("--gpus all" in result.stdout) is kept, result.stdout
-    assert (note in result.stderr) if note else "--gpus" not in result.stderr, result.stderr
+    assert " --gpus all " in result.stdout
+    dropped = f"note: this host would drop --gpus all: {note}"
+    assert (dropped in result.stderr) if note else "--gpus" not in result.stderr, result.stderr
+    result = runner.invoke(app, ["run", "pytorch", "--image", "imgbuild/no-such-image:nothing", "--", "true"])
+    assert result.exit_code == EngineError.exit_code, result.output  # the image is not there; the notes came first
+    started = f"note: {note}: started without --gpus all"
+    assert (started in result.stderr) if note else "--gpus" not in result.stderr, result.stderr
+    argv = runprofile.docker_run_args(
+        resolved("pytorch"), "IMG", host_devices=[], engine=None if runtimes is None else (runtimes, gpu)
+    )
+    assert ("all" in argv and "--gpus" in argv) is kept
+
+
+def _locked(recipe_dir: Path, text: str) -> Path:
+    """A user's recipe, locked as users lock one (`imgbuild lock --offline`): `run` builds on a lock."""
+    mine = recipe_dir / "mine.yaml"
+    mine.write_text(text)
+    result = runner.invoke(imgbuild_app, ["lock", str(mine), "--offline"])
+    assert result.exit_code == 0, result.output
+    return mine
 
 
 @pytest.mark.docker
@@ -167,10 +260,10 @@ def test_run_on_this_engine_has_no_gpu_request(
 ) -> None:
     """This engine has no nvidia runtime: `imgbuild run` leaves `--gpus` out, and Docker starts the container."""
     assert "nvidia" not in (docker_client.info().get("Runtimes") or {})
-    result = runner.invoke(app, ["run", "pytorch", "--print"])
-    assert result.exit_code == 0 and "--gpus" not in result.stdout, result.output
-    mine = recipe_dir / "mine.yaml"  # pytorch's profile (gpus: all) without memlock, on the cpu image
-    mine.write_text("extends: pytorch\nruntime: {memlock_unlimited: false}\n")
+    result = runner.invoke(app, ["run", "pytorch", "--print"])  # the target's line keeps it, and says this host can't
+    assert result.exit_code == 0 and " --gpus all " in result.stdout, result.output
+    assert "note: this host would drop --gpus all: " in result.stderr
+    mine = _locked(recipe_dir, "extends: cpu\nruntime: {gpus: all, memlock_unlimited: false}\n")
     result = runner.invoke(app, ["run", str(mine), "--image", cpu_image.refs[0], "--", "true"])
     assert result.exit_code == 0, result.output
     assert "started without --gpus all" in result.stderr
@@ -184,8 +277,7 @@ def test_run_unknown_recipe(app: typer.Typer) -> None:
 @pytest.mark.docker
 def test_run_exit_status_and_missing_image(app: typer.Typer, cpu_image: Any, recipe_dir: Path) -> None:
     # Without the memlock ulimit: an engine that itself runs in a container may not be allowed to raise it.
-    mine = recipe_dir / "mine.yaml"
-    mine.write_text("extends: cpu\nruntime: {memlock_unlimited: false}\n")
+    mine = _locked(recipe_dir, "extends: cpu\nruntime: {memlock_unlimited: false}\n")
     result = runner.invoke(app, ["run", str(mine), "--image", cpu_image.refs[0], "--", "bash", "-c", "exit 7"])
     assert result.exit_code == 7, result.output
     result = runner.invoke(app, ["run", "cpu", "--image", "imgbuild/no-such-image:nothing", "--", "true"])
@@ -228,13 +320,15 @@ def test_gdrcopy_images_ask_for_gdrdrv_where_the_host_has_it(app: typer.Typer, m
     assert manifest["runtime"]["host_devices"] == [] and "NVIDIA_GDRCOPY" not in dockerfile
     monkeypatch.setattr(runprofile, "engine_runtimes", lambda: None)
     assert not runprofile.device_present("/dev/gdrdrv")  # this host: no gdrdrv module
+    assert "gdrdrv" not in " ".join(runprofile.docker_run_args(resolved("a100"), "IMG", host_devices=[]))
+    monkeypatch.setattr(runprofile, "device_present", lambda path: path == "/dev/gdrdrv")  # a host with gdrdrv
+    assert "--device=/dev/gdrdrv" in runprofile.docker_run_args(resolved("a100"), "IMG", host_devices=[])
+    # --print's line is for any p4d: one without gdrdrv would refuse the device, so it is left out, with a note
     result = runner.invoke(app, ["run", "a100", "--print"])
     assert result.exit_code == 0 and "gdrdrv" not in result.stdout, result.output
-    monkeypatch.setattr(runprofile, "device_present", lambda path: path == "/dev/gdrdrv")  # a host with gdrdrv
-    result = runner.invoke(app, ["run", "a100", "--print"])
-    assert result.exit_code == 0 and " --device=/dev/gdrdrv " in result.stdout, result.output
+    assert "note: --device=/dev/gdrdrv left out: passed only where a host has it" in result.stderr
     result = runner.invoke(app, ["run", "cpu", "--print"])
-    assert "gdrdrv" not in result.stdout
+    assert "gdrdrv" not in result.stdout + result.stderr
 
 
 def test_verify_reports_gdrdrv() -> None:

@@ -1,7 +1,9 @@
 """`imgbuild run RECIPE [--print] [-- CMD ...]`: a container of the recipe's image with its runtime profile.
 
-The docker CLI runs it (an interactive session is exactly what `docker run -it` gives); `--print` prints that
-command instead, to paste or adapt.
+The docker CLI runs it (an interactive session is exactly what `docker run -it` gives), adapted to this host and
+engine (`runprofile.for_host`). `--print` prints the command for the recipe's target host instead (its runtime, its
+GPUs, its instance type's EFA devices: `runprofile.target_spec`), to paste there, with a note on stderr for each thing
+this host would drop and why.
 """
 
 from __future__ import annotations
@@ -32,7 +34,12 @@ def run(
         typer.Argument(help="Command to run in the container, after `--` (default: the image's, a shell)."),
     ] = None,
     print_only: Annotated[
-        bool, typer.Option("--print", help="Print the docker command instead of running it.")
+        bool,
+        typer.Option(
+            "--print",
+            help="Print the docker command for the recipe's target host instead of running it (stderr notes what "
+            "this host would drop).",
+        ),
     ] = False,
     image: Annotated[
         str | None,
@@ -52,6 +59,7 @@ def run(
     image_ref = image or render.image_ref(res)
     # What the engine and host cannot give (a GPU request without the nvidia runtime, a runtime it lacks) is left
     # out with a note, as verify does (runprofile.for_host); an engine that can't be asked gets the whole profile.
+    # --print: the target host's line, whole, and a note for what this host would drop (runprofile.target_spec).
     runtimes = runprofile.engine_runtimes()
     notes: list[str] = []
     argv = runprofile.docker_run_args(
@@ -62,6 +70,7 @@ def run(
         interactive=sys.stdin.isatty(),
         engine=None if runtimes is None else (runtimes, runprofile.host_has_gpu()),
         notes=notes,
+        target=print_only,
     )
     for note in notes:
         err().print(f"note: {note}", markup=False, highlight=False)

@@ -11,8 +11,10 @@ docker-py options (`imgbuild verify` and `verify --nodes`, `RunSpec.docker_py`),
 - `--ulimit memlock=-1:-1` (EFA and NCCL pin memory), and a large /dev/shm unless the host's IPC is shared;
 - `-it` only when stdin is a terminal, and `--rm` (`docker_run_args`).
 
-`for_engine` adapts a spec to the engine and host a verification runs on (what they lack is left out, with a
-note), and verification containers never take the host's network (`network=None`).
+`for_host` adapts a spec to the engine and host it starts on (what they lack is left out, with a note): `imgbuild run`
+and verification (`for_engine`, whose containers never take the host's network). `target_spec` is the same rule for
+the recipe's target host instead (`imgbuild run --print`: a line to paste there): its instance type's EFA devices,
+the runtime and `--gpus` whole, and `what_this_host_drops` says what `for_host` would leave out here.
 """
 
 from __future__ import annotations
@@ -169,9 +171,15 @@ def for_host(spec: RunSpec, *, runtimes: Sequence[str], has_gpu: bool) -> tuple[
     the engine lists the `nvidia` runtime (`nvidia-ctk runtime configure`) or the toolkit's hook is on PATH
     (Docker's own `--gpus` driver needs it); without either Docker refuses to start the container. Returns the
     spec and a note for each thing left out."""
-    notes = []
+    spec, dropped = _host_limits(spec, runtimes=runtimes, has_gpu=has_gpu)
+    return spec, [f"{why}: started without {what}" for what, why in dropped]
+
+
+def _host_limits(spec: RunSpec, *, runtimes: Sequence[str], has_gpu: bool) -> tuple[RunSpec, list[tuple[str, str]]]:
+    """`for_host`'s rule: the spec, and (what is left out as `docker run` options, why) for each thing left out."""
+    dropped = []
     if spec.runtime and spec.runtime not in runtimes:
-        notes.append(f"the engine has no '{spec.runtime}' runtime: started without it")
+        dropped.append((f"--runtime={spec.runtime}", f"the engine has no '{spec.runtime}' runtime"))
     toolkit = "nvidia" in runtimes or nvidia_hook_present()
     gpus = spec.gpus if has_gpu and toolkit else None
     if spec.gpus and gpus is None:
@@ -180,8 +188,65 @@ def for_host(spec: RunSpec, *, runtimes: Sequence[str], has_gpu: bool) -> tuple[
             if not has_gpu
             else f"NVIDIA's container toolkit is not set up (no 'nvidia' runtime, no {NVIDIA_HOOK})"
         )
-        notes.append(f"{why}: started without --gpus {spec.gpus}")
-    return replace(spec, gpus=gpus, runtime=spec.runtime if spec.runtime in runtimes else None), notes
+        dropped.append((f"--gpus {spec.gpus}", why))
+    return replace(spec, gpus=gpus, runtime=spec.runtime if spec.runtime in runtimes else None), dropped
+
+
+def target_efa_devices(recipe: Recipe) -> tuple[str | None, list[str] | None]:
+    """The recipe's target host and its EFA devices: the first of its platform.instance_types whose number of EFA
+    devices imgbuild knows (cluster.jobplan.EFA_DEVICES), with /dev/infiniband/uverbs0..N-1; (None, None) when none
+    is (no instance type, or none in the table)."""
+    from imgbuild.cluster.jobplan import efa_devices
+
+    for instance_type in recipe.platform.instance_types:
+        count = efa_devices(instance_type)
+        if count is not None:
+            return instance_type, [EFA_DEVICE_GLOB.replace("*", str(n)) for n in range(count)]
+    return None, None
+
+
+def target_spec(runtime: Runtime, recipe: Recipe, host_devices: Sequence[str]) -> tuple[RunSpec, list[str]]:
+    """THE rule (`run_spec`) for the recipe's target host rather than this one (`imgbuild run --print`): the runtime
+    and `--gpus` whole, the target instance type's EFA devices (`target_efa_devices`; this host's, `host_devices`,
+    with a note, where the recipe names no instance type whose devices are known), and none of the devices passed
+    only where a host has them (a device the target lacks stops `docker run`; `imgbuild run` there adds them).
+    Returns the spec and a note for each thing the line cannot know."""
+    notes = []
+    instance_type, devices = target_efa_devices(recipe) if runtime.efa_devices else (None, [])
+    if instance_type is not None and devices is not None:
+        notes.append(f"the line is for the recipe's target host, {instance_type} ({len(devices)} EFA devices)")
+    if devices is None:
+        devices = list(host_devices)
+        notes.append(
+            "the recipe names no instance type whose EFA devices imgbuild knows (platform.instance_types): the line "
+            f"has this host's {len(devices)}; on the target add --device=/dev/infiniband/uverbsN for each of its own"
+        )
+    spec = run_spec(runtime, devices, exists=lambda _: False)
+    if runtime.host_devices:
+        left = " ".join(f"--device={d}" for d in runtime.host_devices)
+        notes.append(f"{left} left out: passed only where a host has it (`imgbuild run` on that host adds it)")
+    return spec, notes
+
+
+def what_this_host_drops(
+    target: RunSpec, host_devices: Sequence[str], engine: tuple[Sequence[str], bool] | None
+) -> list[str]:
+    """What `imgbuild run` on this host (its EFA devices, its engine's runtimes and whether it has a GPU; None: no
+    engine to ask) would leave out of the target's line, one note each: the runtime and `--gpus` (`for_host`), and
+    the target's EFA devices this host lacks."""
+    dropped = _host_limits(target, runtimes=engine[0], has_gpu=engine[1])[1] if engine is not None else []
+    here = set(host_devices)
+    missing = [d for d in target.devices if d not in here]
+    if missing:
+        folders = {os.path.dirname(d) for d in missing}
+        names = ",".join(os.path.basename(d) for d in missing)
+        if len(folders) == 1 and len(missing) > 1:
+            what = f"--device={folders.pop()}/{{{names}}}"
+        else:
+            what = " ".join(f"--device={d}" for d in missing)
+        have = f"only {len(here)}" if here else "none"
+        dropped.append((what, f"it has {have} ({EFA_DEVICE_GLOB})"))
+    return [f"this host would drop {what}: {why}" for what, why in dropped]
 
 
 def for_engine(spec: RunSpec, *, runtimes: Sequence[str], has_gpu: bool) -> tuple[RunSpec, list[str]]:
@@ -225,19 +290,26 @@ def docker_run_args(
     interactive: bool = False,
     engine: tuple[Sequence[str], bool] | None = None,
     notes: list[str] | None = None,
+    target: bool = False,
 ) -> list[str]:
     """The whole `docker run` command (argv, starting with "docker") for a container of the recipe's image.
 
     `host_devices` are the host's EFA devices (see `host_efa_devices`); they are added only when the recipe's
     runtime wants EFA. `interactive` (stdin is a terminal) adds `-it`. `engine` (the engine's runtimes, whether
     the host has a GPU) adapts the profile to them (`for_host`, a note in `notes` for each thing left out); None
-    (no engine to ask) keeps it whole.
+    (no engine to ask) keeps it whole. `target`: the line for the recipe's target host instead (`target_spec`),
+    whole, with a note in `notes` for what this host would drop (`what_this_host_drops`).
     """
-    spec = run_spec(_profile_of(source), host_devices)
-    if engine is not None:
-        spec, left_out = for_host(spec, runtimes=engine[0], has_gpu=engine[1])
-        if notes is not None:
-            notes += left_out
+    profile = _profile_of(source)
+    if target:
+        spec, about = target_spec(profile, _recipe_of(source), host_devices)
+        about += what_this_host_drops(spec, host_devices, engine)
+    else:
+        spec, about = run_spec(profile, host_devices), []
+        if engine is not None:
+            spec, about = for_host(spec, runtimes=engine[0], has_gpu=engine[1])
+    if notes is not None:
+        notes += about
     return ["docker", "run", "--rm", *(["-it"] if interactive else []), *spec.docker_args(), image_ref, *cmd]
 
 

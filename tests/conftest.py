@@ -61,6 +61,20 @@ def index(monkeypatch: pytest.MonkeyPatch) -> Iterator[localindex.Index]:
 
 
 @pytest.fixture
+def index_env(index: localindex.Index, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> localindex.Index:
+    """The local index for imgbuild (IMGBUILD_INDEX_URL) and for uv (`imgbuild lock` hashes wheels with it, with a
+    cache of this test's own), no Docker engine (base digests are recorded as unestablished, with why)."""
+    monkeypatch.setenv("IMGBUILD_INDEX_URL", index.simple)
+    monkeypatch.delenv("PIP_INDEX_URL", raising=False)
+    monkeypatch.setenv("UV_DEFAULT_INDEX", index.simple)
+    monkeypatch.setenv("UV_NO_CONFIG", "1")
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
+    monkeypatch.setenv("UV_HTTP_RETRIES", "0")
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
+    return index
+
+
+@pytest.fixture
 def recipe_dir(tmp_path: Path) -> Path:
     """A folder for users' own recipes (they may `extends:` the shipped ones by name)."""
     d = tmp_path / "recipes"

@@ -132,7 +132,15 @@ class Index:
         self.pages.setdefault(project, []).append(href)
         if yanked:
             self.yanked.add(href)
+        self._page(project)
 
+    def remove(self, project: str, filename: str) -> None:
+        """Take a file off the index: its anchor leaves the project's page and the file is no longer served."""
+        self.pages[project] = [h for h in self.pages[project] if h.split("#")[0].rsplit("/", 1)[-1] != filename]
+        self.server.files.pop(f"/files/{filename}", None)
+        self._page(project)
+
+    def _page(self, project: str) -> None:
         def anchor(h: str) -> str:
             yanked = ' data-yanked=""' if h in self.yanked else ""
             return f'<a href="{h}"{yanked}>{h.split("#")[0].rsplit("/", 1)[-1]}</a>'

@@ -1,6 +1,12 @@
 """Locks pin content: the shipped locks record base digests, download checksums and wheel hashes, each with where it
 came from; a lock from an older imgbuild (no content) or with a hash edited by hand is refused with how to refresh it;
-`imgbuild lock --check` re-reads the world and exits 15 on any drift (what a nightly job runs)."""
+`imgbuild lock --check` re-reads the world and exits 15 on any drift of content or recipe (what a nightly job runs).
+
+Relocking keeps the lock's versions, as uv and pip-tools keep an existing output's pins: a newer release on the index
+is neither drift nor a reason to rewrite the lock (`imgbuild outdated` reports it; --upgrade / --upgrade-package take
+it). Those tests run against a package index on 127.0.0.1 (conftest's `index_env`: real wheels, served and changed
+by the test), so they judge only what the test itself changes; the ones marked `network` read the real index and
+hold whatever it publishes next."""
 
 from __future__ import annotations
 
@@ -14,8 +20,8 @@ from typer.testing import CliRunner
 from conftest import REPO, SHIPPED
 from imgbuild.cli import app
 from imgbuild.pin import lock
-from imgbuild.pin.content import Content
 from imgbuild.spec import recipe
+from localindex import Index, make_wheel
 
 
 @pytest.fixture
@@ -73,42 +79,184 @@ def test_a_hash_edited_by_hand_is_refused(cpu_copy: Path) -> None:
     assert "content was edited by hand" in result.output
 
 
-def test_lock_check_passes_on_a_fresh_lock(cpu_copy: Path) -> None:
+@pytest.mark.network
+def test_lock_check_on_the_shipped_lock_holds_whatever_the_index_publishes_next(cpu_copy: Path) -> None:
+    """The shipped cpu lock against the real index: its unpinned dependencies (botocore, urllib3...) have newer
+    releases than the lock records, or will have; none of them is drift."""
     result = CliRunner().invoke(app, ["lock", str(cpu_copy), "--check"])
     assert result.exit_code == 0, result.output
-    assert "matches what resolves today" in result.output
-
-
-def test_lock_check_reports_a_wheel_served_with_another_hash(cpu_copy: Path) -> None:
-    """What a re-uploaded wheel looks like from the lock's side: the lock (consistently, its digest updated) records
-    a hash the index no longer serves. --check names the distribution and exits 15, writing nothing."""
-    path = cpu_copy.with_name("cpu.lock.json")
-
-    def edit(data: dict) -> None:
-        req = next(iter(data["content"]["python"].values()))[0]
-        req["hashes"] = ["sha256:" + "1" * 64]
-        data["content_digest"] = Content.model_validate(data["content"]).digest()
-
-    _rewrite(path, edit)
-    before = path.read_text()
-    result = CliRunner().invoke(app, ["lock", str(cpu_copy), "--check"])
-    assert result.exit_code == 15, result.output
-    assert "nvidia-nccl-cu12==2.27.5: hashes changed" in result.output
-    assert path.read_text() == before
-
-
-def test_lock_check_reports_a_changed_recipe(cpu_copy: Path) -> None:
-    text = cpu_copy.read_text().replace("packages: [ca-certificates, iproute2, procps]", "packages: [iproute2, procps]")
-    cpu_copy.write_text(text)
-    result = CliRunner().invoke(app, ["lock", str(cpu_copy), "--check"])
-    assert result.exit_code == 15, result.output
-    assert "stale" in result.output
+    assert "matches what resolves today (a newer release is not drift" in result.output
 
 
 @pytest.mark.docker
+@pytest.mark.network
 def test_relocking_unchanged_content_keeps_the_lock_identical(cpu_copy: Path, docker_client: object) -> None:
     path = cpu_copy.with_name("cpu.lock.json")
     before = path.read_text()
     result = CliRunner().invoke(app, ["lock", str(cpu_copy)])
     assert result.exit_code == 0, result.output
     assert path.read_text() == before  # same content: same locked_at, same image tag
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Against a local index: relocking keeps pins; --check reports content and recipe, not newer releases
+
+# The cpu image with the user's requirement top-lib, which depends on dep-lib (any version): dep-lib is what a
+# newer release on the index could move. The SageMaker block's boto3 is not on the local index: left out.
+MINE = "extends: cpu\ndescription: mine\ncomponents: {sagemaker: null}\napp: {requirements: [top-lib==1.0]}\n"
+
+
+def run(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def wheel(index: Index, tmp_path: Path, project: str, version: str, requires: tuple[str, ...] = (), **kw: bool) -> str:
+    """A real wheel of `project` `version` on the index (py3-none-any: every architecture installs it, one hash); new
+    bytes each time (make_wheel's random payload). Returns its file name."""
+    filename = f"{project.replace('-', '_')}-{version}-py3-none-any.whl"
+    index.add_wheel(project, filename, make_wheel(tmp_path, filename, list(requires), junk=2000), **kw)
+    return filename
+
+
+def versions(path: Path) -> dict[str, str]:
+    """The Python distributions the recipe's lock pins (read as render reads it: fresh, not edited)."""
+    locked = lock.read(recipe.load(path).concrete())
+    assert locked is not None and locked.content is not None
+    return {r.name: r.version for reqs in locked.content.python.values() for r in reqs}
+
+
+@pytest.fixture
+def mine(index_env: Index, recipe_dir: Path, tmp_path: Path) -> Path:
+    """MINE, locked against the local index while dep-lib 1.0 is its newest release."""
+    wheel(index_env, tmp_path, "nvidia-nccl-cu12", recipe.load("cpu").recipe.components.nccl.version)
+    wheel(index_env, tmp_path, "top-lib", "1.0", ("dep-lib>=1.0",))
+    wheel(index_env, tmp_path, "dep-lib", "1.0")
+    path = recipe_dir / "mine.yaml"
+    path.write_text(MINE)
+    result = run("lock", str(path))
+    assert result.exit_code == 0, result.output
+    assert versions(path)["dep-lib"] == "1.0"
+    return path
+
+
+def test_a_newer_release_is_not_drift_and_relocking_keeps_the_pin(mine: Path, index_env: Index, tmp_path: Path) -> None:
+    wheel(index_env, tmp_path, "dep-lib", "1.1")
+    lock_file = mine.with_name("mine.lock.json")
+    before = lock_file.read_text()
+    check = run("lock", str(mine), "--check")
+    assert check.exit_code == 0, check.output
+    assert f"a newer release is not drift: imgbuild outdated {mine} lists them" in check.stdout
+    relock = run("lock", str(mine))
+    assert relock.exit_code == 0, relock.output
+    assert lock_file.read_text() == before  # byte for byte: locked_at too, so the same image tags
+    assert "dep-lib" not in relock.stdout
+
+
+@pytest.mark.parametrize("args", [["--upgrade-package", "dep-lib"], ["-P", "Dep_Lib"], ["--upgrade"]])
+def test_upgrade_releases_the_locked_versions(mine: Path, index_env: Index, tmp_path: Path, args: list[str]) -> None:
+    wheel(index_env, tmp_path, "dep-lib", "1.1")
+    text = mine.read_text()
+    result = run("lock", str(mine), *args)
+    assert result.exit_code == 0, result.output
+    assert "python app: dep-lib 1.0 -> 1.1" in result.stdout
+    assert {name: v for name, v in versions(mine).items() if name.endswith("-lib")} == {
+        "top-lib": "1.0",
+        "dep-lib": "1.1",
+    }
+    assert mine.read_text() == text  # a distribution is not a recipe value: the recipe stays as it was
+    assert run("lock", str(mine), "--check").exit_code == 0
+
+
+def test_the_same_version_with_other_bytes_is_drift(mine: Path, index_env: Index, tmp_path: Path) -> None:
+    """A re-uploaded wheel: dep-lib 1.0 served with other bytes. --check names it and exits 15, writing nothing."""
+    lock_file = mine.with_name("mine.lock.json")
+    before = lock_file.read_text()
+    index_env.remove("dep-lib", "dep_lib-1.0-py3-none-any.whl")
+    wheel(index_env, tmp_path, "dep-lib", "1.0")  # new bytes, the same name and version
+    result = run("lock", str(mine), "--check")
+    assert result.exit_code == 15, result.output
+    assert "python app: dep-lib==1.0: hashes changed (gone: " in result.stdout
+    assert "the lock differs from what resolves today (1 difference)" in result.stderr
+    assert lock_file.read_text() == before
+
+
+def test_a_pin_gone_from_the_index_is_drift(mine: Path, index_env: Index, tmp_path: Path) -> None:
+    wheel(index_env, tmp_path, "dep-lib", "1.1")
+    index_env.remove("dep-lib", "dep_lib-1.0-py3-none-any.whl")
+    result = run("lock", str(mine), "--check")
+    assert result.exit_code == 15, result.output
+    assert "python app: dep-lib==1.0 no longer resolves" in result.stdout and "1.1 resolves instead" in result.stdout
+    relock = run("lock", str(mine))  # what no longer resolves moves; nothing else does
+    assert relock.exit_code == 0, relock.output
+    assert "python app: dep-lib 1.0 -> 1.1" in relock.stdout
+    assert versions(mine)["dep-lib"] == "1.1"
+
+
+def test_a_yanked_pin_is_drift_and_kept_when_relocking(mine: Path, index_env: Index, tmp_path: Path) -> None:
+    """PEP 592: a release pinned exactly still installs when yanked (pip, uv), so the lock keeps it, saying so; the
+    nightly --check reports it."""
+    wheel(index_env, tmp_path, "dep-lib", "1.1")
+    name = "dep_lib-1.0-py3-none-any.whl"
+    data = index_env.server.files[f"/files/{name}"]
+    index_env.remove("dep-lib", name)
+    index_env.add_wheel("dep-lib", name, data, yanked=True)  # the same bytes, yanked
+    lock_file = mine.with_name("mine.lock.json")
+    before = lock_file.read_text()
+    result = run("lock", str(mine), "--check")
+    assert result.exit_code == 15, result.output
+    assert "python app: dep-lib==1.0 is yanked on the index" in result.stdout
+    assert f"imgbuild lock {mine} --upgrade-package dep-lib moves it" in result.stdout
+    relock = run("lock", str(mine))
+    assert relock.exit_code == 0, relock.output
+    assert "warning: python app: dep-lib==1.0 is yanked on the index" in relock.stderr
+    assert lock_file.read_text() == before
+
+
+def test_a_recipe_edit_keeps_the_pins_it_still_allows(mine: Path, index_env: Index, tmp_path: Path) -> None:
+    """The lock is stale (--check says so), and relocking it keeps dep-lib 1.0: the edit does not touch it."""
+    wheel(index_env, tmp_path, "dep-lib", "1.1")
+    mine.write_text(MINE.replace("description: mine", "description: mine, edited"))
+    check = run("lock", str(mine), "--check")
+    assert check.exit_code == 15, check.output
+    assert "mine.lock.json is stale" in check.stderr
+    relock = run("lock", str(mine))
+    assert relock.exit_code == 0, relock.output
+    assert versions(mine)["dep-lib"] == "1.0"
+
+
+def test_a_recipe_edit_moves_a_pin_that_no_longer_fits(mine: Path, index_env: Index, tmp_path: Path) -> None:
+    for version in ("1.1", "1.2"):
+        wheel(index_env, tmp_path, "dep-lib", version)
+    wheel(index_env, tmp_path, "top-lib", "2.0", ("dep-lib>=1.1",))
+    mine.write_text(MINE.replace("top-lib==1.0", "top-lib==2.0"))
+    result = run("lock", str(mine))
+    assert result.exit_code == 0, result.output
+    assert "python app: top-lib 1.0 -> 2.0" in result.stdout and "python app: dep-lib 1.0 -> 1.2" in result.stdout
+    assert versions(mine)["dep-lib"] == "1.2"  # the newest that fits, as uv takes a preference that no longer does
+
+
+def test_an_unreadable_lock_keeps_nothing_and_says_so(mine: Path, index_env: Index, tmp_path: Path) -> None:
+    wheel(index_env, tmp_path, "dep-lib", "1.1")
+    mine.with_name("mine.lock.json").write_text("{not json")
+    result = run("lock", str(mine))
+    assert result.exit_code == 0, result.output
+    assert "mine.lock.json: unreadable lock file" in result.stderr and "none of its versions is kept" in result.stderr
+    assert versions(mine)["dep-lib"] == "1.1"
+
+
+@pytest.mark.parametrize(
+    ("item", "message"),
+    [
+        ("dep-lib==1.1", "dep-lib is a Python distribution the lock pins, not a component"),
+        ("no-such-lib", "mine: no pinned component or locked Python distribution 'no-such-lib'"),
+    ],
+)
+def test_upgrade_package_names_a_component_or_a_locked_distribution(mine: Path, item: str, message: str) -> None:
+    before = mine.with_name("mine.lock.json").read_text()
+    result = run("lock", str(mine), "--upgrade-package", item)
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr
+    if item == "no-such-lib":
+        assert "its components: " in result.stderr
+        assert "the lock's distributions: dep-lib, nvidia-nccl-cu12, top-lib" in result.stderr
+    assert mine.with_name("mine.lock.json").read_text() == before

@@ -43,20 +43,6 @@ PLUGIN_RULE = "aws-ofi-nccl 1.21.1 was tested with NCCL up to 2.31.2; NCCL 2.32.
 NCCL_NEXT = "2.99.1"  # a made-up nvidia-nccl-cu12 release on the local index
 
 
-@pytest.fixture
-def env(index: Index, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Index:
-    """The local index for imgbuild (IMGBUILD_INDEX_URL) and for uv (`imgbuild lock` hashes wheels with it), no
-    Docker engine (base digests are recorded as unestablished, with why)."""
-    monkeypatch.setenv("IMGBUILD_INDEX_URL", index.simple)
-    monkeypatch.delenv("PIP_INDEX_URL", raising=False)
-    monkeypatch.setenv("UV_DEFAULT_INDEX", index.simple)
-    monkeypatch.setenv("UV_NO_CONFIG", "1")
-    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
-    monkeypatch.setenv("UV_HTTP_RETRIES", "0")
-    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
-    return index
-
-
 def serve(
     index: Index, tmp_path: Path, project: str, version: str, requires: tuple[str, ...] = (), **kw: bool
 ) -> dict[str, str]:
@@ -134,13 +120,13 @@ def test_releases_of_a_missing_project_name_the_page(index: Index) -> None:
 # imgbuild outdated
 
 
-def test_everything_current_exits_0(env: Index, recipe_dir: Path, tmp_path: Path) -> None:
+def test_everything_current_exits_0(index_env: Index, recipe_dir: Path, tmp_path: Path) -> None:
     path = recipe_dir / "mine.yaml"
     path.write_text("extends: cpu\n")
     current = recipe.load(path).recipe.components.nccl.version
-    serve(env, tmp_path, "nvidia-nccl-cu12", current)
-    serve(env, tmp_path, "nvidia-nccl-cu12", NCCL_NEXT, yanked=True)
-    serve(env, tmp_path, "nvidia-nccl-cu12", "3.0.0rc1")
+    serve(index_env, tmp_path, "nvidia-nccl-cu12", current)
+    serve(index_env, tmp_path, "nvidia-nccl-cu12", NCCL_NEXT, yanked=True)
+    serve(index_env, tmp_path, "nvidia-nccl-cu12", "3.0.0rc1")
     result = run("outdated", str(path), "--json")
     assert result.exit_code == 0, result.output
     found = rows(result.stdout, "mine")
@@ -154,8 +140,8 @@ def test_everything_current_exits_0(env: Index, recipe_dir: Path, tmp_path: Path
     assert "read on a date not recorded" in text.stdout
 
 
-def test_outdated_and_fits(env: Index, gpu: Path, tmp_path: Path) -> None:
-    gpu_index(env, tmp_path, ["2.12.1", "2.13.0", "2.15.0"])
+def test_outdated_and_fits(index_env: Index, gpu: Path, tmp_path: Path) -> None:
+    gpu_index(index_env, tmp_path, ["2.12.1", "2.13.0", "2.15.0"])
     before = gpu.read_text()
     result = run("outdated", str(gpu), "--json")
     assert result.exit_code == 18, result.output
@@ -183,8 +169,8 @@ def test_outdated_and_fits(env: Index, gpu: Path, tmp_path: Path) -> None:
     assert "yes: nccl 2.29.7 -> 2.30.7" in text.stdout
 
 
-def test_outdated_but_blocked_names_the_rule(env: Index, gpu: Path, tmp_path: Path) -> None:
-    gpu_index(env, tmp_path, ["2.13.0", "2.15.0", TORCH_NEXT])
+def test_outdated_but_blocked_names_the_rule(index_env: Index, gpu: Path, tmp_path: Path) -> None:
+    gpu_index(index_env, tmp_path, ["2.13.0", "2.15.0", TORCH_NEXT])
     result = run("outdated", str(gpu), "--json")
     assert result.exit_code == 18, result.output
     torch = rows(result.stdout, "gpu")["pytorch"]
@@ -193,9 +179,9 @@ def test_outdated_but_blocked_names_the_rule(env: Index, gpu: Path, tmp_path: Pa
     assert "components.aws_ofi_nccl.version / components.nccl" in torch["blocked_by"]
 
 
-def test_an_index_that_cannot_answer_exits_7(env: Index, gpu: Path, tmp_path: Path) -> None:
-    gpu_index(env, tmp_path, ["2.13.0"])
-    del env.server.files["/simple/numpy/"]
+def test_an_index_that_cannot_answer_exits_7(index_env: Index, gpu: Path, tmp_path: Path) -> None:
+    gpu_index(index_env, tmp_path, ["2.13.0"])
+    del index_env.server.files["/simple/numpy/"]
     result = run("outdated", str(gpu), "--json")
     assert result.exit_code == 7, result.output
     numpy = rows(result.stdout, "gpu")["numpy"]
@@ -223,15 +209,17 @@ components:
 
 
 @pytest.mark.parametrize("where", ["inherited", "in place"])
-def test_upgrade_writes_the_recipe_then_the_lock(env: Index, recipe_dir: Path, tmp_path: Path, where: str) -> None:
+def test_upgrade_writes_the_recipe_then_the_lock(
+    index_env: Index, recipe_dir: Path, tmp_path: Path, where: str
+) -> None:
     path = recipe_dir / "mine.yaml"
     path.write_text(INHERITED)
     current = recipe.load(path).recipe.components.nccl.version
     if where == "in place":
         path.write_text(IN_PLACE.format(version=current))
     before = path.read_text()
-    serve(env, tmp_path, "nvidia-nccl-cu12", current)
-    served = serve(env, tmp_path, "nvidia-nccl-cu12", NCCL_NEXT)
+    serve(index_env, tmp_path, "nvidia-nccl-cu12", current)
+    served = serve(index_env, tmp_path, "nvidia-nccl-cu12", NCCL_NEXT)
 
     result = run("lock", str(path), "--upgrade")
     assert result.exit_code == 0, result.output
@@ -258,8 +246,8 @@ def test_upgrade_writes_the_recipe_then_the_lock(env: Index, recipe_dir: Path, t
     assert run("outdated", str(path)).exit_code == 0
 
 
-def test_upgrade_refuses_a_newest_that_does_not_fit(env: Index, gpu: Path, tmp_path: Path) -> None:
-    gpu_index(env, tmp_path, ["2.13.0", "2.15.0", TORCH_NEXT])
+def test_upgrade_refuses_a_newest_that_does_not_fit(index_env: Index, gpu: Path, tmp_path: Path) -> None:
+    gpu_index(index_env, tmp_path, ["2.13.0", "2.15.0", TORCH_NEXT])
     before = gpu.read_text()
     result = run("lock", str(gpu), "--upgrade-package", "pytorch")
     assert result.exit_code == 5, result.output
@@ -275,8 +263,8 @@ def test_upgrade_refuses_a_newest_that_does_not_fit(env: Index, gpu: Path, tmp_p
     assert plan.loaded.recipe.components.pytorch.version == "2.15.0"
 
 
-def test_upgrade_everything_refuses_when_one_newest_is_blocked(env: Index, gpu: Path, tmp_path: Path) -> None:
-    gpu_index(env, tmp_path, ["2.13.0", "2.15.0"])
+def test_upgrade_everything_refuses_when_one_newest_is_blocked(index_env: Index, gpu: Path, tmp_path: Path) -> None:
+    gpu_index(index_env, tmp_path, ["2.13.0", "2.15.0"])
     result = run("lock", str(gpu), "--upgrade")
     assert result.exit_code == 5, result.output
     # EFA 1.51.0 bundles aws-ofi-nccl 1.22.0, which the plugin table does not know: no newer EFA fits
@@ -293,15 +281,15 @@ def test_upgrade_everything_refuses_when_one_newest_is_blocked(env: Index, gpu: 
         (["-P", "hwloc"], "does not move hwloc (ubuntu24.04's package: it changes with os.version)"),
         (["-P", "cuda"], "CUDA comes with the base image"),
         (["-P", "nccl"], "does not move nccl (it is PyTorch's pin)"),
-        (["-P", "tensorflow"], "no pinned component 'tensorflow'"),
+        (["-P", "tensorflow"], "no pinned component or locked Python distribution 'tensorflow'"),
         (["-P", "pytorch==9.9.9"], "pytorch 9.9.9 is not a release index: torch lists"),
         (["-P", "pytorch=="], "expected COMPONENT or COMPONENT==VERSION"),
         (["--upgrade", "--offline"], "not with --offline"),
         (["--upgrade", "--check"], "not with --check"),
     ],
 )
-def test_upgrade_usage_errors(env: Index, gpu: Path, tmp_path: Path, args: list[str], message: str) -> None:
-    gpu_index(env, tmp_path, ["2.13.0", "2.15.0"])
+def test_upgrade_usage_errors(index_env: Index, gpu: Path, tmp_path: Path, args: list[str], message: str) -> None:
+    gpu_index(index_env, tmp_path, ["2.13.0", "2.15.0"])
     result = run("lock", str(gpu), *args)
     assert result.exit_code == 2, result.output
     assert message in result.stderr

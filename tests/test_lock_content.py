@@ -145,7 +145,8 @@ def test_a_newer_release_is_not_drift_and_relocking_keeps_the_pin(mine: Path, in
     before = lock_file.read_text()
     check = run("lock", str(mine), "--check")
     assert check.exit_code == 0, check.output
-    assert f"a newer release is not drift: imgbuild outdated {mine} lists them" in check.stdout
+    assert f"a newer release is not drift: imgbuild outdated {mine} reports the components'" in check.stdout
+    assert f"imgbuild lock {mine} --upgrade takes them" in check.stdout
     relock = run("lock", str(mine))
     assert relock.exit_code == 0, relock.output
     assert lock_file.read_text() == before  # byte for byte: locked_at too, so the same image tags

@@ -354,7 +354,7 @@ def _lock(
             )
         out().print(
             f"{res.name}: the lock matches what resolves today (a newer release is not drift: "
-            f"imgbuild outdated {ref} lists them)",
+            f"imgbuild outdated {ref} reports the components', imgbuild lock {ref} --upgrade takes them)",
             markup=False,
         )
         return

@@ -52,7 +52,7 @@ def test_a_bad_arch_names_the_file_and_the_key(recipe_dir: Path, value: str, mes
 
 def test_one_lock_pins_both_architectures_and_each_render_has_its_own_paths() -> None:
     loaded = recipe.load("cpu")
-    resolved = lock.resolved_for(loaded, lookup_torch=None)[0]
+    resolved = lock.resolved_for(loaded)
     assert resolved.recipe.platform.arch == ("amd64", "arm64")
     amd, arm = render.plan(resolved), render.plan(resolved, arch="arm64")
     assert (amd.arch, arm.arch) == ("amd64", "arm64") and amd.lock_digest == arm.lock_digest
@@ -77,7 +77,7 @@ def test_one_lock_pins_both_architectures_and_each_render_has_its_own_paths() ->
 
 
 def test_a_registry_digest_serves_every_architecture_and_a_local_base_has_a_name_per_architecture() -> None:
-    resolved = lock.resolved_for(recipe.load("cpu"), lookup_torch=None)[0]
+    resolved = lock.resolved_for(recipe.load("cpu"))
     assert resolved.content is not None
     digest = "sha256:" + "a" * 64
     pulled = resolved.content.model_copy(
@@ -94,7 +94,7 @@ def test_a_registry_digest_serves_every_architecture_and_a_local_base_has_a_name
 
 
 def test_an_architecture_the_recipe_does_not_list_is_refused_with_the_fix() -> None:
-    resolved = lock.resolved_for(recipe.load("pytorch"), lookup_torch=None)[0]
+    resolved = lock.resolved_for(recipe.load("pytorch"))
     with pytest.raises(RenderError) as err:
         render.plan(resolved, arch="arm64")
     assert "pytorch is built for linux/amd64, not linux/arm64" in str(err.value)

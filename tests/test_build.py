@@ -27,7 +27,7 @@ runner = CliRunner()
 
 
 def cpu_plan() -> render.BuildPlan:
-    return render.plan(lock.resolved_for(recipe.load("cpu"), lookup_torch=None)[0])
+    return render.plan(lock.resolved_for(recipe.load("cpu")))
 
 
 def containers_of(client, image_ids: set[str]) -> list[str]:
@@ -91,8 +91,11 @@ def test_builder_option_without_buildx_is_exit_8_naming_it(docker_client) -> Non
 
 
 def user_recipe(tmp_path: Path, text: str) -> Path:
+    """A user's recipe, locked as a user locks one before building it (offline: from uv's cache)."""
     p = tmp_path / "broken.yaml"
     p.write_text(text)
+    locked = runner.invoke(app, ["lock", str(p), "--offline"])
+    assert locked.exit_code == 0, locked.output
     return p
 
 
@@ -151,7 +154,7 @@ def test_unknown_base_image(tmp_path: Path) -> None:
 
 def recipe_tags(client, recipe_path: Path) -> dict[str, str | None]:
     """Each tag of the recipe's image and the image it names now (None: no such tag)."""
-    plan = render.plan(lock.resolved_for(recipe_load(recipe_path), lookup_torch=None)[0])
+    plan = render.plan(lock.resolved_for(recipe_load(recipe_path)))
     return {ref: next((i["Id"] for i in client.api.images(name=ref)), None) for ref in plan.image_refs}
 
 
@@ -218,13 +221,13 @@ def test_a_build_the_disk_cannot_hold_is_refused_with_the_figures() -> None:
     from imgbuild.pin.lock import resolved_for
     from imgbuild.spec import recipe
 
-    plan = render.plan(resolved_for(recipe.load("pytorch"), lookup_torch=None)[0])
+    plan = render.plan(resolved_for(recipe.load("pytorch")))
     assert plan.disk_gb >= 16  # torch's wheels: measured about 16 GB while the layer is committed
     with pytest.raises(BuildError, match=r"building pytorch needs about 18 GB free .*; 9.5 GB is free") as err:
         build.check_disk(None, plan, free_bytes=9_500_000_000)
     assert err.value.exit_code == 9
     build.check_disk(None, plan, free_bytes=40_000_000_000)  # enough: no error
-    small = render.plan(resolved_for(recipe.load("cpu"), lookup_torch=None)[0])
+    small = render.plan(resolved_for(recipe.load("cpu")))
     assert small.disk_gb < 5
 
 

@@ -499,8 +499,7 @@ def test_expectations_from_a_lock() -> None:
     from imgbuild.pin import lock
     from imgbuild.spec import recipe
 
-    resolved, how = lock.resolved_for(recipe.load("a100"), lookup_torch=None)
-    assert how == "lock"
+    resolved = lock.resolved_for(recipe.load("a100"))
     expect = Expect.from_resolved(resolved)
     # a100 names p4d and p4de: which one ran is for the log (or --instance-type) to say
     assert (expect.nccl_version, expect.aws_ofi_nccl_version, expect.instance_type) == ("2.27.5", "1.16.3", None)
@@ -508,7 +507,7 @@ def test_expectations_from_a_lock() -> None:
     crit = by_name(rep)
     assert crit["NCCL version"].status == "FAIL" and crit["aws-ofi-nccl version"].status == "FAIL"
     assert "1.13.2-aws, not the image's 1.16.3" in crit["aws-ofi-nccl version"].reason
-    h100, _ = lock.resolved_for(recipe.load("h100"), lookup_torch=None)
+    h100 = lock.resolved_for(recipe.load("h100"))
     assert Expect.from_resolved(h100).instance_type == "p5.48xlarge"
 
 

@@ -4,6 +4,7 @@ lock has a plain file's mode."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -16,6 +17,7 @@ from typer.testing import CliRunner
 
 from conftest import REPO
 from imgbuild.cli import app
+from imgbuild.core.errors import LockError
 from imgbuild.pin import lock
 from imgbuild.spec import recipe
 
@@ -85,3 +87,72 @@ def test_an_unwritable_folder_is_a_lock_error_not_a_crash(cpu_copy: Path) -> Non
     assert result.exit_code == 4, result.output
     assert "cannot write the lock" in result.output
     assert [p.name for p in cpu_copy.parent.iterdir() if p.name.endswith(".tmp")] == []
+
+
+# ---- a recipe without a lock builds nothing: every command that builds on one is exit 4 naming it
+
+NEEDS_A_LOCK = {
+    "render": ["render", "{r}"],
+    "render -o": ["render", "{r}", "-o", "{d}/ctx"],
+    "build": ["build", "{r}"],
+    "verify": ["verify", "{r}"],
+    "verify --host": ["verify", "{r}", "--host", "local"],
+    "push": ["push", "{r}", "--registry", "127.0.0.1:5000/team"],
+    "sbom": ["sbom", "{r}"],
+    "sbom -o": ["sbom", "{r}", "-o", "{d}/cpu.cdx.json"],
+    "sources fetch": ["sources", "fetch", "{r}", "-o", "{d}/sources"],
+    "run --print": ["run", "{r}", "--print"],
+    "run": ["run", "{r}", "--", "true"],
+    "cluster job": ["cluster", "job", "{r}", "--engine", "slurm", "--nodes", "2"],
+    "cluster test": ["cluster", "test", "--hosts", "h1,h2", "--recipe", "{r}"],
+    "matrix": ["matrix", "{r}"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(NEEDS_A_LOCK))
+def test_a_recipe_without_a_lock_is_refused_by_every_command_that_builds_on_one(cpu_copy: Path, case: str) -> None:
+    """No image, Dockerfile, SBOM, sources folder or job from pins nobody locked: exit 4 naming the lock file that is
+    missing, with `imgbuild lock RECIPE` as the way on, before any engine, registry or host is asked, and nothing
+    written."""
+    d = cpu_copy.parent
+    args = [a.format(r=cpu_copy, d=d) for a in NEEDS_A_LOCK[case]]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == LockError.exit_code == 4, result.output
+    stderr = " ".join(result.stderr.split())
+    missing = recipe.display(cpu_copy.with_name("cpu.lock.json"))
+    assert f"imgbuild: error: {missing}: no such lock: {recipe.display(cpu_copy)} has not been locked" in stderr
+    assert f"hint: imgbuild lock {recipe.display(cpu_copy)}" in stderr
+    assert result.stdout == "" and "Traceback" not in result.output
+    assert sorted(p.name for p in d.iterdir()) == ["cpu.yaml"]  # nothing written, no lock guessed
+
+
+def test_a_shipped_recipe_without_its_lock_is_named_by_its_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hint names a shipped recipe as users do (`imgbuild lock cpu`), the lock file by its path."""
+    shipped = tmp_path / "recipes"
+    shutil.copytree(REPO / "recipes", shipped)
+    (shipped / "cpu.lock.json").unlink()
+    monkeypatch.setenv("IMGBUILD_RECIPES_DIR", str(shipped))
+    result = CliRunner().invoke(app, ["build", "cpu"])
+    assert result.exit_code == 4, result.output
+    assert "cpu.lock.json: no such lock" in result.stderr and "hint: imgbuild lock cpu\n" in result.stderr
+
+
+def test_show_resolves_a_recipe_without_a_lock_and_says_so(cpu_copy: Path) -> None:
+    """`show` only shows: without a lock it resolves afresh, says the pins are a fresh resolution, and tags nothing
+    `lock-`; once locked it shows the lock and render takes it."""
+    runner = CliRunner()
+    result = runner.invoke(app, ["show", str(cpu_copy)])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stdout.split())
+    assert "pins from a fresh resolution: no lock yet" in text and f"imgbuild lock {recipe.display(cpu_copy)}" in text
+    assert "imgbuild/cpu:unlocked-" in text and ":lock-" not in text
+    data = json.loads(runner.invoke(app, ["show", str(cpu_copy), "--json"]).stdout)
+    assert data["from"] == "resolved" and data["image"][0].startswith("imgbuild/cpu:unlocked-")
+    assert sorted(p.name for p in cpu_copy.parent.iterdir()) == ["cpu.yaml"]
+    assert runner.invoke(app, ["lock", str(cpu_copy), "--offline"]).exit_code == 0
+    data = json.loads(runner.invoke(app, ["show", str(cpu_copy), "--json"]).stdout)
+    assert data["from"] == "lock" and data["image"][0].startswith("imgbuild/cpu:lock-")
+    rendered = runner.invoke(app, ["render", str(cpu_copy)])
+    assert rendered.exit_code == 0 and "--require-hashes" in rendered.stdout, rendered.output

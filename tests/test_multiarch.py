@@ -223,7 +223,7 @@ def test_an_arch_not_built_names_the_build_to_run_before_anything_is_pushed() ->
     from imgbuild.image import render
     from imgbuild.pin import lock
 
-    _, resolved, _ = lock.for_ref("cpu")
+    _, resolved = lock.for_ref("cpu")
     api.tags.clear()
     for ref in render.image_refs(resolved, "amd64"):
         api.tags[ref] = AMD64_ID
@@ -385,7 +385,7 @@ def test_arm64_build_is_an_arm64_image_under_the_arch_tags(docker_client, arm64_
     from imgbuild.image import render
     from imgbuild.pin import lock
 
-    _, resolved, _ = lock.for_ref("cpu")
+    _, resolved = lock.for_ref("cpu")
     assert list(arm64_image.refs) == render.image_refs(resolved, "arm64")
     assert all(ref.endswith("-arm64") for ref in arm64_image.refs)
     record = docker_client.api.inspect_image(arm64_image.refs[0])
@@ -539,7 +539,7 @@ def test_build_checks_emulation_and_the_arm64_base_before_building(monkeypatch: 
     from imgbuild.image import render
     from imgbuild.pin import lock
 
-    _, resolved, _ = lock.for_ref("cpu")
+    _, resolved = lock.for_ref("cpu")
     plan = render.plan(resolved, arch="arm64")
     assert build.engine_bases(resolved, plan) == ["debian:bookworm-slim-arm64"]
     assert build.engine_bases(resolved, render.plan(resolved)) == ["debian:bookworm-slim"]

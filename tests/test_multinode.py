@@ -30,7 +30,7 @@ from imgbuild.verify import multinode, nodechecks
 
 def manifest_of(name: str, **over: Any) -> Manifest:
     """The manifest render writes into the image of a shipped recipe (from its lock: no network)."""
-    resolved = lock.resolved_for(recipe.load(name), lookup_torch=None)[0]
+    resolved = lock.resolved_for(recipe.load(name))
     text = next(f.content for f in render.plan(resolved).files if f.path == "imgbuild/manifest.json")
     return Manifest.model_validate({**json.loads(text), **over})
 
@@ -86,7 +86,7 @@ def test_other_launcher_ifname_default_and_the_recipes_own_mca() -> None:
 @pytest.mark.parametrize("name", ["cpu", "a100", "gaudi-1.15"])
 def test_train_reads_the_launch_line_of_its_manifest(name: str) -> None:
     """The data train reads (mpirun.args, torchrun.args, launch-env.conf) is the launch module's, as bash reads it."""
-    resolved = lock.resolved_for(recipe.load(name), lookup_torch=None)[0]
+    resolved = lock.resolved_for(recipe.load(name))
     files = {f.path: f.content.decode() for f in render.plan(resolved).files}
     line = launch.for_manifest(render.manifest(resolved))
     assert files["imgbuild/sagemaker/mpirun.args"].splitlines() == list(line.mpirun)

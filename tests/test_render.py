@@ -13,8 +13,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
 from conftest import REPO, SHIPPED, hadolint
+from imgbuild.cli import app
+from imgbuild.core.errors import LockError
 from imgbuild.image import render
 from imgbuild.pin.lock import resolved_for
 from imgbuild.spec import recipe
@@ -23,9 +26,7 @@ GOLDEN = REPO / "tests" / "golden"
 
 
 def plan_of(name: str) -> render.BuildPlan:
-    resolved, how = resolved_for(recipe.load(name), lookup_torch=None)
-    assert how == "lock", f"{name} has no fresh lock: run `imgbuild lock {name}`"
-    return render.plan(resolved)
+    return render.plan(resolved_for(recipe.load(name)))  # a LockError names the lock and `imgbuild lock NAME`
 
 
 @pytest.mark.parametrize("name", SHIPPED)
@@ -230,19 +231,27 @@ def test_locks_are_fresh_and_committed() -> None:
         loaded = recipe.load(name)
         path = loaded.path.with_name(f"{name}.lock.json")
         assert path.exists(), path
-        _, how = resolved_for(loaded, lookup_torch=None)
-        assert how == "lock"
+        assert resolved_for(loaded).content is not None  # fresh, not edited, pins content
 
 
-def test_user_recipe_renders(recipe_dir: Path) -> None:
+def test_user_recipe_renders_unlocked_only_when_asked(recipe_dir: Path, tmp_path: Path) -> None:
+    """A recipe without a lock renders only with --unlocked (a look at an edit before locking it): versions from a
+    fresh resolution, no hashes, and says so; plain `render` is exit 4 and writes nothing."""
     p = recipe_dir / "mine.yaml"
     p.write_text("extends: cpu\ncomponents:\n  sshd: {ports: [2222, 3022]}\nenv: {MY_VAR: 'a b'}\n")
-    resolved, how = resolved_for(recipe.load(p), lookup_torch=None)
-    assert how == "resolved"
-    plan = render.plan(resolved)
-    assert 'MY_VAR="a b"' in plan.dockerfile
-    sshd = next(f for f in plan.files if f.path == "imgbuild/sshd_config").content.decode()
-    assert "Port 2222\nPort 3022" in sshd
+    runner = CliRunner()
+    refused = runner.invoke(app, ["render", str(p), "-o", str(tmp_path / "locked")])
+    assert refused.exit_code == LockError.exit_code, refused.output
+    assert "mine.lock.json: no such lock" in refused.stderr and "hint: imgbuild lock " in refused.stderr
+    assert not (tmp_path / "locked").exists()
+    result = runner.invoke(app, ["render", str(p), "--unlocked", "-o", str(tmp_path / "ctx")])
+    assert result.exit_code == 0, result.output
+    assert "--unlocked: mine rendered from a fresh resolution, not a lock" in result.stderr
+    dockerfile = (tmp_path / "ctx" / "Dockerfile").read_text()
+    assert 'MY_VAR="a b"' in dockerfile
+    assert "--require-hashes" not in dockerfile  # nothing is pinned by content
+    assert "Port 2222\nPort 3022" in (tmp_path / "ctx" / "imgbuild" / "sshd_config").read_text()
+    assert not (recipe_dir / "mine.lock.json").exists()
 
 
 NVIDIA = ["a100", "b200", "gb200", "h100", "h200", "v100"]
@@ -348,7 +357,7 @@ def test_compiled_templates_are_never_read_from_a_folder_others_can_write(fresh_
 @pytest.mark.parametrize("name", SHIPPED)
 def test_references_without_templates_are_the_plans(name: str) -> None:
     """`show` and `run` name the image by render.image_refs / image_ref, which render no template."""
-    resolved, _ = resolved_for(recipe.load(name), lookup_torch=None)
+    resolved = resolved_for(recipe.load(name))
     plan = render.plan(resolved)
     assert render.image_refs(resolved) == plan.image_refs
     assert render.image_ref(resolved) == plan.image_refs[0]
@@ -393,7 +402,7 @@ def test_a_torch_bump_that_keeps_its_cuda_pins_changes_only_the_torch_layer(reci
     path = recipe_dir / "older.yaml"
     path.write_text("extends: pytorch\ncomponents: {pytorch: {version: 2.9.0}}\n")
     newer_plan = plan_of("pytorch")
-    content = resolved_for(recipe.load("pytorch"), lookup_torch=None)[0].content
+    content = resolved_for(recipe.load("pytorch")).content
     assert content is not None
     # the older lock: the same sets but torch 2.9.0 (made-up hash: no index asked)
     torch_set = tuple(

@@ -21,7 +21,7 @@ from imgbuild.blocks import TEMPLATE_DIR, sagemaker
 from imgbuild.core import paths
 from imgbuild.core.paths import SSHD_LOG
 from imgbuild.image import render
-from imgbuild.pin.lock import resolved_for
+from imgbuild.pin.lock import lock_or_fresh, resolved_for
 from imgbuild.spec import recipe
 
 # --------------------------------------------------------------------------------------------------------------
@@ -29,7 +29,7 @@ from imgbuild.spec import recipe
 
 
 def context_files(ref: str | Path) -> dict[str, str]:
-    resolved, _ = resolved_for(recipe.load(ref), lookup_torch=None)
+    resolved, _ = lock_or_fresh(recipe.load(ref), lookup_torch=None)  # a user's recipe here has no lock
     return {f.path: f.content.decode() for f in render.plan(resolved).files}
 
 
@@ -89,7 +89,7 @@ def test_default_program_is_the_apps() -> None:
 
     assert conf(context_files("cpu")["imgbuild/sagemaker/sagemaker.conf"])["DEFAULT_PROGRAM"] == ""
     example = REPO / "examples" / "pytorch-app" / "pytorch-app.yaml"
-    resolved, _ = resolved_for(recipe.load(example), lookup_torch=None)
+    resolved = resolved_for(recipe.load(example))
     program = resolved.pins["app"].details.program_path
     assert program and program.endswith("train.py")
     assert conf(context_files(example)["imgbuild/sagemaker/sagemaker.conf"])["DEFAULT_PROGRAM"] == program

@@ -52,12 +52,12 @@ def test_no_script_is_a_template() -> None:
 
 
 def data_of(name: str) -> dict[str, str]:
-    resolved, _ = resolved_for(recipe.load(name), lookup_torch=None)
+    resolved = resolved_for(recipe.load(name))
     return {f.path: f.content.decode() for f in render.plan(resolved).files}
 
 
 def launch_of(name: str) -> launch.Launch:
-    return launch.for_manifest(render.manifest(resolved_for(recipe.load(name), lookup_torch=None)[0]))
+    return launch.for_manifest(render.manifest(resolved_for(recipe.load(name))))
 
 
 class Job:

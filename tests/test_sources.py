@@ -34,7 +34,7 @@ def _copy(fetched: Path, tmp_path: Path) -> Path:
 
 
 def _tags(client: Any) -> dict[str, str | None]:
-    _, resolved, _ = lock.for_ref("cpu")
+    _, resolved = lock.for_ref("cpu")
     from imgbuild.image import render
 
     out = {}
@@ -48,7 +48,7 @@ def _tags(client: Any) -> dict[str, str | None]:
 
 def test_fetch_holds_what_the_lock_names(fetched: Path) -> None:
     index = json.loads((fetched / "sources.json").read_text())
-    _, resolved, _ = lock.for_ref("cpu")
+    _, resolved = lock.for_ref("cpu")
     assert resolved.content is not None
     wheels = [rel for rel in index["files"] if rel.startswith("wheels/")]
     assert any(Path(rel).name.startswith("nvidia_nccl_cu12-2.27.5") for rel in wheels), wheels
@@ -62,7 +62,7 @@ def test_build_from_sources_with_the_network_off(fetched: Path, docker_client: A
     # --no-cache: every step runs here, with the network off (a cached layer would prove nothing)
     result = CliRunner().invoke(app, ["build", "cpu", "--sources", str(fetched), "--no-cache"])
     assert result.exit_code == 0, result.output
-    _, resolved, _ = lock.for_ref("cpu")
+    _, resolved = lock.for_ref("cpu")
     from imgbuild.image import render
 
     ref = render.image_ref(resolved)

@@ -267,7 +267,7 @@ def cpu_resolved() -> Any:
     from imgbuild.pin import lock
     from imgbuild.spec import recipe
 
-    return lock.resolved_for(recipe.load("cpu"), lookup_torch=None)[0]
+    return lock.resolved_for(recipe.load("cpu"))
 
 
 def manifest_with(**over: Any) -> Manifest:

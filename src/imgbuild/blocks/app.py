@@ -32,6 +32,8 @@ rebuilds only it. Its pin holds what the recipe decided (names, paths); the vers
 
 from __future__ import annotations
 
+import os
+import posixpath
 import re
 import shlex
 import sys
@@ -45,6 +47,7 @@ from pydantic import AfterValidator, PrivateAttr
 from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution
 from imgbuild.checks import CheckContext, check, fail, passed, skip
 from imgbuild.checks.results import CheckResult
+from imgbuild.core import files
 from imgbuild.core.errors import RenderError
 from imgbuild.probes import codetree
 from imgbuild.spec import compat
@@ -63,6 +66,9 @@ DEFAULT_BUILD_REQUIREMENTS = ("setuptools>=70.1",)
 # The code folder travels in the build context, held in memory: data belongs in an input channel.
 MAX_CODE_BYTES = 256 << 20
 MAX_CODE_FILES = 20000
+# The entries a walk of the code folder looks at, ignored ones included: a folder of a whole home is refused soon.
+MAX_CODE_ENTRIES = 10 * MAX_CODE_FILES
+MAX_PYPROJECT_BYTES = 1 << 20
 
 
 def requirement(value: str) -> str:
@@ -83,9 +89,9 @@ def requirement(value: str) -> str:
 
 
 PipRequirement = Annotated[str, AfterValidator(requirement)]
-DistName = Annotated[
-    str, AfterValidator(matching(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", "a distribution name such as horovod"))
-]
+# PEP 508's name: what a requirement, from_source and a code folder's pyproject.toml may name.
+DIST_NAME = r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?"
+DistName = Annotated[str, AfterValidator(matching(DIST_NAME, "a distribution name such as horovod"))]
 ModuleName = Annotated[
     str, AfterValidator(matching(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", "a module name (pkg.mod)"))
 ]
@@ -171,17 +177,26 @@ def _names(lines: tuple[str, ...]) -> list[str]:
 
 
 def project_name(folder: Path) -> str:
-    """The distribution name of the Python project in `folder` (its pyproject.toml's [project] name)."""
+    """The distribution name of the Python project in `folder` (its pyproject.toml's [project] name), checked like a
+    recipe's requirement names: it reaches the Dockerfile and verify's probes."""
     pyproject = folder / "pyproject.toml"
+    if not pyproject.exists() and not pyproject.is_symlink():
+        raise ValueError(f"{pyproject}: missing (code.install builds the folder as a pyproject.toml project)")
     try:
-        data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ValueError(f"{pyproject}: missing (code.install builds the folder as a pyproject.toml project)") from None
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ValueError(f"{pyproject}: cannot read: {exc}") from None
+        files.inside(folder, pyproject)
+        data = tomllib.loads(files.read_text_bounded(pyproject, MAX_PYPROJECT_BYTES))
+    except files.Refused as exc:
+        raise ValueError(f"cannot read it: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{pyproject}: not TOML: {exc}") from None
     name = data.get("project", {}).get("name") if isinstance(data.get("project"), dict) else None
     if not isinstance(name, str) or not name:
         raise ValueError(f"{pyproject}: no [project] name (code.install needs one: verify imports the package)")
+    if re.fullmatch(DIST_NAME, name, re.ASCII) is None:
+        raise ValueError(
+            f"{pyproject}: [project] name: expected a distribution name (PEP 508: letters, digits and . _ -, "
+            f"starting and ending with a letter or a digit), got {name[:80]!r}"
+        )
     return canonicalize_name(name)
 
 
@@ -218,8 +233,19 @@ def resolve(app: App, rs: Resolution) -> Pin:
             if package in names:
                 raise rs.fail("app.code.install", f"the code folder's project {package} is also in app.requirements")
         if program is not None:
+            try:
+                files.inside(folder, folder / program)
+            except files.Refused as exc:
+                raise rs.fail("app.program", f"{program!r} is not in the code folder: {exc}") from None
             if not (folder / program).is_file():
                 raise rs.fail("app.program", f"{program!r} is not a file in the code folder {folder}")
+            program = posixpath.normpath(program)
+            if ignored(app.code).match_file(program):
+                raise rs.fail(
+                    "app.program",
+                    f"{program!r} is left out of the image by app.code.ignore (or the files always left out: "
+                    f"{', '.join(ALWAYS_IGNORED)})",
+                )
             program = f"{code_path.rstrip('/')}/{program}"
     details = AppDetails(
         requirements=tuple(names),
@@ -303,49 +329,85 @@ def _cuda_include(ctx: Context) -> str | None:
     return f"{ctx.cuda_home}/include" if ctx.cuda_home else None
 
 
-def code_files(app: App) -> list[tuple[str, bytes, int]]:
-    """The code folder's files after the ignore rules: (path relative to the folder, content, mode 0o755 for a file
-    its owner may execute, else 0o644). A RenderError names the folder for what cannot go into an image: a link
-    out of the folder or to a folder, a name that is not one printable line, more than MAX_CODE_FILES files or
-    MAX_CODE_BYTES bytes."""
+def ignored(code: AppCode) -> Any:
+    """The code folder's ignore rules (pathspec's GitIgnoreSpec): app.code.ignore after ALWAYS_IGNORED."""
     import pathspec
 
+    return pathspec.GitIgnoreSpec.from_lines([*ALWAYS_IGNORED, *code.ignore])
+
+
+def code_files(app: App) -> list[tuple[str, bytes, int]]:
+    """The code folder's files after the ignore rules, in path order: (path relative to the folder, content, mode
+    0o755 for a file its owner may execute, else 0o644). A RenderError names the folder for what cannot go into an
+    image: a link out of the folder, to a folder or in a loop, a FIFO or a device, a name that is not one printable
+    line, more than MAX_CODE_FILES files or MAX_CODE_BYTES bytes (refused before reading past them). An ignored
+    folder is not walked; links to folders are never followed."""
     assert app.code is not None
     folder = app.code.folder
     where = f"app.code.dir {app.code.dir!r} ({folder})"
     if not folder.is_dir():
         raise RenderError(f"{where}: not a folder")
-    spec = pathspec.GitIgnoreSpec.from_lines([*ALWAYS_IGNORED, *app.code.ignore])
-    root = folder.resolve()
+    spec = ignored(app.code)
+    too_much = RenderError(
+        f"{where}: more than {MAX_CODE_FILES} files or {MAX_CODE_BYTES >> 20} MiB after the ignore rules",
+        hint="leave data out of the code folder (app.code.ignore), and give the job data as an input channel",
+    )
     out: list[tuple[str, bytes, int]] = []
-    total = 0
-    for path in sorted(folder.rglob("*")):
-        rel = path.relative_to(folder).as_posix()
-        if spec.match_file(rel + ("/" if path.is_dir() and not path.is_symlink() else "")):
-            continue
-        if not rel.isprintable():
-            raise RenderError(f"{where}: {rel!r}: a file name must be one printable line")
-        if path.is_symlink():
-            target = path.resolve()
-            if not target.is_relative_to(root) or target.is_dir():
-                raise RenderError(
-                    f"{where}: {rel} is a link to {target}: only links to files inside the folder are copied"
-                )
-        if path.is_dir() or any(spec.match_file(p.as_posix() + "/") for p in Path(rel).parents if p != Path(".")):
-            continue
-        if not path.is_file():
-            raise RenderError(f"{where}: {rel} is not a regular file")
-        data = path.read_bytes()
-        total += len(data)
-        if len(out) >= MAX_CODE_FILES or total > MAX_CODE_BYTES:
-            raise RenderError(
-                f"{where}: more than {MAX_CODE_FILES} files or {MAX_CODE_BYTES >> 20} MiB after the ignore rules",
-                hint="leave data out of the code folder (app.code.ignore), and give the job data as an input channel",
-            )
-        out.append((rel, data, 0o755 if path.stat().st_mode & 0o100 else 0o644))
+    total = seen = 0
+
+    def refuse(rel: str, why: str) -> RenderError:
+        return RenderError(f"{where}: {rel} {why}")
+
+    def walk_error(exc: OSError) -> None:
+        raise refuse(shown(Path(exc.filename or folder).relative_to(folder).as_posix()), f"cannot be read: {exc}")
+
+    def shown(rel: str) -> str:
+        return rel if rel.isprintable() else repr(rel)
+
+    for parent, dirs, names in os.walk(folder, onerror=walk_error):
+        base = Path(parent)
+        descend = []
+        for name in sorted([*dirs, *names]):
+            path = base / name
+            rel = path.relative_to(folder).as_posix()
+            seen += 1
+            if seen > MAX_CODE_ENTRIES:
+                raise too_much
+            link = path.is_symlink()
+            if name in dirs and not link:
+                if not spec.match_file(rel + "/"):
+                    if not rel.isprintable():
+                        raise refuse(shown(rel), "is not one printable line: a folder name must be")
+                    descend.append(name)
+                continue
+            if spec.match_file(rel):
+                continue
+            if not rel.isprintable():
+                raise refuse(shown(rel), "is not one printable line: a file name must be")
+            if link:
+                try:
+                    target = files.inside(folder, path)
+                except files.Outside as exc:
+                    raise refuse(
+                        rel, f"is a link to {exc.target}: only links to files inside the folder are copied"
+                    ) from None
+                except files.Refused as exc:
+                    raise refuse(rel, f"is a link that cannot be followed: {exc}") from None
+                if target.is_dir():
+                    raise refuse(rel, f"is a link to the folder {target}: only links to files inside it are copied")
+            try:
+                st = files.regular(path)
+                if len(out) >= MAX_CODE_FILES or total + st.st_size > MAX_CODE_BYTES:
+                    raise too_much
+                data = files.read_bounded(path, MAX_CODE_BYTES - total)
+            except files.Refused as exc:
+                raise refuse(rel, f"is not copied: {exc}") from None
+            total += len(data)
+            out.append((rel, data, 0o755 if st.st_mode & 0o100 else 0o644))
+        dirs[:] = descend
     if not out:
         raise RenderError(f"{where}: no file left after the ignore rules")
-    return out
+    return sorted(out)
 
 
 def code_digest(app: App) -> str | None:

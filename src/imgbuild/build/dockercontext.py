@@ -4,9 +4,9 @@ no file of the context: it is the build secret `render.CA_SECRET_ID` (`ca_secret
 from __future__ import annotations
 
 import os
-import stat
 from pathlib import Path
 
+from imgbuild.core import files
 from imgbuild.core.errors import BuildError, RenderError
 from imgbuild.image.render import BuildPlan
 
@@ -18,7 +18,7 @@ def write(plan: BuildPlan, folder: Path) -> list[Path]:
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "Dockerfile").write_text(plan.dockerfile)
         for f in plan.files:
-            target = folder / f.path
+            target = files.inside(folder, folder / f.path)  # a context file never lands outside the context
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(f.content)
             os.chmod(target, f.mode)
@@ -26,6 +26,8 @@ def write(plan: BuildPlan, folder: Path) -> list[Path]:
     except OSError as exc:  # -o names a file, a folder we may not write, a path through a symlink loop ...
         where = exc.filename or folder
         raise RenderError(f"cannot write the build context to {folder}: {where}: {exc.strerror or exc}") from None
+    except files.Refused as exc:
+        raise RenderError(f"cannot write the build context to {folder}: {exc}") from None
     return written
 
 
@@ -36,14 +38,9 @@ def read_ca_bundle(path: Path) -> bytes:
     """A PEM bundle's bytes: a regular file (not a folder, a device such as /dev/zero, or a FIFO) of at most
     MAX_CA_BUNDLE_BYTES holding a certificate; else a BuildError naming the file."""
     try:
-        with open(path, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                raise BuildError(f"--ca-bundle {path}: not a regular file")
-            data = f.read(MAX_CA_BUNDLE_BYTES + 1)
-    except OSError as exc:
-        raise BuildError(f"--ca-bundle {path}: cannot read: {exc.strerror or exc}") from None
-    if len(data) > MAX_CA_BUNDLE_BYTES:
-        raise BuildError(f"--ca-bundle {path}: larger than {MAX_CA_BUNDLE_BYTES >> 20} MiB: not a CA bundle")
+        data = files.read_bounded(path, MAX_CA_BUNDLE_BYTES)
+    except files.Refused as exc:
+        raise BuildError(f"--ca-bundle: cannot read it: {exc}") from None
     if b"-----BEGIN CERTIFICATE-----" not in data:
         raise BuildError(f"--ca-bundle {path}: not a PEM certificate bundle")
     return data

@@ -3,7 +3,9 @@
 runs this file's text in the container (Python 3.8+, stdlib only), render imports it.
 
 A tree's digest is the sha256 of one line per regular file, sorted by path: `PATH NUL x|- NUL SHA256 LF` (x: the owner
-may execute it). Folders and file times are not part of it; a symbolic link in the image is read as its target file.
+may execute it). Folders and file times are not part of it; a symbolic link in the image is read as its target file
+when that is a file inside the tree (render copies no other), else it is a line of its own with `outside` for SHA256:
+never read, and never the digest of a tree render made. Nothing but a regular file is opened (a FIFO, a device).
 """
 
 from __future__ import annotations
@@ -31,16 +33,24 @@ def file_sha256(path: str) -> str:
     return h.hexdigest()
 
 
+def inside(path: str, root: str) -> bool:
+    """Whether `path`, its links followed, is in the folder `root` (links followed)."""
+    real, top = os.path.realpath(path), os.path.realpath(root)
+    return real == top or real.startswith(top.rstrip("/") + "/")
+
+
 def walk(root: str) -> list[tuple[str, bool, str]]:
-    """Every regular file under `root` (links to files followed, `__pycache__` folders left out: Python writes them
-    when the code runs) as digest() entries."""
+    """Every regular file under `root` (links to files inside it followed, `__pycache__` folders left out: Python
+    writes them when the code runs) as digest() entries; a link out of `root` is an entry `outside`, unread."""
     out = []
     for folder, dirs, files in os.walk(root):
         dirs[:] = [d for d in dirs if d != "__pycache__"]
         for name in files:
             full = os.path.join(folder, name)
-            if os.path.isfile(full):
-                rel = os.path.relpath(full, root).replace(os.sep, "/")
+            rel = os.path.relpath(full, root).replace(os.sep, "/")
+            if os.path.islink(full) and not inside(full, root):
+                out.append((rel, False, "outside"))
+            elif os.path.isfile(full):
                 out.append((rel, bool(os.stat(full).st_mode & 0o100), file_sha256(full)))
     return out
 

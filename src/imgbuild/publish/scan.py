@@ -35,6 +35,7 @@ from typing import Any, Literal
 
 import botocore.exceptions
 
+from imgbuild.core import files
 from imgbuild.core.errors import ScanGateError, UsageError
 
 __all__ = [
@@ -63,6 +64,8 @@ SCAN_HINT = (
 )
 
 # CVE-2024-1234, GHSA-xxxx-xxxx-xxxx, ALAS2-2024-1234, DSA-5555-1, RHSA-2024:1234, PYSEC-2024-1 ...
+# An allow file lists a few IDs, each with its reason: a larger file is refused before it is read.
+MAX_ALLOW_FILE_BYTES = 1 << 20
 _ID_RE = re.compile(r"^[A-Za-z][A-Za-z0-9]*(?:[-:_.][A-Za-z0-9]+)+$")
 
 Sleep = Callable[[float], None]
@@ -211,9 +214,9 @@ def read_allow_file(path: Path) -> list[AllowEntry]:
     """One ID per line with a ``# why`` comment after it; blank lines and lines that are only a comment are skipped.
     An entry without its reason is refused: an allowed finding says why."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read the allow file {path}: {exc}") from None
+        text = files.read_text_bounded(Path(path), MAX_ALLOW_FILE_BYTES)
+    except files.Refused as exc:
+        raise UsageError(f"cannot read the allow file: {exc}") from None
     entries: list[AllowEntry] = []
     for n, line in enumerate(text.splitlines(), 1):
         body, _, comment = line.partition("#")

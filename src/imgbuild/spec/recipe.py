@@ -30,7 +30,7 @@ from pydantic import (
 )
 
 from imgbuild.blocks.app import App  # the user's layer (`app:`): the options of the block of that name
-from imgbuild.core import paths
+from imgbuild.core import files, paths
 from imgbuild.core.errors import RecipeError
 from imgbuild.core.paths import display
 from imgbuild.spec.schema import (
@@ -294,14 +294,16 @@ def load(ref: str | Path) -> LoadedRecipe:
 def _inside(doc_path: Path, name: str, key: str) -> Path:
     """`name` (relative) resolved against the folder of the recipe `doc_path`, which it must not leave (links
     resolved): a recipe names files beside it, never elsewhere on the machine that builds it."""
-    folder = doc_path.parent.resolve()
-    target = (doc_path.parent / name).resolve()
-    if not target.is_relative_to(folder):
+    try:
+        return files.inside(doc_path.parent, doc_path.parent / name)
+    except files.Outside as exc:
         raise RecipeError(
-            f"{key}: {name!r} is outside the recipe's folder {display(folder)} (it resolves to {display(target)})",
+            f"{key}: {name!r} is outside the recipe's folder {display(exc.folder)} (it resolves to "
+            f"{display(exc.target)})",
             hint="move it beside the recipe (or the recipe beside it)",
-        )
-    return target
+        ) from None
+    except files.Refused as exc:  # a link loop, a name the system refuses
+        raise RecipeError(f"{key}: {exc}") from None
 
 
 def _read_requirements_file(doc_path: Path, doc: dict[str, Any], lines: dict[tuple[str, ...], int]) -> None:
@@ -325,12 +327,12 @@ def _read_requirements_file(doc_path: Path, doc: dict[str, Any], lines: dict[tup
             f"{key}: expected a list of requirements or a requirements file's name (*.txt), got {_cut(name)!r}"
         )
     target = _inside(doc_path, name, key)
-    if not _is_file(target, key):
+    if not target.exists():
         raise RecipeError(f"{key}: no such file {display(target)}")
     try:
-        text = target.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise RecipeError(f"{key}: cannot read {display(target)}: {getattr(exc, 'strerror', None) or exc}") from None
+        text = files.read_text_bounded(target, MAX_BYTES)
+    except files.Refused as exc:
+        raise RecipeError(f"{key}: cannot read it: {exc}") from None
     try:
         parsed = parse_requirements(text, display(target))
     except ValueError as exc:
@@ -348,6 +350,13 @@ def _place_code(code: Any, docs: list[tuple[Path, dict[str, Any], dict[tuple[str
             target = _inside(doc_path, code.dir, key)
             if not target.is_dir():
                 raise RecipeError(f"{key}: no such folder {display(target)}")
+            home = Path.home().resolve()
+            if target == Path(target.anchor) or home.is_relative_to(target):
+                raise RecipeError(
+                    f"{key}: {code.dir!r} is {display(target)}, which holds your home folder: name the folder of "
+                    "your code alone",
+                    hint="put the recipe beside the code folder, and name that folder (code: {dir: src})",
+                )
             code._root = doc_path.parent
             return
 

@@ -40,7 +40,6 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from imgbuild.core.errors import IndexLookupError, ResolveError
-from imgbuild.pin import pypi
 from imgbuild.pin.content import Requirement
 from imgbuild.pin.resolver import Resolved
 from imgbuild.spec import compat
@@ -103,6 +102,8 @@ def uv_deadline() -> tuple[float, dict[str, str], str]:
     the resolution ends by it, uv's retries included: uv is killed at the deadline. Each of uv's requests may take
     no longer than the lookup deadline (UV_HTTP_TIMEOUT: uv's own 30 s, or the user's, lowered to it). Unset, a
     resolution (a set's closure is many lookups: torch's reads some twenty wheels' metadata) may take UV_TIMEOUT_S."""
+    from imgbuild.pin import pypi  # requests: not for the quick commands that import this module
+
     seconds = pypi.deadline_seconds(None)  # IMGBUILD_INDEX_DEADLINE, else the default; a malformed one is refused
     theirs = os.environ.get("UV_HTTP_TIMEOUT", "").strip()
     per_request = int(theirs) if theirs.isdigit() and int(theirs) > 0 else UV_HTTP_TIMEOUT_S
@@ -320,8 +321,8 @@ def _compile(
         raise IndexLookupError(
             f"{where}: uv pip compile did not finish within {limit:g} s ({named}): the package index did not answer "
             "in time",
-            hint=f"check that the index uv reads (uv.toml, UV_INDEX / UV_DEFAULT_INDEX) answers; {pypi.DEADLINE_ENV} "
-            "gives a slow one more time",
+            hint="check that the index uv reads (uv.toml, UV_INDEX / UV_DEFAULT_INDEX) answers; "
+            "IMGBUILD_INDEX_DEADLINE gives a slow one more time",
         ) from None
     except OSError as exc:
         raise IndexLookupError(f"{where}: cannot run {uv}: {exc.strerror or exc}") from None

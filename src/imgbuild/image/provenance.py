@@ -73,7 +73,7 @@ def _remote_url(folder: Path) -> str | None:
     name = "origin" if "origin" in remotes else remotes[0] if len(remotes) == 1 else None
     if name is None:
         return None
-    return public_url(_git(folder, "remote", "get-url", name) or "")
+    return public_url(_git(folder, "remote", "get-url", "--", name) or "")  # a remote may be named `-x`
 
 
 def public_url(url: str) -> str | None:

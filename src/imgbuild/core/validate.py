@@ -60,17 +60,29 @@ _QUANTITY_RE = re.compile(r"\d+(\.\d+)?(Ki|Mi|Gi|Ti|k|M|G|T)?", re.ASCII)
 
 # Credentials in a URL or a reference: `USER:SECRET@` anywhere (`https://u:token@host`, `type=registry,ref=u:p@host/x`,
 # `ssh://u:pw@host`), and a bare `TOKEN@` after http(s)://. `NAME:TAG@sha256:HEX` is a reference's digest, not a secret.
-_USERINFO_RE = re.compile(
-    r"(?P<user>[^\s/@:'\"=,;()\[\]]+):(?P<secret>[^\s/'\"]*)@(?!" + _DIGEST + r"(?![0-9a-fA-F]))", re.ASCII
-)
+# USER:SECRET@ is matched in the reversed text, from each `@` backwards (a secret holds no `@`: RFC 3986 has it
+# percent-encoded there), so that the time is linear in the text's length whatever it holds: a message can quote
+# megabytes of a log, and a pattern read forwards would try each `:` against the whole run after it.
+_USERINFO_REVERSED_RE = re.compile(r"@(?P<secret>[^\s/@'\"]*):(?P<user>[^\s/@:'\"=,;()\[\]]+)", re.ASCII)
+_DIGEST_RE = re.compile(_DIGEST + r"(?![0-9a-fA-F])", re.ASCII)
 _TOKEN_RE = re.compile(r"(?P<scheme>\bhttps?://)(?P<token>[^\s/@:'\"]+)@", re.ASCII | re.IGNORECASE)
 REDACTED = "***"
 
 
 def redact(text: str) -> str:
     """`text` with the secret of every credential in it replaced by ***: `user:***@host`, `https://***@host`. Every
-    message that can echo a URL, a reference or an engine address goes through it (`console.handled`, `shown`)."""
-    text = _USERINFO_RE.sub(lambda m: f"{m['user']}:{REDACTED}@", text)
+    error (`errors.ImgbuildError`) and every value a check quotes (`shown`) goes through it."""
+    if "@" not in text:
+        return text
+    last = len(text) - 1
+
+    def hide(m: re.Match[str]) -> str:  # m is in the reversed text; `at` is the `@`'s place in `text`
+        at = last - m.start()
+        if _DIGEST_RE.match(text, at + 1):
+            return m.group(0)
+        return f"@{REDACTED}:{m['user']}"
+
+    text = _USERINFO_REVERSED_RE.sub(hide, text[::-1])[::-1]
     return _TOKEN_RE.sub(lambda m: f"{m['scheme']}{REDACTED}@", text)
 
 

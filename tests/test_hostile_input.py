@@ -731,7 +731,20 @@ def test_redaction_keeps_what_is_no_secret() -> None:
     digest = "debian:bookworm@sha256:" + "a" * 64
     kept = [digest, "ssh://ubuntu@10.0.0.1:22", "pkg:pypi/torch@2.9.1", "r.io:5000/team/x:1", "a@b"]
     assert [redact(t) for t in kept] == kept
-    assert redact("http://u:p@ss@h/x and https://tok@h") == "http://u:***@h/x and https://***@h"
+    assert redact("http://u:p%40ss@h/x and https://tok@h") == "http://u:***@h/x and https://***@h"
+
+
+def test_redaction_takes_linear_time() -> None:
+    """Every error is redacted when it is made, and one may quote megabytes of a log: no run of `:` or `@` makes
+    the pattern try each place against the rest of the text (found: 100 000 characters of `a:` took 33 s)."""
+    import time
+
+    from imgbuild.core.validate import redact
+
+    for text in ("a:" * 500_000, "a" * 500_000 + ":" + "b" * 500_000, "@:" * 500_000, ":@a" * 300_000):
+        start = time.monotonic()
+        redact(text)
+        assert time.monotonic() - start < 5, text[:20]
 
 
 # --- DOCKER_HOST: every documented form, and the malformed ones named -----------------------------------------------
@@ -900,3 +913,121 @@ def test_sigterm_while_the_index_is_awaited_leaves_the_recipe_and_lock_whole(
     assert "terminated (SIGTERM)" in stderr and "Traceback" not in stderr
     assert {p.name: p.read_bytes() for p in work.iterdir()} == before
     assert list((tmp_path / "tmp").iterdir()) == []
+
+
+# --- what a sources folder names (`build --sources DIR`): checked before any engine work ------------------------
+
+
+def _cpu_lock_digest() -> str:
+    from imgbuild.image import render
+    from imgbuild.pin import lock
+
+    return render.lock_digest(lock.for_ref("cpu")[1])
+
+
+def _index(d: Path, files: dict[str, str], bases: dict[str, Any] | None = None) -> None:
+    data = {"format": 1, "recipe": "cpu", "lock_digest": _cpu_lock_digest(), "files": files, "bases": bases or {}}
+    (d / "sources.json").write_text(json.dumps(data))
+
+
+SHA = "0" * 64
+BASE_ID = "sha256:" + "1" * 64
+# case -> (what to make in the sources folder d, what the message says); every one is exit 16
+SOURCES_CASES: dict[str, tuple[Callable[[Path], Any], str]] = {
+    "sources.json a FIFO": (lambda d: _fifo(d / "sources.json"), "is a FIFO"),  # found: waited for a writer
+    "sources.json a link to /dev/zero": (lambda d: (d / "sources.json").symlink_to("/dev/zero"), "outside"),  # found
+    "sources.json 17 MiB (sparse)": (lambda d: _sparse(d / "sources.json", 17 << 20), "over the 16 MiB"),
+    "sources.json a list": (lambda d: (d / "sources.json").write_text("[]"), "expected a JSON object"),
+    "sources.json files a list": (
+        lambda d: (d / "sources.json").write_text(
+            '{"format": 1, "recipe": "cpu", "lock_digest": "x", "files": [], "bases": {}}'
+        ),
+        "files: expected an object",
+    ),
+    "an entry up and out": (lambda d: _index(d, {"files/../../../etc/passwd": SHA}), "expected a plain file name"),
+    "an absolute entry": (
+        lambda d: _index(d, {"/etc/shadow": SHA}),
+        "expected a plain file name",
+    ),  # found: read, hashed
+    "an entry with a newline": (lambda d: _index(d, {"files/a\nb": SHA}), "expected a plain file name"),
+    "a sha256 that is no hash": (lambda d: _index(d, {"files/a": "x"}), "expected a sha256 of 64 hex digits"),
+    "a file linked out": (
+        lambda d: ((d / "files").mkdir(), (d / "files" / "a").symlink_to("/etc/hostname"), _index(d, {"files/a": SHA})),
+        "outside",
+    ),  # found: /etc/hostname was read, hashed and would have been staged into the build context
+    "a file that is a FIFO": (
+        lambda d: ((d / "files").mkdir(), _fifo(d / "files" / "a"), _index(d, {"files/a": SHA})),
+        "is a FIFO",
+    ),  # found: "files/a is missing"
+    "a file that is a folder": (
+        lambda d: ((d / "files" / "a").mkdir(parents=True), _index(d, {"files/a": SHA})),
+        "is a folder",
+    ),
+    "a file in a link loop": (
+        lambda d: ((d / "files").mkdir(), (d / "files" / "a").symlink_to("a"), _index(d, {"files/a": SHA})),
+        "symbolic link loop",
+    ),
+    "a base archive up and out": (
+        lambda d: _index(d, {"base/x.tar": SHA}, {"debian:bookworm-slim": {"id": BASE_ID, "archive": "../x.tar"}}),
+        "archive: expected base/NAME.tar",
+    ),
+    "a base that is an option": (
+        lambda d: _index(d, {"base/x.tar": SHA}, {"--help": {"id": BASE_ID, "archive": "base/x.tar"}}),
+        "expected a Docker image reference",
+    ),
+    "a base id that is no id": (
+        lambda d: _index(d, {"base/x.tar": SHA}, {"debian:bookworm-slim": {"id": "latest", "archive": "base/x.tar"}}),
+        "id: expected sha256:",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SOURCES_CASES))
+def test_hostile_sources_folders(tmp_path: Path, case: str) -> None:
+    make, says = SOURCES_CASES[case]
+    folder = tmp_path / "sources"
+    folder.mkdir()
+    make(folder)
+    result = runner.invoke(app, ["build", "cpu", "--sources", str(folder)])
+    clean(result)
+    assert result.exit_code == 16, result.output[-2000:]
+    assert says in flat(result.output), result.output[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("make", "says"),
+    [
+        (lambda d: _fifo(d / "allow.txt"), "is a FIFO"),  # found: waited for a writer
+        (lambda d: (d / "allow.txt").symlink_to("/dev/zero"), "is a device"),  # found: read forever
+        (lambda d: _sparse(d / "allow.txt", 2 << 20), "over the 1 MiB"),
+        (lambda d: (d / "allow.txt").mkdir(), "is a folder"),
+    ],
+    ids=["fifo", "dev-zero", "sparse-2MiB", "folder"],
+)
+def test_scan_gate_allow_files_that_are_no_allow_file(tmp_path: Path, make: Any, says: str) -> None:
+    make(tmp_path)
+    args = [
+        "push",
+        "cpu",
+        "--registry",
+        "127.0.0.1:5000",
+        "--scan-gate",
+        "HIGH",
+        "--allow-file",
+        str(tmp_path / "allow.txt"),
+    ]
+    result = runner.invoke(app, args)
+    clean(result)
+    assert result.exit_code == 2, result.output[-2000:]
+    assert "allow file" in flat(result.output) and says in flat(result.output), result.output[-2000:]
+
+
+def test_a_git_remote_named_like_an_option_is_read_as_a_name(tmp_path: Path) -> None:
+    """The recipe's repository is the user's: its only remote may be named `-x`; git gets it after `--`."""
+    from imgbuild.image import provenance
+
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    subprocess.run(
+        ["git", "-C", str(tmp_path), "remote", "add", "--", "-x", "https://example.com/team/x.git"], check=True
+    )
+    assert provenance._remote_url(tmp_path) == "https://example.com/team/x"  # found: None, git's "unknown switch"

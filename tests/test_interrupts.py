@@ -1,4 +1,5 @@
-"""SIGTERM in `terminable` commands (build, push, verify, sbom, sources fetch, lock, outdated) takes Ctrl-C's cleanup path and ends with exit 143.
+"""SIGTERM in `terminable` commands (build, push, verify, sbom, sources fetch, lock, outdated) takes Ctrl-C's
+cleanup path and ends with exit 143 (tests/test_hostile_input.py SIGTERMs real lock and outdated processes).
 
 These run the real CLI in-process with the command's work replaced by one that signals itself; the Docker tests
 (test_build, test_verify, test_publish: `test_sigterm_*`) send SIGTERM to real `imgbuild` processes.

@@ -51,6 +51,7 @@ def run(
     ] = None,
 ) -> None:
     """Run a container of a recipe's image with its runtime profile (devices, runtime, limits)."""
+    from imgbuild.cluster.jobplan import target_instance
     from imgbuild.engine import runprofile
     from imgbuild.image import render
 
@@ -71,6 +72,7 @@ def run(
         engine=None if runtimes is None else (runtimes, runprofile.host_has_gpu()),
         notes=notes,
         target=print_only,
+        target_host=target_instance(res.recipe) if print_only else None,
     )
     for note in notes:
         err().print(f"note: {note}", markup=False, highlight=False)

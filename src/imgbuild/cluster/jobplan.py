@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from imgbuild.image.manifest import Manifest
     from imgbuild.pin.resolver import Resolved
     from imgbuild.spec.launch import Launch
-    from imgbuild.spec.recipe import Platform
+    from imgbuild.spec.recipe import Platform, Recipe
 
 
 class Engine(str, enum.Enum):
@@ -160,6 +160,16 @@ class JobPlan:
 def efa_devices(instance_type: str) -> int | None:
     """EFA devices an instance type has (None: not in the table)."""
     return EFA_DEVICES.get(instance_type.split(".", 1)[0])
+
+
+def target_instance(recipe: Recipe) -> tuple[str, int] | None:
+    """The recipe's target host for `imgbuild run --print`: the first of its platform.instance_types whose number of
+    EFA devices is in the table, with that number; None when none is."""
+    for instance_type in recipe.platform.instance_types:
+        count = efa_devices(instance_type)
+        if count is not None:
+            return instance_type, count
+    return None
 
 
 def instance_arch(instance_type: str) -> str | None:

@@ -192,29 +192,21 @@ def _host_limits(spec: RunSpec, *, runtimes: Sequence[str], has_gpu: bool) -> tu
     return replace(spec, gpus=gpus, runtime=spec.runtime if spec.runtime in runtimes else None), dropped
 
 
-def target_efa_devices(recipe: Recipe) -> tuple[str | None, list[str] | None]:
-    """The recipe's target host and its EFA devices: the first of its platform.instance_types whose number of EFA
-    devices imgbuild knows (cluster.jobplan.EFA_DEVICES), with /dev/infiniband/uverbs0..N-1; (None, None) when none
-    is (no instance type, or none in the table)."""
-    from imgbuild.cluster.jobplan import efa_devices
-
-    for instance_type in recipe.platform.instance_types:
-        count = efa_devices(instance_type)
-        if count is not None:
-            return instance_type, [EFA_DEVICE_GLOB.replace("*", str(n)) for n in range(count)]
-    return None, None
-
-
-def target_spec(runtime: Runtime, recipe: Recipe, host_devices: Sequence[str]) -> tuple[RunSpec, list[str]]:
+def target_spec(
+    runtime: Runtime, target: tuple[str, int] | None, host_devices: Sequence[str]
+) -> tuple[RunSpec, list[str]]:
     """THE rule (`run_spec`) for the recipe's target host rather than this one (`imgbuild run --print`): the runtime
-    and `--gpus` whole, the target instance type's EFA devices (`target_efa_devices`; this host's, `host_devices`,
-    with a note, where the recipe names no instance type whose devices are known), and none of the devices passed
-    only where a host has them (a device the target lacks stops `docker run`; `imgbuild run` there adds them).
-    Returns the spec and a note for each thing the line cannot know."""
+    and `--gpus` whole, the target instance type's EFA devices (`target`: the instance type and its number of EFA
+    devices, cluster.jobplan.target_instance; this host's, `host_devices`, with a note, where the recipe names no
+    instance type whose devices are known), and none of the devices passed only where a host has them (a device the
+    target lacks stops `docker run`; `imgbuild run` there adds them). Returns the spec and a note for each thing the
+    line cannot know."""
     notes = []
-    instance_type, devices = target_efa_devices(recipe) if runtime.efa_devices else (None, [])
-    if instance_type is not None and devices is not None:
-        notes.append(f"the line is for the recipe's target host, {instance_type} ({len(devices)} EFA devices)")
+    devices: list[str] | None = []
+    if runtime.efa_devices:
+        devices = None if target is None else [EFA_DEVICE_GLOB.replace("*", str(n)) for n in range(target[1])]
+    if target is not None and devices:
+        notes.append(f"the line is for the recipe's target host, {target[0]} ({len(devices)} EFA devices)")
     if devices is None:
         devices = list(host_devices)
         notes.append(
@@ -291,18 +283,20 @@ def docker_run_args(
     engine: tuple[Sequence[str], bool] | None = None,
     notes: list[str] | None = None,
     target: bool = False,
+    target_host: tuple[str, int] | None = None,
 ) -> list[str]:
     """The whole `docker run` command (argv, starting with "docker") for a container of the recipe's image.
 
     `host_devices` are the host's EFA devices (see `host_efa_devices`); they are added only when the recipe's
     runtime wants EFA. `interactive` (stdin is a terminal) adds `-it`. `engine` (the engine's runtimes, whether
     the host has a GPU) adapts the profile to them (`for_host`, a note in `notes` for each thing left out); None
-    (no engine to ask) keeps it whole. `target`: the line for the recipe's target host instead (`target_spec`),
-    whole, with a note in `notes` for what this host would drop (`what_this_host_drops`).
+    (no engine to ask) keeps it whole. `target`: the line for the recipe's target host instead (`target_spec`, with
+    `target_host` its instance type and EFA device count), whole, with a note in `notes` for what this host would
+    drop (`what_this_host_drops`).
     """
     profile = _profile_of(source)
     if target:
-        spec, about = target_spec(profile, _recipe_of(source), host_devices)
+        spec, about = target_spec(profile, target_host, host_devices)
         about += what_this_host_drops(spec, host_devices, engine)
     else:
         spec, about = run_spec(profile, host_devices), []

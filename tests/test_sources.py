@@ -6,6 +6,7 @@ another lock is refused before anything is built or tagged (exit 16), naming the
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -111,6 +112,65 @@ def test_a_damaged_folder_is_refused_before_anything_is_built(
     assert rel.split("/")[-1] in result.output or f"{name.replace('_', '-')}=={version}" in result.output, result.output
     if damage != "missing-deb" and damage != "edited-index":
         assert "expected" in result.output and "found" in result.output
+    assert _tags(docker_client) == before  # nothing tagged
+
+
+def _rewrite_sha256(packages: Path, filename: str, sha: str) -> None:
+    """The SHA256 of `filename`'s entry in the Packages index `packages` set to `sha` (its other hashes dropped), as
+    someone who swapped the file would rewrite it."""
+    stanzas = packages.read_text().split("\n\n")
+    hit = [i for i, s in enumerate(stanzas) if re.search(rf"^Filename: (\./|.*/){re.escape(filename)}$", s, re.M)]
+    assert hit, filename
+    for i in hit:
+        kept = [line for line in stanzas[i].splitlines() if not line.startswith(("MD5sum:", "SHA1:", "SHA512:"))]
+        stanzas[i] = re.sub(r"^SHA256: \S+$", f"SHA256: {sha}", "\n".join(kept), flags=re.M)
+    packages.write_text("\n\n".join(stanzas))
+
+
+@pytest.mark.parametrize("how", ["flat-index-rewritten", "signed-list-rewritten", "release-forged"])
+def test_a_tampered_deb_is_refused_against_the_archives_signed_indexes(
+    how: str, fetched: Path, tmp_path: Path, docker_client: Any
+) -> None:
+    """A .deb swapped in the folder, with everything the folder holds rewritten to match it (the flat repository's
+    Packages, sources.json; then apt's Packages list of the archive; then the suite's InRelease as well): refused by
+    the archive's signature, checked by gpgv in the base with its own keyrings (exit 16, naming the file)."""
+    from imgbuild.pin.content import sha256_file
+
+    copy = _copy(fetched, tmp_path)
+    index = json.loads((copy / "sources.json").read_text())
+    rel = next(r for r in index["files"] if "/openmpi-bin_" in r)
+    deb = copy / rel
+    with deb.open("r+b") as f:
+        f.seek(200)
+        f.write(b"tampered")
+    sha = sha256_file(deb)
+    lists = sorted(r for r in index["files"] if r.startswith("lists/") and r.endswith("_main_binary-amd64_Packages"))
+    main = next(r for r in lists if "_dists_bookworm_main" in r)  # openmpi-bin 4.1.4-3+b1 is bookworm's own
+    changed = [rel, str(Path(rel).parent / "Packages")]
+    _rewrite_sha256(copy / changed[1], deb.name, sha)
+    named = rel
+    if how != "flat-index-rewritten":
+        _rewrite_sha256(copy / main, deb.name, sha)  # no epoch: the pool's name is apt's
+        changed.append(main)
+        named = main
+    if how == "release-forged":  # the suite's InRelease names the rewritten list's sha256: its signature no longer fits
+        release = main.replace("_main_binary-amd64_Packages", "_InRelease")
+        text = (copy / release).read_text()
+        old = re.search(r"^ ([0-9a-f]{64}) +\d+ main/binary-amd64/Packages$", text, re.M)
+        assert old is not None
+        (copy / release).write_text(text.replace(old.group(1), sha256_file(copy / main)))
+        changed.append(release)
+        named = release
+    for r in changed:
+        index["files"][r] = sha256_file(copy / r)
+    (copy / "sources.json").write_text(json.dumps(index))
+    before = _tags(docker_client)
+    result = CliRunner().invoke(app, ["build", "cpu", "--sources", str(copy)])
+    assert result.exit_code == 16, result.output
+    assert named in result.output, result.output
+    says = {"flat-index-rewritten": "the archive's signed index", "signed-list-rewritten": "its suite's signed",
+            "release-forged": "its signature is not one"}[how]  # fmt: skip
+    assert says in result.output, result.output
     assert _tags(docker_client) == before  # nothing tagged
 
 

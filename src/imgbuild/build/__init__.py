@@ -192,6 +192,7 @@ def build(
     try:
         if sources is not None:
             fetched.load_bases(client, sources, index, say=progress.console.print if progress is not None else print)
+            fetched.check_debs(client, sources, index.files, plan.apt_packages)  # in the bases just checked
         chosen = builder or builders.select(builder_name)
         cache = builders.cache_plan(chosen, cache_from or [], cache_to)
         check_disk(client, plan)

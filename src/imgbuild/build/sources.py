@@ -6,13 +6,18 @@ The folder holds:
   wheels/               every Python distribution of the lock's requirement sets, each with a hash the lock records;
   debs/<base slug>/     the .debs each base's stages install (apt fetched them against the archive's signed indexes),
                         with a Packages index (apt-ftparchive): a flat apt repository;
+  lists/<base slug>/    apt's indexes of the archive those .debs came from, as apt verified them when it fetched
+                        them: each suite's signed InRelease and its Packages, uncompressed;
   base/<base slug>.tar  each base image (`docker save`: engine 20.10 writes a docker-archive, which `docker load`
                         reads on any engine), with its image id;
   sources.json          what was fetched for which lock: every file with its sha256, every base with its id.
 
-A build from the folder checks it first: the lock it was fetched for, every file's sha256 against sources.json AND
-against the lock (tarballs, wheels), each base's id after loading it. A missing or corrupted file is refused, naming
-it with the expected and found hash, before anything is built or tagged (ContentError, exit 16). The build then gets
+A build from the folder checks it first: sources.json's form (every entry a plain name in one of these parts: nothing
+it names is outside the folder, a link out, a FIFO or a device), the lock it was fetched for, every file's sha256
+against sources.json AND against the lock (tarballs, wheels), each base's id after loading it, and every .deb against
+the archive's signed indexes (`check_debs`: the lock records no .deb, and sources.json rewritten along with a
+tampered .deb would vouch for it). A missing or corrupted file is refused, naming it with the expected and found
+hash, before anything is built or tagged (ContentError, exit 16). The build then gets
 the folder in its context (imgbuild-sources/, bind-mounted by the RUNs that would download: render.SOURCES_MOUNT) and
 runs with `--network none`: BuildKit's build contexts (`--build-context`) need buildx, which Debian 12's docker CLI
 lacks, and a local file server would need the build's network on.
@@ -31,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 from imgbuild import engine
 from imgbuild.blocks import slug
@@ -49,7 +55,7 @@ MAX_INDEX_BYTES = 16 << 20
 # What sources.json may name: a file in one of the folder's parts, by a plain name (apt writes an epoch's ':' as
 # %3a). No name starts with a dot: nothing names `..`, the folder itself or a file outside it.
 _NAME = r"[A-Za-z0-9_+~%][A-Za-z0-9._+~%-]*"
-_ENTRY = re.compile(rf"(files|wheels|base)/{_NAME}|debs/{_NAME}/{_NAME}", re.ASCII)
+_ENTRY = re.compile(rf"(files|wheels|base)/{_NAME}|(debs|lists)/{_NAME}/{_NAME}", re.ASCII)
 _SHA256 = re.compile(r"[0-9a-f]{64}", re.ASCII)
 Say = Callable[[str], None]
 
@@ -163,13 +169,16 @@ def _fetch_wheels(resolved: Resolved, content: Content, tmp: Path, say: Say) -> 
 
 # The fetch container: apt in the stage's own base (its sources, its installed packages), downloading only; then
 # apt-ftparchive (apt-utils, installed in the throwaway container, never among the fetched files) writes the index.
+# apt's lists of the archive go to /lists as apt verified them: each suite's signed InRelease and its Packages
+# indexes, uncompressed (GzipIndexes off: the Debian images' lz4 copies are no file the InRelease names).
 FETCH_DEBS = r"""set -eu
-apt-get update -qq
+apt-get -o Acquire::GzipIndexes=false update -qq
 apt-get install -qq -y --no-install-recommends apt-utils >/dev/null
 mkdir -p /out/partial
 apt-get install -qq -y --download-only --no-install-recommends -o Dir::Cache::archives=/out "$@" >/dev/null
 rmdir /out/partial
 cd /out && apt-ftparchive packages . > Packages
+cp /var/lib/apt/lists/*_InRelease /var/lib/apt/lists/*_Packages /lists/
 """
 
 
@@ -178,13 +187,15 @@ def _fetch_debs(client: Any, plan: render.BuildPlan, tmp: Path, say: Say) -> dic
 
     out: dict[str, str] = {}
     for ref, packages in plan.apt_packages.items():
-        folder = tmp / "debs" / slug(ref)
+        folder, lists = tmp / "debs" / slug(ref), tmp / LISTS / slug(ref)
         folder.mkdir(parents=True, exist_ok=True)
+        lists.mkdir(parents=True, exist_ok=True)
         say(f"fetching {len(packages)} packages (and what they depend on) for {ref}")
         run = Containers(client)
         try:
             container = run.create(ref, ["bash", "-c", FETCH_DEBS, "fetch", *packages], "fetch-debs",
-                                   volumes={str(folder): {"bind": "/out", "mode": "rw"}})  # fmt: skip
+                                   volumes={str(folder): {"bind": "/out", "mode": "rw"},
+                                            str(lists): {"bind": "/lists", "mode": "rw"}})  # fmt: skip
             container.start()
             status = container.wait()
             if status.get("StatusCode") != 0:
@@ -193,6 +204,176 @@ def _fetch_debs(client: Any, plan: render.BuildPlan, tmp: Path, say: Say) -> dic
         finally:
             run.remove_all()
         out.update({f"debs/{slug(ref)}/{p.name}": sha256_file(p) for p in sorted(folder.iterdir())})
+        out.update({f"{LISTS}/{slug(ref)}/{p.name}": sha256_file(p) for p in sorted(lists.iterdir())})
+    check_debs(client, tmp, out, plan.apt_packages)  # what the site will check, checked here first
+    return out
+
+
+# ---- the .debs against the archive's signed indexes
+#
+# sources.json is the folder's own record: rewritten along with a tampered .deb (and the flat repository's
+# Packages), it vouches for anything. The lock records no .deb (apt resolves the packages when the image is built),
+# so each .deb is checked against what the archive signed: lists/<base>/ keeps, for each suite apt read at fetch
+# time, its InRelease (signed) and its Packages indexes. The signature is checked by gpgv in a container of the base
+# itself, with the keyrings its apt trusts (the base: its id checked before, by load_bases); then here, each Packages
+# index against the sha256 its InRelease gives it, and each .deb against the SHA256 its Packages entry gives it
+# (package, version and architecture from the name apt gave the file: NAME_VERSION_ARCH.deb, ':' written %3a).
+
+LISTS = "lists"
+# Prints, for each InRelease whose signature gpgv accepts, `IMGBUILD-RELEASE NAME LENGTH` and the signed text; for
+# one it refuses, `IMGBUILD-REFUSED NAME` and gpgv's reason. Keyrings: apt's (binary ones; the removed-keys keyring
+# is not a trust anchor).
+VERIFY_RELEASES = r"""set -u
+command -v gpgv >/dev/null 2>&1 || { echo "IMGBUILD-NO-GPGV"; exit 0; }
+set --
+for k in /etc/apt/trusted.gpg /etc/apt/trusted.gpg.d/*.gpg /etc/apt/keyrings/*.gpg /usr/share/keyrings/*.gpg; do
+  case "$k" in *removed*) continue ;; esac
+  [ -f "$k" ] && set -- "$@" --keyring "$k"
+done
+for f in /tmp/imgbuild-releases/*; do
+  rm -f /tmp/imgbuild-signed
+  if gpgv "$@" --output /tmp/imgbuild-signed "$f" >/tmp/imgbuild-gpgv 2>&1; then
+    echo "IMGBUILD-RELEASE ${f##*/} $(wc -c < /tmp/imgbuild-signed)"
+    cat /tmp/imgbuild-signed
+  else
+    echo "IMGBUILD-REFUSED ${f##*/}"
+    tail -n 3 /tmp/imgbuild-gpgv
+    echo
+  fi
+done
+"""
+MAX_RELEASE_BYTES = 16 << 20  # an InRelease: Debian's main suite's is about 150 KB
+
+
+def check_debs(client: Any, folder: Path, files: dict[str, str], apt_refs: Any) -> None:
+    """Every .deb the folder holds for each base of `apt_refs` (a stage's base ref -> its packages), against the
+    archive's signed indexes fetched with it. ContentError naming the file (or the index) and what is wrong."""
+    for ref in apt_refs:
+        base = slug(ref)
+        lists = {rel.rsplit("/", 1)[1]: rel for rel in files if rel.startswith(f"{LISTS}/{base}/")}
+        debs = sorted(rel for rel in files if rel.startswith(f"debs/{base}/") and rel.endswith(".deb"))
+        if not debs:
+            continue
+        releases = {name: rel for name, rel in lists.items() if name.endswith("_InRelease")}
+        if not releases:
+            raise ContentError(
+                f"{folder}: {LISTS}/{base}/ holds no InRelease: the .debs for {ref} cannot be checked against the "
+                "archive's signed indexes (a folder fetched by an older imgbuild)",
+                hint="fetch it again with this imgbuild: imgbuild sources fetch RECIPE -o NEW_FOLDER",
+            )
+        signed = _verified_releases(client, ref, folder, releases)
+        archive = _signed_packages(folder, base, lists, signed)
+        for rel in debs:
+            name = rel.rsplit("/", 1)[1]
+            parts = name[: -len(".deb")].split("_")
+            key = (parts[0], unquote(parts[1]), parts[2]) if len(parts) == 3 else None
+            if key is None or key not in archive:
+                raise ContentError(
+                    f"{folder}: {rel}: no such package in the archive's signed indexes for {ref} "
+                    f"({'expected NAME_VERSION_ARCH.deb' if key is None else ' '.join(key)})",
+                    hint="fetch the sources again: a .deb comes from the archive apt fetched it from, or not at all",
+                )
+            found = sha256_file(entry(folder, rel))
+            if found not in archive[key]:
+                raise ContentError(
+                    f"{folder}: {rel}: sha256 expected {' or '.join(sorted(archive[key]))} (the archive's signed "
+                    f"index for {ref}), found {found}",
+                    hint="fetch the sources again: this .deb is not the one the archive published",
+                )
+
+
+def _verified_releases(client: Any, ref: str, folder: Path, releases: dict[str, str]) -> dict[str, str]:
+    """name -> the signed text of each InRelease, as gpgv in a container of base `ref` verified it (no network)."""
+    from imgbuild.engine.containers import Containers
+
+    content: dict[str, tuple[bytes, int]] = {}
+    for name, rel in releases.items():
+        try:
+            content[f"/tmp/imgbuild-releases/{name}"] = (userfiles.read_bounded(entry(folder, rel), MAX_RELEASE_BYTES),
+                                                         0o644)  # fmt: skip
+        except userfiles.Refused as exc:
+            raise ContentError(f"{folder}: {rel}: {exc}") from None
+    run = Containers(client)
+    try:
+        container = run.create(ref, ["sh", "-c", VERIFY_RELEASES], "check-debs", entrypoint=[], network_disabled=True)
+        run.copy_in(container, content)
+        container.start()
+        status = container.wait()
+        out = container.logs(stdout=True, stderr=False)
+    except engine.ENGINE_ERRORS as exc:
+        raise engine.engine_error(exc, f"checking the signed indexes of {ref}") from exc
+    finally:
+        run.remove_all()
+    if status.get("StatusCode") != 0 or out.startswith(b"IMGBUILD-NO-GPGV"):
+        raise ContentError(f"{ref} has no gpgv: the archive's signed indexes cannot be checked in it")
+    signed: dict[str, str] = {}
+    pos = 0
+    while pos < len(out):
+        end = out.index(b"\n", pos)
+        head = out[pos:end].decode(errors="replace").split()
+        pos = end + 1
+        if head and head[0] == "IMGBUILD-RELEASE" and len(head) == 3:
+            length = int(head[2])
+            signed[head[1]] = out[pos : pos + length].decode("utf-8", errors="replace")
+            pos += length
+        elif head and head[0] == "IMGBUILD-REFUSED":
+            why = out[pos:].decode(errors="replace").strip().splitlines()[:3]
+            raise ContentError(
+                f"{folder}: {releases.get(head[1], head[1])}: its signature is not one {ref}'s apt trusts "
+                f"({' '.join(why)})"
+            )
+    missing = sorted(set(releases) - set(signed))
+    if missing:
+        raise ContentError(f"{folder}: {releases[missing[0]]}: gpgv in {ref} gave no verdict")
+    return signed
+
+
+def _signed_packages(
+    folder: Path, base: str, lists: dict[str, str], signed: dict[str, str]
+) -> dict[tuple[str, str, str], set[str]]:
+    """(package, version, architecture) -> the SHA256s the archive's Packages indexes give it, each index checked
+    first against the sha256 its suite's signed InRelease records."""
+    out: dict[tuple[str, str, str], set[str]] = {}
+    for name, rel in sorted(lists.items()):
+        if not name.endswith("_Packages"):
+            continue
+        suites = [r for r in signed if name.startswith(r[: -len("InRelease")])]
+        suite = max(suites, key=len) if suites else None
+        if suite is None:
+            raise ContentError(f"{folder}: {rel}: no InRelease of its suite in {LISTS}/{base}/")
+        path = name[len(suite) - len("InRelease") :].replace("_", "/")
+        expected = _release_sha256(signed[suite]).get(path)
+        found = sha256_file(entry(folder, rel))
+        if expected is None or found != expected:
+            raise ContentError(
+                f"{folder}: {rel}: sha256 expected {expected or '(none: the InRelease names no ' + path + ')'} "
+                f"(its suite's signed {suite}), found {found}"
+            )
+        with entry(folder, rel).open(encoding="utf-8", errors="replace") as f:
+            fields: dict[str, str] = {}
+            for line in [*f, ""]:
+                if not line.strip():
+                    if {"Package", "Version", "Architecture", "SHA256"} <= fields.keys():
+                        key = (fields["Package"], fields["Version"], fields["Architecture"])
+                        out.setdefault(key, set()).add(fields["SHA256"])
+                    fields = {}
+                elif not line[0].isspace() and ":" in line:
+                    field, _, value = line.partition(":")
+                    fields[field] = value.strip()
+    return out
+
+
+def _release_sha256(text: str) -> dict[str, str]:
+    """The SHA256 section of a Release file: path (main/binary-amd64/Packages) -> sha256."""
+    out: dict[str, str] = {}
+    section = False
+    for line in text.splitlines():
+        if not line.startswith(" "):
+            section = line.strip() == "SHA256:"
+            continue
+        parts = line.split()
+        if section and len(parts) == 3 and _SHA256.fullmatch(parts[0]):
+            out[parts[2]] = parts[0]
     return out
 
 
@@ -356,7 +537,7 @@ def stage(folder: Path, index: Index, context: Path) -> None:
     SOURCES_CONTEXT, hard-linked where the file system allows."""
     root = context / render.SOURCES_CONTEXT
     for rel in index.files:
-        if rel.startswith("base/"):
+        if rel.startswith(("base/", f"{LISTS}/")):  # loaded, or read by check_debs: never built from
             continue
         source, dest = entry(folder, rel), userfiles.inside(root, root / rel)
         dest.parent.mkdir(parents=True, exist_ok=True)

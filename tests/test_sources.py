@@ -55,6 +55,9 @@ def test_fetch_holds_what_the_lock_names(fetched: Path) -> None:
     assert any(Path(rel).name.startswith("nvidia_nccl_cu12-2.27.5") for rel in wheels), wheels
     debs = [rel for rel in index["files"] if rel.startswith("debs/")]
     assert any("/openmpi-bin_" in rel for rel in debs) and any(rel.endswith("/Packages") for rel in debs)
+    lists = [rel for rel in index["files"] if rel.startswith("lists/debian-bookworm-slim/")]  # the archive's, signed
+    assert any(rel.endswith("_bookworm_InRelease") for rel in lists), lists
+    assert any(rel.endswith("_bookworm_main_binary-amd64_Packages") for rel in lists), lists
     assert set(index["bases"]) == {"debian:bookworm-slim"}
     assert not list(fetched.parent.glob(".cpu.*.partial"))  # the temporary folder was renamed into place
 

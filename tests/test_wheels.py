@@ -286,3 +286,16 @@ def test_a_build_refuses_a_wheel_with_another_hash(docker_client: Any, tmp_path:
 
         with contextlib.suppress(docker.errors.ImageNotFound):
             docker_client.images.remove(tag, force=True)
+
+
+def test_one_request_to_the_index_meets_the_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """uv's UV_HTTP_TIMEOUT at lock time and pip download's --timeout in `sources fetch` follow one rule: the
+    user's per-request timeout or uv's 30 s, lowered to IMGBUILD_INDEX_DEADLINE."""
+    monkeypatch.delenv("UV_HTTP_TIMEOUT", raising=False)
+    monkeypatch.delenv("IMGBUILD_INDEX_DEADLINE", raising=False)
+    assert wheels.request_timeout() == 30
+    monkeypatch.setenv("IMGBUILD_INDEX_DEADLINE", "5")
+    assert wheels.request_timeout() == 5
+    monkeypatch.setenv("UV_HTTP_TIMEOUT", "3")
+    assert wheels.request_timeout() == 3
+    assert wheels.uv_deadline()[1] == {"UV_HTTP_TIMEOUT": "3"}

@@ -45,6 +45,7 @@ from imgbuild.core import validate
 from imgbuild.core.errors import ContentError, UsageError
 from imgbuild.image import render
 from imgbuild.pin import lock
+from imgbuild.pin import wheels as wheels_mod
 from imgbuild.pin.content import Content, Requirement, sha256_file
 from imgbuild.pin.resolver import Resolved
 
@@ -157,8 +158,10 @@ def _fetch_wheels(resolved: Resolved, content: Content, tmp: Path, say: Say) -> 
         say(f"fetching requirement set {name} ({len(content.python[name])} distributions)")
         reqs = tmp / f".{name.replace('/', '-')}.txt"
         reqs.write_text(content.requirements_text(name))
+        # each request meets the index's deadline (wheels.request_timeout), as uv's do at lock time
         argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--require-hashes", "--only-binary=:all:",
-                "--dest", str(wheels), "-r", str(reqs), *target_platform(resolved)]  # fmt: skip
+                f"--timeout={wheels_mod.request_timeout()}", "--dest", str(wheels), "-r", str(reqs),
+                *target_platform(resolved)]  # fmt: skip
         done = subprocess.run(argv, capture_output=True, text=True, check=False)
         reqs.unlink()
         if done.returncode != 0:

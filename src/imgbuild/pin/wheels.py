@@ -105,12 +105,22 @@ def uv_deadline() -> tuple[float, dict[str, str], str]:
     from imgbuild.pin import pypi  # requests: not for the quick commands that import this module
 
     seconds = pypi.deadline_seconds(None)  # IMGBUILD_INDEX_DEADLINE, else the default; a malformed one is refused
-    theirs = os.environ.get("UV_HTTP_TIMEOUT", "").strip()
-    per_request = int(theirs) if theirs.isdigit() and int(theirs) > 0 else UV_HTTP_TIMEOUT_S
-    settings = {"UV_HTTP_TIMEOUT": str(max(1, min(per_request, math.floor(seconds))))}
+    settings = {"UV_HTTP_TIMEOUT": str(request_timeout(seconds))}
     if os.environ.get(pypi.DEADLINE_ENV, "").strip():
         return seconds, settings, f"{pypi.DEADLINE_ENV}={seconds:g}"
     return float(UV_TIMEOUT_S), settings, f"{UV_TIMEOUT_S} s for one resolution; {pypi.DEADLINE_ENV} sets another"
+
+
+def request_timeout(deadline: float | None = None) -> int:
+    """Seconds one request to the index may take (uv's UV_HTTP_TIMEOUT, pip's --timeout): the user's
+    UV_HTTP_TIMEOUT or uv's own 30 s, lowered to the lookup deadline (`deadline`, else IMGBUILD_INDEX_DEADLINE's or
+    the default)."""
+    from imgbuild.pin import pypi
+
+    seconds = pypi.deadline_seconds(deadline)
+    theirs = os.environ.get("UV_HTTP_TIMEOUT", "").strip()
+    per_request = int(theirs) if theirs.isdigit() and int(theirs) > 0 else UV_HTTP_TIMEOUT_S
+    return max(1, min(per_request, math.floor(seconds)))
 
 
 def uv_bin() -> str:

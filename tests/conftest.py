@@ -261,6 +261,20 @@ def sagemaker_job(docker_client: Any, tmp_path: Path, request: pytest.FixtureReq
     return start
 
 
+def locked_user_recipe(path: Path, text: str) -> Path:
+    """A user's recipe written at `path` and locked as a user locks one before building or running it (`imgbuild
+    lock --offline`: its wheels' metadata from uv's cache, which the shipped recipes' locks fill): what builds and
+    runs on a lock need."""
+    from typer.testing import CliRunner
+
+    from imgbuild.cli import app
+
+    path.write_text(text)
+    locked = CliRunner().invoke(app, ["lock", str(path), "--offline"])
+    assert locked.exit_code == 0, locked.output
+    return path
+
+
 def docker_bridge_address(client: Any) -> str:
     """The host's address on Docker's default bridge (docker0, e.g. 172.17.0.1): containers on any bridge network,
     compose's included, reach the host there."""

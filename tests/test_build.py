@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from conftest import locked_user_recipe
 from imgbuild import build
 from imgbuild.cli import app
 from imgbuild.core.errors import BaseImageMissing, BuildError
@@ -91,12 +92,8 @@ def test_builder_option_without_buildx_is_exit_8_naming_it(docker_client) -> Non
 
 
 def user_recipe(tmp_path: Path, text: str) -> Path:
-    """A user's recipe, locked as a user locks one before building it (offline: from uv's cache)."""
-    p = tmp_path / "broken.yaml"
-    p.write_text(text)
-    locked = runner.invoke(app, ["lock", str(p), "--offline"])
-    assert locked.exit_code == 0, locked.output
-    return p
+    """A user's recipe, locked as a user locks one before building it."""
+    return locked_user_recipe(tmp_path / "broken.yaml", text)
 
 
 STEP_START = re.compile(r"^\[[^\]]*\d+/\d+\] ")  # a plain-mode step line: `[runtime 3/9] RUN ...`

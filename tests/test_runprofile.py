@@ -11,6 +11,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from conftest import locked_user_recipe
 from imgbuild.cli import app as imgbuild_app
 from imgbuild.core.errors import EngineError
 from imgbuild.engine import runprofile
@@ -245,15 +246,6 @@ def test_run_gpus_only_where_the_engine_can_give_them(
     assert ("all" in argv and "--gpus" in argv) is kept
 
 
-def _locked(recipe_dir: Path, text: str) -> Path:
-    """A user's recipe, locked as users lock one (`imgbuild lock --offline`): `run` builds on a lock."""
-    mine = recipe_dir / "mine.yaml"
-    mine.write_text(text)
-    result = runner.invoke(imgbuild_app, ["lock", str(mine), "--offline"])
-    assert result.exit_code == 0, result.output
-    return mine
-
-
 @pytest.mark.docker
 def test_run_on_this_engine_has_no_gpu_request(
     app: typer.Typer, cpu_image: Any, recipe_dir: Path, docker_client: Any
@@ -263,7 +255,8 @@ def test_run_on_this_engine_has_no_gpu_request(
     result = runner.invoke(app, ["run", "pytorch", "--print"])  # the target's line keeps it, and says this host can't
     assert result.exit_code == 0 and " --gpus all " in result.stdout, result.output
     assert "note: this host would drop --gpus all: " in result.stderr
-    mine = _locked(recipe_dir, "extends: cpu\nruntime: {gpus: all, memlock_unlimited: false}\n")
+    text = "extends: cpu\nruntime: {gpus: all, memlock_unlimited: false}\n"
+    mine = locked_user_recipe(recipe_dir / "mine.yaml", text)
     result = runner.invoke(app, ["run", str(mine), "--image", cpu_image.refs[0], "--", "true"])
     assert result.exit_code == 0, result.output
     assert "started without --gpus all" in result.stderr
@@ -277,7 +270,7 @@ def test_run_unknown_recipe(app: typer.Typer) -> None:
 @pytest.mark.docker
 def test_run_exit_status_and_missing_image(app: typer.Typer, cpu_image: Any, recipe_dir: Path) -> None:
     # Without the memlock ulimit: an engine that itself runs in a container may not be allowed to raise it.
-    mine = _locked(recipe_dir, "extends: cpu\nruntime: {memlock_unlimited: false}\n")
+    mine = locked_user_recipe(recipe_dir / "mine.yaml", "extends: cpu\nruntime: {memlock_unlimited: false}\n")
     result = runner.invoke(app, ["run", str(mine), "--image", cpu_image.refs[0], "--", "bash", "-c", "exit 7"])
     assert result.exit_code == 7, result.output
     result = runner.invoke(app, ["run", "cpu", "--image", "imgbuild/no-such-image:nothing", "--", "true"])

@@ -92,7 +92,8 @@ def show(
     where = (
         f"the lock {recipe.display(lock.lock_path(loaded))}"
         if how == "lock"
-        else f"a fresh resolution: no lock yet, so render and build refuse it until `imgbuild lock {lock._ref(loaded)}`"
+        else "a fresh resolution: no lock yet, so render and build refuse it until "
+        f"`imgbuild lock {lock.command_ref(loaded)}`"
     )
     out().print(f"file: {recipe.display(loaded.path)}  (pins from {where})")
     out().print(f"base: {res.base_ref}")

@@ -130,7 +130,7 @@ def read(loaded: LoadedRecipe) -> Resolved | None:
     path = lock_path(loaded)
     if not path.exists():
         return None
-    hint = f"imgbuild lock {_ref(loaded)}"
+    hint = f"imgbuild lock {command_ref(loaded)}"
     data = _json(path, hint)
     if not isinstance(data, dict) or data.get("lock_version") != LOCK_VERSION:
         found = data.get("lock_version") if isinstance(data, dict) else None
@@ -197,7 +197,7 @@ def preferences(loaded: LoadedRecipe) -> dict[str, str]:
     path = lock_path(loaded)
     if not path.exists():
         return {}
-    data = _json(path, f"imgbuild lock {_ref(loaded)}")
+    data = _json(path, f"imgbuild lock {command_ref(loaded)}")
     content = data.get("content") if isinstance(data, dict) else None
     python = content.get("python") if isinstance(content, dict) else None
     out: dict[str, str] = {}
@@ -276,7 +276,7 @@ def resolved_for(loaded: LoadedRecipe) -> Resolved:
         raise LockError(
             f"{display(lock_path(loaded))}: no such lock: {display(loaded.path)} has not been locked, and images "
             "are built from a lock's pins and hashes only",
-            hint=f"imgbuild lock {_ref(loaded)}",
+            hint=f"imgbuild lock {command_ref(loaded)}",
         )
     return locked
 
@@ -293,7 +293,7 @@ def lock_or_fresh(
     return resolve(loaded, lookup_torch=lookup_torch), "resolved"
 
 
-def _ref(loaded: LoadedRecipe) -> str:
+def command_ref(loaded: LoadedRecipe) -> str:
     """How to name the recipe on the command line: its name when shipped, else its path."""
     from imgbuild.core import paths
 

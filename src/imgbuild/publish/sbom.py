@@ -120,8 +120,9 @@ def make(
     repo_digests: tuple[str, ...] = (),
     client: Any | None = None,
 ) -> Sbom:
-    """The SBOM of the image built from `resolved` (its content-addressed ref, or `image`), validated against
-    CycloneDX's schema. Refused when the image was built from another lock."""
+    """The SBOM of the image built from `resolved`, a lock (`lock.for_ref`: its hashes are the document's), of its
+    content-addressed ref or `image`, validated against CycloneDX's schema. Refused when the image was built from
+    another lock."""
     ref = image or render.image_ref(resolved)
     own = client is None
     docker_client = connect() if client is None else client
@@ -138,8 +139,6 @@ def make(
             hint=f"imgbuild build {resolved.name}, or name the image of this lock",
         )
     warnings = []
-    if resolved.content is None:
-        warnings.append(f"{resolved.name} has no lock with content: the SBOM lists versions without the lock's hashes")
     if inv.dpkg_sha256 is None:
         warnings.append(f"{ref} has no {paths.DPKG_SHA256}: its Debian packages are listed without hashes")
     text = document.document(inv, resolved)

@@ -564,7 +564,8 @@ def test_sigterm_mid_verify_removes_what_it_started_and_exits_143(
     import time
 
     label = verify.LABEL_VERIFY
-    before = {c.id for c in docker_client.containers.list(all=True, filters={"label": label})}
+    # the engine's raw list throughout: docker-py's list inspects each container, and one may be gone by then
+    before = {c["Id"] for c in docker_client.api.containers(all=True, filters={"label": label})}
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     env = {**os.environ, "CI": "1", "TMPDIR": str(tmp)}
@@ -576,9 +577,10 @@ def test_sigterm_mid_verify_removes_what_it_started_and_exits_143(
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:
-            mine = [c for c in docker_client.containers.list(all=True, filters={"label": label}) if c.id not in before]
+            listed = docker_client.api.containers(all=True, filters={"label": label})
+            mine = [c for c in listed if c["Id"] not in before]
             if len(mine) >= nodes:
-                runs = {c.labels[label] for c in mine}
+                runs = {c["Labels"][label] for c in mine}
                 break
             time.sleep(0.05)
         assert runs, f"no verify container appeared (exit {proc.poll()})"
@@ -588,11 +590,11 @@ def test_sigterm_mid_verify_removes_what_it_started_and_exits_143(
         assert "Traceback" not in output and "unexpected error" not in output
         assert list(tmp.iterdir()) == []  # multinode's key folder
         for run in runs:
-            assert docker_client.containers.list(all=True, filters={"label": f"{label}={run}"}) == [], run
+            assert docker_client.api.containers(all=True, filters={"label": f"{label}={run}"}) == [], run
             assert docker_client.networks.list(filters={"label": f"{label}={run}"}) == [], run
     finally:
         if proc.poll() is None:
             proc.kill()
         for run in runs:  # a failed run's leftovers must not disturb other tests
-            for c in docker_client.containers.list(all=True, filters={"label": f"{label}={run}"}):
-                c.remove(force=True)
+            for c in docker_client.api.containers(all=True, filters={"label": f"{label}={run}"}):
+                docker_client.api.remove_container(c["Id"], force=True)

@@ -232,8 +232,16 @@ def run_checks(ctx: CheckContext, checks: list[Check], *, workers: int = 8) -> l
 
     if workers <= 1 or len(checks) <= 1:
         return [one(c) for c in checks]
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="imgbuild-check") as pool:
-        return list(pool.map(one, checks))
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="imgbuild-check")
+    try:
+        results = list(pool.map(one, checks))
+    except BaseException:
+        # Ctrl-C or SIGTERM: drop the checks not started and do not wait here for the running ones (a command in the
+        # container may take its whole timeout); the caller removes the containers they run in, which ends them.
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
+    return results
 
 
 def _result(status: Status, expected: str, found: str, reason: str, details: dict[str, Any] | None) -> CheckResult:

@@ -28,6 +28,7 @@ from typing import Any
 import docker
 import docker.errors
 
+from imgbuild.core.errors import Interrupted
 from imgbuild.engine import ENGINE_ERRORS
 from imgbuild.engine.runprofile import RunSpec, without_memlock
 
@@ -35,6 +36,8 @@ LABEL = "io.imgbuild.verify"
 NAME_PREFIX = "imgbuild-verify-"
 EXEC_DIR = "/tmp/imgbuild-exec"  # where a command's output goes inside the container
 TAIL_LINES = 15
+# How long remove_all waits for a create that an interrupt cut short (sent, unanswered) before its second pass.
+TEARDOWN_GRACE_S = 1.0
 
 
 @dataclass
@@ -62,6 +65,8 @@ class Containers:
         self.names: list[str] = []
         self.networks: list[str] = []
         self._lock = threading.Lock()
+        self._closed = False  # remove_all has begun: no container of the run may be made after it
+        self._pending: set[str] = set()  # creates sent and not answered (an interrupt can land mid-request)
 
     @property
     def prefix(self) -> str:
@@ -75,6 +80,8 @@ class Containers:
         """The name of the run's container for `role` (recorded, so that it is removed even without an id)."""
         name = f"{self.prefix}-{role}"
         with self._lock:
+            if self._closed:  # another thread (the image scan) after an interrupt: it would outlive the teardown
+                raise Interrupted(f"{name}: not created, the run's containers are being removed")
             self.names.append(name)
         return name
 
@@ -89,7 +96,13 @@ class Containers:
     def create(self, image: str, command: list[str], role: str, *, spec: RunSpec | None = None, **options: Any) -> Any:
         """Create (not start) the container for `role` with the run profile `spec` and docker-py `options`."""
         kwargs = {**(spec.docker_py() if spec is not None else {}), **options}
-        return self.client.containers.create(image, command, name=self.name(role), labels=self.labels, **kwargs)
+        name = self.name(role)
+        with self._lock:
+            self._pending.add(name)
+        container = self.client.containers.create(image, command, name=name, labels=self.labels, **kwargs)
+        with self._lock:  # not in a finally: a create an interrupt cut short stays pending for remove_all
+            self._pending.discard(name)
+        return container
 
     def start(
         self,
@@ -208,22 +221,14 @@ class Containers:
 
     def remove_all(self) -> list[str]:
         """Remove every container and network of the run; what could not be removed (empty: all gone)."""
-        left = []
+        left: list[str] = []
         with self._lock:
-            names = list(self.names)
-        found: set[str] = set()
-        with contextlib.suppress(*ENGINE_ERRORS):
-            found = {c.name for c in self.client.containers.list(all=True, filters={"label": f"{LABEL}={self.run_id}"})}
-        for name in sorted(found | set(names)):
-            try:
-                self.client.api.remove_container(name, force=True, v=True)
-            except docker.errors.NotFound:
-                pass
-            except docker.errors.APIError as exc:
-                if "removal of container" not in str(exc):  # already being removed
-                    left.append(f"container {name}")
-            except ENGINE_ERRORS:
-                left.append(f"container {name}")
+            self._closed = True
+            names, pending = list(self.names), bool(self._pending)
+        self._remove_containers(names, left)
+        if pending:  # a create the engine was still answering makes its container after that pass: once more
+            time.sleep(TEARDOWN_GRACE_S)
+            self._remove_containers(names, left)
         nets: set[str] = set(self.networks)
         with contextlib.suppress(*ENGINE_ERRORS):
             nets |= {n.name for n in self.client.networks.list(filters={"label": f"{LABEL}={self.run_id}"})}
@@ -235,6 +240,28 @@ class Containers:
             except ENGINE_ERRORS:
                 left.append(f"network {net}")
         return left
+
+    def _remove_containers(self, names: list[str], left: list[str]) -> None:
+        """One pass: remove the run's containers, found by its label (the engine's raw list: no inspect of a container
+        that is being removed) and by the names given; what cannot be removed goes to `left` (once)."""
+        found: set[str] = set()
+        with contextlib.suppress(*ENGINE_ERRORS):
+            found = _names_of(self.client.api.containers(all=True, filters={"label": f"{LABEL}={self.run_id}"}))
+        for name in sorted(found | set(names)):
+            try:
+                self.client.api.remove_container(name, force=True, v=True)
+            except docker.errors.NotFound:
+                pass
+            except docker.errors.APIError as exc:
+                if "removal of container" not in str(exc) and f"container {name}" not in left:  # not already going
+                    left.append(f"container {name}")
+            except ENGINE_ERRORS:
+                if f"container {name}" not in left:
+                    left.append(f"container {name}")
+
+
+def _names_of(listed: list[dict[str, Any]]) -> set[str]:
+    return {str(c["Names"][0]).lstrip("/") for c in listed if c.get("Names")}
 
 
 def memlock_refused(exc: BaseException) -> str | None:

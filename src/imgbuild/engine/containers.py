@@ -221,14 +221,13 @@ class Containers:
 
     def remove_all(self) -> list[str]:
         """Remove every container and network of the run; what could not be removed (empty: all gone)."""
-        left: list[str] = []
         with self._lock:
             self._closed = True
             names, pending = list(self.names), bool(self._pending)
-        self._remove_containers(names, left)
+        left = self._remove_containers(names)
         if pending:  # a create the engine was still answering makes its container after that pass: once more
             time.sleep(TEARDOWN_GRACE_S)
-            self._remove_containers(names, left)
+            left = self._remove_containers(names)
         nets: set[str] = set(self.networks)
         with contextlib.suppress(*ENGINE_ERRORS):
             nets |= {n.name for n in self.client.networks.list(filters={"label": f"{LABEL}={self.run_id}"})}
@@ -241,27 +240,25 @@ class Containers:
                 left.append(f"network {net}")
         return left
 
-    def _remove_containers(self, names: list[str], left: list[str]) -> None:
+    def _remove_containers(self, names: list[str]) -> list[str]:
         """One pass: remove the run's containers, found by its label (the engine's raw list: no inspect of a container
-        that is being removed) and by the names given; what cannot be removed goes to `left` (once)."""
+        that is being removed) and by the names given; what could not be removed."""
         found: set[str] = set()
         with contextlib.suppress(*ENGINE_ERRORS):
-            found = _names_of(self.client.api.containers(all=True, filters={"label": f"{LABEL}={self.run_id}"}))
+            listed = self.client.api.containers(all=True, filters={"label": f"{LABEL}={self.run_id}"})
+            found = {str(c["Names"][0]).lstrip("/") for c in listed if c.get("Names")}
+        left = []
         for name in sorted(found | set(names)):
             try:
                 self.client.api.remove_container(name, force=True, v=True)
             except docker.errors.NotFound:
                 pass
             except docker.errors.APIError as exc:
-                if "removal of container" not in str(exc) and f"container {name}" not in left:  # not already going
+                if "removal of container" not in str(exc):  # already being removed
                     left.append(f"container {name}")
             except ENGINE_ERRORS:
-                if f"container {name}" not in left:
-                    left.append(f"container {name}")
-
-
-def _names_of(listed: list[dict[str, Any]]) -> set[str]:
-    return {str(c["Names"][0]).lstrip("/") for c in listed if c.get("Names")}
+                left.append(f"container {name}")
+        return left
 
 
 def memlock_refused(exc: BaseException) -> str | None:

@@ -15,7 +15,8 @@
 #
 # Environment:
 #   PYTHON                 interpreter to install into (default: python3)
-#   IMGBUILD_BASE_IMAGES   base images to ensure, space-separated (default: debian:bookworm-slim)
+#   IMGBUILD_BASE_IMAGES   base images to ensure, space-separated (default: debian:bookworm-slim debian:trixie-slim;
+#                          the debian-cuda recipe starts from trixie)
 #   IMGBUILD_SKIP_BASE=1   skip step 4
 #   IMGBUILD_ARM64_BASE_IMAGES  base images to ensure for linux/arm64 too, each as NAME-arm64 in the engine
 #                          (default: debian:bookworm-slim; the cpu recipe's arm64 build starts from it)
@@ -28,7 +29,7 @@ set -Eeuo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${PYTHON:-python3}"
-BASE_IMAGES="${IMGBUILD_BASE_IMAGES:-debian:bookworm-slim}"
+BASE_IMAGES="${IMGBUILD_BASE_IMAGES:-debian:bookworm-slim debian:trixie-slim}"
 DOCKERD_LOG="${DOCKERD_LOG:-/var/log/imgbuild-dockerd.log}"
 DOCKER_SOCK="/var/run/docker.sock"
 SDK_VENV="${IMGBUILD_SAGEMAKER_SDK_VENV:-/opt/imgbuild/sagemaker-sdk2}"

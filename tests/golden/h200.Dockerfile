@@ -36,6 +36,9 @@ ENV CURL_CA_BUNDLE="/run/secrets/imgbuild-ca.pem" \
     REQUESTS_CA_BUNDLE="/run/secrets/imgbuild-ca.pem" \
     SSL_CERT_FILE="/run/secrets/imgbuild-ca.pem"
 
+# A virtual environment for pip packages; it sees the distribution's (e.g. mpi4py) through system site-packages.
+RUN python3 -m venv --system-site-packages /opt/venv
+
 # EFA installer 1.50.0: downloaded and checked (signature) here, installed in the runtime stage.
 RUN --mount=type=secret,id=imgbuild-ca,target=/run/secrets/imgbuild-ca.pem,required=true \
     mkdir -p /opt/imgbuild-dist \
@@ -72,9 +75,6 @@ RUN --mount=type=secret,id=imgbuild-ca,target=/run/secrets/imgbuild-ca.pem,requi
  && make -C /tmp/gdrcopy-2.5.1 -j"$(nproc)" prefix=/opt/gdrcopy \
       libdir=/opt/gdrcopy/lib CUDA=/usr/local/cuda lib lib_install \
  && rm -rf /tmp/gdrcopy-2.5.1
-
-# A virtual environment for pip packages; it sees the distribution's (e.g. mpi4py) through system site-packages.
-RUN python3 -m venv --system-site-packages /opt/venv
 
 # NCCL 2.29.7 from the nvidia-nccl-cu13 wheel (= PyTorch 2.13.0's pin).
 RUN --mount=type=secret,id=imgbuild-ca,target=/run/secrets/imgbuild-ca.pem,required=true \

@@ -35,6 +35,9 @@ ENV CURL_CA_BUNDLE="/run/secrets/imgbuild-ca.pem" \
     REQUESTS_CA_BUNDLE="/run/secrets/imgbuild-ca.pem" \
     SSL_CERT_FILE="/run/secrets/imgbuild-ca.pem"
 
+# A virtual environment for pip packages; it sees the distribution's (e.g. mpi4py) through system site-packages.
+RUN python3 -m venv --system-site-packages /opt/venv
+
 # Open MPI 4.1.6 from its source release.
 RUN --mount=type=secret,id=imgbuild-ca,target=/run/secrets/imgbuild-ca.pem,required=true \
     curl -fsSL -o /tmp/openmpi-4.1.6.tar.bz2 https://download.open-mpi.org/release/open-mpi/v4.1/openmpi-4.1.6.tar.bz2 \
@@ -47,9 +50,6 @@ RUN --mount=type=secret,id=imgbuild-ca,target=/run/secrets/imgbuild-ca.pem,requi
  && make -j"$(nproc)" install \
  && cd / \
  && rm -rf /tmp/openmpi-4.1.6
-
-# A virtual environment for pip packages; it sees the distribution's (e.g. mpi4py) through system site-packages.
-RUN python3 -m venv --system-site-packages /opt/venv
 
 # NCCL 2.27.5 from the nvidia-nccl-cu12 wheel (recipe).
 # No lock content: requirement set nccl installs unhashed (`imgbuild lock` records its hashes).

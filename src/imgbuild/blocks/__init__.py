@@ -18,6 +18,7 @@ from typing import Any
 from imgbuild.blocks import (
     app,
     aws_ofi_nccl,
+    cuda,
     efa,
     gaudi,
     gdrcopy,
@@ -54,6 +55,7 @@ from imgbuild.blocks._core import (
 REGISTRY: tuple[Block, ...] = tuple(
     m.BLOCK
     for m in (
+        cuda,  # the target's toolkit (top-level `cuda:`): what the compiled parts build against
         efa,
         libfabric,
         hwloc,

@@ -94,6 +94,9 @@ class Contribution:
     # Shell commands run right after the runtime stage's apt-get install, in its RUN (sshd: remove the host keys the
     # package made, so no image carries keys).
     post_install: list[str] = field(default_factory=list)
+    # Distribution packages a dependency names that the image must not carry, each with why: both stages install an
+    # empty stand-in first (render.stub_packages_run), so apt never fetches the real one.
+    stub_packages: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -310,7 +313,8 @@ class Block:
                  each set's closure with hashes (pin.wheels: a later set holds what the earlier ones do not) and its
                  template installs a set with `pip_install(pip, ctx, name)` (--require-hashes --no-deps);
     requirements_stage  the stage its template installs its sets in: every builder-stage set installs before any
-                 runtime-stage one (the runtime copies the builder's venv first), whatever the registry's order.
+                 runtime-stage one (the runtime copies the builder's venv first), whatever the registry's order;
+    requirements_apart  its sets that install apart from the venv (`pip_install(..., target=DIR)`), resolved last;
     python_dists the Python distributions its pin puts in the image outside pip (a distribution's python3-mpi4py, a
                  base image's torch): name -> version. Requirement sets are resolved with them as constraints and
                  never install them again (pin.wheels), so a later set cannot replace them unseen;
@@ -338,6 +342,10 @@ class Block:
     downloads: Callable[[Pin, Context], list[str]] = lambda pin, ctx: []
     requirements: Callable[[Pin, Context], Mapping[str, list[str]]] = lambda pin, ctx: {}
     requirements_stage: Literal["builder", "runtime"] = "builder"
+    # its sets installed apart from the venv (pip --target: the CUDA toolkit's wheels, builder only): each is resolved
+    # after every other set with all of their pins as constraints (so it gets the versions the venv gets), holds its
+    # whole closure, and constrains no other set
+    requirements_apart: tuple[str, ...] = ()
     python_dists: Callable[[Pin], Mapping[str, str]] = lambda pin: {}
     context: Callable[[Pin, Context], list[tuple[str, bytes, int]]] = lambda pin, ctx: []
     top_level: bool = False

@@ -64,6 +64,8 @@ def contribute(pin: Pin, ctx: Context) -> Contribution:
     c = Contribution(name="openmpi")
     if pin.source == "distro":
         c.runtime_packages |= {"openmpi-bin"}
+        distro = compat.DISTRO.get(f"{ctx.resolved.recipe.os.family}{ctx.resolved.recipe.os.version}")
+        c.stub_packages |= dict(distro.openmpi_stubs) if distro else {}
     elif pin.source == "source":
         c.builder_packages |= {"curl", "ca-certificates", "build-essential", "bzip2"}
         c.path.append(f"{pin.details.prefix}/bin")

@@ -17,6 +17,8 @@ import re
 from dataclasses import replace
 from typing import Any, Literal
 
+from packaging.requirements import Requirement
+
 from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution
 from imgbuild.checks import CheckContext, Ran, check, compare, fail
 from imgbuild.checks.results import CheckResult
@@ -65,6 +67,8 @@ def resolve(t: PyTorch, rs: Resolution) -> Pin:
                 f"torch {t.version} wheels are built for CUDA {wheel.cuda}, the base has CUDA "
                 f"{cuda.version}: the major versions must match",
             )
+        if cuda.source == "wheel":
+            _toolkit_rule(t.version, wheel, cuda.version, rs)
         if not compat.torch_wheel_has_arch(t.version, wheel.cuda, p.gpu_arch):
             gpu = compat.ARCH[p.gpu_arch].gpu
             raise rs.fail(
@@ -82,6 +86,34 @@ def resolve(t: PyTorch, rs: Resolution) -> Pin:
         numpy=t.numpy,
     )
     return Pin(version=t.version, source="pip", origin=origin, details=details)
+
+
+def _toolkit_rule(version: str, wheel: compat.TorchWheel, toolkit: str, rs: Resolution) -> None:
+    """With CUDA's toolkit from wheels (`cuda.source: wheel`), what compiles in the builder must be the CUDA release the
+    image runs: the cuda-toolkit version torch's wheel requires."""
+    pinned = next(
+        (
+            str(s.version)
+            for r in wheel.cuda_wheels
+            if (q := Requirement(r)).name == "cuda-toolkit"
+            for s in q.specifier
+        ),
+        None,
+    )
+    if pinned is None:
+        raise rs.fail(
+            "cuda.source / components.pytorch.version",
+            f"torch {version}'s wheel requires no cuda-toolkit release (its CUDA wheels: "
+            f"{', '.join(wheel.cuda_wheels)}), so the toolkit wheels cannot be matched to it",
+            hint="use source: base",
+        )
+    if pinned != toolkit:
+        raise rs.fail(
+            "cuda.version / components.pytorch.version",
+            f"torch {version}'s wheel requires cuda-toolkit {pinned}; the toolkit wheels must be that release, "
+            f"got {toolkit}",
+            hint=f"cuda.version: {pinned}",
+        )
 
 
 def _wheel(version: str, machine: str, rs: Resolution) -> tuple[compat.TorchWheel, str]:

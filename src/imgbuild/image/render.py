@@ -14,7 +14,7 @@ import hashlib
 import os
 import shlex
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import TYPE_CHECKING, Any
@@ -37,7 +37,7 @@ from imgbuild.core.errors import RenderError
 from imgbuild.image.manifest import Manifest
 from imgbuild.pin import record
 from imgbuild.pin.lock import Lock
-from imgbuild.pin.resolver import TARGET_TAGS, Resolved
+from imgbuild.pin.resolver import Resolved
 from imgbuild.spec import compat
 from imgbuild.spec.recipe import Runtime
 
@@ -116,7 +116,15 @@ def set_file(ctx: Context, name: str) -> tuple[str, str]:
 
 
 def pip_install(
-    context: Any, pip: str, ctx: Context, name: str, env: str = "", *, build_env: str = "", mounts: Sequence[str] = ()
+    context: Any,
+    pip: str,
+    ctx: Context,
+    name: str,
+    env: str = "",
+    *,
+    build_env: str = "",
+    mounts: Sequence[str] = (),
+    target: str | None = None,
 ) -> str:
     """The RUN that installs requirement set `name` (of the block named by its first part) with `pip`: from the
     lock's hashes when the resolution has content (`--require-hashes --no-deps -r` the set's file: downloaded into
@@ -125,19 +133,21 @@ def pip_install(
     `--no-binary=NAME` builds NAME from its sdist with --no-build-isolation: its build requirements are a set of
     their own, installed (hashed) before it. `env` prefixes the download (the runtime stage's PIP_ENV),
     `build_env` the install (a source build's CFLAGS), `mounts` are the RUN's own besides the CA secret, the pip
-    cache and the requirements file. `context` is Jinja's (the environment's `run` and `sources_dir`)."""
+    cache and the requirements file; `target` installs into that folder (pip --target), apart from the venv (a set of
+    `Block.requirements_apart`). `context` is Jinja's (the environment's `run` and `sources_dir`)."""
     from imgbuild.pin.wheels import no_binary, requirement_lines
 
     specifiers = requirement_set(ctx, name)
     sources = no_binary(specifiers)
     options = f" --no-binary={','.join(sources)} --no-build-isolation" if sources else ""
+    into = f" --target {target}" if target is not None else ""  # install's alone: pip download has no --target
     run_, sources_dir = context["run"], context.get("sources_dir")
     download_env, install_env = (f"{e} " if e else "" for e in (env, build_env))
     if ctx.content is None:  # each requirement a shell word, one to a line when there are more than two
         words = [shlex.quote(r) for r in requirement_lines(specifiers)]
         head = f"# No lock content: requirement set {name} installs unhashed (`imgbuild lock` records its hashes).\n"
         download = f"{download_env}{pip} download --dest {WHEELHOUSE}{options}"
-        install = f"{install_env}{pip} install --no-index --find-links {WHEELHOUSE}{options}"
+        install = f"{install_env}{pip} install --no-index --find-links {WHEELHOUSE}{options}{into}"
         if len(words) <= 2:
             reqs = " ".join(words)
             return f"{head}{run_(CA_MOUNT, PIP_CACHE_MOUNT, *mounts)}{download} {reqs} \\\n && {install} {reqs}"
@@ -147,12 +157,12 @@ def pip_install(
     bind, file = set_file(ctx, name)
     hashed = f"--require-hashes --no-deps{options} -r {file}"
     if sources_dir:
-        install = f"{install_env}{pip} install --no-index --find-links {sources_dir}/wheels {hashed}"
+        install = f"{install_env}{pip} install --no-index --find-links {sources_dir}/wheels{into} {hashed}"
         return f"{run_(CA_MOUNT, PIP_CACHE_MOUNT, bind, *mounts)}{install}"
     return (
         f"{run_(CA_MOUNT, PIP_CACHE_MOUNT, bind, *mounts)}"
         f"{download_env}{pip} download --dest {WHEELHOUSE} {hashed} \\\n"
-        f" && {install_env}{pip} install --no-index --find-links {WHEELHOUSE} {hashed}"
+        f" && {install_env}{pip} install --no-index --find-links {WHEELHOUSE}{into} {hashed}"
     )
 
 
@@ -243,6 +253,37 @@ def apt_get_offline(base_ref: str) -> str:
     )
 
 
+# The version of an empty stand-in package: an epoch no archive version reaches, so apt never replaces it, and a name
+# that says what it is wherever the package list shows it (`imgbuild sbom`, dpkg -l).
+STUB_VERSION = "99:0+imgbuild.stub"
+
+
+def stub_packages_run(stubs: Mapping[str, str]) -> str:
+    """The RUN that installs an empty stand-in for each package of `stubs` (name -> why the image must not carry it,
+    `Contribution.stub_packages`) before a stage's apt-get, so that a dependency naming it is satisfied and apt never
+    fetches it: a package made by dpkg-deb from a control file alone, version STUB_VERSION, held. Empty when there
+    are none."""
+    if not stubs:
+        return ""
+    lines = ["# Empty stand-ins (dpkg-deb, version " + STUB_VERSION + ", held), never the real packages:"]
+    lines += [f"#   {name}: {why}" for name, why in sorted(stubs.items())]
+    steps = []
+    for name in sorted(stubs):
+        folder = f"/tmp/imgbuild-stub/{name}"
+        control = (
+            f"Package: {name}\\nVersion: {STUB_VERSION}\\nArchitecture: all\\nMaintainer: imgbuild\\n"
+            f"Description: empty stand-in for {name} (imgbuild keeps it out of the image)\\n"
+        )
+        steps += [
+            f"mkdir -p {folder}/DEBIAN",
+            f"printf '{control}' >{folder}/DEBIAN/control",
+            f"dpkg-deb --build {folder} {folder}.deb >/dev/null",
+            f"dpkg -i {folder}.deb",
+        ]
+    steps += [f"apt-mark hold {' '.join(sorted(stubs))}", "rm -rf /tmp/imgbuild-stub"]
+    return "\n".join(lines) + "\nRUN " + " \\\n && ".join(steps)
+
+
 def run_offline(*mounts: str) -> str:
     """`run` of an offline build: a RUN that would download (it mounts the CA secret) mounts the sources too."""
     return run(*mounts, *([SOURCES_MOUNT] if CA_MOUNT in mounts else []))
@@ -319,9 +360,11 @@ def _bytecode_cache() -> jinja2.BytecodeCache | None:
 
 
 @cache
-def environment(offline: bool = False) -> jinja2.Environment:
+def environment(offline: bool = False, local_files: frozenset[str] = frozenset()) -> jinja2.Environment:
     """The one Jinja environment: StrictUndefined, so a missing variable is an error, not an empty string.
-    jinja2 is imported here, not at the top: `show` and `run` need the image's references, not its templates."""
+    jinja2 is imported here, not at the top: `show` and `run` need the image's references, not its templates.
+    `offline`: everything from SOURCES_DIR (`build --sources`); `local_files`: the downloads (by file name) that
+    `--files` found, copied from SOURCES_DIR/files/ by `download`, the rest fetched as usual."""
     import jinja2
 
     env = jinja2.Environment(
@@ -356,10 +399,14 @@ def environment(offline: bool = False) -> jinja2.Environment:
 
     env.filters["shquote"] = shlex.quote
     env.globals.update(
-        run=run_offline if offline else run,
+        run=run_offline if offline or local_files else run,
         apt_get=apt_get_offline if offline else apt_get_online,
+        stub_packages_run=stub_packages_run,
         # offline builds: `download` copies SOURCES_DIR/files/<name>, pip installs from SOURCES_DIR/wheels
         sources_dir=SOURCES_DIR if offline else None,
+        # `--files`: these downloads (by file name) are copied from SOURCES_DIR/files/ too, the others fetched
+        local_files=local_files,
+        local_dir=SOURCES_DIR,
         ca_secret_id=CA_SECRET_ID,
         ca_mount=CA_MOUNT,
         pip_cache_mount=PIP_CACHE_MOUNT,
@@ -387,9 +434,9 @@ def lock_digest(resolved: Resolved) -> str:
 
 
 def readable_tag(resolved: Resolved) -> str:
-    """A tag a person can read: the versions that matter most for this target, ranked by the tags of the target's
-    own pins (resolver.TARGET_TAGS) and of the blocks (`Block.tag`)."""
-    specs = {**TARGET_TAGS, **{b.name: b.tag for b in REGISTRY if b.tag is not None}}
+    """A tag a person can read: the versions that matter most for this target, ranked by the blocks' `Block.tag`s
+    (gaudi 1, pt 2, cuda 3, nccl 4, ofi 5, efa 6, ompi 7)."""
+    specs = {b.name: b.tag for b in REGISTRY if b.tag is not None}
     ranked = [(spec, resolved.version(name)) for name, spec in specs.items()]
     parts = [f"{short}{version}" for (_, short), version in sorted(ranked) if version]
     return "-".join(parts) or "latest"
@@ -410,11 +457,17 @@ def contributions(resolved: Resolved, arch: str | None = None) -> tuple[Context,
 
 
 def plan(
-    resolved: Resolved, provenance: Provenance | None = None, *, offline: bool = False, arch: str | None = None
+    resolved: Resolved,
+    provenance: Provenance | None = None,
+    *,
+    offline: bool = False,
+    arch: str | None = None,
+    local_files: Iterable[str] = (),
 ) -> BuildPlan:
     """Render the Dockerfile and the context files of a resolved recipe (`provenance`: its source and revision
     labels, when the caller knows them; `offline`: for a build from a sources folder with no network, SOURCES_DIR;
-    `arch`: which of the recipe's architectures, default its first)."""
+    `arch`: which of the recipe's architectures, default its first; `local_files`: the file names of the downloads
+    a `--files` folder holds, copied from the context's SOURCES_CONTEXT/files/ rather than fetched)."""
     import jinja2
 
     arch = check_arch(resolved, arch)
@@ -429,10 +482,11 @@ def plan(
     if runtime_pkgs:
         apt.setdefault(resolved.base_ref, set()).update(runtime_pkgs)
     try:
-        files = _files(resolved, ctx, contribs, manifest, offline)
+        env = environment(offline, frozenset(local_files))
+        files = _files(resolved, ctx, contribs, manifest, env)
         if offline:
             files += [ContextFile(path, text.encode()) for ref in apt for path, text in offline_apt_files(ref)]
-        dockerfile = _dockerfile(resolved, ctx, contribs, labels, offline)
+        dockerfile = _dockerfile(resolved, ctx, contribs, labels, env)
     except jinja2.TemplateError as exc:
         where = f"{exc.filename}:{exc.lineno}" if isinstance(exc, jinja2.TemplateSyntaxError) else "template"
         raise RenderError(f"rendering {resolved.name} failed in {where}: {exc}") from None
@@ -454,7 +508,7 @@ def plan(
     )
 
 
-def _fragments(resolved: Resolved, ctx: Context, offline: bool = False) -> dict[str, dict[str, str]]:
+def _fragments(resolved: Resolved, ctx: Context, env: jinja2.Environment | None = None) -> dict[str, dict[str, str]]:
     """Each pinned block's rendered `builder` and `runtime` fragments; a source mode that should render and
     renders nothing (or a mode the block doesn't declare) is an error, never an empty layer."""
     import jinja2
@@ -472,7 +526,7 @@ def _fragments(resolved: Resolved, ctx: Context, offline: bool = False) -> dict[
                 f"(it has: {', '.join(block.modes)})"
             )
         try:
-            module = environment(offline).get_template(block.template).module
+            module = (env or environment()).get_template(block.template).module
         except jinja2.TemplateNotFound:
             module = None
         texts = {}
@@ -508,17 +562,21 @@ def stage_packages(resolved: Resolved, contribs: dict[str, Contribution]) -> tup
 
 
 def _dockerfile(
-    resolved: Resolved, ctx: Context, contribs: dict[str, Contribution], labels: dict[str, str], offline: bool = False
+    resolved: Resolved,
+    ctx: Context,
+    contribs: dict[str, Contribution],
+    labels: dict[str, str],
+    env: jinja2.Environment | None = None,
 ) -> str:
     r = resolved.recipe
-    fragments = _fragments(resolved, ctx, offline)
+    fragments = _fragments(resolved, ctx, env)
     builder = [f for name in builder_order() if (f := fragments.get(name, {}).get("builder"))]
     runtime = [f for name in runtime_order() if (f := fragments.get(name, {}).get("runtime"))]
     final = [f for name in runtime_order() if (f := fragments.get(name, {}).get("final"))]
     builder_pkgs, runtime_pkgs = stage_packages(resolved, contribs)
     env_paths, recipe_env = image_env(resolved, contribs)
     return (
-        environment(offline)
+        (env or environment())
         .get_template("Dockerfile.j2")
         .render(
             resolved=resolved,
@@ -536,6 +594,7 @@ def _dockerfile(
             pinned=lambda ref: pinned_ref(resolved, ref, ctx.arch),
             builder_env={**CA_ENV, **PIP_QUIET},
             post_install=[line for name in runtime_order() if name in contribs for line in contribs[name].post_install],
+            stubs={k: v for c in contribs.values() for k, v in c.stub_packages.items()},
         )
     )
 
@@ -717,7 +776,11 @@ def runtime_profile(runtime: Runtime, contribs: dict[str, Contribution]) -> Runt
 
 
 def _files(
-    resolved: Resolved, ctx: Context, contribs: dict[str, Contribution], manifest: Manifest, offline: bool = False
+    resolved: Resolved,
+    ctx: Context,
+    contribs: dict[str, Contribution],
+    manifest: Manifest,
+    env: jinja2.Environment | None = None,
 ) -> list[ContextFile]:
     """The context files: the manifest, the entrypoint (static; it runs the hooks blocks put in
     paths.ENTRYPOINT_D), and each block's `files` (templates rendered, static files as they are) and `data`."""
@@ -728,7 +791,7 @@ def _files(
         ContextFile("imgbuild/imgbuild-entrypoint", entrypoint, 0o755),
         *requirement_files(ctx),
     ]
-    env = environment(offline)
+    env = env or environment()
     variables = {"r": r, "ctx": ctx, "pins": pins, "manifest": manifest}
     for block in REGISTRY:
         if block.name not in pins:

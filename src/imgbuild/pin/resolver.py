@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from packaging.version import Version
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from imgbuild.blocks import BY_NAME, Details, Pin, Resolution, resolve_order
@@ -28,21 +27,11 @@ class BaseImageDetails(Details):
     builder: str | None = None  # IMAGE:builder_tag
 
 
-class CudaDetails(Details):
-    """The `cuda` pin (the target's CUDA, from its base image): `prefix` is CUDA_HOME."""
-
-    gpu_arch: str
-    gencode: str  # nvcc's -gencode flags for gpu_arch
-
-
-TARGET_DETAILS: dict[str, type[Details]] = {"base": BaseImageDetails, "cuda": CudaDetails}
-# The target's own pins in the readable image tag: (rank, short name), ranked with the blocks' `Block.tag`s
-# (gaudi 1, pt 2, cuda 3, nccl 4, ofi 5, efa 6, ompi 7).
-TARGET_TAGS: dict[str, tuple[int, str]] = {"cuda": (3, "cuda")}
+TARGET_DETAILS: dict[str, type[Details]] = {"base": BaseImageDetails}
 
 
 def details_model(name: str) -> type[Details]:
-    """The details model of pin `name`: its block's, or the target's own (base, cuda)."""
+    """The details model of pin `name`: its block's, or the target's own (base)."""
     block = BY_NAME.get(name)
     return block.details if block is not None else TARGET_DETAILS.get(name, Details)
 
@@ -124,7 +113,6 @@ def resolve(loaded: LoadedRecipe, *, lookup_torch: TorchLookup | None = index_lo
     """Pin and check a loaded recipe. Raises ResolveError naming the file, the keys and the conflict."""
     rs = Resolution(loaded.recipe, loaded.path, lookup_torch)
     base_ref = _base(rs)
-    _platform(rs)
     for name in resolve_order():
         block = BY_NAME[name]
         options = rs.options(name)
@@ -141,10 +129,6 @@ def resolve(loaded: LoadedRecipe, *, lookup_torch: TorchLookup | None = index_lo
         pins=dict(sorted(rs.pins.items())),
         warnings=tuple(rs.warnings),
     )
-
-
-def _major(version: str) -> int:
-    return int(version.split(".")[0])
 
 
 def _base(rs: Resolution) -> str:
@@ -165,23 +149,3 @@ def _base(rs: Resolution) -> str:
     details = BaseImageDetails(image=b.image, builder=f"{b.image}:{b.builder_tag}" if b.builder_tag else None)
     rs.pins["base"] = Pin(version=b.digest or b.tag, source="image", origin="recipe", details=details)
     return ref
-
-
-def _platform(rs: Resolution) -> None:
-    p, cuda = rs.recipe.platform, rs.recipe.cuda
-    if p.accelerator != "nvidia":
-        if cuda is not None:
-            raise rs.fail("cuda", f"only nvidia platforms take cuda, this one is '{p.accelerator}'")
-        return
-    assert cuda is not None and p.gpu_arch is not None  # the schema guarantees both
-    arch = compat.ARCH[p.gpu_arch]
-    if Version(cuda.version) < Version(arch.min_cuda):
-        raise rs.fail("cuda.version", f"{p.gpu_arch} ({arch.gpu}) needs CUDA >= {arch.min_cuda}, got {cuda.version}")
-    if arch.max_cuda_major is not None and _major(cuda.version) > arch.max_cuda_major:
-        raise rs.fail(
-            "cuda.version / platform.gpu_arch",
-            f"{p.gpu_arch} ({arch.gpu}) needs CUDA <= {arch.max_cuda_major}.x, got {cuda.version} "
-            f"(CUDA 13 dropped sm_70 and everything below sm_75)",
-        )
-    details = CudaDetails(prefix=cuda.home, gpu_arch=p.gpu_arch, gencode=compat.gencode(p.gpu_arch))
-    rs.pins["cuda"] = Pin(version=cuda.version, source="base", origin="recipe", details=details)

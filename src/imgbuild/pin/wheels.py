@@ -150,6 +150,15 @@ def install_order(names: Sequence[str]) -> list[str]:
     return sorted(names, key=stage)
 
 
+def apart(name: str) -> bool:
+    """Whether requirement set `name` installs apart from the venv (`Block.requirements_apart`): resolved after the
+    others, constrained by all of them, whole."""
+    from imgbuild.blocks import BY_NAME
+
+    block = BY_NAME.get(name.split("/")[0])
+    return block is not None and name in block.requirements_apart
+
+
 def compile_sets(
     sets: Mapping[str, Sequence[str]],
     resolved: Resolved,
@@ -209,7 +218,8 @@ def _compile_arch(
     pinned: dict[str, tuple[str, str]] = dict(provided(resolved))
     with tempfile.TemporaryDirectory(prefix="imgbuild-wheels-") as tmp:
         folder = Path(tmp)
-        for name in install_order(list(sets)):
+        ordered = install_order(list(sets))
+        for name in [n for n in ordered if not apart(n)] + [n for n in ordered if apart(n)]:
             versions = {n: v for n, (v, _) in pinned.items()}
             found: dict[str, tuple[str, str]] = {}
             try:
@@ -221,10 +231,13 @@ def _compile_arch(
                 raise _replaced(
                     exc, uv, folder, resolved.name, name, sets[name], pinned, python, platform, offline
                 ) from exc
-            mine = tuple(r for r in closure if r.name not in pinned)
+            if apart(name):  # installed apart from the venv: its whole closure, pinning nothing for the others
+                mine = tuple(closure)
+            else:
+                mine = tuple(r for r in closure if r.name not in pinned)
+                for r in mine:
+                    pinned[r.name] = (r.version, f"requirement set {name}")
             yanked.update(Yank(name, r.name, r.version, found[r.name][1]) for r in mine if r.name in found)
-            for r in mine:
-                pinned[r.name] = (r.version, f"requirement set {name}")
             out[name] = mine
     return out
 

@@ -8,7 +8,8 @@ source; the resolver treats them as facts, so correct them here when a source sa
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from packaging.version import InvalidVersion, Version
 
@@ -275,6 +276,33 @@ PLUGIN_TESTED_LIBFABRIC: dict[str, str] = {
     "1.21.1": "2.6.0amzn1.0",
 }
 
+# NCCL series -> the net-plugin API versions it looks for in a net plugin (libnccl-net*.so), newest first as NCCL tries
+# them: the `ncclNetPlugin_vN` symbols it dlsym()s. Read from NVIDIA/nccl at every release tag from v2.17.1-1 to
+# v2.30.7-1: src/net.cc up to 2.25 (the dlsym chain), src/plugin/net/net_vN.cc from 2.26 (one file per version, listed
+# in src/plugin/net.cc's getNcclNet table). Every release of a series looks for the same versions. A plugin NCCL can
+# load exports at least one of them (aws-ofi-nccl 1.21.1 exports v6 to v12).
+NCCL_NET_PLUGIN_API: dict[str, tuple[int, ...]] = {
+    "2.17": (6, 5, 4),
+    "2.18": (6, 5, 4),
+    "2.19": (7, 6, 5),
+    "2.20": (8, 7, 6, 5),
+    "2.21": (8, 7, 6, 5),
+    "2.22": (8, 7, 6, 5),
+    "2.23": (8, 7, 6, 5),
+    "2.24": (9, 8, 7, 6, 5),
+    "2.25": (9, 8, 7, 6, 5),
+    "2.26": (10, 9, 8, 7, 6),
+    "2.27": (10, 9, 8, 7, 6),
+    "2.28": (11, 10, 9, 8, 7, 6),
+    "2.29": (11, 10, 9, 8, 7, 6),
+    "2.30": (12, 11, 10, 9, 8, 7, 6),
+}
+
+
+def net_plugin_api(nccl: str) -> tuple[int, ...] | None:
+    """The net-plugin API versions NCCL `nccl` looks for, newest first (None: its series is not in the table)."""
+    return NCCL_NET_PLUGIN_API.get(".".join(nccl.split(".")[:2]))
+
 
 def same_version(a: str, b: str) -> bool:
     """Whether two version strings name one release: equal by PEP 440 (2.27.5 and 2.27.5.0, +cu128 kept), or by
@@ -351,7 +379,16 @@ class Distro:
     # The C library (libc6: Debian 12 2.36-9, Ubuntu 22.04 2.35-0ubuntu3, Ubuntu 24.04 2.39-0ubuntu8): the newest
     # manylinux_2_XX wheel tag the release runs, the platform `imgbuild lock` resolves wheels for (pin.wheels).
     glibc: str
+    # Packages the release's Open MPI depends on that an image must not carry, each with why: the image gets an empty
+    # stand-in instead (render's stub_packages). Debian 13's libopenmpi40 depends on libucx0, which pulls in ROCm
+    # (libamdhip64-5, libhsa-runtime64-1, LLVM 17: about 235 MB); Open MPI runs ob1/ofi in these images, never UCX.
+    openmpi_stubs: Mapping[str, str] = field(default_factory=dict)
 
+
+UCX_STUB = (
+    "libopenmpi40 depends on it and it pulls in ROCm (libamdhip64-5, libhsa-runtime64-1, LLVM 17: about 235 MB); "
+    "Open MPI runs ob1/ofi here, never its UCX components"
+)
 
 DISTRO: dict[str, Distro] = {
     "debian12": Distro(openmpi="4.1.4", libfabric="1.17.0", python="3.11", mpi4py="3.1.4", hwloc="2.9.0", glibc="2.36"),
@@ -360,6 +397,17 @@ DISTRO: dict[str, Distro] = {
     ),
     "ubuntu24.04": Distro(
         openmpi="4.1.6", libfabric="1.17.0", python="3.12", mpi4py="3.1.5", hwloc="2.10.0", glibc="2.39"
+    ),
+    # Debian 13 (trixie): openmpi-bin 5.0.7-1 (libopenmpi40), libfabric1 2.1.0-1.1 (the efa provider built in),
+    # python3 3.13.5-1, python3-mpi4py 4.0.3-4, libhwloc15 2.12.0-4, libc6 2.41-12 (apt-cache policy, 2026-11-26).
+    "debian13": Distro(
+        openmpi="5.0.7",
+        libfabric="2.1.0",
+        python="3.13",
+        mpi4py="4.0.3",
+        hwloc="2.12.0",
+        glibc="2.41",
+        openmpi_stubs={"libucx0": UCX_STUB},
     ),
 }
 
@@ -389,6 +437,9 @@ GDRCOPY_MIN_FOR_PLUGIN: dict[str, str] = {"1.21": "2.5"}
 # CPU architectures (the recipe's platform.arch, Docker's names) and what each is called elsewhere: `uname -m`, the
 # machine in wheel tags and markers (x86_64, aarch64); Debian's multiarch triplet names library directories.
 MACHINE: dict[str, str] = {"amd64": "x86_64", "arm64": "aarch64"}
+# CUDA's target directory of each architecture (CUDA_HOME/targets/<it>/{include,lib}, what nvcc.profile's
+# _TARGET_DIR_ names): ARM servers are "sbsa" (Server Base System Architecture), not aarch64-linux (Jetson's).
+CUDA_TARGET: dict[str, str] = {"amd64": "x86_64-linux", "arm64": "sbsa-linux"}
 DEFAULT_ARCH = "amd64"
 
 
@@ -476,6 +527,7 @@ TABLES: dict[str, TableSource] = {
     "TORCH": TableSource("each release's wheel METADATA on the package index", "2026-11"),
     "PLUGIN_TESTED_NCCL": TableSource("aws/aws-ofi-nccl RELEASENOTES.md", "2026-11"),
     "PLUGIN_TESTED_LIBFABRIC": TableSource("aws/aws-ofi-nccl RELEASENOTES.md", "2026-11"),
+    "NCCL_NET_PLUGIN_API": TableSource("NVIDIA/nccl src/net.cc, src/plugin/net/net_v*.cc at each release tag", "2026-11"),
     "EFA": TableSource("the AWS EFA installer changelog", "2026-11"),
     "NCCL_TESTS_RELEASES": TableSource("NVIDIA/nccl-tests tags", "2026-11"),
     "GDRCOPY_RELEASES": TableSource("the release the shipped recipes pin (NVIDIA/gdrcopy tags not read)", None),

@@ -30,11 +30,11 @@ from pydantic import (
 )
 
 from imgbuild.blocks.app import App  # the user's layer (`app:`): the options of the block of that name
+from imgbuild.blocks.cuda import Cuda  # the target's CUDA toolkit (`cuda:`): the options of the block of that name
 from imgbuild.core import files, paths
 from imgbuild.core.errors import RecipeError
 from imgbuild.core.paths import display
 from imgbuild.spec.schema import (
-    AbsPath,
     Capability,
     Command,
     DebPackage,
@@ -48,7 +48,6 @@ from imgbuild.spec.schema import (
     Strict,
     Text,
     matching,
-    pin_validator,
 )
 
 # --------------------------------------------------------------------------------------------------------------
@@ -114,14 +113,6 @@ class Platform(Strict):
     gpu_arch: Literal["sm_70", "sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_100"] | None = None
     instance_types: tuple[InstanceType, ...] = ()
     devices_per_node: int = Field(1, ge=1, le=64)
-
-
-class Cuda(Strict):
-    """The CUDA toolkit in the base image (nvidia/cuda devel images)."""
-
-    version: str
-    home: AbsPath = "/usr/local/cuda"
-    _pin = pin_validator("version")
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from imgbuild.blocks import REGISTRY, context_for
 from imgbuild.core.errors import LockError
 from imgbuild.image import render
 from imgbuild.pin import record
-from imgbuild.pin.content import Content, Download, Requirement
+from imgbuild.pin.content import Content, Download, Requirement, download_name
 from imgbuild.pin.resolver import Resolved, resolve
 from imgbuild.spec import recipe
 from test_checksums import Server
@@ -30,11 +30,51 @@ URL = "https://example.org/releases/x-1.0.tar.bz2"
 SHA = "ab" * 32
 
 
-def build_module(sources_dir: str | None = None):
+def build_module(sources_dir: str | None = None, local_files: frozenset[str] = frozenset()):
     """`_build.j2`'s macros, from an environment of their own (the shared one is cached: never changed here)."""
-    env = render.environment.__wrapped__()
+    env = render.environment.__wrapped__(local_files=local_files)
     env.globals["sources_dir"] = sources_dir
     return env.get_template("blocks/_build.j2").module
+
+
+@pytest.mark.parametrize(
+    ("url", "name"),
+    [
+        # GitHub's archive of a tag: named as its Content-Disposition names it (and ../shared/data/sources its files)
+        ("https://github.com/NVIDIA/nccl-tests/archive/refs/tags/v2.18.3.tar.gz", "nccl-tests-2.18.3.tar.gz"),
+        ("https://github.com/aws/aws-ofi-nccl/archive/refs/tags/v1.21.1.tar.gz", "aws-ofi-nccl-1.21.1.tar.gz"),
+        ("https://github.com/NVIDIA/nccl/archive/refs/tags/v2.27.5-1.tar.gz", "nccl-2.27.5-1.tar.gz"),
+        ("https://github.com/NVIDIA/gdrcopy/archive/v2.5.1.tar.gz", "gdrcopy-2.5.1.tar.gz"),  # Spack's form
+        ("https://github.com/o/r/archive/refs/tags/2.0.zip", "r-2.0.zip"),  # no `v`: nothing dropped
+        ("https://github.com/o/r/archive/refs/tags/version-2.tar.gz", "r-version-2.tar.gz"),
+        # anything else: its last path part
+        ("https://github.com/aws/aws-ofi-nccl/releases/download/v1.21.1/aws-ofi-nccl-1.21.1.tar.gz",
+         "aws-ofi-nccl-1.21.1.tar.gz"),
+        ("https://download.open-mpi.org/release/open-mpi/v4.1/openmpi-4.1.6.tar.bz2", "openmpi-4.1.6.tar.bz2"),
+        ("https://efa-installer.amazonaws.com/aws-efa-installer.key", "aws-efa-installer.key"),
+        ("https://github.com/o/r/archive/main.tar.gz.sig", "main.tar.gz.sig"),
+    ],
+)  # fmt: skip
+def test_one_rule_names_every_download(url: str, name: str) -> None:
+    assert download_name(url) == name
+    assert Download(url=url, sha256=None, origin="o").filename == name
+
+
+def test_a_tag_archive_is_saved_under_its_github_name() -> None:
+    url = "https://github.com/NVIDIA/gdrcopy/archive/refs/tags/v2.5.1.tar.gz"
+    text = str(build_module().download(url, Download(url=url, sha256=SHA, origin="o")))
+    assert text.startswith(f"curl -fsSL -o /tmp/gdrcopy-2.5.1.tar.gz {url} \\\n")
+    assert "tar -xzf /tmp/gdrcopy-2.5.1.tar.gz -C /tmp" in text
+
+
+def test_a_download_the_files_folder_holds_is_copied_the_others_fetched() -> None:
+    build = build_module(local_files=frozenset({"x-1.0.tar.bz2"}))
+    text = str(build.download(URL, Download(url=URL, sha256=SHA, origin="o")))
+    assert text.startswith("cp /imgbuild-sources/files/x-1.0.tar.bz2 /tmp/x-1.0.tar.bz2 \\\n")
+    assert "curl" not in text and f'!= "{SHA}"' in text  # still checked in the RUN
+    other = "https://example.org/releases/y-2.0.tar.gz"
+    text = str(build.download(other, Download(url=other, sha256=SHA, origin="o")))
+    assert text.startswith(f"curl -fsSL -o /tmp/y-2.0.tar.gz {other}")
 
 
 def test_a_recorded_sha256_is_checked_before_unpacking() -> None:
@@ -98,7 +138,7 @@ def test_every_download_of_a_locked_recipe_is_checked(name: str) -> None:
     dockerfile = render.plan(resolved).dockerfile
     assert "is not checked by sha256" not in dockerfile
     for url, sha in shas.items():
-        name_ = url.rsplit("/", 1)[-1]
+        name_ = download_name(url)
         assert f"curl -fsSL -o /tmp/{name_} {url}" in dockerfile or f"/{name_} {url}" in dockerfile
         assert f'!= "{sha}" ]; then echo "imgbuild: {name_}: sha256 expected {sha}, found ${{found}}"' in dockerfile
     # The RUNs that download, linted on their own (other steps of the image are test_render's to lint).

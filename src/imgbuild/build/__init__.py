@@ -169,6 +169,7 @@ def build(
     builder: builders.Builder | None = None,
     sources: Path | None = None,
     arch: str | None = None,
+    files: Path | None = None,
 ) -> BuildResult:
     """Build a recipe's image with BuildKit on the engine DOCKER_HOST (or the docker context, or the local socket)
     names. `builder_name` (--builder / IMGBUILD_BUILDER) picks a buildx builder; `cache_from` / `cache_to` are
@@ -176,14 +177,22 @@ def build(
     wrote: checked, then built from alone with the build's network off (imgbuild.build.sources). `arch`: which of the
     recipe's platform.arch to build (default its first; `--platform linux/arm64`), tagged `render.tags` gives
     (`lock-<12 hex>-arm64` for an architecture other than the first); another architecture than this machine's runs
-    under QEMU (`arch_problems`)."""
+    under QEMU (`arch_problems`). `files` (--files / IMGBUILD_FILES): a folder consulted before the network for every
+    download, each file it holds checked against the lock's sha256 before anything else (not with `sources`, which
+    holds every download already)."""
     logs = log_folder(log_dir)  # first: a state folder that cannot hold the log fails before any other work
     for cache_ref in cache_from or []:
         builders.check_cache_ref(cache_ref, "--cache-from")
     if cache_to:
         builders.check_cache_ref(cache_to, "--cache-to")
     loaded, resolved = lock.for_ref(ref)  # a recipe without a lock is refused: no image from unpinned content
-    plan = render.plan(resolved, provenance.of(loaded), offline=sources is not None, arch=arch)
+    found: dict[str, Path] = {}
+    if files is not None and sources is None:
+        from imgbuild.build.sources import local_downloads
+
+        say = progress.console.print if progress is not None else print
+        found = local_downloads(files, resolved.content, say=say)  # before any engine work: nothing tagged
+    plan = render.plan(resolved, provenance.of(loaded), offline=sources is not None, arch=arch, local_files=found)
     if sources is not None:
         from imgbuild.build import sources as fetched
 
@@ -212,6 +221,10 @@ def build(
                 dockercontext.write(plan, folder)  # only what the Dockerfile copies; the CA bundle is the secret
                 if sources is not None:
                     fetched.stage(sources, index, folder)
+                if found:
+                    from imgbuild.build.sources import stage_files
+
+                    stage_files(found, folder)
                 outcome = builders.build(
                     chosen,
                     client,

@@ -542,11 +542,61 @@ def stage(folder: Path, index: Index, context: Path) -> None:
     for rel in index.files:
         if rel.startswith(("base/", f"{LISTS}/")):  # loaded, or read by check_debs: never built from
             continue
-        source, dest = entry(folder, rel), userfiles.inside(root, root / rel)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(source, dest)
-        except OSError:
-            shutil.copy2(source, dest)
+        _link(entry(folder, rel), userfiles.inside(root, root / rel))
     with contextlib.suppress(FileExistsError):
         (root / "apt" / "none").mkdir(parents=True)
+
+
+def _link(source: Path, dest: Path) -> None:
+    """`source` at `dest` in a build context: hard-linked where the file system allows, else copied."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(source, dest)
+    except OSError:
+        shutil.copy2(source, dest)
+
+
+# ---- a local folder of downloads (`--files DIR`: a corporate mirror, CI's copy of the sources)
+#
+# Consulted before the network for every download of the recipe, found by file name (`record.local_copy`). What it
+# holds goes the way a sources folder's files/ goes: into the context's SOURCES_CONTEXT/files/, bind-mounted by the
+# RUNs that download, where `_build.j2`'s `download` copies it instead of fetching it (the Jinja global
+# `local_files`), and checks its sha256 again. Downloads it lacks are fetched from the network as before.
+
+
+def local_downloads(folder: Path, content: Content | None, say: Say = print) -> dict[str, Path]:
+    """The downloads of the lock's `content` that `folder` holds: file name -> its path, each checked against the
+    lock's sha256 first. A mismatch is a ContentError naming the file, the URL and both hashes (before any build:
+    nothing is built, tagged or written). A download the lock has no sha256 for (nobody could establish one) is used
+    unchecked, saying so, as the network's copy would be."""
+    from imgbuild.pin.record import local_copy
+
+    if content is None:
+        raise UsageError("--files: the files are checked against the lock's sha256s, and this recipe has no lock")
+    found: dict[str, Path] = {}
+    for url, download in content.downloads.items():
+        path = local_copy(folder, url)
+        if path is None:
+            continue
+        if download.sha256 is None:
+            say(f"imgbuild: warning: --files {folder}: {path.name}: the lock has no sha256 for {url} "
+                f"({download.origin}); used unchecked")  # fmt: skip
+        else:
+            sha = sha256_file(path)
+            if sha != download.sha256:
+                raise ContentError(
+                    f"--files {folder}: {path.name}: sha256 expected {download.sha256} (the lock's, for {url}), "
+                    f"found {sha}",
+                    hint=f"put the file the lock names in {folder} (or remove it to download {url}), or relock "
+                    "with `imgbuild lock --files` if the lock is what is wrong",
+                )
+        found[download.filename] = path
+    return found
+
+
+def stage_files(found: dict[str, Path], context: Path) -> None:
+    """The downloads `local_downloads` found, into the build context's SOURCES_CONTEXT/files/ (where `download` copies
+    them from)."""
+    root = context / render.SOURCES_CONTEXT
+    for name, path in found.items():
+        _link(path, userfiles.inside(root, root / "files" / name))

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from imgbuild.cli.console import RecipeArg, err, handled, out, platform_arch, print_json, resolved
+from imgbuild.cli.console import FilesOption, RecipeArg, err, handled, out, platform_arch, print_json, resolved
 from imgbuild.core.interrupts import terminable
 
 base_app = typer.Typer(help="Base images built offline from a Debian or Ubuntu archive.", no_args_is_help=True)
@@ -147,6 +147,7 @@ def build_(
             "<tag>-<arch>, e.g. imgbuild/cpu:lock-<12 hex>-arm64.",
         ),
     ] = None,
+    files: FilesOption = None,
 ) -> None:
     """Build a recipe's image with BuildKit on the Docker engine (DOCKER_HOST, a docker context, or the local
     socket); `imgbuild doctor` says which builder is used and why."""
@@ -167,6 +168,7 @@ def build_(
         cache_to=cache_to,
         sources=sources,
         arch=platform,
+        files=files,
     )
     for w in result.warnings:
         err().print(f"imgbuild: warning: {w}", markup=False)

@@ -11,6 +11,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TextIO, TypeVar
 
 import typer
@@ -26,6 +27,23 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 
 RecipeArg = Annotated[str, typer.Argument(help="A shipped recipe's name (see `imgbuild list`) or a YAML file.")]
+# --files DIR of `build`, `lock` and `render`: a local folder of downloads (a corporate mirror, CI's copy), consulted
+# before the network; a DIR that is not a readable folder is a usage error (exit 2) naming the option.
+FilesOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--files",
+        envvar="IMGBUILD_FILES",
+        exists=True,
+        file_okay=False,
+        dir_okay=True,
+        readable=True,
+        help="A local folder consulted before the network for every file the recipe downloads (tarballs, not "
+        "wheels or packages), found by its file name (GitHub's archive of tag vX.Y as REPO-X.Y.tar.gz): `lock` "
+        "hashes it from the file; `build` checks it against the lock's sha256 first (a mismatch is exit 16) and "
+        "copies it into the build instead of downloading it. Not consulted with --sources.",
+    ),
+]
 
 
 def platform_arch(value: str | None) -> str | None:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from imgbuild.cli.console import RecipeArg, err, handled, out, platform_arch, print_json, resolved, warn
+from imgbuild.cli.console import FilesOption, RecipeArg, err, handled, out, platform_arch, print_json, resolved, warn
 from imgbuild.core.interrupts import terminable
 
 if TYPE_CHECKING:
@@ -127,6 +127,7 @@ def render_(
             "only, no digests or hashes (no --require-hashes), tags unlocked-<hash>. `build` takes none of it.",
         ),
     ] = False,
+    files: FilesOption = None,
 ) -> None:
     """Render a recipe's Dockerfile from its lock (to stdout, or with its build context into a folder); a recipe
     without a lock is exit 4 (or --unlocked)."""
@@ -145,7 +146,12 @@ def render_(
         )
     else:
         loaded, res = resolved(ref)
-    plan = render.plan(res, provenance.of(loaded), arch=platform)
+    found: dict[str, Path] = {}
+    if files is not None:
+        from imgbuild.build.sources import local_downloads
+
+        found = local_downloads(files, res.content, say=lambda line: err().print(line, markup=False))
+    plan = render.plan(res, provenance.of(loaded), arch=platform, local_files=found)
     warn(res)
     if output is None:
         sys.stdout.write(plan.dockerfile)
@@ -153,6 +159,10 @@ def render_(
     from imgbuild.build import dockercontext
 
     dockercontext.write(plan, output)
+    if found:
+        from imgbuild.build.sources import stage_files
+
+        stage_files(found, output)
     err().print(f"wrote {output}/Dockerfile and {len(plan.files)} context files", markup=False)
 
 
@@ -190,6 +200,7 @@ def lock_(
             "newest release that fits instead.",
         ),
     ] = False,
+    files: FilesOption = None,
     upgrade_package: Annotated[
         list[str] | None,
         typer.Option(
@@ -229,7 +240,7 @@ def lock_(
         if upgrade or components:
             loaded, old_text = _upgrade(ref, loaded, components or None)
     try:
-        _lock(ref, loaded, offline=offline, check=check, keep=keep, locked=locked)
+        _lock(ref, loaded, offline=offline, check=check, keep=keep, locked=locked, files=files)
     except BaseException:
         if old_text is not None:  # the lock must follow from the recipe: put the recipe back as it was
             from imgbuild.pin import outdated
@@ -306,11 +317,18 @@ def _upgrade(ref: str, loaded: LoadedRecipe, items: list[str] | None) -> tuple[L
 
 
 def _lock(
-    ref: str, loaded: LoadedRecipe, *, offline: bool, check: bool, keep: dict[str, str], locked: dict[str, str]
+    ref: str,
+    loaded: LoadedRecipe,
+    *,
+    offline: bool,
+    check: bool,
+    keep: dict[str, str],
+    locked: dict[str, str],
+    files: Path | None = None,
 ) -> None:
     """What `imgbuild lock` does with a loaded recipe: resolve, read the content (the Python distributions at the
-    versions in `keep` where they still resolve), then check or write the lock, saying which of the versions the
-    lock had (`locked`) moved."""
+    versions in `keep` where they still resolve; the downloads `files` holds hashed from there), then check or write
+    the lock, saying which of the versions the lock had (`locked`) moved."""
     import datetime
 
     from imgbuild.core.errors import DriftError, LockError
@@ -322,7 +340,9 @@ def _lock(
     res = resolve(loaded, lookup_torch=None if offline else index_lookup)
     warn(res)
     yanked: list[Yank] = []
-    content = record.record(res, engine=_engine_or_none(), offline=offline, preferences=keep, yanked=yanked)
+    content = record.record(
+        res, engine=_engine_or_none(), offline=offline, preferences=keep, yanked=yanked, files=files
+    )
     withdrawn = [
         f"python {y.set}: {y.name}=={y.version} is yanked on the index{f' ({y.reason})' if y.reason else ''}: "
         f"the publisher withdrew it (imgbuild lock {ref} --upgrade-package {y.name} moves it)"

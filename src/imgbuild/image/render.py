@@ -36,6 +36,7 @@ from imgbuild.core import paths
 from imgbuild.core.errors import RenderError
 from imgbuild.image.manifest import Manifest
 from imgbuild.pin import record
+from imgbuild.pin.content import download_name
 from imgbuild.pin.lock import Lock
 from imgbuild.pin.resolver import Resolved
 from imgbuild.spec import compat
@@ -407,6 +408,7 @@ def environment(offline: bool = False, local_files: frozenset[str] = frozenset()
         # `--files`: these downloads (by file name) are copied from SOURCES_DIR/files/ too, the others fetched
         local_files=local_files,
         local_dir=SOURCES_DIR,
+        download_name=download_name,  # THE name a download is saved under
         ca_secret_id=CA_SECRET_ID,
         ca_mount=CA_MOUNT,
         pip_cache_mount=PIP_CACHE_MOUNT,

@@ -13,6 +13,9 @@ c. a checksum a well-known third party published for the same file (`checksums.y
    each entry naming the repository, path and commit it was read from). Where (b) worked too, the two must agree;
 d. else none: sha256 None, `origin` "unestablished: " and why. A build says so; nothing is invented.
 
+`imgbuild lock --files DIR` hashes a download DIR holds (by `download_name`) instead (`from_file`): no network for
+it, the third party's checksum still compared, the origin naming the local file.
+
 Every network failure is caught per URL and named in the origin, never silenced.
 """
 
@@ -29,7 +32,7 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from imgbuild.pin.content import SHA256, Download
+from imgbuild.pin.content import SHA256, Download, download_name, sha256_file
 
 if TYPE_CHECKING:
     import requests
@@ -83,7 +86,7 @@ def establish(
 
     http = session if session is not None else requests.Session()
     known = table if table is not None else third_party()
-    name = url.rsplit("/", 1)[-1]
+    name = download_name(url)
     failed: list[str] = []
     for pub in publishers:
         where = pub.match(url)
@@ -117,6 +120,24 @@ def establish(
     if record is not None:  # the table says why nobody could establish it
         return Download(url=url, sha256=None, origin=f"{record.origin}; {tried}")
     return Download(url=url, sha256=None, origin=f"{UNLOCKED}{tried}; no well-known third party records it")
+
+
+def from_file(url: str, path: Path, *, table: Mapping[str, Download] | None = None) -> Download:
+    """The sha256 of `url` computed from a local copy of it (`imgbuild lock --files DIR`: the file DIR holds under the
+    download's name), with no network; a well-known third party's checksum for the URL (step c) must agree, as with
+    a file downloaded at lock time. The origin names the local file, not the folder: the lock reads the same on
+    every machine."""
+    known = table if table is not None else third_party()
+    computed, size = sha256_file(path), path.stat().st_size
+    where = f"the local file {path.name} ({size} bytes, --files), for {url}"
+    record = known.get(url)
+    if record is not None and record.sha256 is not None and record.sha256 != computed:
+        return Download(
+            url=url,
+            sha256=None,
+            origin=f"{UNLOCKED}computed {computed} from {where}, but {record.origin} records {record.sha256}",
+        )
+    return Download(url=url, sha256=computed, origin=f"computed at lock time from {where}")
 
 
 @cache

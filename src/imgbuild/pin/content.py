@@ -60,6 +60,27 @@ def local_ref(ref: str, arch: str) -> str:
     return f"{name}:{tag}-{arch}"
 
 
+# GitHub's archive of a tag: https://github.com/OWNER/REPO/archive/refs/tags/TAG.tar.gz (or .zip, or the older
+# form without refs/tags/).
+_TAG_ARCHIVE = re.compile(
+    r"https://github\.com/[^/]+/(?P<repo>[^/]+)/archive/(?:refs/tags/)?(?P<tag>[^/]+?)(?P<ext>\.tar\.gz|\.zip)"
+)
+
+
+def download_name(url: str) -> str:
+    """THE file name a download is saved under: in the build (`_build.j2`'s `download`), in a sources folder
+    (`imgbuild sources fetch`'s files/) and in a `--files` folder. GitHub's archive of a tag
+    (https://github.com/OWNER/REPO/archive/refs/tags/v2.18.3.tar.gz) is named as GitHub's Content-Disposition names
+    it, REPO-VERSION with the tag's leading `v` dropped (nccl-tests-2.18.3.tar.gz); any other URL by its last path
+    part."""
+    m = _TAG_ARCHIVE.fullmatch(url)
+    if m is None:
+        return url.rsplit("/", 1)[-1]
+    tag = m["tag"]
+    version = tag[1:] if re.fullmatch(r"v\d.*", tag) else tag
+    return f"{m['repo']}-{version}{m['ext']}"
+
+
 class Download(_Frozen):
     """A file the Dockerfile downloads: its URL, its sha256 (None: nobody here could establish it) and where the
     checksum came from ("publisher: URL", "computed at lock time", "spack: ...", "unestablished: why")."""
@@ -77,7 +98,7 @@ class Download(_Frozen):
 
     @property
     def filename(self) -> str:
-        return self.url.rsplit("/", 1)[-1]
+        return download_name(self.url)
 
 
 class Requirement(_Frozen):

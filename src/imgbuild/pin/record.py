@@ -6,10 +6,11 @@ pin floor: each part is imported only when asked for.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from imgbuild.blocks import REGISTRY, builder_base, context_for, dedupe
-from imgbuild.pin.content import Content, Download
+from imgbuild.pin.content import Content, Download, download_name
 from imgbuild.pin.resolver import Resolved
 
 if TYPE_CHECKING:
@@ -38,10 +39,14 @@ def bases(resolved: Resolved) -> list[str]:
     return dedupe([builder_base(resolved), resolved.base_ref])
 
 
-def _checksum(url: str, offline: bool) -> Download:
-    """`checksums.establish`; offline, only the shipped third-party table (else unestablished, saying so)."""
+def _checksum(url: str, offline: bool, files: Path | None = None) -> Download:
+    """`checksums.establish`; a download the `files` folder holds (`local_copy`), hashed from that file; offline, only
+    the shipped third-party table (else unestablished, saying so)."""
     from imgbuild.pin import checksums
 
+    local = local_copy(files, url) if files is not None else None
+    if local is not None:
+        return checksums.from_file(url, local)
     if not offline:
         return checksums.establish(url)
     known = checksums.third_party().get(url)
@@ -50,11 +55,29 @@ def _checksum(url: str, offline: bool) -> Download:
     return Download(url=url, sha256=None, origin=f"{checksums.UNLOCKED}locked --offline: not looked up")
 
 
+def local_copy(folder: Path, url: str) -> Path | None:
+    """THE lookup of `--files DIR` (lock and build): download `url`'s file in `folder`, found by its file name
+    (`download_name`); None when the folder has no such file. A name that is there but is no regular file (a folder,
+    a FIFO, a broken link) is a ContentError naming it, never read. A link is followed: what counts is the sha256."""
+    from imgbuild.core import files as userfiles
+    from imgbuild.core.errors import ContentError
+
+    path = folder / download_name(url)
+    if not path.exists() and not path.is_symlink():
+        return None
+    try:
+        userfiles.regular(path)
+    except userfiles.Refused as exc:
+        raise ContentError(f"--files {folder}: {path.name} (for {url}): {exc}") from None
+    return path
+
+
 def record(
     resolved: Resolved,
     *,
     engine: object | None = None,
     offline: bool = False,
+    files: Path | None = None,
     preferences: Mapping[str, str] | None = None,
     yanked: list[Yank] | None = None,
 ) -> Content:
@@ -62,13 +85,14 @@ def record(
     (None: they are recorded as unestablished). `offline`: no network (checksums from the shipped table, wheel
     hashes from uv's cache). `preferences`: the existing lock's Python pins, kept where they still resolve (a newer
     release is not taken unless asked: `wheels.compile_sets`); `yanked` receives the yanked releases resolved to.
+    `files`: a folder consulted before the network for every download (`imgbuild lock --files`, `local_copy`).
     Digests and checksums are read for the exact tag and URL the pins name: the same version read again."""
     from imgbuild.pin import digests, wheels
 
     sets: Mapping[str, list[str]] = requirement_sets(resolved)
     return Content(
         bases={ref: digests.establish(ref, resolved, engine=engine) for ref in bases(resolved)},
-        downloads={url: _checksum(url, offline) for url in downloads(resolved)},
+        downloads={url: _checksum(url, offline, files) for url in downloads(resolved)},
         python=wheels.compile_sets(sets, resolved, offline=offline, preferences=preferences, yanked=yanked)
         if sets
         else {},

@@ -229,6 +229,12 @@ def test_allreduce_environment_and_pingpong_pass(docker_client, image, nodes: in
     assert ranks.status == "pass" and ranks.details["expected"] == image_env
     assert sorted(ranks.details["seen"]) == [f"node-{k} rank {k - 1}" for k in range(1, nodes + 1)]
     assert all(env == image_env for env in ranks.details["seen"].values())
+    # Rank 0's mpi4py gather: every node's hostname, every rank on the image's Open MPI (the lock's version).
+    (gather,) = _by(results, "multinode: mpi4py gather")
+    assert gather.status == "pass" and len(gather.details["gathered"]) == nodes
+    assert f"on {nodes} nodes ({', '.join(names)})" in gather.found
+    assert all(lib.startswith(f"Open MPI v{manifest.components['openmpi'].version},") for _, lib in
+               gather.details["gathered"])  # fmt: skip
     (ssh,) = _by(results, "multinode: ssh environment")
     assert ssh.status == "pass" and sorted(ssh.details["seen"]) == [f"ssh {n}" for n in names]
     assert all(env == image_env for env in ssh.details["seen"].values())

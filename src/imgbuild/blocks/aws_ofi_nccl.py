@@ -4,18 +4,28 @@ Recipe options (`components.aws_ofi_nccl`):
     source    efa: the one the EFA installer bundles (/opt/amazon/ofi-nccl) | release: built from its release
     version   efa: checked against the bundle (compat.EFA); release: required
     prefix    /opt/aws-ofi-nccl (release)
-Its pin rule checks the plugin series against the NCCL it was tested with (compat.PLUGIN_TESTED_NCCL).
+    archive   release (default): the release tarball (`make dist`'s, with configure) | tag: GitHub's archive of the
+              release's tag (no configure: autogen.sh runs first; what ../shared/data/sources and Spack hold)
+Its pin rule checks the plugin series against the NCCL it was tested with (compat.PLUGIN_TESTED_NCCL). A release
+build needs libfabric: the EFA installer's (components.efa) or components.libfabric's (Debian's, with the efa
+provider), whichever the image has; the plugin's tested libfabric is checked against it
+(compat.PLUGIN_TESTED_LIBFABRIC).
 """
 
 from __future__ import annotations
 
+import json
+import re
 import shlex
-from typing import Literal
+from collections.abc import Sequence
+from typing import Any, Literal
 
 from packaging.version import Version
+from pydantic import SerializerFunctionWrapHandler, model_serializer
 
+from imgbuild import probes
 from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution
-from imgbuild.checks import CheckContext, check, fail, ldd_missing, passed
+from imgbuild.checks import CONTAINER, CheckContext, check, fail, ldd_missing, passed, skip
 from imgbuild.checks.results import CheckResult
 from imgbuild.spec import compat
 from imgbuild.spec.schema import AbsPath, Strict, pin_validator
@@ -29,15 +39,26 @@ class AwsOfiNccl(Strict):
     source: Literal["efa", "release"]
     version: str | None = None
     prefix: AbsPath = "/opt/aws-ofi-nccl"
+    archive: Literal["release", "tag"] | None = None  # source: release only; None: the release tarball
     _pin = pin_validator("version")
 
 
 class PluginDetails(Details):
-    """The plugin's pin: where it is, its release tag (release builds) and the newest NCCL it was tested with."""
+    """The plugin's pin: where it is, its release tag (release builds), the newest NCCL it was tested with, and which
+    archive of the release it builds from (`archive`: left out of the lock when it is the release tarball, so the
+    locks of recipes that do not set it read as they did)."""
 
     prefix: str
     tag: str | None = None
     tested_nccl: str
+    archive: Literal["release", "tag"] = "release"
+
+    @model_serializer(mode="wrap")
+    def _default_archive_left_out(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if data.get("archive") == "release":
+            del data["archive"]
+        return data
 
 
 def _mm(version: str) -> str:
@@ -50,9 +71,11 @@ def resolve(p: AwsOfiNccl, rs: Resolution) -> Pin:
     efa = rs.options("efa")
     if nccl is None or nccl.version is None:
         raise rs.fail(key, "the NCCL plugin needs components.nccl")
-    if efa is None:
-        raise rs.fail(key, "aws-ofi-nccl needs libfabric from components.efa")
+    if p.source == "efa" and p.archive is not None:
+        raise rs.fail(f"{key}.archive", "applies to source: release (the EFA installer bundles its own build)")
     if p.source == "efa":
+        if efa is None:
+            raise rs.fail(f"{key}.source", "source: efa (the plugin the EFA installer bundles) needs components.efa")
         release = compat.EFA.get(efa.version)
         bundled = release.plugin if release else None
         if bundled is None:
@@ -91,30 +114,47 @@ def resolve(p: AwsOfiNccl, rs: Resolution) -> Pin:
             f"aws-ofi-nccl {version} supports NCCL {compat.PLUGIN_OLDEST_NCCL} and later, got {nccl.version}",
         )
     if p.source == "release":
-        _libfabric_rule(version, efa.version, rs)
+        _libfabric_rule(version, _libfabric_built_against(rs), rs)
     _gdrcopy_rule(version, rs)
-    details = PluginDetails(prefix=prefix, tag=tag, tested_nccl=tested)
+    details = PluginDetails(prefix=prefix, tag=tag, tested_nccl=tested, archive=p.archive or "release")
     return Pin(version=version, source=p.source, origin=origin, details=details)
 
 
-def _libfabric_rule(version: str, efa_version: str, rs: Resolution) -> None:
-    """A plugin built from its release runs on the EFA installer's libfabric: refused when that libfabric is newer
-    than any the release was tested with (compat.PLUGIN_TESTED_LIBFABRIC); a warning when either is unknown."""
-    release = compat.EFA.get(efa_version)
-    efa_libfabric = release.libfabric if release else None
+def _libfabric_built_against(rs: Resolution) -> tuple[str | None, str, str]:
+    """The libfabric a release build compiles against (what `configure_args`' `with_arg("libfabric")` names):
+    components.libfabric's where the recipe has it (its prefix; Debian's is /usr), else the EFA installer's (the
+    block that provides it). (its version, what it is, the recipe key that sets it); a recipe with neither is
+    refused naming both keys."""
+    lf, efa = rs.pins.get("libfabric"), rs.options("efa")
+    if lf is not None and lf.source != "efa":
+        return lf.version, f"components.libfabric (source: {lf.source}, {lf.origin})", "components.libfabric"
+    if efa is not None:
+        release = compat.EFA.get(efa.version)
+        return release.libfabric if release else None, f"EFA installer {efa.version}", "components.efa.version"
+    raise rs.fail(
+        "components.aws_ofi_nccl.source",
+        "source: release builds against libfabric: add components.efa (the EFA installer's) or components.libfabric "
+        "(e.g. {source: distro}, where the distribution's libfabric has the efa provider)",
+    )
+
+
+def _libfabric_rule(version: str, built_against: tuple[str | None, str, str], rs: Resolution) -> None:
+    """A plugin built from its release runs on the libfabric it was built against (`_libfabric_built_against`):
+    refused when that libfabric is newer than any the release was tested with (compat.PLUGIN_TESTED_LIBFABRIC); a
+    warning when either is unknown."""
+    libfabric, what, lf_key = built_against
     tested = compat.for_release(compat.PLUGIN_TESTED_LIBFABRIC, version)
-    if efa_libfabric is None or tested is None:
-        unknown = f"EFA installer {efa_version}'s libfabric" if efa_libfabric is None else "its tested libfabric"
+    if libfabric is None or tested is None:
+        unknown = f"{what}'s libfabric" if libfabric is None else "its tested libfabric"
         rs.warnings.append(
-            f"aws-ofi-nccl {version} is built against the EFA installer's libfabric, but {unknown} is not in the "
+            f"aws-ofi-nccl {version} is built against the libfabric of {what}, but {unknown} is not in the "
             "shipped tables: unchecked"
         )
         return
-    if compat.libfabric_release(efa_libfabric) > compat.libfabric_release(tested):
+    if compat.libfabric_release(libfabric) > compat.libfabric_release(tested):
         raise rs.fail(
-            "components.aws_ofi_nccl.version / components.efa.version",
-            f"aws-ofi-nccl {version} was tested with libfabric up to {tested}; EFA installer {efa_version} "
-            f"brings libfabric {efa_libfabric}",
+            f"components.aws_ofi_nccl.version / {lf_key}",
+            f"aws-ofi-nccl {version} was tested with libfabric up to {tested}; {what} brings libfabric {libfabric}",
             hint="use source: efa (the installer's own plugin, tested with its libfabric) or a newer plugin release",
         )
 
@@ -141,8 +181,27 @@ def release_url(version: str) -> str:
     return f"https://github.com/aws/aws-ofi-nccl/releases/download/{tag}/aws-ofi-nccl-{tag[1:]}.tar.gz"
 
 
+def tag_archive_url(version: str) -> str:
+    """GitHub's archive of the release's tag (`archive: tag`): the tree as tagged, no configure (saved as
+    aws-ofi-nccl-X.Y.Z.tar.gz, `download_name`; unpacks to aws-ofi-nccl-X.Y.Z/ as the release tarball does)."""
+    return f"https://github.com/aws/aws-ofi-nccl/archive/refs/tags/{compat.plugin_tag(version)}.tar.gz"
+
+
+def source_url(pin: Pin) -> str:
+    """The archive a release build downloads: the release tarball, or the tag's archive (`archive: tag`)."""
+    version = str(pin.version)
+    return tag_archive_url(version) if pin.details.archive == "tag" else release_url(version)
+
+
 def downloads(pin: Pin, ctx: Context) -> list[str]:
-    return [release_url(str(pin.version))] if pin.source == "release" else []
+    return [source_url(pin)] if pin.source == "release" else []
+
+
+def prepare(pin: Pin) -> list[str]:
+    """What runs in the unpacked tree before ./configure, the same for either archive: where there is no configure
+    (the tag's archive), autogen.sh makes it, with the version in .release_version first (from 1.21,
+    m4/get_version.sh asks git for the version otherwise, and an archive has no .git)."""
+    return [f"if [ ! -e configure ]; then echo {shlex.quote(str(pin.version))} >.release_version && ./autogen.sh; fi"]
 
 
 # The first release whose configure takes --with-gdrcopy (m4/check_pkg_gdrcopy.m4, in v1.18.0 and later). Without it
@@ -150,11 +209,37 @@ def downloads(pin: Pin, ctx: Context) -> list[str]:
 GDRCOPY_OPTION = "1.18"
 
 
+def wants_gdrcopy(pin: Pin, ctx: Context) -> bool:
+    """Whether the release build must enable GDRCopy: the image has it and the release's configure takes
+    --with-gdrcopy."""
+    return ctx.has("gdrcopy") and Version(str(pin.version)) >= Version(GDRCOPY_OPTION)
+
+
+# configure's header (configure.ac: AC_CONFIG_HEADERS([include/config.h])), where m4/check_pkg_gdrcopy.m4 defines
+# HAVE_GDRCOPY 1 when it found gdrapi.h and gdr_pin_buffer_v2, else 0.
+CONFIG_HEADER = "include/config.h"
+
+
+def configure_checks(pin: Pin, ctx: Context) -> list[str]:
+    """Commands run in the tree after ./configure that fail the build when configure left out what the image has:
+    GDRCopy (`wants_gdrcopy`) with HAVE_GDRCOPY not 1, which configure reports with no error (gdrapi.h not found
+    where it looked) and the plugin would be built without its GDRCopy path."""
+    if not wants_gdrcopy(pin, ctx):
+        return []
+    why = (
+        f"imgbuild: aws-ofi-nccl {pin.version}: configure did not enable GDRCopy (HAVE_GDRCOPY is not 1 in "
+        f"{CONFIG_HEADER}; the image has GDRCopy under {ctx.prefix('gdrcopy')}: was --with-gdrcopy passed? see "
+        "config.log)"
+    )
+    return [f"if ! grep -qx '#define HAVE_GDRCOPY 1' {CONFIG_HEADER}; then echo {shlex.quote(why)} >&2; exit 1; fi"]
+
+
 def configure_args(pin: Pin, ctx: Context) -> list[str]:
     """The release build's configure arguments for what it builds against (`Context.with_arg`: no `--with-X=/usr`):
-    libfabric (EFA's), CUDA, Open MPI, GDRCopy where the image has it and the release's configure takes it, then
-    what other blocks offer the plugin (`Contribution.offers`)."""
-    gdrcopy = ctx.with_arg("gdrcopy") if Version(str(pin.version)) >= Version(GDRCOPY_OPTION) else []
+    libfabric (EFA's or components.libfabric's), CUDA, Open MPI, GDRCopy where the image has it and the release's
+    configure takes it (`wants_gdrcopy`; `configure_checks` makes sure configure enabled it), then what other blocks
+    offer the plugin (`Contribution.offers`)."""
+    gdrcopy = ctx.with_arg("gdrcopy") if wants_gdrcopy(pin, ctx) else []
     return [
         *ctx.with_arg("libfabric"),
         *ctx.with_arg("cuda"),
@@ -170,6 +255,8 @@ def contribute(pin: Pin, ctx: Context) -> Contribution:
     prefix = pin.details.prefix
     if pin.source == "release":
         c.builder_packages |= {"curl", "ca-certificates", "build-essential"}
+        if pin.details.archive == "tag":  # autogen.sh makes configure (`prepare`)
+            c.builder_packages |= {"autoconf", "automake", "libtool"}
         c.ld_library_path.append(f"{prefix}/lib")
         c.needs_fabric_in_builder = True
     else:
@@ -188,31 +275,51 @@ BLOCK = Block(
     resolve=resolve,
     contribute=contribute,
     details=PluginDetails,
-    after=("nccl",),
+    after=("nccl", "libfabric"),
     build_after=("efa", "openmpi", "gdrcopy", "nccl"),
     tag=(5, "ofi"),
     downloads=downloads,
-    template_globals={"aws_ofi_nccl_release_url": release_url, "aws_ofi_nccl_configure_args": configure_args},
+    template_globals={
+        "aws_ofi_nccl_url": source_url,
+        "aws_ofi_nccl_prepare": prepare,
+        "aws_ofi_nccl_configure_args": configure_args,
+        "aws_ofi_nccl_configure_checks": configure_checks,
+    },
 )
+
+
+def plugin_libraries(ctx: CheckContext) -> list[str]:
+    """Every libnccl-net*.so NCCL could open: under the plugin's prefix, the EFA installer's and the release's
+    folders, and LD_LIBRARY_PATH (once per verification)."""
+
+    def find() -> list[str]:
+        prefix = ctx.prefix("aws_ofi_nccl")
+        dirs = " ".join(shlex.quote(d) for d in dict.fromkeys([*(p for p in [prefix] if p), *PLUGIN_DIRS]))
+        ran = ctx.run(
+            f'for d in {dirs} $(echo "${{LD_LIBRARY_PATH:-}}" | tr : " "); do [ -d "$d" ] && '
+            "find \"$d\" -maxdepth 3 -name 'libnccl-net*.so*' 2>/dev/null; done | sort -u"
+        )
+        return [line for line in ran.out.splitlines() if line.strip()]
+
+    result: list[str] = ctx.once("aws-ofi-nccl-libraries", find)
+    return result
+
+
+def _no_plugin(ctx: CheckContext, expected: str) -> CheckResult:
+    where = ", ".join(dict.fromkeys([*(p for p in [ctx.prefix("aws_ofi_nccl")] if p), *PLUGIN_DIRS]))
+    return fail(f"no libnccl-net*.so under {where} or LD_LIBRARY_PATH", expected=expected, found="missing")
 
 
 @check("aws-ofi-nccl-plugin", "aws_ofi_nccl")
 def aws_ofi_nccl_plugin(ctx: CheckContext) -> CheckResult:
-    """The NCCL net plugin (libnccl-net*.so) is found and `ldd` resolves all its libraries.
+    """The NCCL net plugin (every libnccl-net*.so) is found and `ldd` resolves all its libraries.
 
     Searched, not assumed: the EFA installer moved it between lib/x86_64-linux-gnu, lib and lib64.
     A plugin with an unresolved dependency makes NCCL fall back to sockets without a word.
     """
-    prefix = ctx.prefix("aws_ofi_nccl")
-    dirs = " ".join(shlex.quote(d) for d in dict.fromkeys([*(p for p in [prefix] if p), *PLUGIN_DIRS]))
-    ran = ctx.run(
-        f'for d in {dirs} $(echo "${{LD_LIBRARY_PATH:-}}" | tr : " "); do [ -d "$d" ] && '
-        "find \"$d\" -maxdepth 3 -name 'libnccl-net*.so*' 2>/dev/null; done | sort -u"
-    )
-    libs = [line for line in ran.out.splitlines() if line.strip()]
+    libs = plugin_libraries(ctx)
     if not libs:
-        return fail(f"no libnccl-net*.so under {prefix}, {', '.join(PLUGIN_DIRS)} or LD_LIBRARY_PATH",
-                    expected="libnccl-net*.so", found="missing")  # fmt: skip
+        return _no_plugin(ctx, "libnccl-net*.so")
     broken = {}
     for lib in libs:
         ldd = ctx.run(f"ldd {shlex.quote(lib)}")
@@ -224,3 +331,120 @@ def aws_ofi_nccl_plugin(ctx: CheckContext) -> CheckResult:
         text = "; ".join(f"{lib}: {', '.join(m)} not found" for lib, m in broken.items())
         return fail(f"unresolved libraries (NCCL would fall back to sockets): {text}", "resolves", found)
     return passed("libnccl-net*.so, all libraries resolve", found, libraries=libs)
+
+
+NET_PLUGIN_SYMBOL = "ncclNetPlugin_v"  # + the API version: what NCCL dlsym()s in a net plugin
+_API = re.compile(re.escape(NET_PLUGIN_SYMBOL) + r"(\d+)")
+LOADED_TIMEOUT_S = 300  # all_reduce_perf on every GPU of the host, sizes to 1 GiB
+
+
+def _versions(numbers: Sequence[int]) -> str:
+    return ", ".join(f"v{n}" for n in sorted(numbers)) or "none"
+
+
+@check("aws-ofi-nccl-api", "aws_ofi_nccl")
+def aws_ofi_nccl_api(ctx: CheckContext) -> CheckResult:
+    """Every libnccl-net*.so exports a `ncclNetPlugin_vN` that the image's NCCL looks for (compat.NCCL_NET_PLUGIN_API),
+    read from the libraries' ELF dynamic symbol tables (probes/elfsyms.py: no binutils needed, nothing loaded).
+
+    NCCL tries its versions newest first and uses the first the plugin exports: found is that one. A plugin with none
+    of them is not loaded at all, and NCCL falls back to its internal network.
+    """
+    nccl = ctx.version("nccl")
+    wanted = compat.net_plugin_api(nccl) if nccl else None
+    if wanted is None:
+        why = "the image pins no NCCL version" if not nccl else f"NCCL {nccl}'s series is not in the shipped table"
+        return skip(f"{why} (compat.NCCL_NET_PLUGIN_API): the net-plugin API versions it loads are not known")
+    expected = f"one of {_versions(wanted)} (what NCCL {nccl} looks for)"
+    libs = plugin_libraries(ctx)
+    if not libs:
+        return _no_plugin(ctx, expected)
+    request = json.dumps({"paths": libs, "prefixes": [NET_PLUGIN_SYMBOL]})
+    data, ran = ctx.python_json(probes.text("elfsyms.py"), request)
+    if data is None:
+        return fail(f"could not read the plugin's symbols with {ctx.python}: {ran.why()}", expected)
+    used: dict[str, int] = {}
+    exported: dict[str, list[int]] = {}
+    bad = []
+    for lib in libs:
+        entry = data.get(lib) or {"error": "not read"}
+        if "error" in entry:
+            bad.append(f"{lib}: {entry['error']}")
+            continue
+        numbers = [int(m.group(1)) for s in entry["symbols"] if (m := _API.fullmatch(s))]
+        exported[lib] = sorted(numbers)
+        common = [v for v in wanted if v in numbers]
+        if common:
+            used[lib] = common[0]
+        else:
+            bad.append(f"{lib} exports {_versions(numbers)}")
+    if bad:
+        return fail(
+            f"{'; '.join(bad)}: NCCL {nccl} looks for {_versions(wanted)}, so it would not load the plugin",
+            expected,
+            "; ".join(bad),
+            exported=exported,
+        )
+    found = "; ".join(f"{lib}: {NET_PLUGIN_SYMBOL}{v} (exports {_versions(exported[lib])})" for lib, v in used.items())
+    return passed(expected, found, exported=exported)
+
+
+@check("aws-ofi-nccl-loaded", "aws_ofi_nccl", scopes=CONTAINER)
+def aws_ofi_nccl_loaded(ctx: CheckContext) -> CheckResult:
+    """On a GPU: all_reduce_perf under the image's mpirun line with NCCL_DEBUG=INFO loads the plugin and NCCL uses it.
+
+    Read with the nccl-tests log parser and judged by its verdict (nccltests.log, nccltests.verdict). Where no EFA
+    device is passed in (and --expect-efa is not given), NCCL falling back to sockets is a skip with that reason,
+    never a pass; NCCL not loading the plugin at all is a failure anywhere.
+    """
+    if not ctx.gpu:
+        return skip(ctx.gpu_reason)
+    if not ctx.has("nccl_tests"):
+        return skip("nccl-tests is not in the image: nothing to run NCCL with")
+    data = ctx.manifest or ctx.expected_manifest
+    if data is None:
+        return skip("no manifest in the image and no lock: the image's mpirun line is not known")
+    from imgbuild.image.manifest import Manifest
+    from imgbuild.nccltests import command, verdict
+    from imgbuild.nccltests.log import parse
+    from imgbuild.verify.nodechecks import launched, mpirun_argv
+
+    manifest = Manifest.model_validate(data)
+    smi = ctx.run("nvidia-smi -L")
+    gpus = max(1, len([line for line in smi.out.splitlines() if line.startswith("GPU ")]))
+    program = ["env", "NCCL_DEBUG=INFO", *command.all_reduce_perf(ctx.details("nccl_tests").prefix, None)]
+    hostfile = "/tmp/imgbuild-verify-hostfile"
+    argv = mpirun_argv(manifest, hostfile=hostfile, ranks=gpus, program=program, wdir="/tmp")
+    line = shlex.join(launched(manifest, argv))
+    ran = ctx.run(f"printf 'localhost slots={gpus}\\n' > {hostfile} && {line} 2>&1", timeout_s=LOADED_TIMEOUT_S)
+    expect = verdict.Expect(nodes=1, nccl_version=ctx.version("nccl"), aws_ofi_nccl_version=ctx.version("aws_ofi_nccl"))
+    rep = verdict.judge(parse(ran.out + ran.err), expect, source="all_reduce_perf")
+    crit = {c.name: c for c in rep.criteria}
+    net = rep.log.network
+    plugin = f"aws-ofi-nccl {net.plugin_version}" if net.plugin_version else None
+    pinned = ctx.version("aws_ofi_nccl")
+    expected = f"NCCL loads aws-ofi-nccl{f' {pinned}' if pinned else ''} and uses it"
+    details = {
+        "command": line,
+        "exit_code": ran.rc,
+        "criteria": {c.name: f"{c.status}: {c.reason}" for c in rep.criteria},
+    }
+    found = f"{plugin or 'no aws-ofi-nccl line'}; network {', '.join(net.used) or 'not named'}"
+    if not ran.ok:
+        return fail(f"all_reduce_perf exit {ran.rc}: {ran.why()}", expected, found, **details)
+    if net.missing or plugin is None:
+        missing = "; ".join(net.missing[:2]) or "the log has no 'NET/OFI Initializing aws-ofi-nccl' line"
+        return fail(f"NCCL did not load the plugin: {missing}", expected, found, **details)
+    for name in ("NCCL version", "aws-ofi-nccl version"):
+        if name in crit and crit[name].status == "FAIL":
+            return fail(crit[name].reason, expected, found, **details)
+    network = crit["network"]
+    if network.status != "PASS":
+        if ctx.efa_devices or ctx.expect_efa:
+            return fail(network.reason, expected, found, **details)
+        used = ", ".join(net.used) or "no named network"
+        return skip(f"no EFA device here: {plugin} loaded, but NCCL used {used} ({network.reason})", expected,
+                    **details)  # fmt: skip
+    if crit["results"].status == "FAIL":
+        return fail(crit["results"].reason, expected, found, **details)
+    return passed(expected, found, network.reason, **details)

@@ -98,7 +98,8 @@ def libfabric_version(ctx: CheckContext) -> CheckResult:
 
 @check("libfabric-providers", "libfabric", "efa")
 def libfabric_providers(ctx: CheckContext) -> CheckResult:
-    """The providers the image needs are in libfabric: tcp for the distribution's, efa with the EFA installer.
+    """The providers the image needs are in libfabric: tcp for the distribution's, efa with the EFA installer or the
+    NCCL net plugin (aws-ofi-nccl runs on efa only, whichever libfabric it is built against).
 
     `fi_info -l` lists only providers that found a device, so a provider counts as present when it is listed
     or when it registered its parameters (`fi_info -e` shows FI_<PROVIDER>_* for every provider compiled in).
@@ -112,9 +113,10 @@ def libfabric_providers(ctx: CheckContext) -> CheckResult:
     built = sorted({m.lower() for m in re.findall(r"^#\s*FI_([A-Z0-9]+)_", params.out, re.M)})
     have = {p for name in listed for p in name.split(";")} | set(built)
     want = []
-    if ctx.components["libfabric"].source == "distro":
+    lf = ctx.components.get("libfabric")  # the EFA installer's images have no libfabric component
+    if lf is not None and lf.source == "distro":
         want.append("tcp")
-    if ctx.has("efa"):
+    if ctx.has("efa") or ctx.has("aws_ofi_nccl"):
         want.append("efa")
     missing = [p for p in want if p not in have]
     found = f"listed: {','.join(listed) or '-'}"

@@ -7,8 +7,10 @@ Recipe options (`components.nccl_tests`):
 
 from __future__ import annotations
 
+import posixpath
 import shlex
 
+from imgbuild.blocks import openmpi
 from imgbuild.blocks._core import Block, Context, Contribution, Installed, Pin, Resolution
 from imgbuild.blocks.nccl import nccl_probe
 from imgbuild.checks import CONTAINER, CheckContext, check, fail, ldd_missing, passed
@@ -77,29 +79,59 @@ def nccl_tests_binaries(ctx: CheckContext) -> CheckResult:
     return passed(expected, f"in {prefix}")
 
 
-@check("nccl-tests-libnccl", "nccl_tests", scopes=CONTAINER)
-def nccl_tests_libnccl(ctx: CheckContext) -> CheckResult:
-    """all_reduce_perf links libnccl from the recipe's NCCL prefix, and ldd finds every library."""
+def _resolved(ldd_output: str, soname: str) -> str | None:
+    """Where ldd resolved a library whose name starts with `soname` ("not found" when it did not; None: not linked)."""
+    for line in ldd_output.splitlines():
+        name, arrow, rest = line.strip().partition("=>")
+        if arrow and name.strip().startswith(soname):
+            return rest.split("(")[0].strip() or "not found"
+    return None
+
+
+@check("nccl-tests-links", "nccl_tests", scopes=CONTAINER)
+def nccl_tests_links(ctx: CheckContext) -> CheckResult:
+    """Every *_perf links the image's one NCCL (libnccl.so.2 resolves into the nccl pin's lib/, not another copy) and
+    its MPI (libmpi resolves to the openmpi pin's library, `openmpi.owns_libmpi`), and ldd finds every library."""
     prefix = ctx.details("nccl_tests").prefix
     nccl_prefix = ctx.prefix("nccl")
     if nccl_prefix:
-        want = f"{nccl_prefix}/lib/"
+        nccl_dir = f"{nccl_prefix}/lib"
     else:
         data, _ = nccl_probe(ctx)
         if not data or "lib" not in data:
             return fail("cannot tell which NCCL is intended: libnccl.so.2 not found")
-        want = data["lib"].rsplit("/", 1)[0] + "/"
-    ran = ctx.run(f"ldd {shlex.quote(prefix)}/all_reduce_perf")
-    if not ran.ok:
-        return fail(f"ldd all_reduce_perf: {ran.why()}", expected=want)
-    lines = ran.out.splitlines()
-    missing = ldd_missing(ran.out)
-    nccl = next((line.split("=>")[1].split("(")[0].strip() for line in lines if "libnccl.so" in line and "=>" in line),
-                None)  # fmt: skip
-    if missing:
-        return fail(f"not found: {', '.join(missing)}", expected=want, found=nccl or "")
-    if nccl is None:
-        return fail("all_reduce_perf does not link libnccl", expected=want, found="not linked")
-    if not nccl.startswith(want):
-        return fail(f"links {nccl}, not the NCCL in {want}", expected=want, found=nccl)
-    return passed(want, nccl)
+        nccl_dir = data["lib"].rsplit("/", 1)[0]
+    mpi = ctx.components.get("openmpi")
+    expected = f"libnccl.so.2 in {nccl_dir}" + (f", libmpi of Open MPI {mpi.details.prefix}" if mpi else "")
+    ran = ctx.run(
+        f'for f in {shlex.quote(prefix)}/*_perf; do [ -x "$f" ] || continue; echo "=== $f"; ldd "$f" 2>&1; done; '
+        f'echo "=== nccl $(readlink -f {shlex.quote(nccl_dir)})"'
+    )
+    blocks = [b.split("\n", 1) for b in ran.out.split("=== ")[1:]]
+    outputs = {head.strip(): body for head, body in (b if len(b) == 2 else [b[0], ""] for b in blocks)}
+    nccl_real = next((k[len("nccl ") :] for k in outputs if k.startswith("nccl ")), "")
+    binaries = {k: v for k, v in outputs.items() if not k.startswith("nccl ")}
+    if not binaries:
+        return fail(f"no executable *_perf in {prefix}", expected, "none")
+    linked = {b: (_resolved(out, "libnccl.so"), _resolved(out, "libmpi.so")) for b, out in binaries.items()}
+    paths = sorted({p for pair in linked.values() for p in pair if p and p != "not found"})
+    real = dict(zip(paths, ctx.run(f"readlink -f {shlex.join(paths)}").out.split(), strict=False)) if paths else {}
+    problems = []
+    for binary, (nccl, libmpi) in linked.items():
+        name = binary.rsplit("/", 1)[-1]
+        if missing := ldd_missing(binaries[binary]):
+            problems.append(f"{name}: {', '.join(missing)} not found")
+            continue
+        if nccl is None:
+            problems.append(f"{name} does not link libnccl")
+        elif nccl_real and posixpath.dirname(real.get(nccl, nccl)) != nccl_real:
+            problems.append(f"{name} links {real.get(nccl, nccl)}, not the NCCL in {nccl_dir}")
+        if mpi is not None and libmpi is None:
+            problems.append(f"{name} does not link libmpi (built without MPI=1)")
+        elif mpi is not None and libmpi is not None and not openmpi.owns_libmpi(mpi, real.get(libmpi, libmpi)):
+            problems.append(f"{name} links {real.get(libmpi, libmpi)}, not Open MPI's ({mpi.details.prefix})")
+    one = next(iter(linked.values()))
+    found = ", ".join(real.get(p, p) for p in one if p)
+    if problems:
+        return fail("; ".join(problems), expected, found, binaries=sorted(binaries))
+    return passed(expected, f"{len(binaries)} binaries: {found}", binaries=sorted(binaries))

@@ -9,6 +9,7 @@ mpirun starts its remote daemons over ssh, so every mode brings the ssh client.
 
 from __future__ import annotations
 
+import posixpath
 import re
 import shlex
 from typing import Literal
@@ -48,6 +49,17 @@ def resolve(m: OpenMPI, rs: Resolution) -> Pin:
         gaudi.check_base(rs, f"{key}.version", "openmpi", m.version)
     where = m.prefix or ("/opt/openmpi" if m.source == "source" else None)
     return Pin(version=m.version, source=m.source, origin="recipe", details=Details(prefix=where))
+
+
+def owns_libmpi(pin: Pin, path: str) -> bool:
+    """Whether `path` (a real path) is this Open MPI's libmpi: the distribution's is in its multiarch library folder,
+    the prefix's parent (the prefix holds only its plugins); another's is under its prefix (lib or lib64)."""
+    prefix = (pin.details.prefix or "").rstrip("/") if pin.details is not None else ""
+    if not prefix:
+        return False
+    if pin.source == "distro":
+        return posixpath.dirname(path) == posixpath.dirname(prefix)
+    return path.startswith(prefix + "/")
 
 
 def source_url(version: str) -> str:

@@ -527,7 +527,9 @@ TABLES: dict[str, TableSource] = {
     "TORCH": TableSource("each release's wheel METADATA on the package index", "2026-11"),
     "PLUGIN_TESTED_NCCL": TableSource("aws/aws-ofi-nccl RELEASENOTES.md", "2026-11"),
     "PLUGIN_TESTED_LIBFABRIC": TableSource("aws/aws-ofi-nccl RELEASENOTES.md", "2026-11"),
-    "NCCL_NET_PLUGIN_API": TableSource("NVIDIA/nccl src/net.cc, src/plugin/net/net_v*.cc at each release tag", "2026-11"),
+    "NCCL_NET_PLUGIN_API": TableSource(
+        "NVIDIA/nccl src/net.cc, src/plugin/net/net_v*.cc at each release tag", "2026-11"
+    ),
     "EFA": TableSource("the AWS EFA installer changelog", "2026-11"),
     "NCCL_TESTS_RELEASES": TableSource("NVIDIA/nccl-tests tags", "2026-11"),
     "GDRCOPY_RELEASES": TableSource("the release the shipped recipes pin (NVIDIA/gdrcopy tags not read)", None),

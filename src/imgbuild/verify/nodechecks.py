@@ -11,7 +11,9 @@ The checks, in order:
 1. from node 1, `ssh -p PORT NODE hostname` until every node's sshd answers (bounded);
 2. the image's mpirun line across all nodes, running a small mpi4py allreduce in which rank r contributes r+1
    and every rank checks the sum is n(n+1)/2, and prints every variable of the image's ENV (and the run
-   profile's) as it sees it: they must all be what the image sets, on every rank of every node;
+   profile's) as it sees it: they must all be what the image sets, on every rank of every node; rank 0 then
+   gathers every rank's hostname and MPI library (`MPI.Get_library_version`): every node must answer, all ranks
+   with one library, the image's Open MPI;
 3. from node 1, `ssh NODE env` for every node: a plain ssh session (what a rank started over ssh without
    mpirun's `-x` gets) must see the image's ENV as well;
 4. fi_pingpong between node 1 (server) and node 2 (client) over libfabric's tcp provider (efa where the image
@@ -34,10 +36,11 @@ import math
 import re
 import shlex
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from imgbuild import probes
+from imgbuild.checks import compare
 from imgbuild.checks.results import CheckResult
 from imgbuild.core.paths import SSHD_LOG
 from imgbuild.engine.containers import Exec
@@ -84,6 +87,9 @@ with open(sys.argv[1]) as f:
     env = {name: os.environ.get(name) for name in json.load(f)}
 print(f"IMGBUILD-ENV rank={rank} host={host} {json.dumps(env, sort_keys=True)}", flush=True)
 print(f"IMGBUILD-ALLREDUCE rank={rank} size={size} host={host} sum={total} expected={want}", flush=True)
+gathered = comm.gather([host, MPI.Get_library_version().strip().splitlines()[0]], root=0)
+if rank == 0:
+    print(f"IMGBUILD-GATHER {json.dumps(gathered)}", flush=True)
 sys.exit(0 if total == want else 3)
 """
 
@@ -91,7 +97,7 @@ _ALLREDUCE_RE = re.compile(
     r"^IMGBUILD-ALLREDUCE rank=(\d+) size=(\d+) host=(\S+) sum=(-?\d+) expected=(\d+)\s*$", re.MULTILINE
 )
 # mpirun forwards each rank's output in pieces: two ranks' lines can arrive joined ("...expected=6IMGBUILD-...").
-_MARKS_RE = re.compile(r"(?<!\n)(?=IMGBUILD-(?:ENV|ALLREDUCE) rank=)")
+_MARKS_RE = re.compile(r"(?<!\n)(?=IMGBUILD-(?:ENV rank=|ALLREDUCE rank=|GATHER \[))")
 
 
 def _rank_lines(output: str) -> str:
@@ -100,6 +106,8 @@ def _rank_lines(output: str) -> str:
 
 
 _ENV_RE = re.compile(r"^IMGBUILD-ENV rank=(\d+) host=(\S+) (\{.*\})\s*$", re.MULTILINE)
+_GATHER_RE = re.compile(r"^IMGBUILD-GATHER (\[.*\])\s*$", re.MULTILINE)
+_OPEN_MPI_RE = re.compile(r"Open MPI v(\d[^,\s]*)")
 _SSHD_RE = re.compile(r"^SSHD-(READY|DOWN) (\S+) (\d+)(?: (.*))?$", re.MULTILINE)
 _DDP_RE = re.compile(r'^(\{"ddp": .*\})\s*$', re.MULTILINE)
 _PINGPONG_ROW_RE = re.compile(
@@ -113,11 +121,16 @@ def mpirun_argv(manifest: Manifest, *, hostfile: str, ranks: int, program: list[
     return for_manifest(manifest).mpirun_argv(hostfile=hostfile, np=ranks, program=program, wdir=wdir)
 
 
-def with_defaults(s: Session, argv: list[str]) -> list[str]:
+def launched(manifest: Manifest, argv: list[str]) -> list[str]:
     """`argv` under `env` with the launch line's environment defaults that the containers' environment (the image's
     ENV, the recipe's runtime env) does not set (`Launch.defaults_for`), as `train` gives them to its launcher."""
-    defaults = s.launch.defaults_for([*s.manifest.rank_env, *s.manifest.runtime.env])
+    defaults = for_manifest(manifest).defaults_for([*manifest.rank_env, *manifest.runtime.env])
     return ["env", *defaults, *argv] if defaults else argv
+
+
+def with_defaults(s: Session, argv: list[str]) -> list[str]:
+    """`launched` for the session's image."""
+    return launched(s.manifest, argv)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -433,7 +446,39 @@ def _allreduce(s: Session, *, sshd_down: list[str]) -> list[CheckResult]:
     results.append(_env_result(s, s.name("rank environment"), "every rank, launched by the image's mpirun line",
                                {f"{node} rank {rank}": env for (node, rank), env in sorted(seen.items())},
                                expected_count=ranks))  # fmt: skip
+    results.append(_gathered(s, output, ranks))
     return results
+
+
+def _gathered(s: Session, output: str, ranks: int) -> CheckResult:
+    """Rank 0's mpi4py gather of every rank's hostname and MPI library (`MPI.Get_library_version`): every node
+    answers, all with one MPI library, the image's Open MPI."""
+    name = s.name("mpi4py gather")
+    mpi = s.manifest.components.get("openmpi")
+    pinned = mpi.version if mpi is not None else None
+    expected = f"rank 0 gathers {ranks} ranks from {s.n} nodes, one MPI library" + (
+        f" (Open MPI {pinned})" if pinned else ""
+    )
+    m = _GATHER_RE.search(output)
+    if m is None:
+        return CheckResult(name, "fail", expected, "nothing gathered", reason="rank 0 printed no gather line")
+    gathered = json.loads(m.group(1))
+    by_node: dict[str, set[str]] = {}
+    for rank, (host, library) in enumerate(gathered):
+        by_node.setdefault(s.node_of(rank, host), set()).add(library)
+    libraries = sorted({lib for libs in by_node.values() for lib in libs})
+    found = f"{len(gathered)} ranks on {len(by_node)} nodes ({', '.join(sorted(by_node))}): {' | '.join(libraries)}"
+    details = {"gathered": gathered}
+    silent = [node for node in s.nodes.names if node not in by_node]
+    if silent or len(gathered) != ranks:
+        why = f"no rank on {', '.join(silent)} answered" if silent else f"{len(gathered)} of {ranks} ranks answered"
+        return CheckResult(name, "fail", expected, found, reason=why, details=details)
+    if len(libraries) != 1:
+        return CheckResult(name, "fail", expected, found, reason="the ranks run different MPI libraries",
+                           details=details)  # fmt: skip
+    version = _OPEN_MPI_RE.search(libraries[0])
+    judged = compare(pinned, version.group(1) if version else None, "Open MPI library the ranks run")
+    return replace(judged, name=name, expected=expected, found=found, details=details)
 
 
 def _ssh_env(s: Session) -> CheckResult:

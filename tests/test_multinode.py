@@ -342,3 +342,29 @@ def test_rank_lines_that_mpirun_joined_are_split() -> None:
     assert [m.group(1) for m in _ALLREDUCE_RE.finditer(text)] == ["0", "2"]
     assert [m.group(3) for m in _ENV_RE.finditer(text)] == ['{"A": "1"}', "{}"]
     assert _rank_lines(text) == text
+
+
+class _Named:
+    """Nodes as the gather's judgement sees them: their names only (nothing runs)."""
+
+    def __init__(self, *names: str) -> None:
+        self.names = names
+
+
+def test_the_mpi4py_gather_fails_when_a_node_is_silent_or_runs_another_mpi() -> None:
+    s = nodechecks.Session(nodes=_Named("node-1", "node-2"), manifest=manifest_of("cpu"), image_env={}, deadline=0.0)  # type: ignore[arg-type]
+    lib = "Open MPI v4.1.4, package: Debian OpenMPI, ident: 4.1.4, repo rev: v4.1.4, Mar 23, 2023"
+
+    def judged(gathered: list[list[str]]) -> CheckResult:
+        return nodechecks._gathered(s, f"IMGBUILD-GATHER {json.dumps(gathered)}\n", 2)
+
+    good = judged([["node-1", lib], ["node-2", lib]])
+    assert good.status == "pass" and good.found == f"2 ranks on 2 nodes (node-1, node-2): {lib}"
+    silent = judged([["node-1", lib], ["node-1", lib]])
+    assert (silent.status, silent.reason) == ("fail", "no rank on node-2 answered")
+    other = judged([["node-1", lib], ["node-2", lib.replace("4.1.4", "4.1.6")]])
+    assert (other.status, other.reason) == ("fail", "the ranks run different MPI libraries")
+    newer = judged([["node-1", lib.replace("4.1.4", "5.0.7")], ["node-2", lib.replace("4.1.4", "5.0.7")]])
+    assert newer.status == "fail" and "5.0.7 is not the pinned 4.1.4" in newer.reason
+    nothing = nodechecks._gathered(s, "", 2)
+    assert (nothing.status, nothing.reason) == ("fail", "rank 0 printed no gather line")

@@ -67,11 +67,11 @@ RUN --mount=type=cache,id=imgbuild-apt-nvidia-cuda-13.0.1-devel-ubuntu24.04-cach
 
 # GDRCopy 2.5.1: the user-space library only (the gdrdrv kernel module belongs to the host).
 RUN --mount=type=secret,id=imgbuild-ca,target=/run/secrets/imgbuild-ca.pem,required=true \
-    curl -fsSL -o /tmp/v2.5.1.tar.gz https://github.com/NVIDIA/gdrcopy/archive/refs/tags/v2.5.1.tar.gz \
- && found="$(sha256sum /tmp/v2.5.1.tar.gz | cut -d ' ' -f 1)" \
- && if [ "${found}" != "c6d5ebb7dabb89d798f27609511735595004da73af28d93ac041bb5290c4cbec" ]; then echo "imgbuild: v2.5.1.tar.gz: sha256 expected c6d5ebb7dabb89d798f27609511735595004da73af28d93ac041bb5290c4cbec, found ${found}" >&2; exit 1; fi \
- && tar -xzf /tmp/v2.5.1.tar.gz -C /tmp \
- && rm /tmp/v2.5.1.tar.gz \
+    curl -fsSL -o /tmp/gdrcopy-2.5.1.tar.gz https://github.com/NVIDIA/gdrcopy/archive/refs/tags/v2.5.1.tar.gz \
+ && found="$(sha256sum /tmp/gdrcopy-2.5.1.tar.gz | cut -d ' ' -f 1)" \
+ && if [ "${found}" != "c6d5ebb7dabb89d798f27609511735595004da73af28d93ac041bb5290c4cbec" ]; then echo "imgbuild: gdrcopy-2.5.1.tar.gz: sha256 expected c6d5ebb7dabb89d798f27609511735595004da73af28d93ac041bb5290c4cbec, found ${found}" >&2; exit 1; fi \
+ && tar -xzf /tmp/gdrcopy-2.5.1.tar.gz -C /tmp \
+ && rm /tmp/gdrcopy-2.5.1.tar.gz \
  && make -C /tmp/gdrcopy-2.5.1 -j"$(nproc)" prefix=/opt/gdrcopy \
       libdir=/opt/gdrcopy/lib CUDA=/usr/local/cuda lib lib_install \
  && rm -rf /tmp/gdrcopy-2.5.1
@@ -89,11 +89,11 @@ RUN dpkg --purge libnccl-dev libnccl2 \
 
 # nccl-tests 2.18.3 with MPI=1, against NCCL 2.29.7 and /opt/amazon/openmpi.
 RUN --mount=type=secret,id=imgbuild-ca,target=/run/secrets/imgbuild-ca.pem,required=true \
-    curl -fsSL -o /tmp/v2.18.3.tar.gz https://github.com/NVIDIA/nccl-tests/archive/refs/tags/v2.18.3.tar.gz \
-# imgbuild: v2.18.3.tar.gz is not checked by sha256: unestablished: GitHub publishes no checksum for a tag's archive, and Spack's nccl-tests recipe (spack/spack-packages repos/spack_repo/builtin/packages/nccl_tests/package.py at d9bc1530527a714b4146dfe5849bbda448d8bcdf) lists 2.17.6, 2.16.3 and 2.13.6, not 2.18.3; download https://github.com/NVIDIA/nccl-tests/archive/refs/tags/v2.18.3.tar.gz: NameResolutionError: HTTPSConnection(host='github.com', port=443): Failed to resolve 'github.com' ([Errno -2] Name or service not known)
- && echo "imgbuild: v2.18.3.tar.gz is not checked by sha256" >&2 \
- && tar -xzf /tmp/v2.18.3.tar.gz -C /tmp \
- && rm /tmp/v2.18.3.tar.gz \
+    curl -fsSL -o /tmp/nccl-tests-2.18.3.tar.gz https://github.com/NVIDIA/nccl-tests/archive/refs/tags/v2.18.3.tar.gz \
+# imgbuild: nccl-tests-2.18.3.tar.gz is not checked by sha256: unestablished: GitHub publishes no checksum for a tag's archive, and Spack's nccl-tests recipe (spack/spack-packages repos/spack_repo/builtin/packages/nccl_tests/package.py at d9bc1530527a714b4146dfe5849bbda448d8bcdf) lists 2.17.6, 2.16.3 and 2.13.6, not 2.18.3; download https://github.com/NVIDIA/nccl-tests/archive/refs/tags/v2.18.3.tar.gz: NameResolutionError: HTTPSConnection(host='github.com', port=443): Failed to resolve 'github.com' ([Errno -2] Name or service not known)
+ && echo "imgbuild: nccl-tests-2.18.3.tar.gz is not checked by sha256" >&2 \
+ && tar -xzf /tmp/nccl-tests-2.18.3.tar.gz -C /tmp \
+ && rm /tmp/nccl-tests-2.18.3.tar.gz \
  && make -C /tmp/nccl-tests-2.18.3 -j"$(nproc)" MPI=1 MPI_HOME=/opt/amazon/openmpi \
       CUDA_HOME=/usr/local/cuda NCCL_HOME=/opt/venv/lib/python3.12/site-packages/nvidia/nccl NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" \
  && mkdir -p /opt/nccl-tests \
@@ -165,7 +165,8 @@ COPY --from=builder /opt/gdrcopy /opt/gdrcopy
 # The base image's own NCCL would be a second one (PyTorch's comes with the venv).
 RUN dpkg --purge libnccl-dev libnccl2
 
-# The plugin dlopens the unversioned libcudart.so, which -runtime images lack (AWS's DL containers add this link).
+# The plugin dlopens the unversioned libcudart.so, which -runtime images and CUDA's wheels lack (AWS's DL containers
+# add this link).
 RUN [ -e /usr/local/cuda/lib64/libcudart.so ] || ln -s libcudart.so.13 /usr/local/cuda/lib64/libcudart.so
 
 COPY --from=builder /opt/nccl-tests /opt/nccl-tests

@@ -67,33 +67,33 @@ RUN --mount=type=cache,id=imgbuild-apt-nvidia-cuda-12.8.1-devel-ubuntu22.04-cach
 
 # GDRCopy 2.5.1: the user-space library only (the gdrdrv kernel module belongs to the host).
 RUN --mount=type=secret,id=imgbuild-ca,target=/run/secrets/imgbuild-ca.pem,required=true \
-    curl -fsSL -o /tmp/v2.5.1.tar.gz https://github.com/NVIDIA/gdrcopy/archive/refs/tags/v2.5.1.tar.gz \
-# imgbuild: v2.5.1.tar.gz is not checked by sha256: rendered without a lock's content (`imgbuild lock` records checksums)
- && echo "imgbuild: v2.5.1.tar.gz is not checked by sha256" >&2 \
- && tar -xzf /tmp/v2.5.1.tar.gz -C /tmp \
- && rm /tmp/v2.5.1.tar.gz \
+    curl -fsSL -o /tmp/gdrcopy-2.5.1.tar.gz https://github.com/NVIDIA/gdrcopy/archive/refs/tags/v2.5.1.tar.gz \
+# imgbuild: gdrcopy-2.5.1.tar.gz is not checked by sha256: rendered without a lock's content (`imgbuild lock` records checksums)
+ && echo "imgbuild: gdrcopy-2.5.1.tar.gz is not checked by sha256" >&2 \
+ && tar -xzf /tmp/gdrcopy-2.5.1.tar.gz -C /tmp \
+ && rm /tmp/gdrcopy-2.5.1.tar.gz \
  && make -C /tmp/gdrcopy-2.5.1 -j"$(nproc)" prefix=/opt/gdrcopy \
       libdir=/opt/gdrcopy/lib CUDA=/usr/local/cuda lib lib_install \
  && rm -rf /tmp/gdrcopy-2.5.1
 
 # NCCL 2.27.5 (recipe), built for sm_80 only.
 RUN --mount=type=secret,id=imgbuild-ca,target=/run/secrets/imgbuild-ca.pem,required=true \
-    curl -fsSL -o /tmp/v2.27.5-1.tar.gz https://github.com/NVIDIA/nccl/archive/refs/tags/v2.27.5-1.tar.gz \
-# imgbuild: v2.27.5-1.tar.gz is not checked by sha256: rendered without a lock's content (`imgbuild lock` records checksums)
- && echo "imgbuild: v2.27.5-1.tar.gz is not checked by sha256" >&2 \
- && tar -xzf /tmp/v2.27.5-1.tar.gz -C /tmp \
- && rm /tmp/v2.27.5-1.tar.gz \
+    curl -fsSL -o /tmp/nccl-2.27.5-1.tar.gz https://github.com/NVIDIA/nccl/archive/refs/tags/v2.27.5-1.tar.gz \
+# imgbuild: nccl-2.27.5-1.tar.gz is not checked by sha256: rendered without a lock's content (`imgbuild lock` records checksums)
+ && echo "imgbuild: nccl-2.27.5-1.tar.gz is not checked by sha256" >&2 \
+ && tar -xzf /tmp/nccl-2.27.5-1.tar.gz -C /tmp \
+ && rm /tmp/nccl-2.27.5-1.tar.gz \
  && make -C /tmp/nccl-2.27.5-1 -j"$(nproc)" src.build \
       CUDA_HOME=/usr/local/cuda NVCC_GENCODE="-gencode=arch=compute_80,code=sm_80" BUILDDIR=/opt/nccl \
  && rm -rf /tmp/nccl-2.27.5-1 /opt/nccl/obj
 
 # nccl-tests 2.16.4 with MPI=1, against NCCL 2.27.5 and /opt/amazon/openmpi.
 RUN --mount=type=secret,id=imgbuild-ca,target=/run/secrets/imgbuild-ca.pem,required=true \
-    curl -fsSL -o /tmp/v2.16.4.tar.gz https://github.com/NVIDIA/nccl-tests/archive/refs/tags/v2.16.4.tar.gz \
-# imgbuild: v2.16.4.tar.gz is not checked by sha256: rendered without a lock's content (`imgbuild lock` records checksums)
- && echo "imgbuild: v2.16.4.tar.gz is not checked by sha256" >&2 \
- && tar -xzf /tmp/v2.16.4.tar.gz -C /tmp \
- && rm /tmp/v2.16.4.tar.gz \
+    curl -fsSL -o /tmp/nccl-tests-2.16.4.tar.gz https://github.com/NVIDIA/nccl-tests/archive/refs/tags/v2.16.4.tar.gz \
+# imgbuild: nccl-tests-2.16.4.tar.gz is not checked by sha256: rendered without a lock's content (`imgbuild lock` records checksums)
+ && echo "imgbuild: nccl-tests-2.16.4.tar.gz is not checked by sha256" >&2 \
+ && tar -xzf /tmp/nccl-tests-2.16.4.tar.gz -C /tmp \
+ && rm /tmp/nccl-tests-2.16.4.tar.gz \
  && make -C /tmp/nccl-tests-2.16.4 -j"$(nproc)" MPI=1 MPI_HOME=/opt/amazon/openmpi \
       CUDA_HOME=/usr/local/cuda NCCL_HOME=/opt/nccl NVCC_GENCODE="-gencode=arch=compute_80,code=sm_80" \
  && mkdir -p /opt/nccl-tests \
@@ -164,7 +164,8 @@ COPY --from=builder /opt/gdrcopy /opt/gdrcopy
 
 COPY --from=builder /opt/nccl /opt/nccl
 
-# The plugin dlopens the unversioned libcudart.so, which -runtime images lack (AWS's DL containers add this link).
+# The plugin dlopens the unversioned libcudart.so, which -runtime images and CUDA's wheels lack (AWS's DL containers
+# add this link).
 RUN [ -e /usr/local/cuda/lib64/libcudart.so ] || ln -s libcudart.so.12 /usr/local/cuda/lib64/libcudart.so
 
 COPY --from=builder /opt/nccl-tests /opt/nccl-tests

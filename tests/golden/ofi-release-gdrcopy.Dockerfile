@@ -67,11 +67,11 @@ RUN --mount=type=cache,id=imgbuild-apt-nvidia-cuda-13.0.1-devel-ubuntu24.04-cach
 
 # GDRCopy 2.5.1: the user-space library only (the gdrdrv kernel module belongs to the host).
 RUN --mount=type=secret,id=imgbuild-ca,target=/run/secrets/imgbuild-ca.pem,required=true \
-    curl -fsSL -o /tmp/v2.5.1.tar.gz https://github.com/NVIDIA/gdrcopy/archive/refs/tags/v2.5.1.tar.gz \
-# imgbuild: v2.5.1.tar.gz is not checked by sha256: rendered without a lock's content (`imgbuild lock` records checksums)
- && echo "imgbuild: v2.5.1.tar.gz is not checked by sha256" >&2 \
- && tar -xzf /tmp/v2.5.1.tar.gz -C /tmp \
- && rm /tmp/v2.5.1.tar.gz \
+    curl -fsSL -o /tmp/gdrcopy-2.5.1.tar.gz https://github.com/NVIDIA/gdrcopy/archive/refs/tags/v2.5.1.tar.gz \
+# imgbuild: gdrcopy-2.5.1.tar.gz is not checked by sha256: rendered without a lock's content (`imgbuild lock` records checksums)
+ && echo "imgbuild: gdrcopy-2.5.1.tar.gz is not checked by sha256" >&2 \
+ && tar -xzf /tmp/gdrcopy-2.5.1.tar.gz -C /tmp \
+ && rm /tmp/gdrcopy-2.5.1.tar.gz \
  && make -C /tmp/gdrcopy-2.5.1 -j"$(nproc)" prefix=/opt/gdrcopy \
       libdir=/opt/gdrcopy/lib CUDA=/usr/local/cuda lib lib_install \
  && rm -rf /tmp/gdrcopy-2.5.1
@@ -95,9 +95,11 @@ RUN --mount=type=secret,id=imgbuild-ca,target=/run/secrets/imgbuild-ca.pem,requi
  && tar -xzf /tmp/aws-ofi-nccl-1.21.1.tar.gz -C /tmp \
  && rm /tmp/aws-ofi-nccl-1.21.1.tar.gz \
  && cd /tmp/aws-ofi-nccl-1.21.1 \
+ && if [ ! -e configure ]; then echo 1.21.1 >.release_version && ./autogen.sh; fi \
  && ./configure --prefix=/opt/aws-ofi-nccl --with-libfabric=/opt/amazon/efa \
       --with-cuda=/usr/local/cuda --with-mpi=/opt/amazon/openmpi --with-gdrcopy=/opt/gdrcopy \
       --enable-platform-aws --with-hwloc \
+ && if ! grep -qx '#define HAVE_GDRCOPY 1' include/config.h; then echo 'imgbuild: aws-ofi-nccl 1.21.1: configure did not enable GDRCopy (HAVE_GDRCOPY is not 1 in include/config.h; the image has GDRCopy under /opt/gdrcopy: was --with-gdrcopy passed? see config.log)' >&2; exit 1; fi \
  && make -j"$(nproc)" \
  && make install \
  && cd / \
@@ -105,11 +107,11 @@ RUN --mount=type=secret,id=imgbuild-ca,target=/run/secrets/imgbuild-ca.pem,requi
 
 # nccl-tests 2.18.3 with MPI=1, against NCCL 2.29.7 and /opt/amazon/openmpi.
 RUN --mount=type=secret,id=imgbuild-ca,target=/run/secrets/imgbuild-ca.pem,required=true \
-    curl -fsSL -o /tmp/v2.18.3.tar.gz https://github.com/NVIDIA/nccl-tests/archive/refs/tags/v2.18.3.tar.gz \
-# imgbuild: v2.18.3.tar.gz is not checked by sha256: rendered without a lock's content (`imgbuild lock` records checksums)
- && echo "imgbuild: v2.18.3.tar.gz is not checked by sha256" >&2 \
- && tar -xzf /tmp/v2.18.3.tar.gz -C /tmp \
- && rm /tmp/v2.18.3.tar.gz \
+    curl -fsSL -o /tmp/nccl-tests-2.18.3.tar.gz https://github.com/NVIDIA/nccl-tests/archive/refs/tags/v2.18.3.tar.gz \
+# imgbuild: nccl-tests-2.18.3.tar.gz is not checked by sha256: rendered without a lock's content (`imgbuild lock` records checksums)
+ && echo "imgbuild: nccl-tests-2.18.3.tar.gz is not checked by sha256" >&2 \
+ && tar -xzf /tmp/nccl-tests-2.18.3.tar.gz -C /tmp \
+ && rm /tmp/nccl-tests-2.18.3.tar.gz \
  && make -C /tmp/nccl-tests-2.18.3 -j"$(nproc)" MPI=1 MPI_HOME=/opt/amazon/openmpi \
       CUDA_HOME=/usr/local/cuda NCCL_HOME=/opt/venv/lib/python3.12/site-packages/nvidia/nccl NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" \
  && mkdir -p /opt/nccl-tests \
@@ -184,7 +186,8 @@ RUN dpkg --purge libnccl-dev libnccl2
 # Only one plugin may be found: drop the one the EFA installer bundles.
 COPY --from=builder /opt/aws-ofi-nccl /opt/aws-ofi-nccl
 RUN rm -rf /opt/amazon/ofi-nccl
-# The plugin dlopens the unversioned libcudart.so, which -runtime images lack (AWS's DL containers add this link).
+# The plugin dlopens the unversioned libcudart.so, which -runtime images and CUDA's wheels lack (AWS's DL containers
+# add this link).
 RUN [ -e /usr/local/cuda/lib64/libcudart.so ] || ln -s libcudart.so.13 /usr/local/cuda/lib64/libcudart.so
 
 COPY --from=builder /opt/nccl-tests /opt/nccl-tests

@@ -190,7 +190,7 @@ def tag_archive_url(version: str) -> str:
 def source_url(pin: Pin) -> str:
     """The archive a release build downloads: the release tarball, or the tag's archive (`archive: tag`)."""
     version = str(pin.version)
-    return tag_archive_url(version) if pin.details.archive == "tag" else release_url(version)
+    return tag_archive_url(version) if pin.typed(PluginDetails).archive == "tag" else release_url(version)
 
 
 def downloads(pin: Pin, ctx: Context) -> list[str]:
@@ -255,7 +255,7 @@ def contribute(pin: Pin, ctx: Context) -> Contribution:
     prefix = pin.details.prefix
     if pin.source == "release":
         c.builder_packages |= {"curl", "ca-certificates", "build-essential"}
-        if pin.details.archive == "tag":  # autogen.sh makes configure (`prepare`)
+        if pin.typed(PluginDetails).archive == "tag":  # autogen.sh makes configure (`prepare`)
             c.builder_packages |= {"autoconf", "automake", "libtool"}
         c.ld_library_path.append(f"{prefix}/lib")
         c.needs_fabric_in_builder = True

@@ -206,9 +206,9 @@ def _tarball(text: str) -> bytes:
     return buf.getvalue()
 
 
-def _build(context: Path, tag: str, nonce: str) -> subprocess.CompletedProcess[str]:
+def _build(context: Path, tag: str, nonce: str, network: str = "host") -> subprocess.CompletedProcess[str]:
     """The project's builder (BuildKit through the docker CLI) on `context`, with the host's network so that the
-    build reaches the local server."""
+    build reaches the local server (or `network`: none)."""
     from imgbuild.build import builders
 
     builder = builders.select()
@@ -217,7 +217,7 @@ def _build(context: Path, tag: str, nonce: str) -> subprocess.CompletedProcess[s
         nocache=False, pull=False, secrets={}, cache=builders.cache_plan(builder), iidfile=context / "iid",
         metadata_file=None,
     )  # fmt: skip
-    argv[-3:-3] = ["--network", "host"]
+    argv[-3:-3] = ["--network", network]
     return subprocess.run(argv, env=builders.cli_env(builder), capture_output=True, text=True, timeout=600)
 
 

@@ -364,3 +364,49 @@ def _contented(resolved):
     from imgbuild.pin.content import Content
 
     return resolved.model_copy(update={"content": Content()})
+
+
+def test_a_release_build_takes_libfabric_from_components_libfabric(recipe_dir: Path) -> None:
+    """No EFA installer: the plugin builds against components.libfabric (the distribution's: the bare
+    --with-libfabric), and the tested-libfabric rule applies to that libfabric; without either it is refused."""
+    from imgbuild.image import render
+
+    plugin = "  aws_ofi_nccl: {source: release, version: 1.21.1}\n"
+    no_efa = "extends: h100\ncomponents:\n  efa: null\n  openmpi: {source: distro}\n" + plugin
+    msg = resolve_error(recipe_dir, no_efa)
+    assert "r.yaml: components.aws_ofi_nccl.source: source: release builds against libfabric" in msg
+    assert "components.efa" in msg and "components.libfabric" in msg
+    distro = resolve_text(recipe_dir, no_efa + "  libfabric: {source: distro}\n")
+    assert not [w for w in distro.warnings if "libfabric" in w]
+    text = render.plan(distro).dockerfile
+    assert "built against libfabric 1.17.0 (ubuntu24.04 package)." in text
+    assert " --with-libfabric --with-cuda=" in text
+    newer = no_efa + "  libfabric: {source: base, version: 2.7.0, prefix: /opt/libfabric}\n"
+    msg = resolve_error(recipe_dir, newer)
+    assert "components.aws_ofi_nccl.version / components.libfabric" in msg
+    assert "aws-ofi-nccl 1.21.1 was tested with libfabric up to 2.6.0amzn1.0; components.libfabric" in msg
+    assert "brings libfabric 2.7.0" in msg
+    efa = resolve_error(recipe_dir, "extends: h100\ncomponents:\n  efa: null\n  openmpi: {source: distro}\n")
+    assert "components.aws_ofi_nccl.source: source: efa (the plugin the EFA installer bundles) needs" in efa
+
+
+def test_the_archive_option_is_the_release_builds_and_left_out_of_locks_that_do_not_set_it(recipe_dir: Path) -> None:
+    from imgbuild.blocks.aws_ofi_nccl import PluginDetails
+
+    msg = resolve_error(recipe_dir, "extends: h100\ncomponents:\n  aws_ofi_nccl: {source: efa, archive: tag}\n")
+    assert "components.aws_ofi_nccl.archive: applies to source: release" in msg
+    base = "extends: h200\ncomponents:\n  aws_ofi_nccl: {source: release, version: 1.21.1"
+    release = resolve_text(recipe_dir, base + "}\n").pins["aws_ofi_nccl"]
+    tag = resolve_text(recipe_dir, base + ", archive: tag}\n").pins["aws_ofi_nccl"]
+    assert "archive" not in release.model_dump(mode="json")["details"]  # the locks of before read the same
+    assert tag.model_dump(mode="json")["details"]["archive"] == "tag"
+    assert PluginDetails.model_validate(tag.model_dump(mode="json")["details"]).archive == "tag"
+    from imgbuild.image import render
+
+    texts = {name: render.plan(resolve_text(recipe_dir, base + extra)).dockerfile
+             for name, extra in (("release", "}\n"), ("tag", ", archive: tag}\n"))}  # fmt: skip
+    assert "releases/download/v1.21.1/aws-ofi-nccl-1.21.1.tar.gz" in texts["release"]
+    assert "archive/refs/tags/v1.21.1.tar.gz" in texts["tag"]
+    for name, text in texts.items():  # one template: the same autogen line, autotools in the builder for tag only
+        assert "&& if [ ! -e configure ]; then echo 1.21.1 >.release_version && ./autogen.sh; fi \\\n" in text
+        assert ("      automake \\\n" in text) == (name == "tag"), name

@@ -418,3 +418,28 @@ def test_hwloc_check_reads_the_loader_cache_and_the_package_version() -> None:
     assert hwloc.hwloc_library(Ctx("2.9.0", lib)).status == "fail"
     missing = hwloc.hwloc_library(Ctx("2.7.0", ""))
     assert missing.status == "fail" and missing.found == "missing"
+
+
+def test_the_build_fails_when_configure_left_gdrcopy_out(tmp_path: Path) -> None:
+    """The plugin's release build checks configure's header after ./configure whenever the image has GDRCopy and the
+    release takes --with-gdrcopy (whatever the arguments say: without the option, configure does not find gdrapi.h,
+    HAVE_GDRCOPY is 0, and the build stops naming why). The rendered command, run on both headers configure writes."""
+    import subprocess
+
+    from imgbuild.blocks import aws_ofi_nccl
+
+    text = _dockerfile(_resolved("ofi-release-gdrcopy"))
+    checks = [line for line in text.splitlines() if "HAVE_GDRCOPY" in line]
+    assert len(checks) == 1
+    at = text.index(checks[0])
+    assert text.index("./configure --prefix=/opt/aws-ofi-nccl") < at < text.index('make -j"$(nproc)" \\', at)
+    assert "HAVE_GDRCOPY" not in _dockerfile(_resolved("ofi-release"))  # 1.16.3's configure has no --with-gdrcopy
+    command = checks[0].strip().removeprefix("&& ").removesuffix(" \\")
+    (tmp_path / "include").mkdir()
+    for value, code in ((1, 0), (0, 1)):
+        (tmp_path / aws_ofi_nccl.CONFIG_HEADER).write_text(f"/* x */\n#define HAVE_GDRCOPY {value}\n")
+        ran = subprocess.run(["bash", "-c", command], cwd=tmp_path, capture_output=True, text=True)
+        assert ran.returncode == code, ran.stderr
+    assert (
+        "aws-ofi-nccl 1.21.1: configure did not enable GDRCopy (HAVE_GDRCOPY is not 1 in include/config.h" in ran.stderr
+    )

@@ -132,7 +132,7 @@ else
 fi
 
 # --- 2. host tools --------------------------------------------------------------------------------------
-step "host tools (debootstrap, iproute2, openssh-client, docker-registry, docker-compose, shellcheck)"
+step "host tools (debootstrap, iproute2, openssh-client, docker-registry, docker-compose, shellcheck, gcc)"
 missing=()
 have debootstrap || missing+=(debootstrap)
 have ip || missing+=(iproute2)
@@ -140,6 +140,7 @@ have ssh-keygen || missing+=(openssh-client)
 have docker-registry || missing+=(docker-registry)  # a real registry for the push tests
 have docker-compose || missing+=(docker-compose)    # what SageMaker local mode starts the hosts with
 have shellcheck || missing+=(shellcheck)            # the rendered sbatch scripts and train are shellchecked
+have gcc || missing+=(gcc libc6-dev)                # the GPU-stack checks' tests compile stand-in ELF files
 if ((${#missing[@]})); then
     apt_install "${missing[@]}"
     step_done "installed ${missing[*]}"

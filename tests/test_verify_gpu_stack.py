@@ -173,7 +173,7 @@ def _stub(out: Path, soname: str, symbol: str) -> Path:
 def stand_ins(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The plugin and nccl-tests' binaries as small ELF files linked like the real ones (compiled here)."""
     if shutil.which("gcc") is None:
-        pytest.skip("gcc is not on this machine: the test's stand-in libraries are compiled with it")
+        pytest.fail("gcc is not on this machine (scripts/setup.sh installs it): the stand-ins are compiled with it")
     out = tmp_path_factory.mktemp("elf")
     fabric, nccl, mpi = _stub(out, "libfabric.so.1", "fi_getinfo"), _stub(out, "libnccl.so.2", "ncclGetVersion"), \
         _stub(out, "libmpi.so.40", "MPI_Init")  # fmt: skip

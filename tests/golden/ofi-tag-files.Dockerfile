@@ -25,6 +25,7 @@ RUN --mount=type=cache,id=imgbuild-apt-nvidia-cuda-12.8.1-devel-ubuntu22.04-cach
       build-essential \
       ca-certificates \
       curl \
+      libfabric-dev \
       libhwloc-dev \
       libtool \
       python3-venv

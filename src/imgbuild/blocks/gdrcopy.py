@@ -69,6 +69,7 @@ BLOCK = Block(
     resolve=resolve,
     contribute=contribute,
     details=Installed,
+    build_after=("cuda",),
     downloads=downloads,
     template_globals={"gdrcopy_source_url": source_url},
 )

@@ -53,6 +53,8 @@ def contribute(pin: Pin, ctx: Context) -> Contribution:
     c = Contribution(name="libfabric")
     if pin.source == "distro":
         c.runtime_packages |= {"libfabric1", "libfabric-bin"}
+        if ctx.fabric_in_builder:  # a block compiles against it (the plugin): its headers and libfabric.so
+            c.builder_packages.add("libfabric-dev")
     elif pin.source == "base" and pin.details.prefix:
         c.env["LIBFABRIC_ROOT"] = pin.details.prefix
         c.path.append(f"{pin.details.prefix}/bin")

@@ -60,7 +60,7 @@ BLOCK = Block(
     contribute=contribute,
     details=Installed,
     after=("nccl", "openmpi"),
-    build_after=("efa", "openmpi", "nccl"),
+    build_after=("cuda", "efa", "openmpi", "nccl"),
     downloads=downloads,
     template_globals={"nccl_tests_source_url": source_url},
 )

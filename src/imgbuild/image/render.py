@@ -450,6 +450,9 @@ def contributions(resolved: Resolved, arch: str | None = None) -> tuple[Context,
     ctx = context_for(resolved, arch)
     contribs = {b.name: b.contribution(resolved.pins[b.name], ctx) for b in REGISTRY if b.name in resolved.pins}
     in_builder = any(c.needs_fabric_in_builder for c in contribs.values())
+    if in_builder:  # again, with the context saying so: what brings the fabric adds its builder part (headers)
+        ctx = replace(ctx, fabric_in_builder=True)
+        contribs = {b.name: b.contribution(resolved.pins[b.name], ctx) for b in REGISTRY if b.name in resolved.pins}
     offered: dict[str, list[str]] = {}
     for c in contribs.values():  # registry order
         for consumer, args in c.offers.items():

@@ -81,10 +81,15 @@ def requirement_lines(specifiers: Sequence[str]) -> list[str]:
     return [s for s in specifiers if not s.strip().startswith("-")]
 
 
+# The newest manylinux_2_XX that uv's --python-platform names (uv 0.13: 2_40). A newer glibc (Debian 13's 2.41) runs
+# every wheel of an older tag, so the platform is capped here; only a wheel tagged for 2.41 alone would be missed.
+UV_NEWEST_GLIBC = "2.40"
+
+
 def target(resolved: Resolved, arch: str | None = None) -> tuple[str, str]:
     """(Python version, platform) the image's wheels are resolved for on `arch` (default: the recipe's first): the
     `python` pin's version (3.11 on Debian 12) and `<machine>-manylinux_2_XX` with the target distribution's glibc
-    (x86_64-manylinux_2_36, aarch64-manylinux_2_36)."""
+    (x86_64-manylinux_2_36, aarch64-manylinux_2_36), capped at what uv names (UV_NEWEST_GLIBC)."""
     r = resolved.recipe
     os_id = f"{r.os.family}{r.os.version}"
     distro = compat.DISTRO.get(os_id)
@@ -94,7 +99,8 @@ def target(resolved: Resolved, arch: str | None = None) -> tuple[str, str]:
     if py is None or not py.version:
         raise ResolveError(f"{r.name}: its requirement sets need the python pin's version (components.python)")
     machine = compat.MACHINE[arch or r.platform.arch[0]]
-    return ".".join(py.version.split(".")[:2]), f"{machine}-manylinux_{distro.glibc.replace('.', '_')}"
+    glibc = min(Version(distro.glibc), Version(UV_NEWEST_GLIBC))
+    return ".".join(py.version.split(".")[:2]), f"{machine}-manylinux_{glibc.major}_{glibc.minor}"
 
 
 def uv_deadline() -> tuple[float, dict[str, str], str]:

@@ -379,15 +379,16 @@ class Distro:
     # The C library (libc6: Debian 12 2.36-9, Ubuntu 22.04 2.35-0ubuntu3, Ubuntu 24.04 2.39-0ubuntu8): the newest
     # manylinux_2_XX wheel tag the release runs, the platform `imgbuild lock` resolves wheels for (pin.wheels).
     glibc: str
-    # Packages the release's Open MPI depends on that an image must not carry, each with why: the image gets an empty
-    # stand-in instead (render's stub_packages). Debian 13's libopenmpi40 depends on libucx0, which pulls in ROCm
-    # (libamdhip64-5, libhsa-runtime64-1, LLVM 17: about 235 MB); Open MPI runs ob1/ofi in these images, never UCX.
+    # Packages the release's Open MPI pulls in that an image must not carry, each with why: the image gets an empty
+    # stand-in instead (render.stub_packages_run). Debian 13's libopenmpi40 links libucx0, and libucx0 depends on ROCm's
+    # HIP and HSA runtimes (with libamd-comgr2 and LLVM 17: about 235 MB) that only UCX's ROCm modules
+    # (ucx/libuct_rocm.so, libucm_rocm.so) load; libucp and libuct themselves do not, so Open MPI runs without them.
     openmpi_stubs: Mapping[str, str] = field(default_factory=dict)
 
 
-UCX_STUB = (
-    "libopenmpi40 depends on it and it pulls in ROCm (libamdhip64-5, libhsa-runtime64-1, LLVM 17: about 235 MB); "
-    "Open MPI runs ob1/ofi here, never its UCX components"
+ROCM_STUB = (
+    "libucx0 (which libopenmpi40 links) depends on it, but only UCX's ROCm modules load it; with LLVM 17 it is "
+    "about 235 MB of ROCm no NVIDIA image needs"
 )
 
 DISTRO: dict[str, Distro] = {
@@ -407,7 +408,7 @@ DISTRO: dict[str, Distro] = {
         mpi4py="4.0.3",
         hwloc="2.12.0",
         glibc="2.41",
-        openmpi_stubs={"libucx0": UCX_STUB},
+        openmpi_stubs={"libamdhip64-5": ROCM_STUB, "libhsa-runtime64-1": ROCM_STUB},
     ),
 }
 

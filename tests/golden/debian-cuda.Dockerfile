@@ -195,12 +195,10 @@ RUN --mount=type=cache,id=imgbuild-apt-debian-trixie-slim-cache,target=/var/cach
 
 COPY --from=builder /opt/gdrcopy /opt/gdrcopy
 
-# Only one plugin may be found: drop the one the EFA installer bundles.
 COPY --from=builder /opt/aws-ofi-nccl /opt/aws-ofi-nccl
-RUN rm -rf /opt/amazon/ofi-nccl
-# The plugin dlopens the unversioned libcudart.so, which -runtime images and CUDA's wheels lack (AWS's DL containers
-# add this link).
-RUN [ -e /opt/venv/lib/python3.13/site-packages/nvidia/cu13/lib/libcudart.so ] || ln -s libcudart.so.13 /opt/venv/lib/python3.13/site-packages/nvidia/cu13/lib/libcudart.so
+# The plugin dlopens the unversioned libcudart.so, which CUDA's wheels lack: a link in the plugin's own lib/ (on
+# LD_LIBRARY_PATH) to the runtime PyTorch's CUDA wheels install later, in the venv.
+RUN ln -s /opt/venv/lib/python3.13/site-packages/nvidia/cu13/lib/libcudart.so.13 /opt/aws-ofi-nccl/lib/libcudart.so
 
 COPY --from=builder /opt/nccl-tests /opt/nccl-tests
 

@@ -165,8 +165,7 @@ COPY --from=builder /opt/gdrcopy /opt/gdrcopy
 # The base image's own NCCL would be a second one (PyTorch's comes with the venv).
 RUN dpkg --purge libnccl-dev libnccl2
 
-# The plugin dlopens the unversioned libcudart.so, which -runtime images and CUDA's wheels lack (AWS's DL containers
-# add this link).
+# The plugin dlopens the unversioned libcudart.so, which -runtime images lack (AWS's DL containers add this link).
 RUN [ -e /usr/local/cuda/lib64/libcudart.so ] || ln -s libcudart.so.12 /usr/local/cuda/lib64/libcudart.so
 
 COPY --from=builder /opt/nccl-tests /opt/nccl-tests

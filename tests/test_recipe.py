@@ -28,7 +28,9 @@ def error_of(path: Path) -> str:
 
 
 def test_shipped_recipes_load() -> None:
-    assert recipe.shipped_names() == ["a100", "b200", "cpu", "gaudi-1.15", "gb200", "h100", "h200", "pytorch", "v100"]
+    assert recipe.shipped_names() == [
+        *("a100", "b200", "cpu", "debian-cuda", "gaudi-1.15", "gb200", "h100", "h200", "pytorch", "v100")
+    ]
     for name in recipe.shipped_names():
         loaded = recipe.load(name)
         assert loaded.recipe.name == name

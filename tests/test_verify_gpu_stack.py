@@ -29,6 +29,7 @@ from imgbuild.blocks import Pin, aws_ofi_nccl, libfabric, nccl_tests
 from imgbuild.image.manifest import read_entry
 from imgbuild.probes import elfsyms
 from imgbuild.spec import compat
+from imgbuild.verify import gpuchecks
 from test_multinode import manifest_of
 
 CPU: dict[str, dict[str, Any]] = {
@@ -127,7 +128,7 @@ def test_the_plugin_loaded_check_reads_nccl_logs(
     ctx = checks.CheckContext(host=host, scope="container", components=pins(components), gpu=True,
                               manifest=manifest_of("cpu").as_data(),
                               efa_devices=("/dev/infiniband/uverbs0",) if efa else ())  # fmt: skip
-    res = aws_ofi_nccl.aws_ofi_nccl_loaded(ctx)
+    res = gpuchecks.aws_ofi_nccl_loaded(ctx)
     assert res.status == status, res.reason
     assert why in res.reason
     # the image's mpirun line, on every GPU, with NCCL_DEBUG=INFO, nccl-tests from the pin's prefix
@@ -137,14 +138,14 @@ def test_the_plugin_loaded_check_reads_nccl_logs(
     # a run that failed is a failure whatever the log says
     broken = checks.CheckContext(host=_Host(text, rc=1), scope="container", components=pins(components), gpu=True,
                                  manifest=manifest_of("cpu").as_data())  # fmt: skip
-    assert aws_ofi_nccl.aws_ofi_nccl_loaded(broken).status == "fail"
+    assert gpuchecks.aws_ofi_nccl_loaded(broken).status == "fail"
 
 
 def test_the_gpu_check_skips_without_a_gpu_with_the_reason() -> None:
     ctx = checks.CheckContext(host=_Host(""), scope="container",
                               components=pins({**CPU, "aws_ofi_nccl": PLUGIN, "nccl_tests": TESTS}),
                               gpu_reason="no GPU on this host")  # fmt: skip
-    res = aws_ofi_nccl.aws_ofi_nccl_loaded(ctx)
+    res = gpuchecks.aws_ofi_nccl_loaded(ctx)
     assert (res.status, res.reason) == ("skip", "no GPU on this host")
 
 

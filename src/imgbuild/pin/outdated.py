@@ -112,16 +112,20 @@ def tracks(resolved: Resolved) -> list[Track]:
             fixed=f"{os_id}'s package: it changes with os.version",
         )
 
-    if "cuda" in pins:
-        torch_cuda = sorted({w.cuda for w in compat.TORCH.values()}, key=_order)
-        fixed = "CUDA comes with the base image: change cuda.version, base.tag and base.builder_tag together"
-        add("cuda", _table("TORCH"), ("cuda", "version"), versions=torch_cuda, fixed=fixed)
     for name in resolve_order():
         pin = pins.get(name)
         if pin is None or pin.version is None:
             continue
         keys = ("components", name, "version")
-        if name == "pytorch":
+        if name == "cuda" and pin.source == "wheel":
+            add(
+                name, Source("follows", "pytorch"), fixed="its toolkit wheels are the cuda-toolkit release PyTorch pins"
+            )
+        elif name == "cuda":
+            torch_cuda = sorted({w.cuda for w in compat.TORCH.values()}, key=_order)
+            fixed = "CUDA comes with the base image: change cuda.version, base.tag and base.builder_tag together"
+            add(name, _table("TORCH"), ("cuda", "version"), versions=torch_cuda, fixed=fixed)
+        elif name == "pytorch":
             if pin.source != "pip":
                 add(name, Source("base", "base"), fixed="comes with the base image")
                 continue

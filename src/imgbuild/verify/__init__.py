@@ -45,6 +45,7 @@ from imgbuild.image.manifest import MANIFEST_PATH, Manifest
 from imgbuild.pin import lock
 from imgbuild.pin.resolver import Resolved
 from imgbuild.spec import compat, recipe
+from imgbuild.verify import gpuchecks  # noqa: F401  (registers the checks that run the image's launch line)
 
 LABEL_RECIPE = "io.imgbuild.recipe"
 READY_TIMEOUT_S = 60.0

@@ -74,8 +74,8 @@ def test_verify_passes_the_gpu_stack_checks_and_skips_the_gpu_ones(debian_cuda_i
     # no GPU here: skipped, with the reason, never passed
     for name in GPU_CHECKS:
         assert results[name]["status"] == "skip" and results[name]["reason"], results[name]
-    # the plugin exports an API NCCL 2.29.7 looks for (v11..v6), and libfabric has efa compiled in
-    assert "efa" in results["libfabric-providers"]["details"]["compiled_in"]
+    # `fi_info -l` lists Debian's efa provider (no device needed to list it)
+    assert "efa" in results["libfabric-providers"]["details"]["listed"]
     assert data["image"] == str(debian_cuda_image.refs[0])
 
 

@@ -107,13 +107,7 @@ def establish(
         failed.append(f"download {url}: {_why(exc)}")
     record = known.get(url)
     if computed is not None:
-        if record is not None and record.sha256 is not None and record.sha256 != computed:
-            return Download(
-                url=url,
-                sha256=None,
-                origin=f"{UNLOCKED}computed {computed} at lock time, but {record.origin} records {record.sha256}",
-            )
-        return Download(url=url, sha256=computed, origin=f"computed at lock time ({size} bytes from {url})")
+        return _checked(url, computed, f"({size} bytes from {url})", record)
     tried = "; ".join(failed)
     if record is not None and record.sha256 is not None:
         return Download(url=url, sha256=record.sha256, origin=f"{record.origin} (the publisher: {tried})")
@@ -129,15 +123,21 @@ def from_file(url: str, path: Path, *, table: Mapping[str, Download] | None = No
     every machine."""
     known = table if table is not None else third_party()
     computed, size = sha256_file(path), path.stat().st_size
-    where = f"the local file {path.name} ({size} bytes, --files), for {url}"
-    record = known.get(url)
+    where = f"from the local file {path.name} ({size} bytes, --files), for {url}"
+    return _checked(url, computed, where, known.get(url))
+
+
+def _checked(url: str, computed: str, where: str, record: Download | None) -> Download:
+    """A sha256 computed at lock time (`where`: from the download or a local file) as the lock records it, checked
+    against a well-known third party's checksum of the URL (`record`): where they disagree, the download is left
+    without one, naming both."""
     if record is not None and record.sha256 is not None and record.sha256 != computed:
         return Download(
             url=url,
             sha256=None,
-            origin=f"{UNLOCKED}computed {computed} from {where}, but {record.origin} records {record.sha256}",
+            origin=f"{UNLOCKED}computed {computed} at lock time {where}, but {record.origin} records {record.sha256}",
         )
-    return Download(url=url, sha256=computed, origin=f"computed at lock time from {where}")
+    return Download(url=url, sha256=computed, origin=f"computed at lock time {where}")
 
 
 @cache

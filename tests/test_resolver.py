@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from conftest import REPO
 from imgbuild.core.errors import ImgbuildError, ResolveError
 from imgbuild.pin.resolver import resolve
 from imgbuild.spec import compat, recipe
@@ -410,3 +412,40 @@ def test_the_archive_option_is_the_release_builds_and_left_out_of_locks_that_do_
     for name, text in texts.items():  # one template: the same autogen line, autotools in the builder for tag only
         assert "&& if [ ! -e configure ]; then echo 1.21.1 >.release_version && ./autogen.sh; fi \\\n" in text
         assert ("      automake \\\n" in text) == (name == "tag"), name
+
+
+# --------------------------------------------------------------------------------------------------------------
+# cuda: the toolkit from the base image or from the cuda-toolkit wheels PyTorch pins (debian-cuda)
+
+
+def test_cuda_from_wheels_needs_cuda_13(recipe_dir: Path) -> None:
+    """CUDA 12's nvidia-cuda-nvcc-cu12 wheel has no nvcc binary: wheels compile from CUDA 13 on."""
+    (recipe_dir / "cu12.yaml").write_text(
+        "extends: debian-cuda\ncuda: {version: 12.8.1, source: wheel}\ncomponents: {pytorch: {version: 2.9.1}}\n"
+    )
+    with pytest.raises(ResolveError, match=r"cu12\.yaml: cuda\.source: CUDA 12\.8\.1's toolkit wheels have no nvcc"):
+        resolve(recipe.load(recipe_dir / "cu12.yaml"), lookup_torch=None)
+
+
+def test_cuda_from_wheels_is_the_toolkit_release_torch_pins(recipe_dir: Path) -> None:
+    (recipe_dir / "other.yaml").write_text("extends: debian-cuda\ncuda: {version: 13.0.2}\n")
+    with pytest.raises(ResolveError) as err:
+        resolve(recipe.load(recipe_dir / "other.yaml"), lookup_torch=None)
+    assert "other.yaml: cuda.version / components.pytorch.version: torch 2.13.0's wheel requires cuda-toolkit " \
+        "13.0.3; the toolkit wheels must be that release, got 13.0.2" in str(err.value)  # fmt: skip
+    assert err.value.hint == "cuda.version: 13.0.3"
+    shipped = resolve(recipe.load("debian-cuda"), lookup_torch=None).pins["cuda"]
+    assert (shipped.version, shipped.source) == ("13.0.3", "wheel")
+    assert resolve(recipe.load("h100"), lookup_torch=None).pins["cuda"].source == "base"
+
+
+def test_the_toolkit_set_is_resolved_apart_with_torchs_versions() -> None:
+    """The builder's toolkit set (pip --target, apart from the venv) holds its whole closure, at the versions the
+    venv's PyTorch sets hold: the shipped lock, what cannot change without a relock."""
+    sets = json.loads((REPO / "recipes" / "debian-cuda.lock.json").read_text())["content"]["python"]
+    toolkit = {r["name"]: r["version"] for r in sets["cuda"]}
+    venv = {r["name"]: r["version"] for name, reqs in sets.items() if name != "cuda" for r in reqs}
+    assert {"cuda-toolkit", "nvidia-cuda-nvcc", "nvidia-cuda-cccl", "nvidia-cuda-runtime"} <= set(toolkit)
+    shared = set(toolkit) & set(venv)
+    assert {"cuda-toolkit", "nvidia-cuda-runtime"} <= shared  # both: the venv keeps its own copy
+    assert {name: toolkit[name] for name in shared} == {name: venv[name] for name in shared}

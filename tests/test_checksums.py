@@ -141,7 +141,10 @@ def test_a_computed_checksum_must_agree_with_the_third_partys(server: Server) ->
     spack = Download(url=url, sha256="1" * 64, origin="spack: somewhere")
     d = establish(url, publishers=[], table={url: spack})
     assert d.sha256 is None
-    assert d.origin == f"unestablished: computed {SHA} at lock time, but spack: somewhere records {'1' * 64}"
+    assert d.origin == (
+        f"unestablished: computed {SHA} at lock time ({len(TARBALL)} bytes from {url}), "
+        f"but spack: somewhere records {'1' * 64}"
+    )
 
 
 def test_unestablished_says_why(server: Server) -> None:

@@ -195,6 +195,7 @@ def _dockerfile(resolved) -> str:
         ctx,
         contribs,
         render._labels(resolved, render.lock_digest(resolved), None, render.image_digests(resolved)),
+        render.environment(),
     )
 
 

@@ -513,7 +513,7 @@ def plan(
     )
 
 
-def _fragments(resolved: Resolved, ctx: Context, env: jinja2.Environment | None = None) -> dict[str, dict[str, str]]:
+def _fragments(resolved: Resolved, ctx: Context, env: jinja2.Environment) -> dict[str, dict[str, str]]:
     """Each pinned block's rendered `builder` and `runtime` fragments; a source mode that should render and
     renders nothing (or a mode the block doesn't declare) is an error, never an empty layer."""
     import jinja2
@@ -531,7 +531,7 @@ def _fragments(resolved: Resolved, ctx: Context, env: jinja2.Environment | None 
                 f"(it has: {', '.join(block.modes)})"
             )
         try:
-            module = (env or environment()).get_template(block.template).module
+            module = env.get_template(block.template).module
         except jinja2.TemplateNotFound:
             module = None
         texts = {}
@@ -571,7 +571,7 @@ def _dockerfile(
     ctx: Context,
     contribs: dict[str, Contribution],
     labels: dict[str, str],
-    env: jinja2.Environment | None = None,
+    env: jinja2.Environment,
 ) -> str:
     r = resolved.recipe
     fragments = _fragments(resolved, ctx, env)
@@ -580,27 +580,23 @@ def _dockerfile(
     final = [f for name in runtime_order() if (f := fragments.get(name, {}).get("final"))]
     builder_pkgs, runtime_pkgs = stage_packages(resolved, contribs)
     env_paths, recipe_env = image_env(resolved, contribs)
-    return (
-        (env or environment())
-        .get_template("Dockerfile.j2")
-        .render(
-            resolved=resolved,
-            r=r,
-            ctx=ctx,
-            builder_base=builder_base(resolved),
-            builder=builder,
-            runtime=runtime,
-            final=final,
-            builder_packages=builder_pkgs,
-            runtime_packages=runtime_pkgs,
-            env_paths=env_paths,
-            env=recipe_env,
-            labels=dict(sorted(labels.items())),
-            pinned=lambda ref: pinned_ref(resolved, ref, ctx.arch),
-            builder_env={**CA_ENV, **PIP_QUIET},
-            post_install=[line for name in runtime_order() if name in contribs for line in contribs[name].post_install],
-            stubs={k: v for c in contribs.values() for k, v in c.stub_packages.items()},
-        )
+    return env.get_template("Dockerfile.j2").render(
+        resolved=resolved,
+        r=r,
+        ctx=ctx,
+        builder_base=builder_base(resolved),
+        builder=builder,
+        runtime=runtime,
+        final=final,
+        builder_packages=builder_pkgs,
+        runtime_packages=runtime_pkgs,
+        env_paths=env_paths,
+        env=recipe_env,
+        labels=dict(sorted(labels.items())),
+        pinned=lambda ref: pinned_ref(resolved, ref, ctx.arch),
+        builder_env={**CA_ENV, **PIP_QUIET},
+        post_install=[line for name in runtime_order() if name in contribs for line in contribs[name].post_install],
+        stubs={k: v for c in contribs.values() for k, v in c.stub_packages.items()},
     )
 
 
@@ -785,7 +781,7 @@ def _files(
     ctx: Context,
     contribs: dict[str, Contribution],
     manifest: Manifest,
-    env: jinja2.Environment | None = None,
+    env: jinja2.Environment,
 ) -> list[ContextFile]:
     """The context files: the manifest, the entrypoint (static; it runs the hooks blocks put in
     paths.ENTRYPOINT_D), and each block's `files` (templates rendered, static files as they are) and `data`."""
@@ -796,7 +792,6 @@ def _files(
         ContextFile("imgbuild/imgbuild-entrypoint", entrypoint, 0o755),
         *requirement_files(ctx),
     ]
-    env = env or environment()
     variables = {"r": r, "ctx": ctx, "pins": pins, "manifest": manifest}
     for block in REGISTRY:
         if block.name not in pins:

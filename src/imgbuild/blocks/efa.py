@@ -57,19 +57,20 @@ class EfaDetails(Details):
 
 
 def resolve(e: Efa, rs: Resolution) -> Pin:
+    # A base image's installer that the Gaudi table records was run by Habana on that release's OS: not unchecked.
+    vouched = e.source == "base" and gaudi.check_base(rs, "components.efa.version", "efa", e.version)
     release = compat.EFA.get(e.version)
     if release is None:
-        rs.warnings.append(
-            f"EFA installer {e.version} is not in the shipped table: OS support and the bundled "
-            "plugin version are unchecked"
-        )
+        if not vouched:
+            rs.warnings.append(
+                f"EFA installer {e.version} is not in the shipped table: OS support and the bundled "
+                "plugin version are unchecked"
+            )
     elif rs.os_id not in release.os:
         raise rs.fail(
             "components.efa.version / os",
             f"EFA installer {e.version} supports {', '.join(release.os)}, not {rs.os_id}",
         )
-    if e.source == "base":
-        gaudi.check_base(rs, "components.efa.version", "efa", e.version)
     details = EfaDetails(
         mpi=e.mpi,
         minimal=e.minimal,

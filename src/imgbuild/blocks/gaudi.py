@@ -54,13 +54,17 @@ def resolve(g: Gaudi, rs: Resolution) -> Pin:
 _NAMES = {"efa": "EFA", "libfabric": "libfabric", "openmpi": "Open MPI"}
 
 
-def check_base(rs: Resolution, key: str, what: Literal["efa", "libfabric", "openmpi"], version: str | None) -> None:
+def check_base(rs: Resolution, key: str, what: Literal["efa", "libfabric", "openmpi"], version: str | None) -> bool:
     """For a block that comes with the base image (`what`): on a Gaudi recipe, `version` must be the one that
-    release's image has (compat.GAUDI); a ResolveError naming `key` otherwise. Nothing to check off Gaudi."""
+    release's image has (compat.GAUDI); a ResolveError naming `key` otherwise. True when the Gaudi table vouched for
+    it (the image is Habana's build for that release's OS); False off Gaudi, where there is nothing to check."""
     g = rs.options("gaudi")
     release = compat.GAUDI.get(g.version) if g is not None else None
-    if release is not None and getattr(release, what) != version:
+    if release is None:
+        return False
+    if getattr(release, what) != version:
         raise rs.fail(key, f"Gaudi {g.version}'s image has {_NAMES[what]} {getattr(release, what)}, got {version}")
+    return True
 
 
 def required(recipe: Recipe) -> str | None:

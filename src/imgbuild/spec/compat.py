@@ -426,8 +426,23 @@ class GaudiRelease:
 
 # Gaudi 1.15.x PyTorch images: Ubuntu 22.04 only (Habana's support matrix lists no 20.04 image for 1.15); Open MPI
 # from EFA 1.29.0 in /opt/amazon/openmpi (MPI_ROOT in Habana's dockerfiles/base/Dockerfile.ubuntu22.04).
+# Gaudi 1.21.x, the last release whose support matrix lists first-gen Gaudi (DL1; 1.22's lists Gaudi 2 and 3 only):
+# PyTorch 2.6.0 and Open MPI 4.1.6 (Habana's Support Matrix v1.21.0; PT_VERSION in HabanaAI/Setup_and_Install
+# r1.21.0 dockerfiles/common.mk); Ubuntu 22.04 and 24.04 images (the matrix; Dockerfile.ubuntu22.04/24.04 there); EFA
+# installer 1.34.0 (DEFAULT_EFA_INSTALLER_VER in its dockerfiles/base/install_efa.sh), whose libfabric 1.22.0 (in
+# /opt/amazon/efa) is the image's only one from 1.21.0: Habana's own /opt/habanalabs/libfabric-X build is gone from
+# its Dockerfile. EFA 1.34.0 bundles libfabric-aws 1.22.0 and openmpi40-aws 4.1.6 (aws/aws-parallelcluster-cookbook
+# CHANGELOG.md, "Upgrade EFA installer to 1.34.0"). Patch releases 1.21.1-1.21.5 (Habana's Release Notes v1.21) have
+# no Setup_and_Install tag: that they carry 1.21.0's EFA is inferred (r1.21.0 and r1.22.0 both pin 1.34.0).
 GAUDI: dict[str, GaudiRelease] = {
-    v: GaudiRelease("2.2.0", "4.1.6", "1.29.0", "1.20.0", ("ubuntu22.04",)) for v in ("1.15.0", "1.15.1", "1.15.3")
+    **{
+        v: GaudiRelease("2.2.0", "4.1.6", "1.29.0", "1.20.0", ("ubuntu22.04",))
+        for v in ("1.15.0", "1.15.1", "1.15.3")
+    },
+    **{
+        v: GaudiRelease("2.6.0", "4.1.6", "1.34.0", "1.22.0", ("ubuntu22.04", "ubuntu24.04"))
+        for v in ("1.21.0", "1.21.1", "1.21.2", "1.21.3", "1.21.4", "1.21.5")
+    },
 }
 
 # GDRCopy (user-space libgdrapi; the gdrdrv kernel module is the host's): step 4 of AWS's EFA + NCCL guide.
@@ -534,6 +549,6 @@ TABLES: dict[str, TableSource] = {
     "EFA": TableSource("the AWS EFA installer changelog", "2026-11"),
     "NCCL_TESTS_RELEASES": TableSource("NVIDIA/nccl-tests tags", "2026-11"),
     "GDRCOPY_RELEASES": TableSource("the release the shipped recipes pin (NVIDIA/gdrcopy tags not read)", None),
-    "GAUDI": TableSource("HabanaAI/Setup_and_Install and Habana's support matrix", None),
+    "GAUDI": TableSource("HabanaAI/Setup_and_Install tags, Habana's support matrices and release notes", "2026-11-26"),
     "DISTRO": TableSource("the Debian and Ubuntu package archives", None),
 }

@@ -190,6 +190,19 @@ def test_gaudi_profile_and_no_builder() -> None:
     assert "/opt/habanalabs/libfabric-1.20.0/bin" in text
 
 
+def test_gaudi_121_uses_the_efa_installers_libfabric() -> None:
+    """From 1.21 Habana's image has no libfabric of its own: the EFA installer's (/opt/amazon/efa), which the image
+    leaves off every path, is put on PATH and the loader path; nothing of 1.15's Habana-built libfabric remains."""
+    text = plan_of("gaudi-1.21").dockerfile
+    assert "AS builder" not in text
+    assert "FROM vault.habana.ai/gaudi-docker/1.21.4/ubuntu22.04/habanalabs/pytorch-installer-2.6.0:latest" in text
+    assert "ENV PATH=/opt/amazon/efa/bin:/opt/amazon/openmpi/bin:${PATH}" in text
+    assert "ENV LD_LIBRARY_PATH=/opt/amazon/efa/lib${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}" in text
+    assert 'LIBFABRIC_ROOT="/opt/amazon/efa"' in text and 'MPI_ROOT="/opt/amazon/openmpi"' in text
+    assert "/opt/habanalabs/libfabric" not in text and "FI_EFA_FORK_SAFE" not in text
+    assert "HCCL_OVER_OFI" not in text.replace("# ", "")
+
+
 def test_ssh_host_keys_removed_in_the_layer_that_makes_them() -> None:
     layer = next(i for _, i in instructions(runtime_stage(plan_of("cpu").dockerfile)) if "apt-get install" in i)
     assert "openssh-server" in layer and "&& rm -f /etc/ssh/ssh_host_* &&" in layer  # then the SBOM's package record

@@ -33,6 +33,10 @@ def resolve_error(d: Path, text: str, **kwargs) -> str:
         ("v100", {"nccl": "2.26.2", "pytorch": "2.7.1", "aws_ofi_nccl": "1.21.1", "efa": "1.50.0", "cuda": "12.6.3"}),
         ("h100", {"nccl": "2.29.7", "pytorch": "2.13.0", "aws_ofi_nccl": "1.21.1", "cuda": "13.0.1"}),
         ("gaudi-1.15", {"gaudi": "1.15.1", "pytorch": "2.2.0", "efa": "1.29.0", "openmpi": "4.1.6"}),
+        (
+            "gaudi-1.21",
+            {"gaudi": "1.21.4", "pytorch": "2.6.0", "efa": "1.34.0", "libfabric": "1.22.0", "python": "3.10"},
+        ),
         ("h200", {"nccl": "2.29.7", "pytorch": "2.13.0", "aws_ofi_nccl": "1.21.1", "efa": "1.50.0", "cuda": "13.0.1"}),
         ("b200", {"nccl": "2.29.7", "pytorch": "2.13.0", "aws_ofi_nccl": "1.21.1", "efa": "1.50.0", "cuda": "13.0.1"}),
         ("gb200", {"nccl": "2.29.7", "pytorch": "2.13.0", "aws_ofi_nccl": "1.21.1", "efa": "1.50.0", "cuda": "13.0.1"}),
@@ -229,6 +233,51 @@ def test_gaudi_115_is_ubuntu_2204_only(recipe_dir: Path) -> None:
     (recipe_dir / "g.yaml").write_text("extends: gaudi-1.15\nos: {version: '20.04'}\n")
     with pytest.raises(ResolveError, match=r"Gaudi 1.15.1 supports ubuntu22.04, got ubuntu20.04"):
         resolve(recipe.load(recipe_dir / "g.yaml"), lookup_torch=None)
+
+
+def test_gaudi_121_holds_the_recipe_to_its_image(recipe_dir: Path) -> None:
+    """Gaudi 1.21.x's image: PyTorch 2.6.0, EFA 1.34.0's libfabric 1.22.0 (no Habana-built one), Ubuntu 22.04 or 24.04;
+    each other value is refused naming its key, the file and what the release has."""
+    cases = {
+        "components: {pytorch: {version: 2.2.0}}": (
+            "components.pytorch.version: Gaudi 1.21.4 ships PyTorch 2.6.0, got 2.2.0"
+        ),
+        "components: {efa: {version: 1.29.0, source: base}}": "Gaudi 1.21.4's image has EFA 1.34.0, got 1.29.0",
+        "components: {libfabric: {source: base, version: 1.20.0, prefix: /opt/habanalabs/libfabric-1.20.0}}": (
+            "components.libfabric.version: Gaudi 1.21.4's image has libfabric 1.22.0, got 1.20.0"
+        ),
+        "os: {version: '20.04'}": "Gaudi 1.21.4 supports ubuntu22.04, ubuntu24.04, got ubuntu20.04",
+        "components: {gaudi: {version: 1.21.5}}": "is not Gaudi 1.21.5's PyTorch 2.6.0 image",
+    }
+    for i, (text, expected) in enumerate(cases.items()):
+        path = recipe_dir / f"g{i}.yaml"
+        path.write_text(f"extends: gaudi-1.21\n{text}\n")
+        with pytest.raises(ResolveError) as info:
+            resolve(recipe.load(path), lookup_torch=None)
+        assert expected in str(info.value) and f"g{i}.yaml" in str(info.value), (text, str(info.value))
+
+
+def test_gaudi_121_base_efa_is_vouched_for_by_the_gaudi_table(recipe_dir: Path) -> None:
+    """EFA 1.34.0 is in no EFA table row: on gaudi-1.21 the Gaudi table records it (no 'unchecked' warning); the same
+    installer asked for by a non-Gaudi recipe is still warned about."""
+    warned = resolve(recipe.load("gaudi-1.21"), lookup_torch=None).warnings
+    assert not any("not in the shipped table" in w for w in warned), warned
+    assert "1.34.0" not in compat.EFA, "the EFA table lists 1.34.0 now: test the vouching with a release it lacks"
+    (recipe_dir / "c.yaml").write_text("extends: cpu\ncomponents: {efa: {version: 1.34.0}}\n")
+    warned = resolve(recipe.load(recipe_dir / "c.yaml"), lookup_torch=None).warnings
+    assert any("EFA installer 1.34.0 is not in the shipped table" in w for w in warned), warned
+
+
+def test_a_child_of_gaudi_121_may_pin_its_newest_patch(recipe_dir: Path) -> None:
+    image = "vault.habana.ai/gaudi-docker/1.21.5/ubuntu22.04/habanalabs/pytorch-installer-2.6.0"
+    path = recipe_dir / "g.yaml"
+    path.write_text(f"extends: gaudi-1.21\nbase: {{image: {image}}}\ncomponents: {{gaudi: {{version: 1.21.5}}}}\n")
+    resolved = resolve(recipe.load(path), lookup_torch=None)
+    assert (resolved.version("gaudi"), resolved.version("efa"), resolved.version("pytorch")) == (
+        "1.21.5",
+        "1.34.0",
+        "2.6.0",
+    )
 
 
 def test_plugin_121_needs_gdrcopy_25(recipe_dir: Path) -> None:

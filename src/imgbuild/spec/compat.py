@@ -435,10 +435,7 @@ class GaudiRelease:
 # CHANGELOG.md, "Upgrade EFA installer to 1.34.0"). Patch releases 1.21.1-1.21.5 (Habana's Release Notes v1.21) have
 # no Setup_and_Install tag: that they carry 1.21.0's EFA is inferred (r1.21.0 and r1.22.0 both pin 1.34.0).
 GAUDI: dict[str, GaudiRelease] = {
-    **{
-        v: GaudiRelease("2.2.0", "4.1.6", "1.29.0", "1.20.0", ("ubuntu22.04",))
-        for v in ("1.15.0", "1.15.1", "1.15.3")
-    },
+    **{v: GaudiRelease("2.2.0", "4.1.6", "1.29.0", "1.20.0", ("ubuntu22.04",)) for v in ("1.15.0", "1.15.1", "1.15.3")},
     **{
         v: GaudiRelease("2.6.0", "4.1.6", "1.34.0", "1.22.0", ("ubuntu22.04", "ubuntu24.04"))
         for v in ("1.21.0", "1.21.1", "1.21.2", "1.21.3", "1.21.4", "1.21.5")

@@ -340,6 +340,8 @@ def test_mpijob_works_with_what_the_operator_does(name: str) -> None:
                                   "memory": "32Gi"}),
         ("gaudi-1.15", None, {"habana.ai/gaudi": 8, "vpc.amazonaws.com/efa": 4, "hugepages-2Mi": "5120Mi",
                               "memory": "32Gi"}),
+        ("gaudi-1.21", None, {"habana.ai/gaudi": 8, "vpc.amazonaws.com/efa": 4, "hugepages-2Mi": "5120Mi",
+                              "memory": "32Gi"}),
         ("h200", None, {"nvidia.com/gpu": 8, "vpc.amazonaws.com/efa": 16, "hugepages-2Mi": "5120Mi", "memory": "32Gi"}),
         ("b200", None, {"nvidia.com/gpu": 8, "vpc.amazonaws.com/efa": 8, "hugepages-2Mi": "5120Mi", "memory": "32Gi"}),
         ("gb200", None, {"nvidia.com/gpu": 4, "vpc.amazonaws.com/efa": 4, "hugepages-2Mi": "5120Mi", "memory": "32Gi"}),

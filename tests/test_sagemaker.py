@@ -66,6 +66,8 @@ def test_scripts_are_static_and_their_data_plain(name: str) -> None:
         ("a100", 8, "NCCL_SOCKET_IFNAME", ["--mca", "pml", "^cm,ucx"]),
         ("gaudi-1.15", 8, "NCCL_SOCKET_IFNAME,HCCL_SOCKET_IFNAME",
          ["--mca", "btl_vader_single_copy_mechanism", "none"]),
+        ("gaudi-1.21", 8, "NCCL_SOCKET_IFNAME,HCCL_SOCKET_IFNAME",
+         ["--mca", "btl_vader_single_copy_mechanism", "none"]),
     ],
 )  # fmt: skip
 def test_train_data_of_the_recipe(name: str, slots: int, ifname_vars: str, mca: list[str]) -> None:

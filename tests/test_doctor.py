@@ -359,3 +359,144 @@ def test_doctor_json_has_the_builder_and_fails_without_one():
                            env=_env(PATH="/usr/local/bin:/usr/bin"), check=False)  # fmt: skip
     assert named.returncode == DoctorError.exit_code
     assert "--builder team names a buildx builder" in json.loads(named.stdout)["builder"]["error"]
+
+
+# --- the host's NVIDIA driver against the images' CUDA (spec.driver), and IMEX channels ---------------------------
+
+# /proc/driver/nvidia/version as hosts print it: the proprietary module's line, then the open module's (arm64's too).
+PROC_PROPRIETARY = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.144.03  Mon Dec 30 17:44:08 UTC 2024\n"
+PROC_OPEN = (
+    "NVRM version: NVIDIA UNIX Open Kernel Module for aarch64  580.95.05  Release Build  "
+    "(dvs-builder@U22-I3-B17-02-5)  Tue Sep 23 09:55:41 UTC 2025\nGCC version:  gcc version 11.4.0 (Ubuntu)\n"
+)
+
+
+def test_the_driver_is_read_as_nvidia_smi_and_the_kernel_module_print_it():
+    from imgbuild.spec import driver
+
+    assert driver.parse("580.95.05\n580.95.05\n") == ("580.95.05", "nvidia-smi")  # one line per GPU
+    assert driver.parse(PROC_PROPRIETARY) == ("550.144.03", driver.PROC_VERSION)
+    assert driver.parse(PROC_OPEN) == ("580.95.05", driver.PROC_VERSION)
+    assert driver.parse("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.135  Fri Jan 10 2025") == (
+        "550.135", driver.PROC_VERSION
+    )  # fmt: skip
+    smi_failed = "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n"
+    assert driver.parse(smi_failed) is None and driver.parse("") is None
+
+
+def test_the_driver_a_cuda_needs_is_nvidias_minor_version_table():
+    from imgbuild.spec import compat, driver
+
+    assert compat.CUDA_DRIVER == {11: "450.80.02", 12: "525.60.13", 13: "580"}
+    assert "CUDA_DRIVER" in compat.TABLES
+    smi = ("580.95.05", "nvidia-smi")
+    ok = driver.judge(smi, "13.0.1")
+    assert (ok.status, ok.needs) == ("ok", "580")
+    assert driver.judge(("580.65.06", "nvidia-smi"), "13.2").status == "ok"  # any 580 runs every 13.x
+    assert driver.judge(("525.60.13", "nvidia-smi"), "12.8.1").status == "ok"  # the exact floor
+    assert driver.judge(("525.60.11", "nvidia-smi"), "12.8.1").status == "behind"
+    behind = driver.judge(("550.144.03", driver.PROC_VERSION), "13.0.1")
+    assert (behind.status, behind.needs, behind.source) == ("behind", "580", driver.PROC_VERSION)
+    assert "upgrade the host's NVIDIA driver to 580 or newer" in behind.advice
+    assert "an image built for CUDA 12.x, which this driver runs" in behind.advice
+    assert "data-centre GPUs only" in behind.advice and "cuda-compat-13-" in behind.advice
+    ancient = driver.judge(("418.39", "nvidia-smi"), "12.8")
+    assert ancient.status == "behind" and "no CUDA major release in the table runs on this driver" in ancient.advice
+    none = driver.judge(None, "13.0.1")
+    assert (none.status, none.driver) == ("no driver", None) and ">= 580" in none.advice
+    assert driver.judge(smi, "10.2").status == "unknown"
+    assert driver.judge(smi, None).status == "unknown"
+
+
+def test_image_cuda_is_the_cuda_pin_else_torchs_wheel():
+    from imgbuild.pin.lock import lock_or_fresh
+    from imgbuild.spec import driver, recipe
+
+    def cuda_of(name: str) -> str | None:
+        return driver.image_cuda(lock_or_fresh(recipe.load(name).concrete())[0].pins)
+
+    assert cuda_of("h100") == "13.0.1"  # the base image's CUDA (its lock's cuda pin)
+    assert cuda_of("pytorch") == "12.8"  # no cuda pin: the CUDA its torch wheel is built for
+    assert cuda_of("cpu") is None and cuda_of("gaudi-1.15") is None
+
+
+def _driver_row(checks: list[Check]) -> Check:
+    return _by_name(checks)[doctor.DRIVER_CHECK]
+
+
+def test_driver_row_ok_behind_and_none():
+    stub = lambda: _StubClient({"runc": {}})  # noqa: E731
+    cudas = {"13.0.1": ["h100", "b200"], "12.8.1": ["a100"]}
+    behind = run_checks(base_images={}, runtimes_needed={}, client_factory=stub, cuda_needed=cudas,
+                        read_driver=lambda: PROC_PROPRIETARY)  # fmt: skip
+    row = _driver_row(behind)
+    assert (row.status, row.needed_by) == ("missing", ("b200", "h100"))
+    assert row.detail.startswith("NVIDIA driver 550.144.03 (/proc/driver/nvidia/version): b200, h100 (CUDA 13.0.1)")
+    assert [c.name for c in failed(behind, {"a100"})] == [] and [c.name for c in failed(behind, {"h100"})] == [row.name]
+    data = doctor.to_json(behind, failed(behind, None), ["a100", "b200", "h100"])["driver"]
+    assert (data["status"], data["version"], data["source"]) == ("behind", "550.144.03", "/proc/driver/nvidia/version")
+    by_cuda = {i["cuda"]: i for i in data["images"]}
+    assert (by_cuda["13.0.1"]["status"], by_cuda["13.0.1"]["needs"], by_cuda["13.0.1"]["recipes"]) == (
+        "behind", "580", ["b200", "h100"]
+    )  # fmt: skip
+    assert (by_cuda["12.8.1"]["status"], by_cuda["12.8.1"]["needs"]) == ("ok", "525.60.13")
+
+    ok = _driver_row(run_checks(base_images={}, runtimes_needed={}, client_factory=stub, cuda_needed=cudas,
+                                read_driver=lambda: "580.95.05\n"))  # fmt: skip
+    assert ok.status == "ok" and ok.detail.startswith("NVIDIA driver 580.95.05 (nvidia-smi): runs CUDA 12.8.1 (a100")
+    none = _driver_row(run_checks(base_images={}, runtimes_needed={}, client_factory=stub, cuda_needed=cudas,
+                                  read_driver=lambda: ""))  # fmt: skip
+    assert none.status == "info" and none.needed_by == ()
+    assert none.detail.startswith("no NVIDIA driver here") and "CUDA 13.0.1 (b200, h100) needs >= 580" in none.detail
+    assert none.data is not None and none.data["status"] == "no driver"
+
+
+def _fake_nvidia_smi(folder: Any, version: str) -> str:
+    """A bin folder whose nvidia-smi answers the driver query as a GPU host's does (this machine has no GPU)."""
+    folder.mkdir()
+    smi = folder / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\nprintf '%s\\n' {version} {version}\n")
+    smi.chmod(0o755)
+    return f"{folder}:{os.environ['PATH']}"
+
+
+def test_doctor_reports_the_driver_finding(tmp_path):
+    """`imgbuild doctor --json` as users run it: here (no GPU) no driver, cleanly; on a host whose nvidia-smi says
+    550.x, h100's CUDA 13 is behind (exit 13, what to do) while a100's CUDA 12.8 runs."""
+    sock = str(tmp_path / "no-engine.sock")
+    here = json.loads(_doctor("h100", "a100", "--json", sock=sock).stdout)
+    if here["driver"]["version"] is None:  # this machine: no GPU, no driver
+        assert here["driver"]["status"] == "no driver"
+        row = {c["name"]: c for c in here["checks"]}["host driver"]
+        assert row["status"] == "info" and "host driver" not in here["failed"]
+    env = {**os.environ, "PATH": _fake_nvidia_smi(tmp_path / "bin", "550.144.03")}
+    dropped = ("COLUMNS", "NO_COLOR", "DOCKER_TLS_VERIFY", "DOCKER_CONTEXT")
+    env = {k: v for k, v in env.items() if k not in dropped}
+    env.update(DOCKER_HOST=f"unix://{sock}", FORCE_COLOR="0")
+    proc = subprocess.run([sys.executable, "-m", "imgbuild", "doctor", "h100", "a100", "--json"],
+                          capture_output=True, text=True, env=env, check=False)  # fmt: skip
+    assert proc.returncode == DoctorError.exit_code, proc.stderr
+    data = json.loads(proc.stdout)
+    assert (data["driver"]["status"], data["driver"]["version"], data["driver"]["source"]) == (
+        "behind", "550.144.03", "nvidia-smi"
+    )  # fmt: skip
+    assert "host driver" in data["failed"]
+    assert {i["cuda"]: i["status"] for i in data["driver"]["images"]} == {"13.0.1": "behind", "12.8.1": "ok"}
+    assert "host driver (NVIDIA driver 550.144.03 (nvidia-smi): h100 (CUDA 13.0.1)" in proc.stderr
+    assert "upgrade the host's NVIDIA driver to 580 or newer" in proc.stderr
+
+
+def test_imex_row_says_what_nvlink_across_nodes_needs(monkeypatch):
+    stub = lambda: _StubClient({"runc": {}})  # noqa: E731
+    monkeypatch.setattr(doctor.glob, "glob", lambda pattern: [])
+    row = _by_name(run_checks(base_images={}, runtimes_needed={}, client_factory=stub, imex_needed=["gb200"],
+                              read_driver=lambda: ""))["imex channels"]  # fmt: skip
+    assert (row.status, row.needed_by) == ("info", ("gb200",))  # made per job: never a failure of doctor
+    assert "/dev/nvidia-caps-imex-channels/channelN" in row.detail and "insufficient permission" in row.detail
+    assert "Slurm (AWS PCS) a job prolog" in row.detail and "ComputeDomain" in row.detail
+    channels = ["/dev/nvidia-caps-imex-channels/channel0"]
+    monkeypatch.setattr(doctor.glob, "glob", lambda pattern: channels if "imex" in pattern else [])
+    row = _by_name(run_checks(base_images={}, runtimes_needed={}, client_factory=stub, read_driver=lambda: ""))[
+        "imex channels"
+    ]
+    assert row.status == "info" and row.detail.startswith("1 IMEX channel(s): /dev/nvidia-caps-imex-channels/channel0")

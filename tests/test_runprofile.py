@@ -340,3 +340,26 @@ def test_verify_reports_gdrdrv() -> None:
     assert gdrcopy.gdrcopy_device(passed_in).status == "fail"
     null = checks.CheckContext(host=host, scope="host", components={})
     assert gdrcopy.GDRDRV == "/dev/gdrdrv" and gdrcopy.gdrcopy_device(null).status in {"skip", "pass"}
+
+
+def test_gpu_containers_get_the_hosts_imex_channels(app: typer.Typer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run rule (run_spec) passes the host's IMEX channels to containers of CUDA images, only where the host has
+    them (none here: IMEX makes them per job), so `imgbuild run` and verify alike get them; never to a CPU image, and
+    never in `run --print`'s line for the target (a host without the channel would refuse it)."""
+    from imgbuild import verify
+    from imgbuild.image.manifest import Manifest
+
+    assert runprofile.host_imex_channels() == [] or runprofile.host_imex_channels()[0].endswith("channel0")
+    channels = [f"/dev/nvidia-caps-imex-channels/channel{n}" for n in (0, 1)]
+    monkeypatch.setattr(runprofile, "engine_runtimes", lambda: None)
+    monkeypatch.setattr(runprofile, "host_imex_channels", lambda: list(channels))  # a GB200 host in an IMEX job
+    line = runprofile.docker_run_args(resolved("gb200"), "IMG", host_devices=[])
+    assert [a for a in line if "imex" in a] == [f"--device={c}" for c in channels]
+    assert not [a for a in runprofile.docker_run_args(resolved("cpu"), "IMG", host_devices=[]) if "imex" in a]
+    manifest = Manifest.model_validate(render.manifest(resolved("gb200")).as_data())
+    options = verify.run_options(manifest, [], ["runc", "nvidia"], has_gpu=True)
+    assert [d for d in options.spec.devices_inside if "imex" in d] == channels
+    result = runner.invoke(app, ["run", "gb200", "--print"])
+    assert result.exit_code == 0 and "imex" not in result.stdout, result.output
+    spec = runprofile.run_spec(resolved("a100").recipe.runtime, [], imex_channels=channels[:1])
+    assert spec.devices == (channels[0],)

@@ -598,3 +598,48 @@ def test_sigterm_mid_verify_removes_what_it_started_and_exits_143(
         for run in runs:  # a failed run's leftovers must not disturb other tests
             for c in docker_client.api.containers(all=True, filters={"label": f"{label}={run}"}):
                 docker_client.api.remove_container(c["Id"], force=True)
+
+
+def test_gpu_driver_check_compares_the_hosts_driver_with_the_images_cuda() -> None:
+    """gpu-driver: skipped without a GPU or without CUDA; on a GPU, the driver (nvidia-smi's query, else the kernel
+    module's /proc file) against the lock's cuda pin by NVIDIA's table, with what to do when it is behind."""
+    cuda = {"version": "13.0.1", "gpu_arch": "sm_90", "gencode": "-gencode=arch=compute_90,code=sm_90"}
+    cuda13 = pins({**CPU_COMPONENTS, "cuda": cuda})
+    none = checks.CheckContext(host=FakeHost({}), scope="container", components=cuda13, gpu_reason="no GPU here")
+    assert (checks.gpu_driver(none).status, checks.gpu_driver(none).reason) == ("skip", "no GPU here")
+    no_cuda = checks.CheckContext(host=FakeHost({}), scope="container", components=pins(CPU_COMPONENTS), gpu=True)
+    assert checks.gpu_driver(no_cuda).status == "skip"
+
+    def on(out: Out, components: dict[str, Pin] = cuda13) -> CheckResult:
+        ctx = checks.CheckContext(host=FakeHost({"driver_version": out}), scope="container", components=components,
+                                  gpu=True)  # fmt: skip
+        return checks.gpu_driver(ctx)
+
+    ok = on(Out(0, "580.95.05\n"))
+    assert (ok.status, ok.expected, ok.found) == ("pass", "driver >= 580 (CUDA 13.0.1)", "580.95.05 (nvidia-smi)")
+    proc = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.144.03  Mon Dec 30 17:44:08 UTC 2024\n"
+    behind = on(Out(0, proc))
+    assert behind.status == "fail" and behind.found == "550.144.03 (/proc/driver/nvidia/version)"
+    assert "upgrade the host's NVIDIA driver to 580 or newer" in behind.reason
+    assert behind.details["status"] == "behind" and behind.details["needs"] == "580"
+    assert on(Out(1, "")).status == "fail"  # a GPU, yet no driver answers
+    torch_wheel = pins({**CPU_COMPONENTS, "pytorch": {"version": "2.9.1", "cuda": "12.8"}})
+    assert on(Out(0, "550.144.03\n"), torch_wheel).status == "pass"  # torch's CUDA 12.8 runs on 550
+
+
+def test_imex_channel_check() -> None:
+    """imex-channel: none here (this host), skipped with what IMEX needs; a channel the container cannot use, or
+    one passed to it yet missing in it, fails."""
+    import testinfra
+
+    here = checks.CheckContext(host=testinfra.get_host("local://"), scope="host", components={})
+    if not os.path.isdir("/dev/nvidia-caps-imex-channels"):
+        res = checks.imex_channel(here)
+        assert res.status == "skip" and "/dev/nvidia-caps-imex-channels/channelN" in res.reason
+    channel = "/dev/nvidia-caps-imex-channels/channel0"
+    good = checks.imex_channel(ctx_for({"channel*": Out(0, f"ok {channel}\ndone\n")}, devices=(channel,)))
+    assert (good.status, good.found) == ("pass", channel)
+    bad = checks.imex_channel(ctx_for({"channel*": Out(0, f"bad {channel}\ndone\n")}))
+    assert bad.status == "fail" and "read and write" in bad.reason
+    lost = checks.imex_channel(ctx_for({"channel*": Out(0, "done\n")}, devices=(channel,)))
+    assert lost.status == "fail" and "passed to the container but not in it" in lost.reason

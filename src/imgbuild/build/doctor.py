@@ -24,6 +24,8 @@ Status = Literal["ok", "missing", "warn", "info"]
 LOW_DISK_BYTES = 30 * 1024**3  # a CUDA training image and its build cache take tens of GB
 ENGINE_CHECK = "engine"
 BUILDER_CHECK = "builder"
+DRIVER_CHECK = "host driver"
+IMEX_CHECK = "imex channels"
 ENGINE_HINT = (
     "install and start a Docker engine, or set DOCKER_HOST to one that answers; "
     "from a checkout of imgbuild, scripts/setup.sh does the first"
@@ -251,6 +253,55 @@ def _platform_checks(platforms_needed: Mapping[str, Iterable[str]]) -> list[Chec
     return checks
 
 
+def _driver_check(cuda_needed: Mapping[str, Iterable[str]], read_driver: Callable[[], str]) -> Check:
+    """The host's NVIDIA driver against the CUDA of each wanted recipe's image (spec.driver, NVIDIA's table): ok,
+    behind (missing for the recipes whose CUDA needs a newer one, with what to do), or no driver here (info: a build
+    host needs none). `data` is doctor --json's `driver`."""
+    from imgbuild.spec import driver
+
+    read = driver.parse(read_driver())
+    groups = [(driver.judge(read, cuda), tuple(sorted(set(r)))) for cuda, r in sorted(cuda_needed.items())]
+    version, source = read if read is not None else (None, None)
+    images = [{**f.to_json(), "recipes": list(r)} for f, r in groups]
+    behind = [(f, r) for f, r in groups if f.status == "behind"]
+    unknown = [f"{', '.join(r)}: {f.advice}" for f, r in groups if f.status == "unknown"]
+    if version is None:
+        floors = "; ".join(f"CUDA {f.cuda} ({', '.join(r)}) needs >= {f.needs}" for f, r in groups if f.needs)
+        detail = f"no NVIDIA driver here (no nvidia-smi answer, no {driver.PROC_VERSION}): only GPU hosts need one"
+        data = {"status": "no driver", "version": None, "source": None, "images": images}
+        return Check(DRIVER_CHECK, "info", detail + (f"; {floors}" if floors else ""), data=data)
+    head = f"NVIDIA driver {version} ({source})"
+    if behind:
+        needers = tuple(sorted({n for _, r in behind for n in r}))
+        parts = [f"{', '.join(r)} (CUDA {f.cuda}): {f.advice}" for f, r in behind] + unknown
+        data = {"status": "behind", "version": version, "source": source, "images": images}
+        return Check(DRIVER_CHECK, "missing", f"{head}: " + "; ".join(parts), needers, data=data)
+    fine = [f"CUDA {f.cuda} ({', '.join(r)}, needs >= {f.needs})" for f, r in groups if f.status == "ok"]
+    parts = ([f"runs {', '.join(fine)}"] if fine else ["no recipe checked for needs CUDA"]) + unknown
+    data = {"status": "ok", "version": version, "source": source, "images": images}
+    return Check(DRIVER_CHECK, "ok" if fine else "info", f"{head}: " + "; ".join(parts), data=data)
+
+
+def _imex_check(imex_needed: Iterable[str]) -> Check:
+    """The host's IMEX channels: what NVLink across nodes (GB200 NVL72 across trays) needs, created per job (info
+    either way: a build or login host has none, and a job's nodes get them when it starts)."""
+    from imgbuild.spec.driver import IMEX_CHANNEL_DIR, IMEX_CHANNEL_GLOB
+
+    needers = tuple(sorted(set(imex_needed)))
+    found = sorted(glob.glob(IMEX_CHANNEL_GLOB))
+    if found:
+        shown = ", ".join(found[:4]) + (f" (+{len(found) - 4})" if len(found) > 4 else "")
+        detail = f"{len(found)} IMEX channel(s): {shown}: `imgbuild run` and verify pass them to GPU containers"
+        return Check(IMEX_CHECK, "info", detail, needers)
+    detail = (
+        f"no IMEX channel ({IMEX_CHANNEL_DIR}/channelN): only NVLink across nodes needs one (GB200 NVL72 across trays; "
+        "without it CUDA calls across trays fail with 'insufficient permission'). IMEX is set up per job: on "
+        "Slurm (AWS PCS) a job prolog starts the IMEX daemon for the job's nodes and makes the channel; on EKS the "
+        "ComputeDomain of NVIDIA's DRA driver does"
+    )
+    return Check(IMEX_CHECK, "info", detail, needers)
+
+
 def run_checks(
     *,
     base_images: Mapping[str, Iterable[str]],
@@ -259,14 +310,21 @@ def run_checks(
     devices_needed: Mapping[str, Iterable[str]] | None = None,
     builder_select: Callable[[], Any] | None = None,
     platforms_needed: Mapping[str, Iterable[str]] | None = None,
+    cuda_needed: Mapping[str, Iterable[str]] | None = None,
+    imex_needed: Iterable[str] = (),
+    read_driver: Callable[[], str] | None = None,
 ) -> list[Check]:
     """Everything doctor reports, in display order. Never raises.
 
     `devices_needed` (keys "efa", "gaudi", "nvidia-gpu") overrides who needs a device; by default GPU
     devices are needed by the recipes needing the nvidia runtime, Gaudi devices by those needing habana.
     `platforms_needed` (architecture -> recipes listing it): a row for each one this machine emulates.
+    `cuda_needed` (the CUDA of an image -> its recipes): the host driver row judges the driver `read_driver` returns
+    (default: nvidia-smi, else /proc/driver/nvidia/version, spec.driver.read_here) against each. `imex_needed`: the
+    recipes whose jobs span an NVLink domain (the IMEX row names them).
     """
     from imgbuild.build import builders
+    from imgbuild.spec import driver
 
     client, info, checks = _engine_checks(client_factory)
     checks += _builder_checks(builder_select or builders.select)
@@ -275,6 +333,8 @@ def run_checks(
     checks += _runtime_checks(info if client is not None else None, runtimes_needed)
     checks += _device_checks(runtimes_needed, devices_needed or {})
     checks += _platform_checks(platforms_needed or {})
+    checks.append(_driver_check(cuda_needed or {}, read_driver or driver.read_here))
+    checks.append(_imex_check(imex_needed))
     if client is not None:
         with contextlib.suppress(Exception):
             client.close()
@@ -319,7 +379,9 @@ def to_json(checks: Iterable[Check], bad: Iterable[Check], recipes: Iterable[str
     """`imgbuild doctor --json`: the recipes checked for, every check as the table shows it (name, status, detail,
     needed_by), `failed`, the names of the checks that stop them (non-empty: exit 13), and `builder`: the builder
     `imgbuild build` will use (kind, cli, cli_version, name, driver, registry_cache, why, skipped), or, when there
-    is none, kind null with the error, the hint and the skipped CLIs."""
+    is none, kind null with the error, the hint and the skipped CLIs; `driver`: the host's NVIDIA driver (status ok,
+    behind or "no driver"; version; source: nvidia-smi or /proc/driver/nvidia/version; images: per CUDA of the
+    recipes, the driver it needs, that image's status, what to do, and its recipes)."""
     bad_names = [c.name for c in bad]
     checks = list(checks)
     return {
@@ -327,6 +389,7 @@ def to_json(checks: Iterable[Check], bad: Iterable[Check], recipes: Iterable[str
         "ok": not bad_names,
         "failed": bad_names,
         "builder": next((c.data for c in checks if c.name == BUILDER_CHECK), None),
+        "driver": next((c.data for c in checks if c.name == DRIVER_CHECK), None),
         "checks": [
             {"name": c.name, "status": c.status, "detail": c.detail, "needed_by": list(c.needed_by)} for c in checks
         ],

@@ -218,6 +218,12 @@ def base_bootstrap(
     out().print(f"{spec.image_name} {image_id}", markup=False)
 
 
+# The instance types whose GPUs share an NVLink domain across instances (AWS's P6e UltraServers: GB200 NVL72), so
+# their jobs need IMEX channels: AWS's EKS guide for P6e-GB200 (ComputeDomain per job). That every p6e-gb* type is
+# one is inferred from AWS selling P6e only as UltraServers.
+NVL_INSTANCE_PREFIX = "p6e-gb"
+
+
 @handled
 def doctor(
     refs: Annotated[
@@ -234,18 +240,20 @@ def doctor(
     ] = None,
 ) -> None:
     """Check the engine, the builder (which one `imgbuild build` uses and why), base images, container runtimes and
-    host devices the recipes need."""
+    host devices the recipes need, the host's NVIDIA driver against their images' CUDA, and IMEX channels."""
     from imgbuild.build import builders
     from imgbuild.build import doctor as doc
     from imgbuild.core.errors import DoctorError
     from imgbuild.pin import lock
-    from imgbuild.spec import recipe
+    from imgbuild.spec import driver, recipe
 
     names = refs or recipe.shipped_names()
     bases: dict[str, list[str]] = {}
     runtimes: dict[str, list[str]] = {}
     devices: dict[str, list[str]] = {}
     platforms: dict[str, list[str]] = {}
+    cudas: dict[str, list[str]] = {}  # the CUDA of each recipe's image -> recipes (the host driver row)
+    imex: list[str] = []
     for name in names:
         res, _ = lock.lock_or_fresh(recipe.load(name).concrete())  # what a recipe needs: a fresh one will do
         r = res.recipe
@@ -261,12 +269,19 @@ def doctor(
         if r.platform.accelerator == "nvidia":
             runtimes.setdefault("nvidia", []).append(r.name)
             devices.setdefault("nvidia-gpu", []).append(r.name)
+            cuda = driver.image_cuda(res.pins)
+            if cuda:
+                cudas.setdefault(cuda, []).append(r.name)
+            if any(t.startswith(NVL_INSTANCE_PREFIX) for t in r.platform.instance_types):
+                imex.append(r.name)
     checks = doc.run_checks(
         base_images=bases,
         runtimes_needed=runtimes,
         devices_needed=devices,
         builder_select=lambda: builders.select(builder),
         platforms_needed=platforms,
+        cuda_needed=cudas,
+        imex_needed=imex,
     )
     bad = doc.failed(checks, set(names) if refs else None)
     if as_json:

@@ -8,6 +8,8 @@ docker-py options (`imgbuild verify` and `verify --nodes`, `RunSpec.docker_py`),
 - `--gpus all` for CUDA targets;
 - one `--device=/dev/infiniband/uverbsN` per EFA device the host has, in numeric order (only those: mounting
   all of /dev/infiniband breaks EFA where the host also has other verbs devices);
+- the devices the blocks name (`host_devices`: gdrcopy's /dev/gdrdrv) and, for CUDA targets, the host's IMEX channels
+  (/dev/nvidia-caps-imex-channels/channelN), each only where the host has it;
 - `--ulimit memlock=-1:-1` (EFA and NCCL pin memory), and a large /dev/shm unless the host's IPC is shared;
 - `-it` only when stdin is a terminal, and `--rm` (`docker_run_args`).
 
@@ -27,6 +29,8 @@ import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
+
+from imgbuild.spec.driver import IMEX_CHANNEL_GLOB
 
 if TYPE_CHECKING:
     from imgbuild.pin.resolver import Resolved
@@ -49,6 +53,11 @@ def host_efa_devices(pattern: str = EFA_DEVICE_GLOB) -> list[str]:
         return (int(digits.group(1)) if digits else -1, path)
 
     return sorted(glob.glob(pattern), key=key)
+
+
+def host_imex_channels(pattern: str = IMEX_CHANNEL_GLOB) -> list[str]:
+    """The host's IMEX channel devices (channel0 before channel10); none where IMEX was not set up."""
+    return host_efa_devices(pattern)
 
 
 @dataclass(frozen=True)
@@ -122,6 +131,7 @@ def run_spec(
     extra_devices: Sequence[str] = (),
     *,
     exists: Callable[[str], bool] | None = None,
+    imex_channels: Sequence[str] | None = None,
 ) -> RunSpec:
     """THE rule: a recipe's (or an image manifest's) `runtime:` section on a host with these EFA devices.
 
@@ -129,10 +139,17 @@ def run_spec(
     `extra_devices`: devices the user asked for (`--device`), first; an EFA device among them is not repeated.
     The profile's `host_devices` (gdrcopy's /dev/gdrdrv) are added where the host has them (`exists`, default
     `device_present`): a device the host lacks would stop Docker from starting the container.
+    A profile with GPUs (`gpus`) also gets the host's IMEX channels (`imex_channels`, default `host_imex_channels`):
+    there are none but where IMEX was set up for NVLink across nodes, and CUDA needs them there.
     """
     devices = list(extra_devices)
     present = exists or device_present
-    wanted = [*(host_devices if runtime.efa_devices else ()), *(d for d in runtime.host_devices if present(d))]
+    imex = (host_imex_channels() if imex_channels is None else list(imex_channels)) if runtime.gpus else []
+    wanted = [
+        *(host_devices if runtime.efa_devices else ()),
+        *(d for d in runtime.host_devices if present(d)),
+        *imex,
+    ]
     inside = {_inside(d) for d in devices}
     devices += [dev for dev in dict.fromkeys(wanted) if dev not in inside]
     return RunSpec(
@@ -213,7 +230,7 @@ def target_spec(
             "the recipe names no instance type whose EFA devices imgbuild knows (platform.instance_types): the line "
             f"has this host's {len(devices)}; on the target add --device=/dev/infiniband/uverbsN for each of its own"
         )
-    spec = run_spec(runtime, devices, exists=lambda _: False)
+    spec = run_spec(runtime, devices, exists=lambda _: False, imex_channels=())
     if runtime.host_devices:
         left = " ".join(f"--device={d}" for d in runtime.host_devices)
         notes.append(f"{left} left out: passed only where a host has it (`imgbuild run` on that host adds it)")

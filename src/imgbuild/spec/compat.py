@@ -516,6 +516,21 @@ def gencode(arch: str) -> str:
 
 
 # --------------------------------------------------------------------------------------------------
+# The host's NVIDIA driver an image's CUDA needs: CUDA major -> the oldest Linux driver that runs every minor release
+# of it (minor-version compatibility). NVIDIA's CUDA Compatibility guide, "Minor Version Compatibility", table "CUDA
+# Toolkit 11.x, 12.x, and 13.x Driver Version Ranges" (https://docs.nvidia.com/deploy/cuda-compatibility/
+# minor-version-compatibility.html): 13.x >= 580, 12.x >= 525, 11.x >= 450, and newer drivers run older toolkits
+# (backward compatibility). The exact minimums are the CUDA Toolkit Release Notes' table "CUDA Toolkit and Minimum
+# Required Driver Version for CUDA Minor Version Compatibility": 12.x >= 525.60.13, 11.x >= 450.80.02 (the guide
+# names 450.80.02 too); 13.x is listed as >= 580 (no patch level). Under minor-version compatibility some features
+# are limited (the guide: "with limited feature-set"); the driver a toolkit release ships with has them all.
+# Forward compatibility (the cuda-compat-<major>-<minor> package: a newer toolkit on an older driver branch) applies
+# only to NVIDIA Data Center GPUs, select NGC Server Ready RTX SKUs and Jetson boards (the guide's "Forward
+# Compatibility" page).
+CUDA_DRIVER: dict[int, str] = {11: "450.80.02", 12: "525.60.13", 13: "580"}
+
+
+# --------------------------------------------------------------------------------------------------
 # Releases no other table lists: the versions a recipe may pin for components built from their GitHub releases.
 # v2.19.6 was the newest nccl-tests tag when they were read (2026-11); GDRCopy's tags were not read: 2.5.1 is the
 # release the shipped recipes pin (aws-ofi-nccl 1.21 needs >= 2.5), so a newer GDRCopy is not known here.
@@ -548,4 +563,8 @@ TABLES: dict[str, TableSource] = {
     "GDRCOPY_RELEASES": TableSource("the release the shipped recipes pin (NVIDIA/gdrcopy tags not read)", None),
     "GAUDI": TableSource("HabanaAI/Setup_and_Install tags, Habana's support matrices and release notes", "2026-11-26"),
     "DISTRO": TableSource("the Debian and Ubuntu package archives", None),
+    "CUDA_DRIVER": TableSource(
+        "NVIDIA's CUDA Compatibility guide (Minor Version Compatibility) and the CUDA Toolkit Release Notes",
+        "2026-11-26",
+    ),
 }

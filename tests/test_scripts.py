@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -158,6 +159,67 @@ def test_an_unreadable_resourceconfig_fails(tmp_path: Path) -> None:
     ran = job.run("x.py")
     assert ran.returncode == 1
     assert "cannot read" in job.failure.read_text()
+
+
+TOPOLOGY = [  # resourceconfig.json's topology on a GB200 UltraServer (sagemaker-training-toolkit 5.1.0, PR 237)
+    {"hostName": "algo-1", "capacityUnitId": "cu-a"},
+    {"hostName": "algo-2", "capacityUnitId": "cu-b"},
+    {"hostName": "algo-3", "capacityUnitId": "cu-a"},
+    {"hostName": "algo-4", "capacityUnitId": "cu-b"},
+]
+
+
+def test_topology_orders_the_hosts_by_capacity_unit(tmp_path: Path) -> None:
+    """A topology puts each capacity unit's hosts next to each other in the hostfile (the leader stays first) and
+    says so; the program gets it as SM_TOPOLOGY, as the SageMaker training toolkit passes it on."""
+    job = Job(tmp_path)
+    config = Path(job.conf["RESOURCECONFIG"])
+    hosts = ["algo-1", "algo-2", "algo-3", "algo-4"]
+    config.write_text(json.dumps({"current_host": "algo-1", "hosts": hosts, "topology": TOPOLOGY}))
+    (job.code / "t.py").write_text("")
+    ran = job.run("t.py", IMGBUILD_SSHD="0")  # four hosts: it stops at sshd, after writing the hostfile
+    assert "topology: 2 capacity unit(s): cu-a (algo-1 algo-3), cu-b (algo-2 algo-4)" in ran.stderr
+    assert "host 0 of 4 (algo-1 algo-3 algo-2 algo-4), leader algo-1" in ran.stderr
+    hostfile = Path(job.conf["HOSTFILE"]).read_text().splitlines()
+    assert hostfile == [f"{h} slots=1" for h in ("algo-1", "algo-3", "algo-2", "algo-4")]
+    assert ran.returncode == 1 and "sshd is disabled (IMGBUILD_SSHD=0)" in job.failure.read_text()
+
+    partial = {"current_host": "algo-1", "hosts": hosts, "topology": TOPOLOGY[:2]}  # algo-3, algo-4 in no unit
+    config.write_text(json.dumps(partial))
+    ran = job.run("t.py", IMGBUILD_SSHD="0")
+    assert "topology: 2 capacity unit(s): cu-a (algo-1), cu-b (algo-2); not in the topology: algo-3 algo-4" in (
+        ran.stderr
+    )
+
+    one = {"current_host": "algo-1", "hosts": ["algo-1"], "topology": TOPOLOGY[:1]}
+    config.write_text(json.dumps(one))
+    ran = job.run("env", IMGBUILD_LAUNCHER="none")
+    assert ran.returncode == 0, ran.stderr
+    assert f"SM_TOPOLOGY={json.dumps(TOPOLOGY[:1], separators=(',', ':'))}" in ran.stdout.splitlines()
+    assert job.run("t.py").returncode == 0
+    argv = job.argv_log.read_text().splitlines()
+    assert any(argv[i : i + 2] == ["-x", "SM_TOPOLOGY"] for i in range(len(argv)))  # to every rank
+    config.write_text(json.dumps({"current_host": "algo-1", "hosts": ["algo-1"]}))
+    assert "SM_TOPOLOGY=" not in job.run("env", IMGBUILD_LAUNCHER="none").stdout  # no topology: nothing of it
+
+
+@pytest.mark.parametrize(
+    ("topology", "message"),
+    [
+        ([{"hostName": "algo-9", "capacityUnitId": "cu-a"}], "topology names host 'algo-9', which is not in hosts"),
+        ([{"hostName": "algo-1"}], 'topology: expected a list of {"hostName": HOST, "capacityUnitId": UNIT}'),
+        ({"algo-1": "cu-a"}, 'topology: expected a list of {"hostName": HOST, "capacityUnitId": UNIT}'),
+        ([TOPOLOGY[0], {"hostName": "algo-1", "capacityUnitId": "cu-b"}], "puts host 'algo-1' in two capacity units"),
+    ],
+)
+def test_a_bad_topology_is_the_jobs_reason(tmp_path: Path, topology: Any, message: str) -> None:
+    job = Job(tmp_path)
+    config = Path(job.conf["RESOURCECONFIG"])
+    config.write_text(json.dumps({"current_host": "algo-1", "hosts": ["algo-1", "algo-2"], "topology": topology}))
+    ran = job.run("x.py")
+    assert ran.returncode == 1
+    reason = job.failure.read_text()
+    assert reason.startswith(f"cannot read {config}: ") and message in reason, reason
 
 
 def test_torchrun_gets_its_placeholders_filled(tmp_path: Path) -> None:

@@ -158,8 +158,7 @@ def test_outdated_and_fits(index_env: Index, gpu: Path, tmp_path: Path) -> None:
     efa = found["efa"]
     assert efa["source"] == {"kind": "table", "name": "EFA", "about": "the AWS EFA installer changelog",
                              "read_on": "2026-11"}  # fmt: skip
-    assert efa["newest"] == "1.51.0" and efa["fits"] is False
-    assert "aws-ofi-nccl 1.22.0 is not in the shipped table" in efa["blocked_by"]
+    assert efa["newest"] == "1.51.0" and efa["fits"] is True  # its plugin 1.22.0 has a row (issue 30)
     assert found["nccl_tests"]["newest"] == "2.19.6" and found["nccl_tests"]["fits"] is True
     assert gpu.read_text() == before  # outdated writes nothing
 
@@ -264,13 +263,15 @@ def test_upgrade_refuses_a_newest_that_does_not_fit(index_env: Index, gpu: Path,
 
 
 def test_upgrade_everything_refuses_when_one_newest_is_blocked(index_env: Index, gpu: Path, tmp_path: Path) -> None:
-    gpu_index(index_env, tmp_path, ["2.13.0", "2.15.0"])
+    gpu_index(index_env, tmp_path, ["2.13.0", "2.15.0", TORCH_NEXT])
     result = run("lock", str(gpu), "--upgrade")
     assert result.exit_code == 5, result.output
-    # EFA 1.51.0 bundles aws-ofi-nccl 1.22.0, which the plugin table does not know: no newer EFA fits
-    assert "efa 1.51.0 does not fit" in result.stderr and "no newer release fits; it stays at 1.50.0" in result.stderr
-    hint = result.stderr.split("hint:")[1]
+    # torch 2.16.0 pins NCCL 2.32.3, newer than EFA 1.51.0's plugin (1.22.0) was tested with; the rest fits
+    assert "pytorch 2.16.0 does not fit" in result.stderr and "the newest that fits is 2.15.0" in result.stderr
+    assert "aws-ofi-nccl 1.22.0 was tested with NCCL up to 2.31.2; NCCL 2.32.3 is newer" in result.stderr
+    hint = result.stderr.split("hint:")[2]
     assert "--upgrade-package pytorch==2.15.0" in hint and "--upgrade-package nccl_tests==2.19.6" in hint
+    assert "--upgrade-package efa==1.51.0" in hint
     assert "cuda" not in hint  # CUDA comes with the base image: never moved alone
     assert gpu.read_text() == GPU_RECIPE
 

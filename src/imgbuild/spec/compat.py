@@ -259,8 +259,12 @@ PLUGIN_TESTED_NCCL: dict[str, str] = {
     "1.16.3": "2.27.7",
     "1.17": "2.28.7",
     "1.18": "2.29.2",
+    "1.19": "2.29.7",
     "1.20": "2.30.4",
     "1.21": "2.31.2",
+    # 1.22.0's RELEASENOTES.md could not be read here (no v1.22.0 tag in the snapshot read on 2026-11-26): inferred,
+    # the conservative value is 1.21's tested NCCL (a newer release keeps what the series before it was tested with).
+    "1.22": "2.31.2",
 }
 PLUGIN_OLDEST_NCCL = "2.17.1"
 
@@ -272,8 +276,13 @@ PLUGIN_TESTED_LIBFABRIC: dict[str, str] = {
     "1.14": "2.1.0",
     "1.16": "2.1.0amzn3.0",
     "1.16.3": "2.1.0amzn5.0",
+    "1.19.0": "2.5.0",
+    "1.19.1": "2.4.0amzn3.0",
     "1.19.2": "2.4.0amzn3.0",
+    "1.20.0": "2.4.0amzn5.0",
     "1.21.1": "2.6.0amzn1.0",
+    # inferred: 1.22.0's notes were not read; EFA installer 1.51.0 bundles it with libfabric 2.7.0amzn2.0.
+    "1.22.0": "2.7.0amzn2.0",
 }
 
 # NCCL series -> the net-plugin API versions it looks for in a net plugin (libnccl-net*.so), newest first as NCCL tries
@@ -344,6 +353,8 @@ _UBUNTU = ("ubuntu22.04", "ubuntu24.04")
 EFA: dict[str, EfaRelease] = {
     "1.51.0": EfaRelease("1.22.0", "2.7.0amzn2.0", (*_UBUNTU, "debian12")),
     "1.50.0": EfaRelease("1.21.1", "2.6.0amzn1.0", (*_UBUNTU, "debian11", "debian12")),
+    "1.49.0": EfaRelease("1.20.0", "2.4.0amzn5.0", (*_UBUNTU, "debian11", "debian12")),
+    "1.48.0": EfaRelease(None, None, (*_UBUNTU, "debian11", "debian12")),
     "1.47.0": EfaRelease(None, None, (*_UBUNTU, "debian11", "debian12")),
     "1.44.0": EfaRelease(None, None, (*_UBUNTU, "debian11", "debian12")),
     "1.43.2": EfaRelease("1.16.3", "2.1.0amzn5.0", (*_UBUNTU, "debian11", "debian12")),  # libfabric: 1.43.1's
@@ -444,7 +455,7 @@ GAUDI: dict[str, GaudiRelease] = {
 
 # GDRCopy (user-space libgdrapi; the gdrdrv kernel module is the host's): step 4 of AWS's EFA + NCCL guide.
 # aws-ofi-nccl 1.21's GIN path needs GDRCopy >= 2.5.
-GDRCOPY_MIN_FOR_PLUGIN: dict[str, str] = {"1.21": "2.5"}
+GDRCOPY_MIN_FOR_PLUGIN: dict[str, str] = {"1.21": "2.5", "1.22": "2.5"}  # 1.22: inferred (its notes not read)
 
 
 # CPU architectures (the recipe's platform.arch, Docker's names) and what each is called elsewhere: `uname -m`, the

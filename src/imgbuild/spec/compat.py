@@ -531,10 +531,11 @@ def gencode(arch: str) -> str:
 # of it (minor-version compatibility). NVIDIA's CUDA Compatibility guide, "Minor Version Compatibility", table "CUDA
 # Toolkit 11.x, 12.x, and 13.x Driver Version Ranges" (https://docs.nvidia.com/deploy/cuda-compatibility/
 # minor-version-compatibility.html): 13.x >= 580, 12.x >= 525, 11.x >= 450, and newer drivers run older toolkits
-# (backward compatibility). The exact minimums are the CUDA Toolkit Release Notes' table "CUDA Toolkit and Minimum
-# Required Driver Version for CUDA Minor Version Compatibility": 12.x >= 525.60.13, 11.x >= 450.80.02 (the guide
-# names 450.80.02 too); 13.x is listed as >= 580 (no patch level). Under minor-version compatibility some features
-# are limited (the guide: "with limited feature-set"); the driver a toolkit release ships with has them all.
+# (backward compatibility). The guide defers to the CUDA Toolkit Release Notes' table "CUDA Toolkit and Minimum
+# Required Driver Version for CUDA Minor Version Compatibility" for patch levels: 11.x >= 450.80.02 (the guide names
+# it too); 12.x >= 525.60.13 is that table's entry as this issue cites it (the Release Notes page itself was not read
+# here: inferred); 13.x is 580 with no patch level, as the guide gives it. Under minor-version compatibility some
+# features are limited (the guide: "with limited feature-set"); the driver a toolkit release ships with has them all.
 # Forward compatibility (the cuda-compat-<major>-<minor> package: a newer toolkit on an older driver branch) applies
 # only to NVIDIA Data Center GPUs, select NGC Server Ready RTX SKUs and Jetson boards (the guide's "Forward
 # Compatibility" page).

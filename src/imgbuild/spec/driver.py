@@ -6,8 +6,9 @@ The driver is read as a GPU host's tools report it: `nvidia-smi --query-gpu=driv
 (one version per GPU), else /proc/driver/nvidia/version, whose first line is the kernel module's
 `NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.135  <date>` (proprietary module) or
 `NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build  (<builder>)  <date>` (open
-module; `for aarch64` on arm64 hosts): the forms hosts print (read in published host reports and tools that parse the
-file; the kernel module writes the line, NVIDIA/open-gpu-kernel-modules kernel-open/nvidia/nv-procfs.c).
+module; `for aarch64` on arm64 hosts): the forms read in published host reports and in tools that parse the file
+(that the kernel module's procfs code writes it, NVIDIA/open-gpu-kernel-modules kernel-open/nvidia/nv-procfs.c, is
+inferred: that file was not read here).
 """
 
 from __future__ import annotations

@@ -190,12 +190,13 @@ def sagemaker_job(docker_client: Any, tmp_path: Path, request: pytest.FixtureReq
         files: dict[str, str] | None = None,
         mount_code: bool = True,
         hyperparameters: dict[str, str] | None = None,
+        topology: list[dict[str, str]] | None = None,
     ) -> Job:
         """`interface` is resourceconfig's network_interface_name; `isolated` gives the hosts no network at all
         (no default route), for one-host jobs; `files` are more files of /opt/ml/code (relative path -> text);
         `mount_code` False leaves /opt/ml/code the image's own (train fetches the code: `hyperparameters` with
         sagemaker_submit_directory); `hyperparameters` go to hyperparameters.json, JSON-encoded as the SDK writes
-        them."""
+        them; `topology` is resourceconfig's (GB200 UltraServers: hostName, capacityUnitId)."""
         network = f"imgbuild-sm-{uuid.uuid4().hex[:10]}"
         docker_client.api.create_network(network, driver="bridge", labels={"io.imgbuild.test": "sagemaker"})
         networks.append(network)
@@ -219,7 +220,9 @@ def sagemaker_job(docker_client: Any, tmp_path: Path, request: pytest.FixtureReq
             config, model, output = root / "config", root / "model", root / "output"
             for d in (config, model, output):
                 d.mkdir(parents=True)
-            resource = {"current_host": name, "hosts": names, "network_interface_name": interface}
+            resource: dict[str, Any] = {"current_host": name, "hosts": names, "network_interface_name": interface}
+            if topology is not None:
+                resource["topology"] = topology
             (config / "resourceconfig.json").write_text(json.dumps(resource))
             if hyperparameters is not None:
                 encoded = {k: json.dumps(v) for k, v in hyperparameters.items()}

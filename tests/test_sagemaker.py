@@ -179,6 +179,40 @@ def test_job_runs_across_hosts(sm_job: Any, count: int, keys: str) -> None:
     print(f"{count} hosts: leader done in {took:.1f}s")
 
 
+TOPOLOGY_RANKS = """\
+import json
+import os
+import socket
+
+from mpi4py import MPI
+
+comm = MPI.COMM_WORLD
+seen = comm.gather([socket.gethostname(), os.environ.get("SM_TOPOLOGY")], root=0)
+if comm.rank == 0:
+    with open("/opt/ml/model/result.json", "w") as f:
+        json.dump(seen, f)
+"""
+
+
+@pytest.mark.docker
+def test_topology_puts_each_capacity_units_ranks_together(sm_job: Any) -> None:
+    """resourceconfig's topology (GB200 UltraServers): mpirun's ranks fill capacity unit cu-a (algo-1, algo-3), then
+    cu-b (algo-2), and every rank sees the topology as SM_TOPOLOGY."""
+    topology = [
+        {"hostName": "algo-1", "capacityUnitId": "cu-a"},
+        {"hostName": "algo-2", "capacityUnitId": "cu-b"},
+        {"hostName": "algo-3", "capacityUnitId": "cu-a"},
+    ]
+    job = sm_job(3, script=TOPOLOGY_RANKS, topology=topology)
+    leader, workers, _ = finish(job)
+    logs = explain(job)
+    assert (leader, workers) == (0, [0, 0]), logs
+    seen = json.loads((job.hosts[0].model / "result.json").read_text())
+    assert [host for host, _ in seen] == ["algo-1", "algo-3", "algo-2"], logs
+    assert {json.dumps(json.loads(t)) for _, t in seen} == {json.dumps(topology)}, logs
+    assert "topology: 2 capacity unit(s): cu-a (algo-1 algo-3), cu-b (algo-2)" in job.logs(job.hosts[0])
+
+
 # Script mode: the code as SDK 2.x ships it (Estimator(source_dir=...)): sourcedir.tar.gz in S3, named by the
 # sagemaker_submit_directory hyperparameter, with the program in sagemaker_program. Every rank imports the wheel its
 # requirements.txt installs and a module of the code, so each host must have fetched both before mpirun starts.

@@ -38,13 +38,20 @@ URLS = {
     "nccl-tests-2.18.3.tar.gz": "https://github.com/NVIDIA/nccl-tests/archive/refs/tags/v2.18.3.tar.gz",
 }
 
+# Newer releases the folder holds too (blocks/releases/nccl_tests.yaml and gdrcopy.yaml list them), for a recipe that
+# moves to them.
+NEWER = {
+    "gdrcopy-2.6.tar.gz": "https://github.com/NVIDIA/gdrcopy/archive/refs/tags/v2.6.tar.gz",
+    "nccl-tests-2.19.6.tar.gz": "https://github.com/NVIDIA/nccl-tests/archive/refs/tags/v2.19.6.tar.gz",
+}
+
 
 def run(*args: str, env: dict[str, str] | None = None):
     return CliRunner().invoke(app, list(args), env=env)
 
 
 def test_the_folder_holds_what_its_sums_say() -> None:
-    assert set(SUMS) == set(URLS)
+    assert set(SUMS) == set(URLS) | set(NEWER)
     for name, sha in SUMS.items():
         assert sha256_file(SOURCES / name) == sha, name
 
@@ -83,6 +90,19 @@ def test_lock_hashes_every_download_from_the_folder(offline_recipe: Path, how: s
         # on every machine)
         assert d.origin == f"computed at lock time from the local file {name} ({size} bytes, --files), for {url}"
         assert str(SOURCES) not in d.origin
+
+
+def test_lock_hashes_the_newer_releases_from_the_folder(offline_recipe: Path) -> None:
+    """nccl-tests 2.19.6 and GDRCopy 2.6 (issue 30): a recipe that pins them locks with their archives hashed from
+    the folder, nothing downloaded."""
+    text = offline_recipe.read_text().replace("nccl_tests: {version: 2.18.3}", "nccl_tests: {version: 2.19.6}")
+    offline_recipe.write_text(text + "  gdrcopy: {version: '2.6'}\n")
+    result = run("lock", str(offline_recipe), "--files", str(SOURCES))
+    assert result.exit_code == 0, result.output
+    downloads = _downloads(offline_recipe)
+    for name, url in NEWER.items():
+        assert downloads[url].sha256 == SUMS[name], downloads[url]
+        assert downloads[url].origin.startswith(f"computed at lock time from the local file {name} ")
 
 
 def test_without_the_folder_the_same_lock_cannot_hash_them(offline_recipe: Path) -> None:

@@ -2,14 +2,14 @@
 
 Recipe options (`components.aws_ofi_nccl`):
     source    efa: the one the EFA installer bundles (/opt/amazon/ofi-nccl) | release: built from its release
-    version   efa: checked against the bundle (compat.EFA); release: required
+    version   efa: checked against the bundle (releases/efa.yaml); release: required
     prefix    /opt/aws-ofi-nccl (release)
     archive   release (default): the release tarball (`make dist`'s, with configure) | tag: GitHub's archive of the
               release's tag (no configure: autogen.sh runs first; what ../shared/data/sources and Spack hold)
-Its pin rule checks the plugin series against the NCCL it was tested with (compat.PLUGIN_TESTED_NCCL). A release
+Its pin rule checks the plugin release against the NCCL it was tested with (releases/aws_ofi_nccl.yaml). A release
 build needs libfabric: the EFA installer's (components.efa) or components.libfabric's (Debian's, with the efa
 provider), whichever the image has; the plugin's tested libfabric is checked against it
-(compat.PLUGIN_TESTED_LIBFABRIC).
+(releases/aws_ofi_nccl.yaml).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from packaging.version import Version
 from pydantic import SerializerFunctionWrapHandler, model_serializer
 
 from imgbuild import probes
+from imgbuild.blocks import releases
 from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution
 from imgbuild.checks import CheckContext, check, fail, ldd_missing, passed, skip
 from imgbuild.checks.results import CheckResult
@@ -61,10 +62,6 @@ class PluginDetails(Details):
         return data
 
 
-def _mm(version: str) -> str:
-    return ".".join(version.split(".")[:2])
-
-
 def resolve(p: AwsOfiNccl, rs: Resolution) -> Pin:
     key = "components.aws_ofi_nccl"
     nccl = rs.pins.get("nccl")
@@ -76,13 +73,13 @@ def resolve(p: AwsOfiNccl, rs: Resolution) -> Pin:
     if p.source == "efa":
         if efa is None:
             raise rs.fail(f"{key}.source", "source: efa (the plugin the EFA installer bundles) needs components.efa")
-        release = compat.EFA.get(efa.version)
+        release = releases.efa_release(efa.version)
         bundled = release.plugin if release else None
         if bundled is None:
             raise rs.fail(
                 f"{key}.source",
-                f"the aws-ofi-nccl version bundled with EFA installer {efa.version} is not in the "
-                "shipped table, so it can't be checked against NCCL",
+                f"the aws-ofi-nccl version bundled with EFA installer {efa.version} is not in "
+                f"{releases.file_name('efa')}, so it can't be checked against NCCL",
                 hint="use source: release with a version, or an EFA installer whose bundle is known",
             )
         if p.version is not None and p.version != bundled:
@@ -94,12 +91,13 @@ def resolve(p: AwsOfiNccl, rs: Resolution) -> Pin:
             raise rs.fail(f"{key}.version", "required for source: release")
         version, origin = p.version, "recipe"
         prefix, tag = p.prefix, compat.plugin_tag(p.version)
-    tested = compat.for_release(compat.PLUGIN_TESTED_NCCL, version)
+    tested = releases.plugin_fact(version, "tested_nccl")
     if tested is None:
         raise rs.fail(
             f"{key}.version",
-            f"aws-ofi-nccl {version} is not in the shipped table "
-            f"(known series: {', '.join(compat.PLUGIN_TESTED_NCCL)})",
+            f"aws-ofi-nccl {version} is not in {releases.file_name('aws_ofi_nccl')} "
+            f"(known: {', '.join(releases.plugin_series())})",
+            hint=f"add its row to {releases.file_name('aws_ofi_nccl')} with the NCCL its RELEASENOTES.md names",
         )
     nv = Version(nccl.version)
     if nv > Version(tested):
@@ -129,7 +127,7 @@ def _libfabric_built_against(rs: Resolution) -> tuple[str | None, str, str]:
     if lf is not None and lf.source != "efa":
         return lf.version, f"components.libfabric (source: {lf.source}, {lf.origin})", "components.libfabric"
     if efa is not None:
-        release = compat.EFA.get(efa.version)
+        release = releases.efa_release(efa.version)
         return release.libfabric if release else None, f"EFA installer {efa.version}", "components.efa.version"
     raise rs.fail(
         "components.aws_ofi_nccl.source",
@@ -140,15 +138,15 @@ def _libfabric_built_against(rs: Resolution) -> tuple[str | None, str, str]:
 
 def _libfabric_rule(version: str, built_against: tuple[str | None, str, str], rs: Resolution) -> None:
     """A plugin built from its release runs on the libfabric it was built against (`_libfabric_built_against`):
-    refused when that libfabric is newer than any the release was tested with (compat.PLUGIN_TESTED_LIBFABRIC); a
+    refused when that libfabric is newer than any the release was tested with (releases/aws_ofi_nccl.yaml); a
     warning when either is unknown."""
     libfabric, what, lf_key = built_against
-    tested = compat.for_release(compat.PLUGIN_TESTED_LIBFABRIC, version)
+    tested = releases.plugin_fact(version, "tested_libfabric")
     if libfabric is None or tested is None:
         unknown = f"{what}'s libfabric" if libfabric is None else "its tested libfabric"
         rs.warnings.append(
-            f"aws-ofi-nccl {version} is built against the libfabric of {what}, but {unknown} is not in the "
-            "shipped tables: unchecked"
+            f"aws-ofi-nccl {version} is built against the libfabric of {what}, but {unknown} is not in "
+            f"{releases.file_name('efa' if libfabric is None else 'aws_ofi_nccl')}: unchecked"
         )
         return
     if compat.libfabric_release(libfabric) > compat.libfabric_release(tested):
@@ -160,8 +158,8 @@ def _libfabric_rule(version: str, built_against: tuple[str | None, str, str], rs
 
 
 def _gdrcopy_rule(version: str, rs: Resolution) -> None:
-    """Plugin series whose GPU-initiated path needs a minimum GDRCopy (compat.GDRCOPY_MIN_FOR_PLUGIN)."""
-    needed = compat.GDRCOPY_MIN_FOR_PLUGIN.get(_mm(version))
+    """Plugin releases whose GPU-initiated path needs a minimum GDRCopy (releases/aws_ofi_nccl.yaml, gdrcopy_min)."""
+    needed = releases.plugin_fact(version, "gdrcopy_min")
     if needed is None:
         return
     gdr = rs.options("gdrcopy")

@@ -1,7 +1,8 @@
 """efa: the AWS EFA installer (libfabric with the efa provider, Open MPI, and since about 1.39 aws-ofi-nccl).
 
 Recipe options (`components.efa`):
-    version   the installer release, e.g. 1.43.2 (compat.EFA says which OS releases it supports and what it bundles)
+    version   the installer release, e.g. 1.43.2 (releases/efa.yaml says which OS releases it supports and what it
+              bundles)
     source    installer (default): downloaded in the builder, checked, run in the runtime stage;
               base: the base image already has it (Gaudi's images)
     sha256    check the tarball by this digest instead of AWS's GPG signature
@@ -16,7 +17,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from imgbuild.blocks import gaudi
+from imgbuild.blocks import gaudi, releases
 from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution, with_prefix
 from imgbuild.checks import CheckContext, check, compare, fail
 from imgbuild.checks.results import CheckResult
@@ -59,11 +60,11 @@ class EfaDetails(Details):
 def resolve(e: Efa, rs: Resolution) -> Pin:
     # A base image's installer that the Gaudi table records was run by Habana on that release's OS: not unchecked.
     vouched = e.source == "base" and gaudi.check_base(rs, "components.efa.version", "efa", e.version)
-    release = compat.EFA.get(e.version)
+    release = releases.efa_release(e.version)
     if release is None:
         if not vouched:
             rs.warnings.append(
-                f"EFA installer {e.version} is not in the shipped table: OS support and the bundled "
+                f"EFA installer {e.version} is not in {releases.file_name('efa')}: OS support and the bundled "
                 "plugin version are unchecked"
             )
     elif rs.os_id not in release.os:

@@ -4,9 +4,9 @@ Each pinned component's newer releases come from one source (`tracks`):
 
 - the package index for what pip installs (torch, numpy, mpi4py from pip, an nvidia-nccl wheel that no PyTorch pins):
   its final releases, yanked and pre-releases left out (`pypi.releases`);
-- a shipped table for the rest (compat.EFA, GAUDI, NCCL_TESTS_RELEASES, GDRCOPY_RELEASES, the plugin tables, the
-  CUDA PyTorch wheels are built for, a distribution's packages), named with when it was read (compat.TABLES): a
-  release published since is not in it;
+- a shipped list for the rest: a component's release file (blocks/releases/: efa, aws_ofi_nccl, nccl_tests,
+  gdrcopy) or a compat table (GAUDI, the CUDA PyTorch wheels are built for, a distribution's packages), named with
+  when it was read (the file's `read_on`, compat.TABLES): a release published since is not in it;
 - none where another pin decides the version (NCCL = PyTorch's pin, a plugin or libfabric bundled with the EFA
   installer: they follow that component) or the base image brings it.
 
@@ -27,7 +27,7 @@ from typing import Any, Literal
 from packaging.version import InvalidVersion, Version
 from pydantic import ValidationError
 
-from imgbuild.blocks import resolve_order
+from imgbuild.blocks import releases, resolve_order
 from imgbuild.core.errors import ImgbuildError, IndexLookupError, RecipeError, ResolveError
 from imgbuild.core.paths import display
 from imgbuild.pin.resolver import Resolved, resolve
@@ -40,8 +40,9 @@ Status = Literal["current", "outdated", "follows", "untracked", "unknown"]
 
 @dataclass(frozen=True)
 class Source:
-    """Where a component's releases are listed. index: `name` is the project; table: `name` is compat's table, with
-    `about` (what it was read from) and `read_on` (compat.TABLES); follows: `name` is the component it follows."""
+    """Where a component's releases are listed. index: `name` is the project; table: `name` is compat's table or a
+    release file (releases/<component>.yaml), with `about` (what it was read from) and `read_on` (compat.TABLES, the
+    file's read_on); follows: `name` is the component it follows."""
 
     kind: Kind
     name: str
@@ -52,7 +53,8 @@ class Source:
         if self.kind == "index":
             return f"index: {self.name}"
         if self.kind == "table":
-            return f"table compat.{self.name}, read {self.read_on or 'on a date not recorded'}"
+            where = self.name if self.name.endswith(".yaml") else f"table compat.{self.name}"
+            return f"{where}, read {self.read_on or 'on a date not recorded'}"
         if self.kind == "follows":
             return f"follows {self.name}"
         return "the base image" if self.kind == "base" else "no source of releases"
@@ -87,8 +89,9 @@ def _table(name: str) -> Source:
     return Source("table", name, t.source, t.read_on)
 
 
-def _three_part(version: str) -> bool:
-    return version.count(".") == 2
+def _released(name: releases.ListName) -> Source:
+    listed = releases.listing(name)
+    return Source("table", releases.file_name(name), listed.about, listed.read_on)
 
 
 def tracks(resolved: Resolved) -> list[Track]:
@@ -143,15 +146,13 @@ def tracks(resolved: Resolved) -> list[Track]:
         elif name == "mpi4py" and pin.source == "pip":
             add(name, Source("index", "mpi4py"), keys)
         elif name == "efa" and pin.source == "installer":
-            add(name, _table("EFA"), keys, versions=compat.EFA)
+            add(name, _released("efa"), keys, versions=releases.efa())
         elif name == "aws_ofi_nccl" and pin.source == "release":
-            known = {*compat.PLUGIN_TESTED_NCCL, *compat.PLUGIN_TESTED_LIBFABRIC}
-            known |= {e.plugin for e in compat.EFA.values() if e.plugin}
-            add(name, _table("PLUGIN_TESTED_NCCL"), keys, versions=filter(_three_part, known))
+            add(name, _released("aws_ofi_nccl"), keys, versions=releases.plugin_releases())
         elif name == "nccl_tests":
-            add(name, _table("NCCL_TESTS_RELEASES"), keys, versions=compat.NCCL_TESTS_RELEASES)
+            add(name, _released("nccl_tests"), keys, versions=releases.tag_releases("nccl_tests"))
         elif name == "gdrcopy":
-            add(name, _table("GDRCOPY_RELEASES"), keys, versions=compat.GDRCOPY_RELEASES)
+            add(name, _released("gdrcopy"), keys, versions=releases.tag_releases("gdrcopy"))
         elif name == "gaudi":
             add(name, _table("GAUDI"), keys, versions=compat.GAUDI)
         elif pin.source == "distro":

@@ -1,8 +1,9 @@
 """The shipped compatibility tables the resolver proves recipes against.
 
-Sources: PyTorch wheel METADATA (Requires-Dist), aws/aws-ofi-nccl release notes, the AWS EFA changelog,
-HabanaAI/Setup_and_Install, Debian and Ubuntu package archives. Entries marked "inferred" were not read in a
-source; the resolver treats them as facts, so correct them here when a source says otherwise.
+Sources: PyTorch wheel METADATA (Requires-Dist), NVIDIA/nccl's plugin loader, HabanaAI/Setup_and_Install, Debian and
+Ubuntu package archives. Entries marked "inferred" were not read in a source; the resolver treats them as facts, so
+correct them here when a source says otherwise. The releases of the components built from their publishers'
+artifacts (EFA installer, aws-ofi-nccl, nccl-tests, GDRCopy) are data files their blocks own: blocks/releases/.
 """
 
 from __future__ import annotations
@@ -230,11 +231,20 @@ def torch_cpu_only(version: str, machine: str) -> bool:
 def torch_wheel_has_arch(torch: str, cuda: str, arch: str) -> bool:
     """Whether the default wheel of `torch` (built for `cuda`) carries kernels for `arch`.
 
-    cu12.1-12.6 wheels include sm_70; cu12.8 wheels dropped it in 2.11; cu13 wheels never had it. Every other
-    architecture is taken as present: that the cu12.8 and cu13 wheels carry sm_100 (B200, GB200) is inferred (PyTorch
-    builds its CUDA 12.8+ wheels for Blackwell; their TORCH_CUDA_ARCH_LIST was not read here), and so are sm_75 to
-    sm_90 in every wheel the table lists.
+    cu12.1-12.6 wheels include sm_70; cu12.8 wheels dropped it in 2.11; cu13 wheels never had it. sm_103 (B300) is in
+    no wheel's list: PyTorch builds its cu12.8 wheels for "7.0;7.5;8.0;8.6;9.0;10.0;12.0" (pytorch/pytorch
+    .ci/manywheel/build_cuda.sh, read here up to its 12.9 entry, the same list +PTX) and a torch 2.11.0+cu130 wheel
+    reports sm_75/80/86/90/100/120 (a third party's reading of torch.cuda.get_arch_list()). B300 runs them through
+    their sm_100 code: CUDA runs code built for compute capability X.y on X.z with z >= y (accelerator_mismatch in
+    cluster/jobplan.py keeps the same rule), except the arch-specific sm_100a (NVIDIA's blog "Blackwell and CUDA 12.9
+    introduce family-specific architecture features"); an fbgemm-gpu wheel with only sm_100a cubins fails on B300
+    with "no kernel image is available" (pytorch/FBGEMM issue 6151), where torch 2.12.1+cu130's own
+    torch.zeros(..., device="cuda") ran first. So sm_103 is taken as present where sm_100 is (CUDA 12.8 wheels and
+    newer): inferred, not run on a B300 here. Every other architecture is taken as present: that the cu12.8 and cu13
+    wheels carry sm_100 (B200, GB200) is inferred likewise, and so are sm_75 to sm_90 in every wheel the table lists.
     """
+    if arch == "sm_103":
+        return Version(cuda) >= Version("12.8")
     if arch != "sm_70":
         return True
     major, minor = (int(x) for x in cuda.split(".")[:2])
@@ -245,45 +255,9 @@ def torch_wheel_has_arch(torch: str, cuda: str, arch: str) -> bool:
     return True
 
 
-# aws-ofi-nccl release series (or one release, where its notes name another NCCL than the series' first) -> the
-# newest NCCL it was tested with (its RELEASENOTES.md). From 1.10.0 on it keeps backward compatibility down to NCCL
-# 2.17.1. 1.16.0 names NCCL 2.27.5, 1.16.1 names 2.27.6 and 1.16.3 (what EFA 1.43.2 bundles) names 2.27.7.
-PLUGIN_TESTED_NCCL: dict[str, str] = {
-    "1.9": "2.21.5",
-    "1.10": "2.21.5",
-    "1.11": "2.22.3",
-    "1.13": "2.23.4",
-    "1.14": "2.26.2",
-    "1.16": "2.27.5",
-    "1.16.1": "2.27.6",
-    "1.16.3": "2.27.7",
-    "1.17": "2.28.7",
-    "1.18": "2.29.2",
-    "1.19": "2.29.7",
-    "1.20": "2.30.4",
-    "1.21": "2.31.2",
-    # 1.22.0's RELEASENOTES.md could not be read here (no v1.22.0 tag in the snapshot read on 2026-11-26): inferred,
-    # the conservative value is 1.21's tested NCCL (a newer release keeps what the series before it was tested with).
-    "1.22": "2.31.2",
-}
+# aws-ofi-nccl keeps backward compatibility down to this NCCL from 1.10.0 on (its RELEASENOTES.md); what each release
+# was tested with is in blocks/releases/aws_ofi_nccl.yaml.
 PLUGIN_OLDEST_NCCL = "2.17.1"
-
-# aws-ofi-nccl release (or series) -> the newest libfabric its release notes say it was tested with. A plugin
-# built from its release against an EFA installer whose libfabric is newer than that is untested (the resolver
-# refuses it: the installer's own plugin is tested with its own libfabric). 1.14.x: libfabric 2.1 (issue 15);
-# 1.16.0: 2.1.0amzn3.0; 1.16.3: 2.1.0amzn5.0; 1.19.2: 2.4.0amzn3.0; 1.21.1: 2.6.0amzn1.0.
-PLUGIN_TESTED_LIBFABRIC: dict[str, str] = {
-    "1.14": "2.1.0",
-    "1.16": "2.1.0amzn3.0",
-    "1.16.3": "2.1.0amzn5.0",
-    "1.19.0": "2.5.0",
-    "1.19.1": "2.4.0amzn3.0",
-    "1.19.2": "2.4.0amzn3.0",
-    "1.20.0": "2.4.0amzn5.0",
-    "1.21.1": "2.6.0amzn1.0",
-    # inferred: 1.22.0's notes were not read; EFA installer 1.51.0 bundles it with libfabric 2.7.0amzn2.0.
-    "1.22.0": "2.7.0amzn2.0",
-}
 
 # NCCL series -> the net-plugin API versions it looks for in a net plugin (libnccl-net*.so), newest first as NCCL tries
 # them: the `ncclNetPlugin_vN` symbols it dlsym()s. Read from NVIDIA/nccl at every release tag from v2.17.1-1 to
@@ -322,11 +296,6 @@ def same_version(a: str, b: str) -> bool:
         return a == b
 
 
-def for_release(table: dict[str, str], version: str) -> str | None:
-    """A per-plugin table's entry for `version`: the release's own row, else its series' (major.minor) row."""
-    return table.get(version) or table.get(".".join(version.split(".")[:2]))
-
-
 def libfabric_release(version: str) -> tuple[int, int, int]:
     """A libfabric version's release number: 2.6.0amzn1.0 -> (2, 6, 0) (AWS's `amznN` builds of one release)."""
     parts = [int(p) for p in re.findall(r"\d+", version.split("amzn")[0])[:3]]
@@ -338,28 +307,7 @@ def plugin_tag(version: str) -> str:
     return f"v{version}-aws" if Version(version) < Version("1.14.0") else f"v{version}"
 
 
-@dataclass(frozen=True)
-class EfaRelease:
-    """An EFA installer release: what it bundles and which OS releases it installs on."""
-
-    plugin: str | None
-    libfabric: str | None
-    os: tuple[str, ...]  # "ubuntu22.04", "debian12", ...
-
-
-# OS support per release, from the AWS EFA changelog: 1.43.0 removed Ubuntu 20.04, 1.51.0 removed Debian 11.
-# Ubuntu 24.04 since about 1.32 (inferred: older rows here don't need it).
-_UBUNTU = ("ubuntu22.04", "ubuntu24.04")
-EFA: dict[str, EfaRelease] = {
-    "1.51.0": EfaRelease("1.22.0", "2.7.0amzn2.0", (*_UBUNTU, "debian12")),
-    "1.50.0": EfaRelease("1.21.1", "2.6.0amzn1.0", (*_UBUNTU, "debian11", "debian12")),
-    "1.49.0": EfaRelease("1.20.0", "2.4.0amzn5.0", (*_UBUNTU, "debian11", "debian12")),
-    "1.48.0": EfaRelease(None, None, (*_UBUNTU, "debian11", "debian12")),
-    "1.47.0": EfaRelease(None, None, (*_UBUNTU, "debian11", "debian12")),
-    "1.44.0": EfaRelease(None, None, (*_UBUNTU, "debian11", "debian12")),
-    "1.43.2": EfaRelease("1.16.3", "2.1.0amzn5.0", (*_UBUNTU, "debian11", "debian12")),  # libfabric: 1.43.1's
-    "1.29.0": EfaRelease(None, None, ("ubuntu20.04", "ubuntu22.04", "debian11", "debian12")),
-}
+# The EFA installer's releases (what each bundles, the OS releases it installs on) are in blocks/releases/efa.yaml.
 EFA_KEY_FINGERPRINT = "4E9091BCBB97A96B26B15E59A05480B1DD2D3CCC"
 EFA_CONTAINER_FLAGS = ("-y", "--skip-kmod", "--skip-limit-conf", "--no-verify")
 
@@ -453,11 +401,6 @@ GAUDI: dict[str, GaudiRelease] = {
     },
 }
 
-# GDRCopy (user-space libgdrapi; the gdrdrv kernel module is the host's): step 4 of AWS's EFA + NCCL guide.
-# aws-ofi-nccl 1.21's GIN path needs GDRCopy >= 2.5.
-GDRCOPY_MIN_FOR_PLUGIN: dict[str, str] = {"1.21": "2.5", "1.22": "2.5"}  # 1.22: inferred (its notes not read)
-
-
 # CPU architectures (the recipe's platform.arch, Docker's names) and what each is called elsewhere: `uname -m`, the
 # machine in wheel tags and markers (x86_64, aarch64); Debian's multiarch triplet names library directories.
 MACHINE: dict[str, str] = {"amd64": "x86_64", "arm64": "aarch64"}
@@ -517,6 +460,10 @@ ARCH: dict[str, Arch] = {
     # Blackwell compatibility guide, "Building Applications Using CUDA Toolkit 12.8",
     # https://docs.nvidia.com/cuda/blackwell-compatibility-guide). That GB200's GPUs are 10.0 like B200 is inferred.
     "sm_100": Arch("B200", "12.8", None),
+    # B300 (p6-b300): compute capability 10.3; CUDA 12.9 is the first toolkit that targets it (CUDA Features Archive,
+    # "CUDA 12.9 Features": "adds compiler target support for SM architecture 10.3 (sm_103, sm_103f, sm_103a)",
+    # https://docs.nvidia.com/cuda/archive/12.9.1/cuda-features-archive/index.html).
+    "sm_103": Arch("B300", "12.9", None),
 }
 
 
@@ -542,14 +489,6 @@ def gencode(arch: str) -> str:
 CUDA_DRIVER: dict[int, str] = {11: "450.80.02", 12: "525.60.13", 13: "580"}
 
 
-# --------------------------------------------------------------------------------------------------
-# Releases no other table lists: the versions a recipe may pin for components built from their GitHub releases.
-# v2.19.6 was the newest nccl-tests tag when they were read (2026-11); GDRCopy's tags were not read: 2.5.1 is the
-# release the shipped recipes pin (aws-ofi-nccl 1.21 needs >= 2.5), so a newer GDRCopy is not known here.
-NCCL_TESTS_RELEASES: tuple[str, ...] = ("2.16.4", "2.18.3", "2.19.6")
-GDRCOPY_RELEASES: tuple[str, ...] = ("2.5.1",)
-
-
 @dataclass(frozen=True)
 class TableSource:
     """Where a table's facts were read and when: `read_on` is an ISO date, or a month where the day was not recorded,
@@ -565,14 +504,9 @@ class TableSource:
 # on 2026-11-21). Change a date when you read the source again, not when you edit the table for another reason.
 TABLES: dict[str, TableSource] = {
     "TORCH": TableSource("each release's wheel METADATA on the package index", "2026-11"),
-    "PLUGIN_TESTED_NCCL": TableSource("aws/aws-ofi-nccl RELEASENOTES.md", "2026-11"),
-    "PLUGIN_TESTED_LIBFABRIC": TableSource("aws/aws-ofi-nccl RELEASENOTES.md", "2026-11"),
     "NCCL_NET_PLUGIN_API": TableSource(
         "NVIDIA/nccl src/net.cc, src/plugin/net/net_v*.cc at each release tag", "2026-11"
     ),
-    "EFA": TableSource("the AWS EFA installer changelog", "2026-11"),
-    "NCCL_TESTS_RELEASES": TableSource("NVIDIA/nccl-tests tags", "2026-11"),
-    "GDRCOPY_RELEASES": TableSource("the release the shipped recipes pin (NVIDIA/gdrcopy tags not read)", None),
     "GAUDI": TableSource("HabanaAI/Setup_and_Install tags, Habana's support matrices and release notes", "2026-11-26"),
     "DISTRO": TableSource("the Debian and Ubuntu package archives", None),
     "CUDA_DRIVER": TableSource(

@@ -1,0 +1,209 @@
+"""Each compiled component's releases, as data with sources: one YAML file per component beside this module
+(efa.yaml, aws_ofi_nccl.yaml, nccl_tests.yaml, gdrcopy.yaml), owned by that component's block.
+
+A release is a row: its version, its date and the sha256 of its download where known, what it bundles or was tested
+with, and `source` (where it was read), with `inferred: true` and `why` on a value nobody read in a source. Adding a
+release is adding a row: no Python table to edit. A file that does not fit its model is a ResolveError naming the
+file, the key and what was expected.
+
+Where the publisher's own artifact is at hand at lock time, imgbuild.pin.bundle reads it instead (the EFA installer
+tarball's package names, the plugin's RELEASENOTES.md); these rows are the fallback.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Annotated, Literal, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
+
+from imgbuild.core.errors import ResolveError
+
+HERE = Path(__file__).parent
+
+Text = Annotated[str, StringConstraints(strict=True, min_length=1)]
+# An ISO date, or a month (or a year) where the day was not recorded.
+When = Annotated[str, StringConstraints(strict=True, pattern=r"^\d{4}(-\d{2}(-\d{2})?)?$")]
+
+
+class Row(BaseModel):
+    """One release (or one release series, where a file allows it)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    version: Text
+    date: When | None = None
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
+    source: Text
+    inferred: bool = False
+    why: Text | None = None
+
+    @model_validator(mode="after")
+    def _inferred_says_why(self) -> Row:
+        if self.inferred and self.why is None:
+            raise ValueError("inferred: true needs `why` (what was not read, and what the value rests on)")
+        if self.why is not None and not self.inferred:
+            raise ValueError("`why` is for an inferred row: set inferred: true, or drop why")
+        return self
+
+
+class EfaRow(Row):
+    """An EFA installer release: what it bundles (None: not known) and the OS releases it installs on."""
+
+    aws_ofi_nccl: Text | None = None
+    libfabric: Text | None = None
+    openmpi4: Text | None = None
+    openmpi5: Text | None = None
+    os: tuple[Text, ...] = Field(min_length=1)
+
+    @property
+    def plugin(self) -> str | None:
+        """The aws-ofi-nccl release the installer bundles."""
+        return self.aws_ofi_nccl
+
+
+class PluginRow(Row):
+    """An aws-ofi-nccl release (1.21.1) or series (1.21): the newest NCCL and libfabric its release notes say it was
+    tested with, the GDRCopy its GPU-initiated path needs, and a release's tag and commit."""
+
+    tested_nccl: Text | None = None
+    tested_libfabric: Text | None = None
+    gdrcopy_min: Text | None = None
+    tag: Text | None = None
+    commit: Annotated[str, Field(pattern=r"^[0-9a-f]{40}$")] | None = None
+
+
+class TagRow(Row):
+    """A release built from GitHub's archive of its tag: the tag and the commit it names."""
+
+    tag: Text
+    commit: Annotated[str, Field(pattern=r"^[0-9a-f]{40}$")] | None = None
+
+
+R = TypeVar("R", bound=Row)
+
+
+class _File(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    component: Text
+    about: Text  # what the list was read from (imgbuild outdated says it)
+    read_on: When | None  # when the list was last read against it (None: not recorded)
+
+    @model_validator(mode="after")
+    def _one_row_per_version(self) -> _File:
+        seen: set[str] = set()
+        for i, row in enumerate(getattr(self, "releases", ())):
+            if row.version in seen:
+                raise ValueError(f"releases.{i}: version {row.version} is listed twice")
+            seen.add(row.version)
+        return self
+
+
+class EfaFile(_File):
+    component: Literal["efa"]
+    releases: tuple[EfaRow, ...] = Field(min_length=1)
+
+
+class PluginFile(_File):
+    component: Literal["aws_ofi_nccl"]
+    releases: tuple[PluginRow, ...] = Field(min_length=1)
+
+
+class TagFile(_File):
+    component: Literal["nccl_tests", "gdrcopy"]
+    releases: tuple[TagRow, ...] = Field(min_length=1)
+
+
+F = TypeVar("F", bound=_File)
+
+
+def load(path: Path, model: type[F]) -> F:
+    """Read and check one release file; ResolveError naming the file, the key and what was expected."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ResolveError(f"{path}: cannot read the release list: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ResolveError(f"{path}: not valid YAML: {exc}") from None
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'] if not str(p).startswith('function-')) or '(top level)'}: {e['msg']}"
+            for e in exc.errors()
+        )
+        raise ResolveError(f"{path}: {problems}") from None
+
+
+@functools.cache
+def efa_file() -> EfaFile:
+    return load(HERE / "efa.yaml", EfaFile)
+
+
+@functools.cache
+def plugin_file() -> PluginFile:
+    return load(HERE / "aws_ofi_nccl.yaml", PluginFile)
+
+
+@functools.cache
+def tag_file(component: Literal["nccl_tests", "gdrcopy"]) -> TagFile:
+    return load(HERE / f"{component}.yaml", TagFile)
+
+
+def by_version(rows: tuple[R, ...]) -> dict[str, R]:
+    return {r.version: r for r in rows}
+
+
+def efa() -> dict[str, EfaRow]:
+    """The EFA installer releases, newest first as listed."""
+    return by_version(efa_file().releases)
+
+
+def efa_release(version: str) -> EfaRow | None:
+    return efa().get(version)
+
+
+def plugin_fact(version: str, field: Literal["tested_nccl", "tested_libfabric", "gdrcopy_min"]) -> str | None:
+    """An aws-ofi-nccl release's value of `field`: the release's own row's, else its series' (major.minor) row's."""
+    rows = by_version(plugin_file().releases)
+    for key in (version, ".".join(version.split(".")[:2])):
+        row = rows.get(key)
+        if row is not None and getattr(row, field) is not None:
+            value: str = getattr(row, field)
+            return value
+    return None
+
+
+def plugin_series() -> list[str]:
+    """The plugin rows that say which NCCL they were tested with (for a message naming what is known)."""
+    return [r.version for r in plugin_file().releases if r.tested_nccl is not None]
+
+
+def plugin_releases() -> set[str]:
+    """Every aws-ofi-nccl release (X.Y.Z) a release file names: its own rows and the EFA installers' bundles."""
+    own = {r.version for r in plugin_file().releases if r.version.count(".") == 2}
+    return own | {e.aws_ofi_nccl for e in efa_file().releases if e.aws_ofi_nccl}
+
+
+def tag_releases(component: Literal["nccl_tests", "gdrcopy"]) -> dict[str, TagRow]:
+    return by_version(tag_file(component).releases)
+
+
+ListName = Literal["efa", "aws_ofi_nccl", "nccl_tests", "gdrcopy"]
+
+
+def listing(name: ListName) -> _File:
+    """A component's release file (its `about` and `read_on`: what `imgbuild outdated` names as the source)."""
+    if name == "efa":
+        return efa_file()
+    if name == "aws_ofi_nccl":
+        return plugin_file()
+    return tag_file(name)
+
+
+def file_name(name: ListName) -> str:
+    """How a release file is named to users: releases/<component>.yaml (inside imgbuild's blocks package)."""
+    return f"releases/{name}.yaml"

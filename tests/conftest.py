@@ -21,7 +21,20 @@ import localindex
 REPO = Path(__file__).resolve().parent.parent
 # Public upstream data the tests check against (CRDs, real nccl-tests logs), each with its source.
 UPSTREAM = REPO / "tests" / "data" / "upstream"
-SHIPPED = ["a100", "b200", "cpu", "debian-cuda", "gaudi-1.15", "gaudi-1.21", "gb200", "h100", "h200", "pytorch", "v100"]
+SHIPPED = [
+    "a100",
+    "b200",
+    "b300",
+    "cpu",
+    "debian-cuda",
+    "gaudi-1.15",
+    "gaudi-1.21",
+    "gb200",
+    "h100",
+    "h200",
+    "pytorch",
+    "v100",
+]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

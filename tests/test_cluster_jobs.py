@@ -345,6 +345,7 @@ def test_mpijob_works_with_what_the_operator_does(name: str) -> None:
         ("h200", None, {"nvidia.com/gpu": 8, "vpc.amazonaws.com/efa": 16, "hugepages-2Mi": "5120Mi", "memory": "32Gi"}),
         ("b200", None, {"nvidia.com/gpu": 8, "vpc.amazonaws.com/efa": 8, "hugepages-2Mi": "5120Mi", "memory": "32Gi"}),
         ("gb200", None, {"nvidia.com/gpu": 4, "vpc.amazonaws.com/efa": 4, "hugepages-2Mi": "5120Mi", "memory": "32Gi"}),
+        ("b300", None, {"nvidia.com/gpu": 8, "vpc.amazonaws.com/efa": 16, "hugepages-2Mi": "5120Mi", "memory": "32Gi"}),
     ],
 )  # fmt: skip
 def test_worker_resources_follow_recipe_and_instance_type(
@@ -749,7 +750,7 @@ def test_instance_families_agree_with_the_recipes_and_the_efa_table() -> None:
     assert set(jobplan.EFA_DEVICES) <= set(jobplan.INSTANCE_ACCELERATORS)
     assert set(jobplan.INSTANCE_ARCH) <= set(jobplan.INSTANCE_ACCELERATORS)
     assert jobs.efa_devices("p6-b200.48xlarge") == 8 and jobs.efa_devices("p5en.48xlarge") == 16
-    assert jobs.efa_devices("p6e-gb200.36xlarge") == 4
+    assert jobs.efa_devices("p6e-gb200.36xlarge") == 4 and jobs.efa_devices("p6-b300.48xlarge") == 16
     assert jobplan.instance_arch("p6e-gb200.36xlarge") == "arm64" and jobplan.instance_arch("p5.48xlarge") == "amd64"
     assert jobplan.instance_arch("c7g.16xlarge") is None  # not a family imgbuild knows: not checked
 

@@ -267,7 +267,7 @@ def test_user_recipe_renders_unlocked_only_when_asked(recipe_dir: Path, tmp_path
     assert not (recipe_dir / "mine.lock.json").exists()
 
 
-NVIDIA = ["a100", "b200", "gb200", "h100", "h200", "v100"]
+NVIDIA = ["a100", "b200", "b300", "gb200", "h100", "h200", "v100"]
 
 
 @pytest.mark.parametrize("name", NVIDIA)
@@ -286,7 +286,9 @@ def test_nvidia_images_ship_on_runtime_with_one_nccl(name: str) -> None:
     assert f"{site}/nvidia/nccl/lib" in ld and "/opt/amazon/openmpi/lib" in ld and "/opt/gdrcopy/lib" in ld
     # The plugin dlopens libcudart.so; GDRCopy built in the builder, its library copied; mpi4py against EFA's MPI.
     assert "ln -s libcudart.so.1" in runtime
-    assert "gdrcopy/archive/refs/tags/v2.5.1" in builder and "COPY --from=builder /opt/gdrcopy /opt/gdrcopy" in runtime
+    gdrcopy = resolved_for(recipe.load(name)).version("gdrcopy")
+    assert f"gdrcopy/archive/refs/tags/v{gdrcopy}.tar.gz" in builder
+    assert "COPY --from=builder /opt/gdrcopy /opt/gdrcopy" in runtime
     assert re.search(
         r'CFLAGS="-O2 -g0" MPICC=/opt/amazon/openmpi/bin/mpicc /opt/venv/bin/pip install .*--no-binary=mpi4py', builder
     )

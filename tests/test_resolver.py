@@ -41,6 +41,7 @@ def resolve_error(d: Path, text: str, **kwargs) -> str:
         ("h200", {"nccl": "2.29.7", "pytorch": "2.13.0", "aws_ofi_nccl": "1.21.1", "efa": "1.50.0", "cuda": "13.0.1"}),
         ("b200", {"nccl": "2.29.7", "pytorch": "2.13.0", "aws_ofi_nccl": "1.21.1", "efa": "1.50.0", "cuda": "13.0.1"}),
         ("gb200", {"nccl": "2.29.7", "pytorch": "2.13.0", "aws_ofi_nccl": "1.21.1", "efa": "1.50.0", "cuda": "13.0.1"}),
+        ("b300", {"nccl": "2.30.7", "pytorch": "2.15.0", "aws_ofi_nccl": "1.22.0", "efa": "1.51.0", "cuda": "13.2.2"}),
     ],
 )
 def test_shipped_recipes_resolve(name: str, expect: dict[str, str]) -> None:
@@ -94,6 +95,32 @@ def test_sm_100_needs_cuda_12_8(recipe_dir: Path) -> None:
     )
     msg = resolve_error(recipe_dir, text)
     assert "sm_100" in msg and "12.8" in msg
+
+
+def test_sm_103_needs_cuda_12_9_and_a_torch_wheel_with_sm_100_code(recipe_dir: Path) -> None:
+    """B300 (sm_103): the CUDA rule wants CUDA 12.9 (the first toolkit that targets 10.3); PyTorch's wheels run there
+    through their sm_100 code, which wheels built for CUDA 12.8 and newer carry and cu12.6 wheels do not."""
+    ubuntu22 = "os: {version: '22.04'}\n"
+    msg = resolve_error(
+        recipe_dir,
+        "extends: b300\nbase: {tag: 12.8.1-runtime-ubuntu22.04, builder_tag: 12.8.1-devel-ubuntu22.04}\n"
+        f"{ubuntu22}cuda: {{version: 12.8.1}}\ncomponents: {{pytorch: {{version: 2.9.1}}}}\n",
+    )
+    assert "cuda.version" in msg and "sm_103 (B300) needs CUDA >= 12.9, got 12.8.1" in msg
+    cuda_12_9 = (
+        "extends: b300\nbase: {tag: 12.9.1-runtime-ubuntu22.04, builder_tag: 12.9.1-devel-ubuntu22.04}\n"
+        f"{ubuntu22}cuda: {{version: 12.9.1}}\n"
+    )
+    msg = resolve_error(recipe_dir, cuda_12_9 + "components: {pytorch: {version: 2.7.1}}\n")
+    assert "torch 2.7.1 wheels (CUDA 12.6) have no sm_103 kernels, so they don't run on B300" in msg
+    assert "use a PyTorch built for CUDA 12.8 or newer" in msg
+    assert resolve_text(recipe_dir, cuda_12_9 + "components: {pytorch: {version: 2.9.1}}\n").version("cuda") == "12.9.1"
+    # The same CUDA 12.8.1 base is fine for B200 (sm_100 needs 12.8): the rule is the architecture's.
+    b200 = (
+        "extends: b200\nbase: {tag: 12.8.1-runtime-ubuntu22.04, builder_tag: 12.8.1-devel-ubuntu22.04}\n"
+        f"{ubuntu22}cuda: {{version: 12.8.1}}\ncomponents: {{pytorch: {{version: 2.9.1}}}}\n"
+    )
+    assert resolve_text(recipe_dir, b200).version("cuda") == "12.8.1"
 
 
 def test_gaudi_warns_about_latest_only_base() -> None:

@@ -75,7 +75,9 @@ def resolve(t: PyTorch, rs: Resolution) -> Pin:
                 "components.pytorch.version / platform.gpu_arch",
                 f"torch {t.version} wheels (CUDA {wheel.cuda}) have no {p.gpu_arch} kernels, so they "
                 f"don't run on {gpu}",
-                hint="V100 needs a PyTorch built for CUDA 12.6 or older (e.g. 2.7.1)",
+                hint="V100 needs a PyTorch built for CUDA 12.6 or older (e.g. 2.7.1)"
+                if p.gpu_arch == "sm_70"
+                else "use a PyTorch built for CUDA 12.8 or newer",
             )
     rs.torch_wheel = wheel
     details = PyTorchDetails(

@@ -53,6 +53,11 @@ MEMORY = {"accelerator": "32Gi", "none": "2Gi"}  # per worker, unless --memory
 # project's table of EFA network cards); p6-b200 8 (inferred: its 3200 Gbps of EFAv4, per instances.vantage.sh's data,
 # over 400 Gbps cards); p6e-gb200 4 (aws-samples/awsome-distributed-training micro-benchmarks/nccl-tests/kubernetes/
 # nccl-tests-gb200.yaml asks `vpc.amazonaws.com/efa: 4 #p6e has 4 NICs` per p6e-gb200.36xlarge; 1600 Gbps EFAv4).
+# p6-b300 16: "P6-B300 has 17 network cards, of which the primary network card (network card index 0) only supports
+# ENA ..., the remaining secondary network cards (indexes 1-16) support EFA and ENA" (AWS engineering, quoted in
+# aws/aws-parallelcluster issue 7143); ParallelCluster then gives p6-b300 an ENA primary and `efa-only` on every other
+# card (aws/aws-parallelcluster PR 7210, "use case 1" of AWS's efa-acc-inst-types page). 16 EFA x 400 Gbps is the
+# 6400 Gbps the issue cites (inferred: the per-card speed was not read here).
 EFA_DEVICES = {
     "p3dn": 1,
     "p4d": 4,
@@ -62,6 +67,7 @@ EFA_DEVICES = {
     "p5en": 16,
     "p6-b200": 8,
     "p6e-gb200": 4,
+    "p6-b300": 16,
     "dl1": 4,
 }
 EFA_MAX = max(EFA_DEVICES.values())  # --efa: more than any instance has never schedules

@@ -110,7 +110,7 @@ class Platform(Strict):
     # (the first is the default `imgbuild build` makes; `--platform` picks another). AWS's Graviton and Grace
     # instances (p6e-gb200) are arm64.
     arch: Annotated[tuple[Literal["amd64", "arm64"], ...], BeforeValidator(_arch_list)] = ("amd64",)
-    gpu_arch: Literal["sm_70", "sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_100"] | None = None
+    gpu_arch: Literal["sm_70", "sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_103"] | None = None
     instance_types: tuple[InstanceType, ...] = ()
     devices_per_node: int = Field(1, ge=1, le=64)
 

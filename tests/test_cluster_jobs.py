@@ -49,6 +49,11 @@ CRDS = {
     jobs.Engine.pytorchjob: ("training-operator-v1.9.4_kubeflow.org_pytorchjobs.yaml", "v1"),
 }
 TORCH_RUNTIME = "trainer-v2.3.0_runtime_torch_distributed.yaml"
+# The other objects a job's file may hold (NVLink across instances: k8s.k8s_objects), by kind.
+KIND_CRDS = {
+    "ComputeDomain": ("dra-driver-nvidia-gpu-v0.4.0_resource.nvidia.com_computedomains.yaml", "v1beta1"),
+    "TrainingRuntime": ("trainer-v2.3.0_trainer.kubeflow.org_trainingruntimes.yaml", "v1alpha1"),
+}
 
 
 def k8s_file(name: str) -> Path:
@@ -109,8 +114,7 @@ def _strict(schema: Any) -> Any:
 
 
 @cache
-def crd(engine: jobs.Engine) -> dict[str, Any]:
-    file, version = CRDS[engine]
+def crd_schema(file: str, version: str) -> dict[str, Any]:
     doc = yaml.safe_load(k8s_file(file).read_text())
     for v in doc["spec"]["versions"]:
         if v["name"] == version:
@@ -118,10 +122,30 @@ def crd(engine: jobs.Engine) -> dict[str, Any]:
     pytest.fail(f"{file}: no version {version}")
 
 
-def validate_crd(engine: jobs.Engine, instance: dict[str, Any]) -> None:
-    schema = _strict(crd(engine))
-    errors = sorted(jsonschema.Draft4Validator(schema).iter_errors(instance), key=lambda e: list(e.path))
+def crd(engine: jobs.Engine) -> dict[str, Any]:
+    return crd_schema(*CRDS[engine])
+
+
+def _validate(schema: dict[str, Any], instance: dict[str, Any]) -> None:
+    errors = sorted(jsonschema.Draft4Validator(_strict(schema)).iter_errors(instance), key=lambda e: list(e.path))
     assert not errors, "\n".join(f"{'/'.join(map(str, e.path))}: {e.message}" for e in errors[:10])
+
+
+def validate_crd(engine: jobs.Engine, instance: dict[str, Any]) -> None:
+    _validate(crd(engine), instance)
+
+
+def validate_kind(instance: dict[str, Any]) -> None:
+    """An object other than the job against its kind's CRD (KIND_CRDS), apiVersion included."""
+    file, version = KIND_CRDS[instance["kind"]]
+    group = yaml.safe_load(k8s_file(file).read_text())["spec"]["group"]
+    assert instance["apiVersion"] == f"{group}/{version}"
+    _validate(crd_schema(file, version), instance)
+
+
+def documents(recipe_name: str, engine: jobs.Engine | str, nodes: int = 2, /, **kw: Any) -> list[dict[str, Any]]:
+    """The objects of the file `imgbuild cluster job` writes, as kubectl reads them."""
+    return list(yaml.safe_load_all(jobs.render_job(resolved(recipe_name), engine, nodes, **kw)))
 
 
 def validate_pod_template(template: dict[str, Any]) -> None:
@@ -134,18 +158,24 @@ def validate_pod_template(template: dict[str, Any]) -> None:
         pytest.fail(f"pod template refused by Kubernetes {K8S_VERSION}'s schema: {exc}")
 
 
-def trainer_pod(job: dict[str, Any]) -> dict[str, Any]:
-    """The pod template Trainer makes of the torch-distributed runtime for a TrainJob: the trainer's image,
-    command, env and resources on the runtime's `node` container, then the TrainJob's runtimePatches."""
-    runtime = yaml.safe_load(k8s_file(TORCH_RUNTIME).read_text())
+def trainer_pod(job: dict[str, Any], runtime: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The pod template Trainer makes of the runtime (torch-distributed, or the job's own TrainingRuntime) for a
+    TrainJob: the trainer's image, command, env and resources (where it sets them) on the runtime's `node`
+    container, then the TrainJob's runtimePatches."""
+    ref = job["spec"]["runtimeRef"]
+    if runtime is None:
+        assert ref["kind"] == "ClusterTrainingRuntime", "a TrainingRuntime of the job's own comes with it"
+        runtime = yaml.safe_load(k8s_file(TORCH_RUNTIME).read_text())
+    runtime = json.loads(json.dumps(runtime))  # a copy: the patches below change it
+    assert (ref["kind"], ref["name"]) == (runtime["kind"], runtime["metadata"]["name"])
     node = next(j for j in runtime["spec"]["template"]["spec"]["replicatedJobs"] if j["name"] == "node")
     pod = node["template"]["spec"]["template"]
     spec = pod["spec"]
     trainer = job["spec"]["trainer"]
     container = next(c for c in spec["containers"] if c["name"] == jobs.TRAINER_CONTAINER)
-    container.update(
-        image=trainer["image"], command=trainer["command"], env=trainer["env"], resources=trainer["resourcesPerNode"]
-    )
+    container.update(image=trainer["image"], command=trainer["command"], env=trainer["env"])
+    if "resourcesPerNode" in trainer:
+        container["resources"] = trainer["resourcesPerNode"]
     for patch in job["spec"]["runtimePatches"]:
         for rj in patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]:
             assert rj["name"] in {j["name"] for j in runtime["spec"]["template"]["spec"]["replicatedJobs"]}
@@ -173,11 +203,23 @@ def pod_templates(engine: jobs.Engine, job: dict[str, Any]) -> list[dict[str, An
     return [trainer_pod(job)]
 
 
+def pod_templates_of(engine: jobs.Engine, objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The pod templates of a job's file (its last object is the job; a TrainingRuntime before it is its runtime)."""
+    job = objects[-1]
+    if engine is jobs.Engine.trainjob:
+        runtime = next((o for o in objects if o["kind"] == "TrainingRuntime"), None)
+        return [trainer_pod(job, runtime)]
+    return pod_templates(engine, job)
+
+
 @pytest.mark.parametrize(("name", "engine"), K8S_COMBOS)
 def test_job_validates_against_the_crd_and_kubernetes(name: str, engine: jobs.Engine) -> None:
-    job = obj(name, engine)
-    validate_crd(engine, job)
-    for template in pod_templates(engine, job):
+    objects = documents(name, engine)
+    assert objects[-1] == obj(name, engine)
+    validate_crd(engine, objects[-1])
+    for other in objects[:-1]:
+        validate_kind(other)
+    for template in pod_templates_of(engine, objects):
         validate_pod_template(template)
 
 
@@ -213,16 +255,32 @@ def test_the_only_cel_rules_on_create_hold() -> None:
 
     for engine in CRDS:
         walk(crd(engine))
+    for file, version in KIND_CRDS.values():  # the ComputeDomain's only rule is `self == oldSelf` (an update's)
+        walk(crd_schema(file, version))
     name_rules = {"self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')", "size(self.metadata.name) <= 63"}
     other = {
         "self == '' || self.matches('^[A-Za-z][A-Za-z0-9+.-]*://.+$')",  # initializer storageUri: unused
         "self in ['trainer.kubeflow.org/trainjob-controller', 'kueue.x-k8s.io/multikueue']",  # managedBy: unused
         "has(self.lastUpdatedTime)",  # status
     }
-    assert rules == name_rules | other
+    # The TrainingRuntime's (the job's own, for NVLink across instances), each checked on it below.
+    runtime_rules = {
+        "!(has(self.startupPolicy) && self.startupPolicy.startupPolicyOrder == 'InOrder' && "
+        "self.replicatedJobs.exists(x, has(x.dependsOn)))",  # no startupPolicy
+        "!self.exists(c, c == 'node')",  # a list of names the runtime does not set
+        "[has(self.torch), has(self.mpi), has(self.jax), has(self.xgboost),has(self.flux)].filter(x, x).size() <= 1",
+        "self >= 1",  # mlPolicy.numNodes
+        "self.templates.all(t, !has(t.metadata.namespace) || size(t.metadata.namespace) == 0)",  # no templates
+    }
+    assert rules == name_rules | other | runtime_rules
     for name in SHIPPED:
         job_name = plan(name, "mpijob").name
         assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", job_name) and len(job_name) <= 63
+    runtime = documents("gb200", "trainjob")[1]
+    assert runtime["kind"] == "TrainingRuntime"
+    spec = runtime["spec"]
+    assert "startupPolicy" not in spec["template"]["spec"] and list(spec["mlPolicy"]) == ["numNodes", "torch"]
+    assert spec["mlPolicy"]["numNodes"] >= 1 and "podGroupPolicy" not in spec
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -353,7 +411,10 @@ def test_worker_resources_follow_recipe_and_instance_type(
 ) -> None:
     job = obj(name, "mpijob", instance_type=instance_type)
     template = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]
-    assert container(template)["resources"] == {"limits": resources, "requests": resources}
+    wanted_resources = {"limits": resources, "requests": resources}
+    if plan(name, "mpijob", instance_type=instance_type).mnnvl:  # the ComputeDomain's channel (NVLink across trays)
+        wanted_resources["claims"] = [{"name": "compute-domain-channel"}]
+    assert container(template)["resources"] == wanted_resources
     wanted = instance_type or (resolved(name).recipe.platform.instance_types or [None])[0]
     arch = resolved(name).recipe.platform.arch
     selector = {"node.kubernetes.io/instance-type": wanted} if wanted else {}
@@ -382,14 +443,16 @@ def test_every_engine_pins_the_image_architecture(name: str, instance_type: str,
             continue
         if engine in jobs.TORCH_ENGINES and not has_pytorch(name):
             continue
-        job = obj(name, engine)
-        for template in pod_templates(engine, job):
+        objects = documents(name, engine)
+        job = objects[-1]
+        for template in pod_templates_of(engine, objects):
             replicas = job["spec"].get("mpiReplicaSpecs", {})
-            launcher = engine is jobs.Engine.mpijob and template is replicas["Launcher"]["template"]
+            launcher = engine is jobs.Engine.mpijob and template == replicas["Launcher"]["template"]
             # The MPI launcher runs the image too (its architecture), on any instance type (it needs no GPU).
             expected = {"kubernetes.io/arch": arch} if launcher else wanted
             assert template["spec"]["nodeSelector"] == expected, engine
-            assert "affinity" not in template["spec"]
+            # No nodeAffinity (one architecture); gb200's GPU pods keep to one NVLink domain with a podAffinity.
+            assert set(template["spec"].get("affinity", {})) <= {"podAffinity"}
 
 
 def test_a_multi_architecture_image_may_run_on_either() -> None:
@@ -487,16 +550,18 @@ def test_torch_jobs_run_the_images_torchrun(name: str) -> None:
     manifest, _ = jobs.image_manifest(resolved(name))
     torchrun = list(for_manifest(manifest).torchrun)
     t = obj(name, "trainjob", 3)
+    own = plan(name, "trainjob", 3).mnnvl  # NVLink across trays: the job's own runtime, torch-distributed + claim
     assert t["spec"]["runtimeRef"] == {
         "apiGroup": "trainer.kubeflow.org",
-        "kind": "ClusterTrainingRuntime",
-        "name": "torch-distributed",
+        "kind": "TrainingRuntime" if own else "ClusterTrainingRuntime",
+        "name": t["metadata"]["name"] if own else "torch-distributed",
     }
     trainer = t["spec"]["trainer"]
     assert trainer["command"][: len(torchrun)] == torchrun
     assert trainer["numNodes"] == 3 and trainer["numProcPerNode"] == manifest.slots
     # The runtime's container is the one patched (Trainer refuses a patch for a container the runtime lacks).
-    assert container(trainer_pod(t))["volumeMounts"] == [{"name": "dshm", "mountPath": "/dev/shm"}]
+    pod = pod_templates_of(jobs.Engine.trainjob, documents(name, "trainjob", 3))[0]
+    assert container(pod)["volumeMounts"] == [{"name": "dshm", "mountPath": "/dev/shm"}]
     pj = obj(name, "pytorchjob", 3)["spec"]
     assert pj["pytorchReplicaSpecs"]["Master"]["replicas"] == 1 and pj["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2
     c = container(pj["pytorchReplicaSpecs"]["Master"]["template"])
@@ -762,6 +827,152 @@ def test_a_child_recipe_can_name_another_instance_type(tmp_path: Path) -> None:
     res = resolve(recipe.load(str(child)).concrete(), lookup_torch=None)  # no lock: the job plan needs none
     p = jobs.plan_job(res, "mpijob", 2)
     assert p.instance_type == "p6-b200.48xlarge" and p.efa == 8
+
+
+# --------------------------------------------------------------------------------------------------------------
+# NVLink across instances (GB200 NVL72 across trays): ComputeDomain, claims, one NVLink domain, NCCL, IMEX
+
+
+def gpu_pods(engine: jobs.Engine, objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The pod templates that run the image on GPUs (not the MPI launcher)."""
+    job = objects[-1]
+    if engine is jobs.Engine.mpijob:
+        return [job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]]
+    return pod_templates_of(engine, objects)
+
+
+@pytest.mark.parametrize("engine", [*jobs.TORCH_ENGINES, jobs.Engine.mpijob])
+def test_gb200_jobs_claim_a_compute_domain_and_keep_to_one_nvlink_domain(engine: jobs.Engine) -> None:
+    """As AWS's EKS guide and GB200 sample jobs: a ComputeDomain per job first in the file, each GPU pod claiming
+    its channel (the template the domain's driver makes), and a required podAffinity on the pods' own label over
+    nvidia.com/gpu.clique."""
+    objects = documents("gb200", engine, 3)
+    domain, job = objects[0], objects[-1]
+    assert domain["kind"] == "ComputeDomain" and domain["apiVersion"] == "resource.nvidia.com/v1beta1"
+    assert domain["metadata"]["name"] == job["metadata"]["name"] == "imgbuild-gb200"
+    assert domain["spec"]["numNodes"] == 3
+    template_name = domain["spec"]["channel"]["resourceClaimTemplate"]["name"]
+    assert template_name == "imgbuild-gb200-channel"
+    pods = gpu_pods(engine, objects)
+    assert pods
+    for pod in pods:
+        spec = pod["spec"]
+        claims = {c["name"]: c["resourceClaimTemplateName"] for c in spec["resourceClaims"]}
+        assert claims == {"compute-domain-channel": template_name}
+        c = next(c for c in spec["containers"] if c["name"] in ("worker", "pytorch", "node"))
+        assert c["resources"]["claims"] == [{"name": "compute-domain-channel"}]
+        limits = c["resources"]["limits"]
+        assert limits["nvidia.com/gpu"] == 4 and limits["vpc.amazonaws.com/efa"] == 4  # the EKS guide's 4 EFA
+        (term,) = spec["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert term["topologyKey"] == "nvidia.com/gpu.clique"
+        (expr,) = term["labelSelector"]["matchExpressions"]
+        assert expr["operator"] == "In" and pod["metadata"]["labels"][expr["key"]] in expr["values"]
+        assert env_of(c)["NCCL_MNNVL_ENABLE"] == "1" and env_of(c)["NCCL_NVLS_ENABLE"] == "1"
+    if engine is jobs.Engine.mpijob:  # the launcher runs mpirun only: no GPU, no claim, anywhere of its architecture
+        launcher = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
+        assert "resourceClaims" not in launcher and "affinity" not in launcher
+    if engine is jobs.Engine.trainjob:  # Trainer v2.3.0 would drop a claim given in resourcesPerNode
+        runtime = objects[1]
+        assert runtime["kind"] == "TrainingRuntime" and runtime["metadata"]["name"] == "imgbuild-gb200"
+        assert job["spec"]["runtimeRef"] == {
+            "apiGroup": "trainer.kubeflow.org",
+            "kind": "TrainingRuntime",
+            "name": "imgbuild-gb200",
+        }
+        assert "resourcesPerNode" not in job["spec"]["trainer"]
+        assert len(objects) == 3
+    else:
+        assert len(objects) == 2
+
+
+@pytest.mark.parametrize("name", [n for n in SHIPPED if n != "gb200"])
+def test_jobs_without_nvlink_across_instances_claim_nothing(name: str) -> None:
+    for engine in (e for n, e in K8S_COMBOS if n == name):
+        objects = documents(name, engine)
+        assert len(objects) == 1, (name, engine)
+        text = json.dumps(objects)
+        assert "resourceClaims" not in text and "gpu.clique" not in text and "NCCL_MNNVL_ENABLE" not in text
+    assert "IMEX" not in jobs.render_job(resolved(name), "slurm", 2)
+
+
+def test_the_compute_domain_validator_refuses_what_the_cluster_would() -> None:
+    domain = documents("gb200", "mpijob")[0]
+    validate_kind(domain)
+    del domain["spec"]["channel"]["resourceClaimTemplate"]
+    with pytest.raises(AssertionError, match="resourceClaimTemplate"):
+        validate_kind(domain)
+    domain = documents("gb200", "mpijob")[0]
+    domain["spec"]["numNodes"] = -1
+    with pytest.raises(AssertionError, match="numNodes"):
+        validate_kind(domain)
+    runtime = documents("gb200", "trainjob")[1]
+    runtime["spec"]["mlPolicy"]["torchh"] = {}
+    with pytest.raises(AssertionError, match="torchh"):
+        validate_kind(runtime)
+
+
+def test_an_instance_type_with_nvlink_across_instances_is_data() -> None:
+    """The rule keys on jobplan's table: a job for the same image on another type has no domain; --instance-type
+    p6e-gb200 (the recipe's own) has one."""
+    from imgbuild.cluster import jobplan
+
+    assert jobplan.mnnvl("p6e-gb200.36xlarge") and not jobplan.mnnvl("p6-b200.48xlarge") and not jobplan.mnnvl(None)
+    assert jobplan.instance_env(["p5.48xlarge", "p6e-gb200.36xlarge"]) == jobplan.MNNVL_ENV
+    assert jobplan.instance_env(["p5.48xlarge"]) == {}
+    assert plan("gb200", "mpijob").mnnvl and not plan("b200", "mpijob").mnnvl
+
+
+def test_gb200_image_sets_the_nccl_nvlink_variables_and_a_recipe_value_wins(tmp_path: Path) -> None:
+    """The image's ENV (the golden Dockerfile shows it) and the job both carry NCCL_MNNVL_ENABLE and
+    NCCL_NVLS_ENABLE, and mpirun passes them to every rank (-x); a child recipe's `env` wins in both."""
+    manifest, _ = jobs.image_manifest(resolved("gb200"))
+    assert {"NCCL_MNNVL_ENABLE", "NCCL_NVLS_ENABLE"} <= set(manifest.image_env)
+    dockerfile = render.plan(resolved("gb200")).dockerfile
+    assert 'NCCL_MNNVL_ENABLE="1"' in dockerfile and 'NCCL_NVLS_ENABLE="1"' in dockerfile, "not in the image's ENV"
+    argv = plan("gb200", "mpijob").launch.mpirun
+    assert "NCCL_MNNVL_ENABLE" in argv and argv[argv.index("NCCL_MNNVL_ENABLE") - 1] == "-x"
+    h100, _ = jobs.image_manifest(resolved("h100"))
+    assert "NCCL_MNNVL_ENABLE" not in h100.image_env
+    child = tmp_path / "gb200-no-mnnvl.yaml"
+    child.write_text(f"extends: {REPO / 'recipes' / 'gb200.yaml'}\nenv:\n  NCCL_MNNVL_ENABLE: '0'\n")
+    res = resolve(recipe.load(str(child)).concrete(), lookup_torch=None)
+    p = jobs.plan_job(res, "mpijob", 2)
+    assert dict(p.env)["NCCL_MNNVL_ENABLE"] == "0" and dict(p.env)["NCCL_NVLS_ENABLE"] == "1"
+    assert 'NCCL_MNNVL_ENABLE="0"' in render.plan(res).dockerfile
+
+
+def test_gb200_sbatch_says_what_imex_needs_and_checks_the_channel(tmp_path: Path) -> None:
+    text = jobs.render_job(resolved("gb200"), "slurm", 2)
+    header = text.split("set -euo pipefail")[0]
+    for words in (
+        "IMEX channel",
+        "/dev/nvidia-caps-imex-channels/channel0",
+        "insufficient permission",
+        "prolog",
+        "https://docs.aws.amazon.com/pcs/latest/userguide/capacity-blocks-nvidia-imex.html",
+    ):
+        assert words in header, words
+    check = 'srun --ntasks="${SLURM_JOB_NUM_NODES}" --ntasks-per-node=1 test -c /dev/nvidia-caps-imex-channels/channel0'
+    assert check in text and text.index(check) < text.index("srun --mpi=pmix")
+    assert "export NCCL_MNNVL_ENABLE=1" in text and "export NCCL_NVLS_ENABLE=1" in text
+    one_node = jobs.render_job(resolved("gb200"), "slurm", 1)
+    assert "IMEX channel" in one_node and "test -c" not in one_node  # one tray's NVLink needs no IMEX
+    # The check runs: a node without the channel stops the script before any rank (a fake srun runs it here).
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    ran = tmp_path / "ran"
+    (bin_dir / "srun").write_text(
+        f'#!/bin/bash\necho "$*" >> {ran}\nif [[ "$*" == *"test -c"* ]]; then exit 1; fi\nexit 0\n'
+    )
+    (bin_dir / "srun").chmod(0o755)
+    image = tmp_path / "image.sqsh"
+    image.write_text("")
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "IMGBUILD_IMAGE": str(image), "SLURM_JOB_NUM_NODES": "2"}
+    script = tmp_path / "job.sbatch"
+    script.write_text(text)
+    res = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=30)
+    assert res.returncode == 1 and "no IMEX channel" in res.stderr
+    assert "--mpi=pmix" not in ran.read_text()
 
 
 # --------------------------------------------------------------------------------------------------------------

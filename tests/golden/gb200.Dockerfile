@@ -217,7 +217,9 @@ ENV PATH=/opt/amazon/openmpi/bin:/opt/amazon/efa/bin:/opt/nccl-tests:/opt/venv/b
 ENV LD_LIBRARY_PATH=/opt/amazon/efa/lib:/opt/amazon/openmpi/lib:/opt/gdrcopy/lib:/opt/venv/lib/python3.12/site-packages/nvidia/nccl/lib:/opt/amazon/ofi-nccl/lib:/opt/amazon/ofi-nccl/lib/aarch64-linux-gnu${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}
 
 ENV NCCL_HOME="/opt/venv/lib/python3.12/site-packages/nvidia/nccl" \
+    NCCL_MNNVL_ENABLE="1" \
     NCCL_NET_PLUGIN="ofi" \
+    NCCL_NVLS_ENABLE="1" \
     NCCL_SOCKET_IFNAME="^lo,docker" \
     NVIDIA_GDRCOPY="enabled" \
     OMPI_ALLOW_RUN_AS_ROOT="1" \

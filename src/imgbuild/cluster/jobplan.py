@@ -18,7 +18,7 @@ from __future__ import annotations
 import enum
 import re
 import shlex
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -51,8 +51,17 @@ MEMORY = {"accelerator": "32Gi", "none": "2Gi"}  # per worker, unless --memory
 # by instance family (the part of the type before the dot). The newest three, where that page could not be read here:
 # p5en 16 (meta-pytorch/torchx PR #995, aws_p5en_48xlarge `devices={EFA_DEVICE: 16}`; 16 network cards in another
 # project's table of EFA network cards); p6-b200 8 (inferred: its 3200 Gbps of EFAv4, per instances.vantage.sh's data,
-# over 400 Gbps cards); p6e-gb200 4 (aws-samples/awsome-distributed-training micro-benchmarks/nccl-tests/kubernetes/
-# nccl-tests-gb200.yaml asks `vpc.amazonaws.com/efa: 4 #p6e has 4 NICs` per p6e-gb200.36xlarge; 1600 Gbps EFAv4).
+# over 400 Gbps cards).
+# p6e-gb200 4: what a pod can get with the configuration AWS documents, not the instance's maximum. EC2's
+# describe-instance-types reports 17 network cards and MaximumEfaInterfaces 16 for p6e-gb200.36xlarge (as quoted in
+# this project's issue 30; not read here); AWS's EKS
+# user guide, "Use P6e-GB200 UltraServers with Amazon EKS" (awsdocs/amazon-eks-user-guide
+# latest/ug/ml/ml-eks-nvidia-ultraserver.adoc, commit 00e3293d508eeb7886cd42987dd4624cb680f37c), says each instance
+# "can be configured with up to 17 network cards" (index 0 an ENA `interface`), and that with "1 efa-only interface in
+# each NCI group" a node shows `vpc.amazonaws.com/efa: 4` allocatable; AWS's sample job asks for those 4
+# (aws-samples/awsome-distributed-training micro-benchmarks/nccl-tests/kubernetes/nccl-tests-gb200.yaml, commit
+# 02cfa27b2029025a3c0132eef1c78a1bbac28b42: `vpc.amazonaws.com/efa: 4 #p6e has 4 NICs`; 1600 Gbps of EFAv4 is 4 x
+# 400 Gbps). A node group that puts an EFA on more of the 16 EFA-capable cards asks for them with --efa N (N <= 16).
 # p6-b300 16: "P6-B300 has 17 network cards, of which the primary network card (network card index 0) only supports
 # ENA ..., the remaining secondary network cards (indexes 1-16) support EFA and ENA" (AWS engineering, quoted in
 # aws/aws-parallelcluster issue 7143); ParallelCluster then gives p6-b300 an ENA primary and `efa-only` on every other
@@ -109,6 +118,21 @@ INSTANCE_ACCELERATORS: dict[str, tuple[str, str | None, str]] = {
 # table is not checked: its architecture is unknown here.
 INSTANCE_ARCH: dict[str, str] = {"p6e-gb200": "arm64"}
 
+# Instance families whose GPUs share one NVLink domain across instances (multi-node NVLink, MNNVL): a GB200 NVL72
+# rack is 18 p6e-gb200.36xlarge trays of 4 GPUs joined by NVLink switches (AWS's EKS user guide, above: u-p6e-gb200x72
+# is 18 instances, u-p6e-gb200x36 9). GPU memory is shared across trays only through IMEX channels
+# (/dev/nvidia-caps-imex-channels/channelN, spec.driver), which are made per job: on Kubernetes by NVIDIA's DRA
+# driver for a ComputeDomain (resource.nvidia.com/v1beta1) that each pod claims (k8s.py), on Slurm by a prolog
+# (slurm.py). What AWS's EKS guide and sample jobs do for them, per family:
+# - MNNVL_ENV: the NCCL variables AWS's GB200 nccl-tests MPIJob passes to every rank (nccl-tests-gb200.yaml above:
+#   `-x NCCL_NVLS_ENABLE=1 -x NCCL_MNNVL_ENABLE=1`): NCCL uses NVLink across trays and NVLink SHARP; the image sets
+#   them (render.image_env) and so does the job, a recipe's own `env` value winning in both;
+# - the pods claim the ComputeDomain's channel (resourceClaimTemplate) and keep to one NVLink domain with a required
+#   podAffinity on the label NVIDIA's GPU Feature Discovery puts on each node, `nvidia.com/gpu.clique` (the EKS guide's
+#   nvbandwidth MPIJob and the sample above).
+MNNVL_FAMILIES = frozenset({"p6e-gb200"})
+MNNVL_ENV = {"NCCL_MNNVL_ENABLE": "1", "NCCL_NVLS_ENABLE": "1"}
+
 NAME_MAX = 40  # room for the operators' suffixes (`-launcher`, `-worker-N`, `-node-0-N`) in a 63-character name
 # Kubernetes counts replicas in int32 and Open MPI ranks (-np nodes x slots) in a C int: with at most 64 slots per
 # node (platform.devices_per_node), this many nodes keeps both in range. Slurm's node count is 32 bits too.
@@ -135,6 +159,7 @@ class JobPlan:
     image_pushed: bool  # False: the local build's tag (a cluster cannot pull it before it is pushed)
     instance_type: str | None
     efa: int
+    mnnvl: bool  # NVLink across instances (MNNVL_FAMILIES): the pods claim a ComputeDomain named after the job
     arch: tuple[str, ...]  # the CPU architectures the image is built for (platform.arch): where pods may run
     accelerator: str
     devices: int  # accelerator devices per node (0: none)
@@ -166,6 +191,17 @@ class JobPlan:
 def efa_devices(instance_type: str) -> int | None:
     """EFA devices an instance type has (None: not in the table)."""
     return EFA_DEVICES.get(instance_type.split(".", 1)[0])
+
+
+def mnnvl(instance_type: str | None) -> bool:
+    """Whether an instance type's GPUs share NVLink with other instances' (MNNVL_FAMILIES)."""
+    return instance_type is not None and instance_type.split(".", 1)[0] in MNNVL_FAMILIES
+
+
+def instance_env(instance_types: Iterable[str]) -> dict[str, str]:
+    """The environment the instance types' interconnect asks for (MNNVL_ENV where any of them is MNNVL): what the
+    image sets for a recipe's platform.instance_types and a job for its instance type."""
+    return dict(MNNVL_ENV) if any(mnnvl(t) for t in instance_types) else {}
 
 
 def target_instance(recipe: Recipe) -> tuple[str, int] | None:
@@ -330,6 +366,9 @@ def plan_job(
     env = dict(_device_plugin_free(spec.env))
     if r.platform.accelerator == "nvidia":
         env["NCCL_DEBUG"] = "INFO"  # `imgbuild cluster report` reads which network NCCL picked from it
+    nvlink = r.platform.accelerator == "nvidia" and mnnvl(instance_type)
+    if nvlink:  # as the image does (render.image_env), the recipe's own value of a variable wins
+        env.update({k: manifest.env.get(k, v) for k, v in instance_env(filter(None, [instance_type])).items()})
     env.update(launch.env_defaults)
     return JobPlan(
         engine=engine,
@@ -341,6 +380,7 @@ def plan_job(
         image_pushed=image is not None,
         instance_type=instance_type,
         efa=efa,
+        mnnvl=nvlink,
         arch=tuple(r.platform.arch),
         accelerator=r.platform.accelerator,
         devices=devices,

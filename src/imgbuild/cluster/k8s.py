@@ -25,6 +25,20 @@ PyTorchJob for the image of a `JobPlan` (jobplan.py), as YAML with a comment hea
 - `trainjob`: Kubeflow Trainer v2 TrainJob on the `torch-distributed` ClusterTrainingRuntime; `pytorchjob`:
   `kubeflow.org/v1` PyTorchJob (training-operator 1.9). Both run the image's torchrun (`launch.torchrun`), whose
   node count, rank and master come from the PET_* variables the operators set.
+
+NVLink across instances (GB200 NVL72 across trays, `JobPlan.mnnvl`, jobplan.MNNVL_FAMILIES), as AWS's EKS user guide
+("Use P6e-GB200 UltraServers with Amazon EKS": "It is a best practice to create a ComputeDomain per workload job") and
+its GB200 sample jobs do: a ComputeDomain (`resource.nvidia.com/v1beta1`, NVIDIA's DRA driver,
+NVIDIA/k8s-dra-driver-gpu) named after the job comes first in the file; its driver makes the ResourceClaimTemplate
+`<job>-channel` and the IMEX daemons on the nodes of the pods that claim it. Every GPU pod claims it
+(`resourceClaims` + the container's `resources.claims`) and keeps to one NVLink domain (a required podAffinity on
+the job's own pods, topologyKey `nvidia.com/gpu.clique`, the label NVIDIA's GPU Feature Discovery puts on each
+node). `numNodes` is the job's node count: driver 25.8.0 and later (IMEXDaemonsWithDNSNames, the default) read it
+only for the domain's status and accept 0; earlier ones, and the others, hold the pods until that many IMEX daemons
+joined. A TrainJob of Trainer v2.3.0 cannot add a claim to its pods (runtimePatches have no resourceClaims, and
+`resourcesPerNode` keeps only limits and requests: pkg/runtime/core/trainingruntime.go; DRA is kubeflow/trainer
+KEP-2782, PR #4027): it gets a TrainingRuntime of its own, named after the job, that is `torch-distributed` plus
+the claim and the node's resources, and sets no `resourcesPerNode`.
 """
 
 from __future__ import annotations
@@ -58,6 +72,16 @@ INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 ARCH_LABEL = "kubernetes.io/arch"  # the kubelet's well-known label: amd64, arm64 (Go's GOARCH, Docker's names)
 HUGEPAGES = ("hugepages-2Mi", "5120Mi")  # libfabric's EFA provider allocates its buffers from 2 MiB hugepages
 SHM_MOUNT = {"name": "dshm", "mountPath": "/dev/shm"}
+JOB_LABEL = "imgbuild-job"  # on the pods that run the image with GPUs: what their podAffinity selects
+
+# NVIDIA's DRA driver (NVIDIA/k8s-dra-driver-gpu, deployments/helm/dra-driver-nvidia-gpu/crds/
+# resource.nvidia.com_computedomains.yaml) and what AWS's jobs name its parts (see the module's docstring).
+COMPUTE_DOMAIN_API = "resource.nvidia.com/v1beta1"
+CHANNEL_CLAIM = "compute-domain-channel"  # the pods' name for their claim
+CHANNEL_TEMPLATE_SUFFIX = "-channel"  # the ResourceClaimTemplate the driver makes: <ComputeDomain>-channel
+CLIQUE_LABEL = "nvidia.com/gpu.clique"  # GPU Feature Discovery's label: nodes of one NVLink domain share its value
+TRAINER_FRAMEWORK_LABEL = ("trainer.kubeflow.org/framework", "torch")  # as torch-distributed's metadata
+TRAINER_ANCESTOR_LABEL = ("trainer.kubeflow.org/trainjob-ancestor-step", "trainer")  # where Trainer puts the trainer
 
 
 def k8s_object(job: JobPlan) -> dict[str, Any]:
@@ -67,9 +91,21 @@ def k8s_object(job: JobPlan) -> dict[str, Any]:
     return {Engine.mpijob: _mpijob, Engine.trainjob: _trainjob, Engine.pytorchjob: _pytorchjob}[job.engine](job)
 
 
+def k8s_objects(job: JobPlan) -> list[dict[str, Any]]:
+    """Every object the job's file holds, in the order `kubectl apply` creates them: the ComputeDomain and (TrainJob)
+    the TrainingRuntime where the job runs NVLink across instances, then the job."""
+    objects = []
+    if job.mnnvl:
+        objects.append(compute_domain(job))
+        if job.engine is Engine.trainjob:
+            objects.append(_training_runtime(job))
+    return [*objects, k8s_object(job)]
+
+
 def k8s_text(job: JobPlan) -> str:
-    """The job's object as YAML under a comment header: what it is, what it runs, how to apply and follow it."""
-    return _header(job) + dump_yaml(k8s_object(job))
+    """The job's objects as YAML documents under a comment header: what it is, what it runs, how to apply and follow
+    it."""
+    return _header(job) + "---\n".join(dump_yaml(o) for o in k8s_objects(job))
 
 
 @cache
@@ -99,7 +135,9 @@ def dump_yaml(obj: Any) -> str:
 def _header(job: JobPlan) -> str:
     kind = {
         Engine.mpijob: "MPIJob (kubeflow.org/v2beta1, Kubeflow MPI Operator)",
-        Engine.trainjob: f"TrainJob (trainer.kubeflow.org/v1alpha1, Kubeflow Trainer v2, runtime {TRAINER_RUNTIME})",
+        Engine.trainjob: "TrainJob (trainer.kubeflow.org/v1alpha1, Kubeflow Trainer v2, runtime "
+        + (f"{job.name}, below" if job.mnnvl else TRAINER_RUNTIME)
+        + ")",
         Engine.pytorchjob: "PyTorchJob (kubeflow.org/v1, Kubeflow training-operator 1.9)",
     }[job.engine]
     shape = f"{job.nodes} node(s)" + (f" of {job.instance_type}" if job.instance_type else "")
@@ -114,6 +152,18 @@ def _header(job: JobPlan) -> str:
             "Workers run the image's entrypoint (host keys, the operator's key from its Secret, sshd on "
             f"{_ssh_port(job)}), not the operator's `sshd -De`; the launcher names the hostfile and -np itself."
         )
+    if job.mnnvl:
+        first = f"the ComputeDomain {job.name} ({COMPUTE_DOMAIN_API}) comes"
+        if job.engine is Engine.trainjob:
+            first = first.removesuffix(" comes") + (
+                f" and the TrainingRuntime {job.name} (torch-distributed with the claim and the resources) come"
+            )
+        lines += [
+            f"NVLink across instances: {first} first. Needs NVIDIA's DRA driver with ComputeDomains enabled "
+            "(AWS's EKS guide for P6e-GB200: 25.8.0 or later).",
+            f"Every GPU pod claims the domain's IMEX channel and keeps to one NVLink domain ({CLIQUE_LABEL}); "
+            "kubectl delete -f FILE removes the domain with the job.",
+        ]
     return "".join(f"# {line}\n" for line in lines)
 
 
@@ -152,7 +202,8 @@ def _env(pairs: Sequence[tuple[str, str]], *extra: dict[str, Any]) -> list[dict[
 
 
 def _resources(job: JobPlan) -> dict[str, Any]:
-    """Requests = limits (hugepages require it): devices, EFA, hugepages with EFA, memory."""
+    """Requests = limits (hugepages require it): devices, EFA, hugepages with EFA, memory; and the ComputeDomain's
+    channel where the job runs NVLink across instances."""
     wanted: dict[str, Any] = {}
     device = DEVICE_RESOURCE.get(job.accelerator) if job.devices else None
     if device:
@@ -161,7 +212,35 @@ def _resources(job: JobPlan) -> dict[str, Any]:
         wanted[EFA_RESOURCE] = job.efa
         wanted[HUGEPAGES[0]] = HUGEPAGES[1]
     wanted["memory"] = job.memory
-    return {"limits": dict(wanted), "requests": dict(wanted)}
+    claims = {"claims": [{"name": CHANNEL_CLAIM}]} if job.mnnvl else {}
+    return {"limits": dict(wanted), "requests": dict(wanted), **claims}
+
+
+def channel_template(job: JobPlan) -> str:
+    """The ResourceClaimTemplate of the job's ComputeDomain (its driver makes it)."""
+    return job.name + CHANNEL_TEMPLATE_SUFFIX
+
+
+def compute_domain(job: JobPlan) -> dict[str, Any]:
+    """The job's ComputeDomain: an IMEX domain that follows the pods that claim its channel (module docstring)."""
+    return {
+        "apiVersion": COMPUTE_DOMAIN_API,
+        "kind": "ComputeDomain",
+        "metadata": {"name": job.name},
+        "spec": {"numNodes": job.nodes, "channel": {"resourceClaimTemplate": {"name": channel_template(job)}}},
+    }
+
+
+def _claims(job: JobPlan) -> dict[str, Any]:
+    """A GPU pod's claim on the ComputeDomain's channel (none without NVLink across instances)."""
+    if not job.mnnvl:
+        return {}
+    return {"resourceClaims": [{"name": CHANNEL_CLAIM, "resourceClaimTemplateName": channel_template(job)}]}
+
+
+def _gpu_pod_metadata(job: JobPlan) -> dict[str, Any]:
+    """The label the GPU pods' podAffinity selects (only where there is one)."""
+    return {"metadata": {"labels": {JOB_LABEL: job.name}}} if job.mnnvl else {}
 
 
 def _shm_volume(job: JobPlan) -> dict[str, Any]:
@@ -182,12 +261,22 @@ def _node_selector(job: JobPlan, *, instance_type: bool = True) -> dict[str, Any
     image needs, the launcher too. An image of one architecture pins it in the nodeSelector (an arm64 image on an x86
     node fails with `exec format error`); a multi-architecture image (one tag, an image index: cpu is amd64 and
     arm64) runs on a node of any architecture it was built for, said as a required nodeAffinity `In` its list rather
-    than pinned to one: the scheduler may use either kind of node, and never one the index lacks."""
+    than pinned to one: the scheduler may use either kind of node, and never one the index lacks. The GPU pods of a
+    job with NVLink across instances (`instance_type`, with `job.mnnvl`) run in one NVLink domain: a required
+    podAffinity on the job's GPU pods with topologyKey nvidia.com/gpu.clique (the first pod matches its own
+    selector, so it schedules anywhere)."""
     selector = {INSTANCE_TYPE_LABEL: job.instance_type} if job.instance_type and instance_type else {}
+    affinity: dict[str, Any] = {}
+    if job.mnnvl and instance_type:
+        term = {
+            "labelSelector": {"matchExpressions": [{"key": JOB_LABEL, "operator": "In", "values": [job.name]}]},
+            "topologyKey": CLIQUE_LABEL,
+        }
+        affinity["podAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": [term]}
     if len(job.arch) == 1:
-        return {"nodeSelector": {**selector, ARCH_LABEL: job.arch[0]}}
-    term = {"matchExpressions": [{"key": ARCH_LABEL, "operator": "In", "values": list(job.arch)}]}
-    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+        return {**({"affinity": affinity} if affinity else {}), "nodeSelector": {**selector, ARCH_LABEL: job.arch[0]}}
+    arch = {"matchExpressions": [{"key": ARCH_LABEL, "operator": "In", "values": list(job.arch)}]}
+    affinity["nodeAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [arch]}}
     return {"affinity": affinity, **({"nodeSelector": selector} if selector else {})}
 
 
@@ -241,7 +330,13 @@ def _mpijob(job: JobPlan) -> dict[str, Any]:
                     "replicas": job.nodes,
                     "restartPolicy": "Never",
                     "template": {
-                        "spec": {"containers": [worker], "volumes": [_shm_volume(job)], **_node_selector(job)}
+                        **_gpu_pod_metadata(job),
+                        "spec": {
+                            "containers": [worker],
+                            "volumes": [_shm_volume(job)],
+                            **_claims(job),
+                            **_node_selector(job),
+                        },
                     },
                 },
             },
@@ -257,9 +352,41 @@ def _torchrun(job: JobPlan) -> list[str]:
     return [*job.launch.torchrun, *job.program]
 
 
+def _training_runtime(job: JobPlan) -> dict[str, Any]:
+    """The job's own TrainingRuntime (NVLink across instances, see the module's docstring): `torch-distributed`
+    (Trainer v2.3.0's manifests/base/runtimes/torch_distributed.yaml) with the node container's resources, the
+    ComputeDomain's channel among them, and the pod's claim on it."""
+    node = _container(job, TRAINER_CONTAINER, resources=_resources(job))
+    del node["imagePullPolicy"]
+    pod = {**_gpu_pod_metadata(job), "spec": {"containers": [node], **_claims(job)}}
+    return {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainingRuntime",
+        "metadata": {"name": job.name, "labels": dict([TRAINER_FRAMEWORK_LABEL])},
+        "spec": {
+            "mlPolicy": {"numNodes": 1, "torch": {}},
+            "template": {
+                "spec": {
+                    "replicatedJobs": [
+                        {
+                            "name": TRAINER_CONTAINER,
+                            "template": {
+                                "metadata": {"labels": dict([TRAINER_ANCESTOR_LABEL])},
+                                "spec": {"template": pod},
+                            },
+                        }
+                    ]
+                }
+            },
+        },
+    }
+
+
 def _trainjob(job: JobPlan) -> dict[str, Any]:
     container_patch = {"name": TRAINER_CONTAINER, "volumeMounts": [SHM_MOUNT], **_security(job)}
     pod_patch = {"containers": [container_patch], "volumes": [_shm_volume(job)], **_node_selector(job)}
+    # The job's own runtime carries the resources where Trainer would drop the claim from resourcesPerNode.
+    own_runtime = job.mnnvl
     return {
         "apiVersion": "trainer.kubeflow.org/v1alpha1",
         "kind": "TrainJob",
@@ -267,8 +394,8 @@ def _trainjob(job: JobPlan) -> dict[str, Any]:
         "spec": {
             "runtimeRef": {
                 "apiGroup": "trainer.kubeflow.org",
-                "kind": "ClusterTrainingRuntime",
-                "name": TRAINER_RUNTIME,
+                "kind": "TrainingRuntime" if own_runtime else "ClusterTrainingRuntime",
+                "name": job.name if own_runtime else TRAINER_RUNTIME,
             },
             "trainer": {
                 "image": job.image,
@@ -276,7 +403,7 @@ def _trainjob(job: JobPlan) -> dict[str, Any]:
                 "env": _env(job.env),
                 "numNodes": job.nodes,
                 "numProcPerNode": job.slots,
-                "resourcesPerNode": _resources(job),
+                **({} if own_runtime else {"resourcesPerNode": _resources(job)}),
             },
             "runtimePatches": [
                 {
@@ -310,7 +437,10 @@ def _pytorchjob(job: JobPlan) -> dict[str, Any]:
         volumeMounts=[SHM_MOUNT],
         **_security(job),
     )
-    template = {"spec": {"containers": [container], "volumes": [_shm_volume(job)], **_node_selector(job)}}
+    template = {
+        **_gpu_pod_metadata(job),
+        "spec": {"containers": [container], "volumes": [_shm_volume(job)], **_claims(job), **_node_selector(job)},
+    }
     replicas: dict[str, Any] = {"Master": {"replicas": 1, "restartPolicy": "Never", "template": template}}
     if job.nodes > 1:
         replicas["Worker"] = {"replicas": job.nodes - 1, "restartPolicy": "Never", "template": template}

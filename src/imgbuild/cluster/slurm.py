@@ -9,6 +9,17 @@ As AWS's nccl-tests sbatch scripts do: `--cpu-bind=none` (Slurm would otherwise 
 cores, where the mpirun path runs `--bind-to none`), and PMIX_MCA_gds=hash (PMIx's shared-memory data store,
 the default, fails between the host's PMIx server and the container's PMIx client when their versions differ).
 
+NVLink across instances (GB200 NVL72 across trays, `JobPlan.mnnvl`): CUDA maps another node's GPU memory only
+through an IMEX channel, which the driver does not create: "Failure to do so will result in dependent CUDA APIs
+failing with an insufficient permission error" (NVIDIA's IMEX guide, "IMEX Channels",
+https://docs.nvidia.com/multi-node-nvlink-systems/imex-guide/imexchannels.html: the default channel is
+/dev/nvidia-caps-imex-channels/channel0, made with mknod and gone after a reboot). On Slurm, IMEX is set up per job
+by a prolog that configures the IMEX service with the IP addresses of the job's nodes (AWS PCS, "Configure
+UltraServer instances", https://docs.aws.amazon.com/pcs/latest/userguide/capacity-blocks-nvidia-imex.html: Slurm
+25.05 or later, an AMI with the driver, CUDA and the nvidia-imex service enabled, the prolog on every node at the
+path of slurm.conf's `Prolog`). The script says so, and a job of several nodes stops before its ranks start where a
+node has no channel.
+
 Every value in the script is quoted for the shell (shlex.quote) or is of a grammar with no character the shell
 reads (recipe names, image references, instance types: validate.py), and comments hold no line break.
 """
@@ -18,11 +29,18 @@ from __future__ import annotations
 import shlex
 from typing import TYPE_CHECKING
 
+from imgbuild.spec.driver import IMEX_CHANNEL_DIR
+
 if TYPE_CHECKING:
     from imgbuild.cluster.jobplan import JobPlan
     from imgbuild.spec.launch import Launch
 
 HEREDOC_END = "IMGBUILD_PROGRAM_END"
+IMEX_CHANNEL = f"{IMEX_CHANNEL_DIR}/channel0"  # the default channel (see the module's docstring)
+IMEX_DOCS = (
+    "https://docs.aws.amazon.com/pcs/latest/userguide/capacity-blocks-nvidia-imex.html",
+    "https://docs.nvidia.com/multi-node-nvlink-systems/imex-guide/imexchannels.html",
+)
 # Set for every rank, named in --container-env (see the module's docstring).
 SRUN_ENV = {"PMIX_MCA_gds": "hash"}
 SRUN_OPTIONS = ("--mpi=pmix", "--cpu-bind=none")
@@ -67,6 +85,37 @@ def _arch_comment(job: JobPlan) -> list[str]:
     return [
         f"# Architectures: {platforms} (one image index). A squashfs file holds one of them, the one enroot imports",
         "# on its machine: import on (and run on) nodes of one architecture, or one file per architecture.",
+    ]
+
+
+def _imex_comment(job: JobPlan) -> list[str]:
+    """What IMEX needs on Slurm, as comments (NVLink across instances only)."""
+    if not job.mnnvl:
+        return []
+    return [
+        "#",
+        f"# NVLink across instances ({job.instance_type}): NCCL_MNNVL_ENABLE=1 and NCCL_NVLS_ENABLE=1 (AWS's GB200",
+        "# nccl-tests job) make NCCL share GPU memory across nodes, which CUDA does only through an IMEX channel",
+        f'# ({IMEX_CHANNEL}); without one, CUDA calls across trays fail with "insufficient permission".',
+        "# IMEX is set up per job by a Slurm prolog that configures nvidia-imex with the IP addresses of the job's",
+        "# nodes (AWS PCS: Slurm 25.05 or later, nvidia-imex enabled on the AMI, the prolog at slurm.conf's Prolog).",
+        "# Keep the job's nodes in one UltraServer (one NVLink domain). See:",
+        *(f"#   {url}" for url in IMEX_DOCS),
+    ]
+
+
+def _imex_check(job: JobPlan) -> list[str]:
+    """Stop before the ranks start where a node of a multi-node NVLink job has no IMEX channel."""
+    if not job.mnnvl or job.nodes < 2:
+        return []
+    return [
+        "",
+        "# Every node needs the job's IMEX channel (the prolog makes it) before ranks share GPU memory across nodes.",
+        f'if ! srun --ntasks="${{SLURM_JOB_NUM_NODES}}" --ntasks-per-node=1 test -c {IMEX_CHANNEL}; then',
+        f'    echo "a node of this job has no IMEX channel ({IMEX_CHANNEL}): set up IMEX in a Slurm prolog '
+        f'(see the top of this script, {IMEX_DOCS[0]})" >&2',
+        "    exit 1",
+        "fi",
     ]
 
 
@@ -119,6 +168,7 @@ def sbatch(job: JobPlan) -> str:
     if job.accelerator == "nvidia":
         lines.append(f"# Where GPUs are a Slurm GRES (AWS ParallelCluster): #SBATCH --gpus-per-node={job.devices}")
     lines += _arch_comment(job)
+    lines += _imex_comment(job)
     lines += ["set -euo pipefail", ""]
     if job.image_pushed:
         lines.append(f"IMAGE=${{IMGBUILD_IMAGE:-{q(pyxis_image(job.image))}}}")
@@ -130,6 +180,7 @@ def sbatch(job: JobPlan) -> str:
             "    exit 1",
             "fi",
         ]
+    lines += _imex_check(job)
     lines.append("")
     for k, v in exports.items():
         lines.append(f"export {k}={q(v)}")

@@ -33,13 +33,14 @@ NVIDIA/k8s-dra-driver-gpu) named after the job comes first in the file; its driv
 `<job>-channel` and the IMEX daemons on the nodes of the pods that claim it. Every GPU pod claims it
 (`resourceClaims` + the container's `resources.claims`) and keeps to one NVLink domain (a required podAffinity on
 the job's own pods, topologyKey `nvidia.com/gpu.clique`, the label NVIDIA's GPU Feature Discovery puts on each
-node). `numNodes` is the job's node count, valid for every driver: 25.8.0 and later (feature gate
-IMEXDaemonsWithDNSNames, on by default) read it only for the domain's status and accept 0 (the CRD's description,
-the EKS guide); earlier ones (v25.12.0's CRD still requires it) and the gate off hold the pods until that many IMEX
-daemons joined. A TrainJob of Trainer v2.3.0 cannot add a claim to its pods (runtimePatches have no resourceClaims, and
-`resourcesPerNode` keeps only limits and requests: pkg/runtime/core/trainingruntime.go; DRA is kubeflow/trainer
-KEP-2782, PR #4027): it gets a TrainingRuntime of its own, named after the job, that is `torch-distributed` plus
-the claim and the node's resources, and sets no `resourcesPerNode`.
+node). `numNodes` is the job's node count, right for every driver: from 25.8.0 with the feature gate
+IMEXDaemonsWithDNSNames (on by default) it only feeds the domain's status and 0 would do (the CRD's description, the
+EKS guide); before 25.8.0, or with the gate off, the driver holds the pods until that many IMEX daemons joined; and
+CRDs up to v25.12.0 require the field. A TrainJob of Trainer v2.3.0 cannot add a claim to its pods
+(runtimePatches have no resourceClaims, and `resourcesPerNode` keeps only limits and requests:
+pkg/runtime/core/trainingruntime.go; DRA is kubeflow/trainer KEP-2782, PR #4027): it gets a TrainingRuntime of its
+own, named after the job, that is `torch-distributed` plus the claim and the node's resources, and sets no
+`resourcesPerNode`.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, SerializeAsAny
 
+from imgbuild.blocks import releases
 from imgbuild.core.errors import LockError, ResolveError
 from imgbuild.core.paths import display
 from imgbuild.spec import compat
@@ -236,11 +237,19 @@ class Resolution:
     """The state a block's pin rule reads and writes: the recipe, the pins made so far, warnings."""
 
     def __init__(
-        self, recipe: Recipe, path: Path, lookup_torch: Callable[[str, str], compat.TorchWheel] | None
+        self,
+        recipe: Recipe,
+        path: Path,
+        lookup_torch: Callable[[str, str], compat.TorchWheel] | None,
+        read_efa: Callable[[str], releases.EfaBundle | None] | None = None,
     ) -> None:
         self.recipe = recipe
         self.path = path
         self.lookup_torch = lookup_torch
+        # What an EFA installer's tarball says it bundles (`imgbuild lock` reads it where it can; a lock's own record
+        # when its pins are checked); None, or a None answer: releases/efa.yaml's row.
+        self.read_efa = read_efa
+        self._efa_bundles: dict[str, releases.EfaBundle | None] = {}
         self.pins: dict[str, Pin] = {}
         self.warnings: list[str] = []
         self.os_id = f"{recipe.os.family}{recipe.os.version}"
@@ -271,6 +280,20 @@ class Resolution:
         py = self.options("python")
         if py is None or py.venv is None:
             raise self.fail("components.python", "pip-installed components need components.python (with a venv)")
+
+    def efa_bundle(self, version: str) -> releases.EfaBundle | None:
+        """What EFA installer `version`'s tarball says it bundles, read once per resolution (None: not read)."""
+        if version not in self._efa_bundles:
+            self._efa_bundles[version] = self.read_efa(version) if self.read_efa is not None else None
+        return self._efa_bundles[version]
+
+    def efa_bundled(self, version: str, what: releases.Bundled) -> str | None:
+        """THE version of `what` that EFA installer `version` bundles: its tarball's where it was read and holds one,
+        else releases/efa.yaml's row (None: neither says)."""
+        bundle = self.efa_bundle(version)
+        read: str | None = getattr(bundle, what) if bundle is not None else None
+        row = releases.efa_release(version)
+        return read if read is not None else (getattr(row, what) if row is not None else None)
 
     def from_efa(self, key: str, component: str) -> Pin:
         """A pin for something the EFA installer brings (needs a non-minimal components.efa)."""

@@ -2,7 +2,8 @@
 
 Recipe options (`components.aws_ofi_nccl`):
     source    efa: the one the EFA installer bundles (/opt/amazon/ofi-nccl) | release: built from its release
-    version   efa: checked against the bundle (releases/efa.yaml); release: required
+    version   efa: checked against the bundle (the installer tarball's, where `imgbuild lock` read it, else
+              releases/efa.yaml's row); release: required
     prefix    /opt/aws-ofi-nccl (release)
     archive   release (default): the release tarball (`make dist`'s, with configure) | tag: GitHub's archive of the
               release's tag (no configure: autogen.sh runs first; what ../shared/data/sources and Spack hold)
@@ -73,8 +74,7 @@ def resolve(p: AwsOfiNccl, rs: Resolution) -> Pin:
     if p.source == "efa":
         if efa is None:
             raise rs.fail(f"{key}.source", "source: efa (the plugin the EFA installer bundles) needs components.efa")
-        release = releases.efa_release(efa.version)
-        bundled = release.plugin if release else None
+        bundled = rs.efa_bundled(efa.version, "aws_ofi_nccl")
         if bundled is None:
             raise rs.fail(
                 f"{key}.source",
@@ -127,8 +127,8 @@ def _libfabric_built_against(rs: Resolution) -> tuple[str | None, str, str]:
     if lf is not None and lf.source != "efa":
         return lf.version, f"components.libfabric (source: {lf.source}, {lf.origin})", "components.libfabric"
     if efa is not None:
-        release = releases.efa_release(efa.version)
-        return release.libfabric if release else None, f"EFA installer {efa.version}", "components.efa.version"
+        libfabric = rs.efa_bundled(efa.version, "libfabric")
+        return libfabric, f"EFA installer {efa.version}", "components.efa.version"
     raise rs.fail(
         "components.aws_ofi_nccl.source",
         "source: release builds against libfabric: add components.efa (the EFA installer's) or components.libfabric "

@@ -13,9 +13,9 @@ Recipe options (`components.efa`):
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 
 from imgbuild.blocks import gaudi, releases
 from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution, with_prefix
@@ -50,6 +50,16 @@ class EfaDetails(Details):
     check: Literal["sha256", "signature"]
     sha256: str | None = None
     key_fingerprint: str | None = None
+    # What the installer tarball itself says it bundles, where `imgbuild lock` read it (releases.EfaBundle); left out
+    # of the lock when it was not read (the bundle then is releases/efa.yaml's row), so such locks read as before.
+    bundle: releases.EfaBundle | None = None
+
+    @model_serializer(mode="wrap")
+    def _unread_bundle_left_out(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if data.get("bundle") is None:
+            data.pop("bundle", None)
+        return data
 
     @property
     def mpi_prefix(self) -> str:
@@ -61,12 +71,12 @@ def resolve(e: Efa, rs: Resolution) -> Pin:
     # A base image's installer that the Gaudi table records was run by Habana on that release's OS: not unchecked.
     vouched = e.source == "base" and gaudi.check_base(rs, "components.efa.version", "efa", e.version)
     release = releases.efa_release(e.version)
+    bundle = rs.efa_bundle(e.version) if e.source == "installer" else None
     if release is None:
         if not vouched:
-            rs.warnings.append(
-                f"EFA installer {e.version} is not in {releases.file_name('efa')}: OS support and the bundled "
-                "plugin version are unchecked"
-            )
+            unchecked = "OS support is" if bundle is not None else "OS support and the bundled plugin version are"
+            where = releases.file_name("efa")
+            rs.warnings.append(f"EFA installer {e.version} is not in {where}: {unchecked} unchecked")
     elif rs.os_id not in release.os:
         raise rs.fail(
             "components.efa.version / os",
@@ -78,6 +88,7 @@ def resolve(e: Efa, rs: Resolution) -> Pin:
         check="sha256" if e.sha256 else "signature",
         sha256=e.sha256,
         key_fingerprint=None if e.sha256 else compat.EFA_KEY_FINGERPRINT,
+        bundle=bundle,
     )
     return Pin(version=e.version, source=e.source, origin="recipe", details=details)
 

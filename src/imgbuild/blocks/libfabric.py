@@ -12,7 +12,7 @@ import re
 import shlex
 from typing import Any, Literal
 
-from imgbuild.blocks import gaudi, releases
+from imgbuild.blocks import gaudi
 from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution, with_prefix
 from imgbuild.checks import CheckContext, check, compare, fail, first_executable, passed, skip
 from imgbuild.checks.results import CheckResult
@@ -33,8 +33,7 @@ def resolve(lf: Libfabric, rs: Resolution) -> Pin:
     efa = rs.options("efa")
     if lf.source == "efa":
         pin = rs.from_efa(f"{key}.source", "libfabric")
-        bundled = releases.efa_release(efa.version) if efa else None
-        version = bundled.libfabric if bundled else None
+        version = rs.efa_bundled(efa.version, "libfabric") if efa else None
         if lf.version is not None and version is not None and lf.version != version:
             raise rs.fail(f"{key}.version", f"EFA {efa.version} bundles {version}")
         return pin.model_copy(

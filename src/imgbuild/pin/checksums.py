@@ -95,7 +95,7 @@ def establish(
         try:
             sha = _published(http, where, pub.kind, name)
         except (requests.RequestException, OSError, ValueError) as exc:
-            failed.append(f"{pub.name}'s checksum list {where}: {_why(exc)}")
+            failed.append(f"{pub.name}'s checksum list {where}: {why(exc)}")
             continue
         if sha is not None:
             return Download(url=url, sha256=sha, origin=f"publisher: {where}")
@@ -104,10 +104,10 @@ def establish(
         computed, size = _compute(http, url, max_bytes)
     except (requests.RequestException, OSError, ValueError) as exc:
         computed = None
-        failed.append(f"download {url}: {_why(exc)}")
+        failed.append(f"download {url}: {why(exc)}")
     record = known.get(url)
     if computed is not None:
-        return _checked(url, computed, f"({size} bytes from {url})", record)
+        return checked(url, computed, f"({size} bytes from {url})", record)
     tried = "; ".join(failed)
     if record is not None and record.sha256 is not None:
         return Download(url=url, sha256=record.sha256, origin=f"{record.origin} (the publisher: {tried})")
@@ -124,10 +124,10 @@ def from_file(url: str, path: Path, *, table: Mapping[str, Download] | None = No
     known = table if table is not None else third_party()
     computed, size = sha256_file(path), path.stat().st_size
     where = f"from the local file {path.name} ({size} bytes, --files), for {url}"
-    return _checked(url, computed, where, known.get(url))
+    return checked(url, computed, where, known.get(url))
 
 
-def _checked(url: str, computed: str, where: str, record: Download | None) -> Download:
+def checked(url: str, computed: str, where: str, record: Download | None) -> Download:
     """A sha256 computed at lock time (`where`: from the download or a local file) as the lock records it, checked
     against a well-known third party's checksum of the URL (`record`): where they disagree, the download is left
     without one, naming both."""
@@ -202,7 +202,7 @@ def _compute(http: requests.Session, url: str, max_bytes: int) -> tuple[str, int
     return h.hexdigest(), size
 
 
-def _why(exc: BaseException) -> str:
+def why(exc: BaseException) -> str:
     """One line about a failure: its kind and the start of its message (for a connection that failed, the reason
     urllib3 gives, e.g. "NameResolutionError: Failed to resolve 'github.com'", without object addresses)."""
     inner = exc.args[0] if exc.args and isinstance(exc.args[0], BaseException) else None

@@ -17,6 +17,7 @@ from packaging.utils import canonicalize_name
 from pydantic import ValidationError
 
 from imgbuild.blocks.pytorch import PyTorchDetails
+from imgbuild.blocks.releases import EfaBundle
 from imgbuild.core.errors import ImgbuildError, LockError
 from imgbuild.core.outputs import write_atomic  # the lock and the recipe are written whole or not at all
 from imgbuild.pin.content import Content, Requirement
@@ -226,8 +227,13 @@ def _check_not_edited(loaded: LoadedRecipe, locked: Resolved, path: Path, hint: 
             )
         return wheel
 
+    def efa_from_lock(version: str) -> EfaBundle | None:  # what the tarball said when it was locked (None: not read)
+        pin = locked.pins.get("efa")
+        bundle = getattr(pin.details, "bundle", None) if pin is not None and pin.version == version else None
+        return bundle if isinstance(bundle, EfaBundle) else None
+
     try:
-        fresh = resolve(loaded, lookup_torch=from_lock)
+        fresh = resolve(loaded, lookup_torch=from_lock, read_efa=efa_from_lock)
     except LockError:
         raise
     except ImgbuildError as exc:  # the recipe's rules reject what the lock says (a bug elsewhere still surfaces)

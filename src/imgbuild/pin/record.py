@@ -80,19 +80,22 @@ def record(
     files: Path | None = None,
     preferences: Mapping[str, str] | None = None,
     yanked: list[Yank] | None = None,
+    established: Mapping[str, Download] | None = None,
 ) -> Content:
     """The content of `resolved`'s build, read from the world now. `engine`: a docker client to ask for base digests
     (None: they are recorded as unestablished). `offline`: no network (checksums from the shipped table, wheel
     hashes from uv's cache). `preferences`: the existing lock's Python pins, kept where they still resolve (a newer
     release is not taken unless asked: `wheels.compile_sets`); `yanked` receives the yanked releases resolved to.
     `files`: a folder consulted before the network for every download (`imgbuild lock --files`, `local_copy`).
+    `established`: checksums already computed this run, by URL (the EFA installer tarball `imgbuild.pin.bundle`
+    downloaded to read its bundle), not fetched again.
     Digests and checksums are read for the exact tag and URL the pins name: the same version read again."""
     from imgbuild.pin import digests, wheels
 
     sets: Mapping[str, list[str]] = requirement_sets(resolved)
     return Content(
         bases={ref: digests.establish(ref, resolved, engine=engine) for ref in bases(resolved)},
-        downloads={url: _checksum(url, offline, files) for url in downloads(resolved)},
+        downloads={url: (established or {}).get(url) or _checksum(url, offline, files) for url in downloads(resolved)},
         python=wheels.compile_sets(sets, resolved, offline=offline, preferences=preferences, yanked=yanked)
         if sets
         else {},

@@ -82,6 +82,25 @@ class TagRow(Row):
     commit: Annotated[str, Field(pattern=r"^[0-9a-f]{40}$")] | None = None
 
 
+class EfaBundle(BaseModel):
+    """What an EFA installer tarball itself says it bundles, read at `imgbuild lock` from the package files it holds
+    (imgbuild.pin.bundle): None where the tarball holds no such package. `read_from` names the tarball (its file
+    name, and `--files` or the URL it was downloaded from). The lock records it in the efa pin's details; a lock
+    without one took the bundle from efa.yaml."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    aws_ofi_nccl: str | None = None
+    libfabric: str | None = None
+    openmpi4: str | None = None
+    openmpi5: str | None = None
+    read_from: Text
+
+
+BUNDLED = ("aws_ofi_nccl", "libfabric", "openmpi4", "openmpi5")
+Bundled = Literal["aws_ofi_nccl", "libfabric", "openmpi4", "openmpi5"]
+
+
 R = TypeVar("R", bound=Row)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import shutil
 import tempfile
 import uuid
@@ -105,6 +106,25 @@ def test_lock_hashes_the_newer_releases_from_the_folder(offline_recipe: Path) ->
         assert downloads[url].origin.startswith(f"computed at lock time from the local file {name} ")
 
 
+def test_lock_reads_the_plugins_tested_versions_from_its_archive(offline_recipe: Path) -> None:
+    """aws-ofi-nccl's tested NCCL and libfabric come from the archive's own RELEASENOTES.md where the archive is at
+    hand (issue 30); the lock records them, and its pins are checked against that record with no archive."""
+    result = run("lock", str(offline_recipe), "--files", str(SOURCES))
+    assert result.exit_code == 0, result.output
+    read_from = "aws-ofi-nccl-1.21.1.tar.gz (--files)"
+    assert (
+        f"aws_ofi_nccl 1.21.1: tested versions read from {read_from}'s RELEASENOTES.md: tested_nccl 2.31.2, "
+        "tested_libfabric 2.6.0amzn1.0\n"
+    ) in result.stdout  # the same as aws_ofi_nccl.yaml's rows: nothing said about a difference
+    pin = json.loads(offline_recipe.with_suffix(".lock.json").read_text())["pins"]["aws_ofi_nccl"]
+    assert pin["details"]["notes"] == {
+        "tested_nccl": "2.31.2", "tested_libfabric": "2.6.0amzn1.0", "read_from": read_from
+    }  # fmt: skip
+    assert pin["details"]["tested_nccl"] == "2.31.2"
+    shown = run("show", str(offline_recipe), "--json")
+    assert shown.exit_code == 0 and json.loads(shown.stdout)["from"] == "lock", shown.output
+
+
 def test_without_the_folder_the_same_lock_cannot_hash_them(offline_recipe: Path) -> None:
     """The contrast: with no --files the downloads go to the network (a closed port here), and only GDRCopy's
     sha256, which Spack records (pin/checksums.yaml), is established: the folder is what made the difference."""
@@ -116,6 +136,13 @@ def test_without_the_folder_the_same_lock_cannot_hash_them(offline_recipe: Path)
         assert downloads[URLS[name]].sha256 is None
         assert downloads[URLS[name]].origin.startswith("unestablished: ")
     assert "not pinned by content" in result.output
+    # nor read the plugin's release notes: the shipped data's tested versions, said so, and none recorded
+    assert (
+        "aws_ofi_nccl 1.21.1: tested versions from the shipped data (releases/aws_ofi_nccl.yaml): its release notes "
+        "were not read: download https://github.com/aws/aws-ofi-nccl/archive/refs/tags/v1.21.1.tar.gz: "
+    ) in result.stdout
+    pin = json.loads(offline_recipe.with_suffix(".lock.json").read_text())["pins"]["aws_ofi_nccl"]
+    assert "notes" not in pin["details"] and pin["details"]["tested_nccl"] == "2.31.2"
 
 
 def test_a_file_that_disagrees_with_the_well_known_checksum_is_not_trusted(

@@ -241,15 +241,17 @@ class Resolution:
         recipe: Recipe,
         path: Path,
         lookup_torch: Callable[[str, str], compat.TorchWheel] | None,
-        read_efa: Callable[[str], releases.EfaBundle | None] | None = None,
+        artifacts: releases.Artifacts | None = None,
     ) -> None:
         self.recipe = recipe
         self.path = path
         self.lookup_torch = lookup_torch
-        # What an EFA installer's tarball says it bundles (`imgbuild lock` reads it where it can; a lock's own record
-        # when its pins are checked); None, or a None answer: releases/efa.yaml's row.
-        self.read_efa = read_efa
+        # What the publishers' artifacts say (the EFA installer tarball's bundle, the plugin's RELEASENOTES.md):
+        # `imgbuild lock` reads them where it can, a lock's own record when its pins are checked; None, or a None
+        # answer: the release files (blocks/releases/).
+        self.artifacts = artifacts
         self._efa_bundles: dict[str, releases.EfaBundle | None] = {}
+        self._plugin_notes: dict[tuple[str, str], releases.PluginNotes | None] = {}
         self.pins: dict[str, Pin] = {}
         self.warnings: list[str] = []
         self.os_id = f"{recipe.os.family}{recipe.os.version}"
@@ -284,8 +286,24 @@ class Resolution:
     def efa_bundle(self, version: str) -> releases.EfaBundle | None:
         """What EFA installer `version`'s tarball says it bundles, read once per resolution (None: not read)."""
         if version not in self._efa_bundles:
-            self._efa_bundles[version] = self.read_efa(version) if self.read_efa is not None else None
+            self._efa_bundles[version] = self.artifacts.efa(version) if self.artifacts is not None else None
         return self._efa_bundles[version]
+
+    def plugin_notes(self, version: str, url: str) -> releases.PluginNotes | None:
+        """What aws-ofi-nccl `version`'s archive at `url` says in its release notes, read once (None: not read)."""
+        if (version, url) not in self._plugin_notes:
+            read = self.artifacts.plugin(version, url) if self.artifacts is not None else None
+            self._plugin_notes[(version, url)] = read
+        return self._plugin_notes[(version, url)]
+
+    def plugin_tested(
+        self, version: str, what: Literal["tested_nccl", "tested_libfabric"], url: str | None
+    ) -> str | None:
+        """THE newest NCCL or libfabric aws-ofi-nccl `version` was tested with: its archive's RELEASENOTES.md where
+        it was read (`url`: the archive a release build downloads) and names one, else aws_ofi_nccl.yaml's rows."""
+        notes = self.plugin_notes(version, url) if url is not None else None
+        read: str | None = getattr(notes, what) if notes is not None else None
+        return read if read is not None else releases.plugin_fact(version, what)
 
     def efa_bundled(self, version: str, what: releases.Bundled) -> str | None:
         """THE version of `what` that EFA installer `version` bundles: its tarball's where it was read and holds one,

@@ -46,20 +46,25 @@ class AwsOfiNccl(Strict):
 
 
 class PluginDetails(Details):
-    """The plugin's pin: where it is, its release tag (release builds), the newest NCCL it was tested with, and which
+    """The plugin's pin: where it is, its release tag (release builds), the newest NCCL it was tested with, which
     archive of the release it builds from (`archive`: left out of the lock when it is the release tarball, so the
-    locks of recipes that do not set it read as they did)."""
+    locks of recipes that do not set it read as they did), and what that archive's own RELEASENOTES.md said where
+    `imgbuild lock` read it (`notes`: left out when it was not read; the tested versions then are
+    releases/aws_ofi_nccl.yaml's)."""
 
     prefix: str
     tag: str | None = None
     tested_nccl: str
     archive: Literal["release", "tag"] = "release"
+    notes: releases.PluginNotes | None = None
 
     @model_serializer(mode="wrap")
-    def _default_archive_left_out(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+    def _defaults_left_out(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data: dict[str, Any] = handler(self)
         if data.get("archive") == "release":
             del data["archive"]
+        if data.get("notes") is None:
+            data.pop("notes", None)
         return data
 
 
@@ -91,7 +96,9 @@ def resolve(p: AwsOfiNccl, rs: Resolution) -> Pin:
             raise rs.fail(f"{key}.version", "required for source: release")
         version, origin = p.version, "recipe"
         prefix, tag = p.prefix, compat.plugin_tag(p.version)
-    tested = releases.plugin_fact(version, "tested_nccl")
+    # a release build's archive, whose RELEASENOTES.md `imgbuild lock` reads where it can
+    url = (tag_archive_url(version) if p.archive == "tag" else release_url(version)) if p.source == "release" else None
+    tested = rs.plugin_tested(version, "tested_nccl", url)
     if tested is None:
         raise rs.fail(
             f"{key}.version",
@@ -111,10 +118,11 @@ def resolve(p: AwsOfiNccl, rs: Resolution) -> Pin:
             f"{key}.version / components.nccl",
             f"aws-ofi-nccl {version} supports NCCL {compat.PLUGIN_OLDEST_NCCL} and later, got {nccl.version}",
         )
-    if p.source == "release":
-        _libfabric_rule(version, _libfabric_built_against(rs), rs)
+    if url is not None:
+        _libfabric_rule(version, _libfabric_built_against(rs), rs, url)
     _gdrcopy_rule(version, rs)
-    details = PluginDetails(prefix=prefix, tag=tag, tested_nccl=tested, archive=p.archive or "release")
+    notes = rs.plugin_notes(version, url) if url is not None else None
+    details = PluginDetails(prefix=prefix, tag=tag, tested_nccl=tested, archive=p.archive or "release", notes=notes)
     return Pin(version=version, source=p.source, origin=origin, details=details)
 
 
@@ -136,12 +144,12 @@ def _libfabric_built_against(rs: Resolution) -> tuple[str | None, str, str]:
     )
 
 
-def _libfabric_rule(version: str, built_against: tuple[str | None, str, str], rs: Resolution) -> None:
+def _libfabric_rule(version: str, built_against: tuple[str | None, str, str], rs: Resolution, url: str) -> None:
     """A plugin built from its release runs on the libfabric it was built against (`_libfabric_built_against`):
     refused when that libfabric is newer than any the release was tested with (releases/aws_ofi_nccl.yaml); a
     warning when either is unknown."""
     libfabric, what, lf_key = built_against
-    tested = releases.plugin_fact(version, "tested_libfabric")
+    tested = rs.plugin_tested(version, "tested_libfabric", url)
     if libfabric is None or tested is None:
         unknown = f"{what}'s libfabric" if libfabric is None else "its tested libfabric"
         rs.warnings.append(

@@ -332,17 +332,17 @@ def _lock(
     import datetime
 
     from imgbuild.core.errors import DriftError, LockError
-    from imgbuild.pin import bundle, lock, record
+    from imgbuild.pin import artifacts, lock, record
     from imgbuild.pin.resolver import index_lookup, resolve
     from imgbuild.pin.wheels import Yank
     from imgbuild.spec import recipe
 
     r = loaded.recipe
-    read_efa = bundle.efa_reader(f"{r.os.family}{r.os.version}", r.platform.arch, files=files, offline=offline)
+    read = artifacts.reader(f"{r.os.family}{r.os.version}", r.platform.arch, files=files, offline=offline)
     try:
-        res = resolve(loaded, lookup_torch=None if offline else index_lookup, read_efa=read_efa)
-    finally:  # which bundle the EFA installer's pins came from (its tarball's or the shipped data's), refused or not
-        for line in read_efa.said:
+        res = resolve(loaded, lookup_torch=None if offline else index_lookup, artifacts=read)
+    finally:  # what the EFA installer's and the plugin's pins came from (their archives or the shipped data), and why
+        for line in read.said:
             out().print(line, markup=False)
     warn(res)
     yanked: list[Yank] = []
@@ -353,7 +353,7 @@ def _lock(
         preferences=keep,
         yanked=yanked,
         files=files,
-        established=read_efa.downloaded,
+        established=read.downloaded,
     )
     withdrawn = [
         f"python {y.set}: {y.name}=={y.version} is yanked on the index{f' ({y.reason})' if y.reason else ''}: "

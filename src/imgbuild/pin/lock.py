@@ -17,7 +17,7 @@ from packaging.utils import canonicalize_name
 from pydantic import ValidationError
 
 from imgbuild.blocks.pytorch import PyTorchDetails
-from imgbuild.blocks.releases import EfaBundle
+from imgbuild.blocks.releases import EfaBundle, PluginNotes
 from imgbuild.core.errors import ImgbuildError, LockError
 from imgbuild.core.outputs import write_atomic  # the lock and the recipe are written whole or not at all
 from imgbuild.pin.content import Content, Requirement
@@ -212,6 +212,24 @@ def preferences(loaded: LoadedRecipe) -> dict[str, str]:
     return out
 
 
+class _Recorded:
+    """The publishers' artifacts as a lock recorded them when it was written (releases.Artifacts): what its pins are
+    checked against, with no network (None where the lock recorded none: the release files were used)."""
+
+    def __init__(self, locked: Resolved) -> None:
+        self.pins = locked.pins
+
+    def efa(self, version: str) -> EfaBundle | None:
+        pin = self.pins.get("efa")
+        bundle = getattr(pin.details, "bundle", None) if pin is not None and pin.version == version else None
+        return bundle if isinstance(bundle, EfaBundle) else None
+
+    def plugin(self, version: str, url: str) -> PluginNotes | None:
+        pin = self.pins.get("aws_ofi_nccl")
+        notes = getattr(pin.details, "notes", None) if pin is not None and pin.version == version else None
+        return notes if isinstance(notes, PluginNotes) else None
+
+
 def _check_not_edited(loaded: LoadedRecipe, locked: Resolved, path: Path, hint: str) -> None:
     """The lock's pins must be what the resolver's rules give for the recipe (with the lock's own record of a
     PyTorch wheel's pins, so this needs no network): a pin edited by hand would build something never checked."""
@@ -227,13 +245,8 @@ def _check_not_edited(loaded: LoadedRecipe, locked: Resolved, path: Path, hint: 
             )
         return wheel
 
-    def efa_from_lock(version: str) -> EfaBundle | None:  # what the tarball said when it was locked (None: not read)
-        pin = locked.pins.get("efa")
-        bundle = getattr(pin.details, "bundle", None) if pin is not None and pin.version == version else None
-        return bundle if isinstance(bundle, EfaBundle) else None
-
     try:
-        fresh = resolve(loaded, lookup_torch=from_lock, read_efa=efa_from_lock)
+        fresh = resolve(loaded, lookup_torch=from_lock, artifacts=_Recorded(locked))
     except LockError:
         raise
     except ImgbuildError as exc:  # the recipe's rules reject what the lock says (a bug elsewhere still surfaces)

@@ -13,12 +13,12 @@ from collections.abc import Callable
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from imgbuild.blocks import BY_NAME, Details, Pin, Resolution, resolve_order
-from imgbuild.blocks.releases import EfaBundle
+from imgbuild.blocks.releases import Artifacts
 from imgbuild.pin.content import Content
 from imgbuild.spec import compat
 from imgbuild.spec.recipe import LoadedRecipe, Recipe
 
-__all__ = ["EfaReader", "Pin", "Resolved", "TorchLookup", "details_model", "index_lookup", "read_details", "resolve"]
+__all__ = ["Artifacts", "Pin", "Resolved", "TorchLookup", "details_model", "index_lookup", "read_details", "resolve"]
 
 
 class BaseImageDetails(Details):
@@ -110,17 +110,13 @@ def index_lookup(torch_version: str, machine: str = "x86_64") -> compat.TorchWhe
     return compat.TorchWheel(pins.nccl_package, pins.nccl_version, pins.cuda_version, pins.cuda_wheels)
 
 
-# EFA installer version -> what its tarball says it bundles (None: not read; releases/efa.yaml's row is used)
-EfaReader = Callable[[str], EfaBundle | None]
-
-
 def resolve(
-    loaded: LoadedRecipe, *, lookup_torch: TorchLookup | None = index_lookup, read_efa: EfaReader | None = None
+    loaded: LoadedRecipe, *, lookup_torch: TorchLookup | None = index_lookup, artifacts: Artifacts | None = None
 ) -> Resolved:
-    """Pin and check a loaded recipe. Raises ResolveError naming the file, the keys and the conflict. `read_efa`:
-    what an EFA installer's tarball says it bundles (`imgbuild lock`: imgbuild.pin.bundle); without it, or where it
-    answers None, the shipped release data (releases/efa.yaml)."""
-    rs = Resolution(loaded.recipe, loaded.path, lookup_torch, read_efa)
+    """Pin and check a loaded recipe. Raises ResolveError naming the file, the keys and the conflict. `artifacts`:
+    what the publishers' artifacts say (`imgbuild lock`: imgbuild.pin.artifacts, the EFA installer's bundle and the
+    plugin's release notes); without it, or where it answers None, the shipped release files (blocks/releases/)."""
+    rs = Resolution(loaded.recipe, loaded.path, lookup_torch, artifacts)
     base_ref = _base(rs)
     for name in resolve_order():
         block = BY_NAME[name]

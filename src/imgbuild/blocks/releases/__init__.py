@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, Literal, Protocol, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
@@ -99,6 +99,32 @@ class EfaBundle(BaseModel):
 
 BUNDLED = ("aws_ofi_nccl", "libfabric", "openmpi4", "openmpi5")
 Bundled = Literal["aws_ofi_nccl", "libfabric", "openmpi4", "openmpi5"]
+
+
+class PluginNotes(BaseModel):
+    """What an aws-ofi-nccl archive's own RELEASENOTES.md says of its release, read at `imgbuild lock`
+    (imgbuild.pin.artifacts): the newest NCCL and libfabric it was tested with (None: the notes name none).
+    `read_from` names the archive. The lock records it in the plugin pin's details; a lock without one took these
+    from aws_ofi_nccl.yaml."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tested_nccl: str | None = None
+    tested_libfabric: str | None = None
+    read_from: Text
+
+
+class Artifacts(Protocol):
+    """What the publishers' own artifacts say, where they were read (`imgbuild lock`: imgbuild.pin.artifacts; a lock's
+    own record when its pins are checked). None: not read; the release files here are used instead."""
+
+    def efa(self, version: str) -> EfaBundle | None:
+        """What EFA installer `version`'s tarball bundles."""
+        ...
+
+    def plugin(self, version: str, url: str) -> PluginNotes | None:
+        """What aws-ofi-nccl `version`'s archive at `url` says in its RELEASENOTES.md."""
+        ...
 
 
 R = TypeVar("R", bound=Row)

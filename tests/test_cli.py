@@ -43,7 +43,7 @@ def test_show_json() -> None:
 def test_show_table() -> None:
     result = run("show", "v100")
     assert result.exit_code == 0
-    assert "aws_ofi_nccl" in result.stdout and "1.21.1" in result.stdout
+    assert "aws_ofi_nccl" in result.stdout and "1.22.0" in result.stdout
 
 
 def test_render_to_stdout_and_folder(tmp_path: Path) -> None:

@@ -502,11 +502,11 @@ def test_expectations_from_a_lock() -> None:
     resolved = lock.resolved_for(recipe.load("a100"))
     expect = Expect.from_resolved(resolved)
     # a100 names p4d and p4de: which one ran is for the log (or --instance-type) to say
-    assert (expect.nccl_version, expect.aws_ofi_nccl_version, expect.instance_type) == ("2.27.5", "1.16.3", None)
+    assert (expect.nccl_version, expect.aws_ofi_nccl_version, expect.instance_type) == ("2.27.5", "1.22.0", None)
     rep = report(shared_log("dlami-docs_2x-p4d.24xlarge_nccl-2.23.4_ofi-1.13.2_efa_excerpt.log"), expect)
     crit = by_name(rep)
     assert crit["NCCL version"].status == "FAIL" and crit["aws-ofi-nccl version"].status == "FAIL"
-    assert "1.13.2-aws, not the image's 1.16.3" in crit["aws-ofi-nccl version"].reason
+    assert "1.13.2-aws, not the image's 1.22.0" in crit["aws-ofi-nccl version"].reason
     h100 = lock.resolved_for(recipe.load("h100"))
     assert Expect.from_resolved(h100).instance_type == "p5.48xlarge"
 

@@ -96,7 +96,7 @@ def test_mpi4py_never_reuses_a_wheel_built_for_another_mpi(recipe_dir: Path) -> 
     ids = {name: _wheel_cache(name) for name in ("modes", "mpi4py-pip", "a100", "h100", "v100")}
     assert ids["modes"].startswith("imgbuild-pip-wheels-mpi4py-openmpi-source-4.1.6-")
     assert ids["mpi4py-pip"].startswith("imgbuild-pip-wheels-mpi4py-openmpi-distro-4.1.4-")
-    assert ids["a100"].startswith("imgbuild-pip-wheels-mpi4py-openmpi-efa-1.43.2-")
+    assert ids["a100"].startswith("imgbuild-pip-wheels-mpi4py-openmpi-efa-1.51.0-")
     assert len({ids["modes"], ids["mpi4py-pip"], ids["a100"], ids["h100"]}) == 4, ids
     # The same MPI on the same builder base: one wheel cache.
     same = recipe_dir / "same.yaml"
@@ -231,7 +231,7 @@ def test_hwloc_is_offered_to_the_builds_that_use_it(recipe_dir: Path) -> None:
 
 def test_without_hwloc_nothing_asks_for_it(recipe_dir: Path) -> None:
     (recipe_dir / "bare.yaml").write_text(
-        "extends: a100\ncomponents:\n  aws_ofi_nccl: {source: release, version: 1.16.3}\n  hwloc: null\n"
+        "extends: a100\ncomponents:\n  efa: {version: 1.43.2}\n  aws_ofi_nccl: {source: release, version: 1.16.3}\n  hwloc: null\n"
     )
     text = _dockerfile(resolve(recipe.load(recipe_dir / "bare.yaml"), lookup_torch=None))
     assert "hwloc" not in text
@@ -311,7 +311,7 @@ def test_the_121_release_is_configured_against_the_images_gdrcopy(recipe_dir: Pa
         "./configure --prefix=/opt/aws-ofi-nccl --with-libfabric=/opt/amazon/efa --with-cuda=/usr/local/cuda "
         "--with-mpi=/opt/amazon/openmpi --with-gdrcopy=/opt/gdrcopy --enable-platform-aws --with-hwloc"
     )
-    base = "extends: h200\ncomponents:\n  aws_ofi_nccl: {source: release, version: 1.21.1}\n"
+    base = "extends: h200\ncomponents:\n  efa: {version: 1.50.0}\n  aws_ofi_nccl: {source: release, version: 1.21.1}\n"
     (recipe_dir / "none.yaml").write_text(base + "  gdrcopy: null\n")
     resolved = resolve(recipe.load(recipe_dir / "none.yaml"), lookup_torch=None)
     assert any("GDRCopy >= 2.5" in w for w in resolved.warnings)
@@ -326,7 +326,7 @@ def test_a_recipe_prefix_of_usr_gives_the_bare_option(recipe_dir: Path) -> None:
     under /usr (the distribution's toolkit) gives the plugin and Open MPI a bare --with-cuda."""
     (recipe_dir / "c.yaml").write_text(
         "extends: a100\ncuda: {version: 12.8.1, home: //usr/}\n"
-        "components:\n  aws_ofi_nccl: {source: release, version: 1.16.3}\n"
+        "components:\n  efa: {version: 1.43.2}\n  aws_ofi_nccl: {source: release, version: 1.16.3}\n"
         "  openmpi: {source: source, version: 4.1.6}\n  mpi4py: null\n  nccl_tests: null\n"
     )
     text = _dockerfile(resolve(recipe.load(recipe_dir / "c.yaml"), lookup_torch=None))

@@ -415,7 +415,7 @@ def test_image_cuda_is_the_cuda_pin_else_torchs_wheel():
     def cuda_of(name: str) -> str | None:
         return driver.image_cuda(lock_or_fresh(recipe.load(name).concrete())[0].pins)
 
-    assert cuda_of("h100") == "13.0.1"  # the base image's CUDA (its lock's cuda pin)
+    assert cuda_of("h100") == "13.2.2"  # the base image's CUDA (its lock's cuda pin)
     assert cuda_of("pytorch") == "12.8"  # no cuda pin: the CUDA its torch wheel is built for
     assert cuda_of("cpu") is None and cuda_of("gaudi-1.15") is None
 
@@ -481,8 +481,8 @@ def test_doctor_reports_the_driver_finding(tmp_path):
         "behind", "550.144.03", "nvidia-smi"
     )  # fmt: skip
     assert "host driver" in data["failed"]
-    assert {i["cuda"]: i["status"] for i in data["driver"]["images"]} == {"13.0.1": "behind", "12.8.1": "ok"}
-    assert "host driver (NVIDIA driver 550.144.03 (nvidia-smi): h100 (CUDA 13.0.1)" in proc.stderr
+    assert {i["cuda"]: i["status"] for i in data["driver"]["images"]} == {"13.2.2": "behind", "12.8.1": "ok"}
+    assert "host driver (NVIDIA driver 550.144.03 (nvidia-smi): h100 (CUDA 13.2.2)" in proc.stderr
     assert "upgrade the host's NVIDIA driver to 580 or newer" in proc.stderr
 
 

@@ -23,13 +23,16 @@ from imgbuild.spec import recipe
 from imgbuild.spec.edit import set_value
 from localindex import CP, Index, make_wheel, torch_wheel_name
 
-# h100 pins torch 2.13.0 (NCCL 2.29.7) with EFA 1.50.0's aws-ofi-nccl 1.21.1, tested with NCCL up to 2.31.2.
+# h100 with torch 2.13.0 (NCCL 2.29.7) and EFA 1.50.0's aws-ofi-nccl 1.21.1, tested with NCCL up to 2.31.2 (what h100
+# shipped before issue 30 moved it to 2.15.0 and EFA 1.51.0).
 GPU_RECIPE = """\
 # an H100 image of our own
 extends: h100
 description: H100 test image
 components:
   pytorch: {version: 2.13.0}  # the release we trained with
+  efa: {version: 1.50.0}
+  nccl_tests: {version: 2.18.3}
 """
 # A made-up torch release whose wheel pins an NCCL newer than the plugin was tested with.
 TORCH_NEXT = "2.16.0"

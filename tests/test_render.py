@@ -305,7 +305,7 @@ def test_gb200_renders_for_arm64_with_no_x86_64_path() -> None:
     assert "x86_64" not in plan.dockerfile and "amd64" not in plan.dockerfile
     for f in plan.files:
         assert b"x86_64" not in f.content, f.path
-    assert "PyTorch pins for Linux aarch64 (CUDA 13.0)" in plan.dockerfile
+    assert "PyTorch pins for Linux aarch64 (CUDA 13.2)" in plan.dockerfile
     assert "/opt/amazon/ofi-nccl/lib/aarch64-linux-gnu" in plan.dockerfile
     assert '-gencode=arch=compute_100,code=sm_100"' in plan.dockerfile
     assert [b.split(":")[0] for b in plan.base_images] == ["nvidia/cuda", "nvidia/cuda"]
@@ -400,8 +400,10 @@ def test_efa_installer_flags_on_an_ngc_base(recipe_dir: Path) -> None:
     h100 = _efa_runs(plan_of("h100").dockerfile)
     assert h100 and all(r.endswith("--mpi=openmpi4 --disable-build-ngc --disable-ngc") for r in h100), h100
     assert all("--disable-build-ngc --disable-ngc" in r for r in _efa_runs(plan_of("v100").dockerfile))
-    assert all("ngc" not in r for r in _efa_runs(plan_of("a100").dockerfile))  # EFA 1.43.2
-    built = runs("extends: h100\ncomponents:\n  aws_ofi_nccl: {source: release, version: 1.21.1}\n")
+    assert all("--disable-build-ngc --disable-ngc" in r for r in _efa_runs(plan_of("a100").dockerfile))  # EFA 1.51.0
+    old = runs("extends: a100\ncomponents:\n  efa: {version: 1.43.2}\n")
+    assert old and all("ngc" not in r for r in old), old
+    built = runs("extends: h100\ncomponents:\n  efa: {version: 1.50.0}\n  aws_ofi_nccl: {source: release, version: 1.21.1}\n")
     assert built and all(r.endswith("--disable-build-ngc") for r in built), built
     other_base = runs("extends: pytorch\ncomponents:\n  efa: {version: 1.50.0}\n")  # debian:bookworm-slim
     assert other_base and all("ngc" not in r for r in other_base), other_base

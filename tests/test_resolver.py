@@ -30,17 +30,17 @@ def resolve_error(d: Path, text: str, **kwargs) -> str:
     ("name", "expect"),
     [
         ("cpu", {"nccl": "2.27.5", "openmpi": "4.1.4", "libfabric": "1.17.0", "python": "3.11"}),
-        ("a100", {"nccl": "2.27.5", "pytorch": "2.9.1", "aws_ofi_nccl": "1.16.3", "efa": "1.43.2"}),
-        ("v100", {"nccl": "2.26.2", "pytorch": "2.7.1", "aws_ofi_nccl": "1.21.1", "efa": "1.50.0", "cuda": "12.6.3"}),
-        ("h100", {"nccl": "2.29.7", "pytorch": "2.13.0", "aws_ofi_nccl": "1.21.1", "cuda": "13.0.1"}),
+        ("a100", {"nccl": "2.27.5", "pytorch": "2.9.1", "aws_ofi_nccl": "1.22.0", "efa": "1.51.0"}),
+        ("v100", {"nccl": "2.26.2", "pytorch": "2.7.1", "aws_ofi_nccl": "1.22.0", "efa": "1.51.0", "cuda": "12.6.3"}),
+        ("h100", {"nccl": "2.30.7", "pytorch": "2.15.0", "aws_ofi_nccl": "1.22.0", "cuda": "13.2.2"}),
         ("gaudi-1.15", {"gaudi": "1.15.1", "pytorch": "2.2.0", "efa": "1.29.0", "openmpi": "4.1.6"}),
         (
             "gaudi-1.21",
             {"gaudi": "1.21.4", "pytorch": "2.6.0", "efa": "1.34.0", "libfabric": "1.22.0", "python": "3.10"},
         ),
-        ("h200", {"nccl": "2.29.7", "pytorch": "2.13.0", "aws_ofi_nccl": "1.21.1", "efa": "1.50.0", "cuda": "13.0.1"}),
-        ("b200", {"nccl": "2.29.7", "pytorch": "2.13.0", "aws_ofi_nccl": "1.21.1", "efa": "1.50.0", "cuda": "13.0.1"}),
-        ("gb200", {"nccl": "2.29.7", "pytorch": "2.13.0", "aws_ofi_nccl": "1.21.1", "efa": "1.50.0", "cuda": "13.0.1"}),
+        ("h200", {"nccl": "2.30.7", "pytorch": "2.15.0", "aws_ofi_nccl": "1.22.0", "efa": "1.51.0", "cuda": "13.2.2"}),
+        ("b200", {"nccl": "2.30.7", "pytorch": "2.15.0", "aws_ofi_nccl": "1.22.0", "efa": "1.51.0", "cuda": "13.2.2"}),
+        ("gb200", {"nccl": "2.30.7", "pytorch": "2.15.0", "aws_ofi_nccl": "1.22.0", "efa": "1.51.0", "cuda": "13.2.2"}),
         ("b300", {"nccl": "2.30.7", "pytorch": "2.15.0", "aws_ofi_nccl": "1.22.0", "efa": "1.51.0", "cuda": "13.2.2"}),
     ],
 )
@@ -248,7 +248,7 @@ def test_efa_os_support_follows_the_changelog(recipe_dir: Path) -> None:
     """EFA 1.43.0 removed Ubuntu 20.04; 1.51.0 removed Debian 11 (AWS EFA changelog)."""
     (recipe_dir / "old.yaml").write_text(
         "extends: a100\nbase: {tag: 12.8.1-runtime-ubuntu20.04, builder_tag: 12.8.1-devel-ubuntu20.04}\n"
-        "os: {version: '20.04'}\n"
+        "os: {version: '20.04'}\ncomponents: {efa: {version: 1.43.2}}\n"
     )
     with pytest.raises(ResolveError, match=r"EFA installer 1.43.2 supports .*, not ubuntu20.04"):
         resolve(recipe.load(recipe_dir / "old.yaml"), lookup_torch=None)
@@ -310,7 +310,7 @@ def test_a_child_of_gaudi_121_may_pin_its_newest_patch(recipe_dir: Path) -> None
 
 def test_plugin_121_needs_gdrcopy_25(recipe_dir: Path) -> None:
     (recipe_dir / "h.yaml").write_text("extends: h100\ncomponents: {gdrcopy: {version: 2.4.4}}\n")
-    with pytest.raises(ResolveError, match=r"aws-ofi-nccl 1.21.1 needs GDRCopy >= 2.5, got 2.4.4"):
+    with pytest.raises(ResolveError, match=r"aws-ofi-nccl 1.22.0 needs GDRCopy >= 2.5, got 2.4.4"):
         resolve(recipe.load(recipe_dir / "h.yaml"), lookup_torch=None)
     (recipe_dir / "n.yaml").write_text("extends: h100\ncomponents: {gdrcopy: null}\n")
     warned = resolve(recipe.load(recipe_dir / "n.yaml"), lookup_torch=None).warnings
@@ -401,7 +401,9 @@ def test_an_index_that_cannot_answer_is_exit_7(recipe_dir: Path) -> None:
 
 def test_plugin_1_16_3_was_tested_with_nccl_2_27_7(recipe_dir: Path) -> None:
     """aws-ofi-nccl 1.16.3 (EFA 1.43.2's) names NCCL 2.27.7 in its release notes; 1.16.0 named 2.27.5."""
-    nccl_2_27_7 = "extends: a100\ncomponents:\n  pytorch: null\n  nccl: {source: build, version: 2.27.7}\n"
+    nccl_2_27_7 = (
+        "extends: a100\ncomponents:\n  efa: {version: 1.43.2}\n  pytorch: null\n  nccl: {source: build, version: 2.27.7}\n"
+    )
     resolved = resolve_text(recipe_dir, nccl_2_27_7)
     assert resolved.pins["aws_ofi_nccl"].details.tested_nccl == "2.27.7"
     msg = resolve_error(recipe_dir, nccl_2_27_7 + "  aws_ofi_nccl: {source: release, version: 1.16.0}\n")
@@ -410,14 +412,16 @@ def test_plugin_1_16_3_was_tested_with_nccl_2_27_7(recipe_dir: Path) -> None:
 
 def test_built_plugin_older_than_the_installers_libfabric(recipe_dir: Path) -> None:
     """A plugin built from its release runs on the EFA installer's libfabric: refused when the release was tested
-    only with older ones (1.14.x: libfabric 2.1; EFA 1.50.0: 2.6.0amzn1.0), a warning when a side is unknown."""
+    only with older ones (1.14.x: libfabric 2.1; EFA 1.51.0: 2.7.0amzn2.0), a warning when a side is unknown."""
     built = "extends: v100\ncomponents:\n  aws_ofi_nccl: {source: release, version: 1.14.2}\n"
     msg = resolve_error(recipe_dir, built)
-    assert "aws-ofi-nccl 1.14.2 was tested with libfabric up to 2.1.0; EFA installer 1.50.0 brings libfabric " in msg
+    assert "aws-ofi-nccl 1.14.2 was tested with libfabric up to 2.1.0; EFA installer 1.51.0 brings libfabric " in msg
     assert "use source: efa" in msg
     old_v100 = resolve_text(recipe_dir, built + "  efa: {version: 1.47.0}\n")  # what v100 shipped before
     assert any("EFA installer 1.47.0's libfabric is not in releases/efa.yaml" in w for w in old_v100.warnings)
-    same = resolve_text(recipe_dir, "extends: a100\ncomponents:\n  aws_ofi_nccl: {source: release, version: 1.16.3}\n")
+    same = resolve_text(
+        recipe_dir, "extends: a100\ncomponents:\n  efa: {version: 1.43.2}\n  aws_ofi_nccl: {source: release, version: 1.16.3}\n"
+    )
     assert not [w for w in same.warnings if "libfabric" in w]
 
 
@@ -474,7 +478,7 @@ def test_the_archive_option_is_the_release_builds_and_left_out_of_locks_that_do_
 
     msg = resolve_error(recipe_dir, "extends: h100\ncomponents:\n  aws_ofi_nccl: {source: efa, archive: tag}\n")
     assert "components.aws_ofi_nccl.archive: applies to source: release" in msg
-    base = "extends: h200\ncomponents:\n  aws_ofi_nccl: {source: release, version: 1.21.1"
+    base = "extends: h200\ncomponents:\n  efa: {version: 1.50.0}\n  aws_ofi_nccl: {source: release, version: 1.21.1"
     release = resolve_text(recipe_dir, base + "}\n").pins["aws_ofi_nccl"]
     tag = resolve_text(recipe_dir, base + ", archive: tag}\n").pins["aws_ofi_nccl"]
     assert "archive" not in release.model_dump(mode="json")["details"]  # the locks of before read the same

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import shutil
+import tarfile
 import tempfile
 import uuid
 from pathlib import Path
@@ -21,6 +23,7 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import REPO
+from imgbuild.blocks import releases
 from imgbuild.cli import app
 from imgbuild.core.errors import ContentError, UsageError
 from imgbuild.image import render
@@ -125,6 +128,36 @@ def test_lock_reads_the_plugins_tested_versions_from_its_archive(offline_recipe:
     assert shown.exit_code == 0 and json.loads(shown.stdout)["from"] == "lock", shown.output
 
 
+def test_lock_records_the_commit_each_tag_archive_was_made_from(offline_recipe: Path) -> None:
+    """git archive writes the commit into the archive (its pax header): the lock records it for nccl-tests and GDRCopy
+    and checks it against the release files' rows (issue 30)."""
+    result = run("lock", str(offline_recipe), "--files", str(SOURCES))
+    assert result.exit_code == 0, result.output
+    commit = "f727aa2a540fef911de9d7bfd8852bc5d2c69815"  # tests/data/upstream/sources/README.md: v2.18.3
+    assert f"nccl_tests 2.18.3: nccl-tests-2.18.3.tar.gz (--files) was made from commit {commit}" in result.stdout
+    pins = json.loads(offline_recipe.with_suffix(".lock.json").read_text())["pins"]
+    assert pins["nccl_tests"]["details"]["commit"] == commit
+    gdrcopy = releases.tag_releases("gdrcopy")[pins["gdrcopy"]["version"]]
+    assert pins["gdrcopy"]["details"]["commit"] == gdrcopy.commit
+
+
+def test_an_archive_of_another_commit_than_the_tags_is_refused(offline_recipe: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "files"
+    shutil.copytree(SOURCES, folder)
+    other = "0123456789abcdef0123456789abcdef01234567"
+    archive = folder / "nccl-tests-2.18.3.tar.gz"
+    archive.unlink()
+    with tarfile.open(archive, "w:gz", format=tarfile.PAX_FORMAT, pax_headers={"comment": other}) as tar:
+        tar.addfile(tarfile.TarInfo("nccl-tests-2.18.3/Makefile"), io.BytesIO(b""))
+    result = run("lock", str(offline_recipe), "--files", str(folder))
+    assert result.exit_code == 5, result.output
+    assert (
+        f"components.nccl_tests.version: nccl-tests-2.18.3.tar.gz (--files) was made from commit {other}, but "
+        "releases/nccl_tests.yaml records tag v2.18.3 at f727aa2a540fef911de9d7bfd8852bc5d2c69815"
+    ) in result.stderr
+    assert not offline_recipe.with_suffix(".lock.json").exists()
+
+
 def test_without_the_folder_the_same_lock_cannot_hash_them(offline_recipe: Path) -> None:
     """The contrast: with no --files the downloads go to the network (a closed port here), and only GDRCopy's
     sha256, which Spack records (pin/checksums.yaml), is established: the folder is what made the difference."""
@@ -141,8 +174,9 @@ def test_without_the_folder_the_same_lock_cannot_hash_them(offline_recipe: Path)
         "aws_ofi_nccl 1.21.1: tested versions from the shipped data (releases/aws_ofi_nccl.yaml): its release notes "
         "were not read: download https://github.com/aws/aws-ofi-nccl/archive/refs/tags/v1.21.1.tar.gz: "
     ) in result.stdout
-    pin = json.loads(offline_recipe.with_suffix(".lock.json").read_text())["pins"]["aws_ofi_nccl"]
-    assert "notes" not in pin["details"] and pin["details"]["tested_nccl"] == "2.31.2"
+    pins = json.loads(offline_recipe.with_suffix(".lock.json").read_text())["pins"]
+    assert "notes" not in pins["aws_ofi_nccl"]["details"] and pins["aws_ofi_nccl"]["details"]["tested_nccl"] == "2.31.2"
+    assert "commit" not in pins["nccl_tests"]["details"]  # the tag's commit was not read either
 
 
 def test_a_file_that_disagrees_with_the_well_known_checksum_is_not_trusted(

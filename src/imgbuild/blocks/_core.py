@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, SerializeAsAny
+from pydantic import BaseModel, ConfigDict, SerializeAsAny, SerializerFunctionWrapHandler, model_serializer
 
 from imgbuild.blocks import releases
 from imgbuild.core.errors import LockError, ResolveError
@@ -39,6 +39,21 @@ class Installed(Details):
     """Details of a block always installed under a prefix of its own (nccl-tests, GDRCopy)."""
 
     prefix: str
+
+
+class FromTag(Installed):
+    """A block built from GitHub's archive of a release tag (nccl-tests, GDRCopy): `commit` is the commit that
+    archive was made from where `imgbuild lock` read it (`Resolution.tag_commit`), left out of the lock when it was
+    not read, so such locks read as before."""
+
+    commit: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _unread_commit_left_out(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if data.get("commit") is None:
+            data.pop("commit", None)
+        return data
 
 
 D = TypeVar("D", bound=Details)
@@ -295,6 +310,23 @@ class Resolution:
             read = self.artifacts.plugin(version, url) if self.artifacts is not None else None
             self._plugin_notes[(version, url)] = read
         return self._plugin_notes[(version, url)]
+
+    def tag_commit(self, component: releases.TagComponent, version: str, url: str) -> str | None:
+        """The commit `component`'s archive of tag v`version` was made from, where `imgbuild lock` read it (None:
+        not read). Refused when releases/<component>.yaml records another commit for the tag: the tag moved, or the
+        archive is not the tag's."""
+        read = self.artifacts.tag(component, version, url) if self.artifacts is not None else None
+        if read is None:
+            return None
+        row = releases.tag_releases(component).get(version)
+        if row is not None and row.commit is not None and row.commit != read.commit:
+            raise self.fail(
+                f"components.{component}.version",
+                f"{read.read_from} was made from commit {read.commit}, but {releases.file_name(component)} records "
+                f"tag {row.tag} at {row.commit} ({row.source}): the tag moved, or the archive is not the tag's",
+                hint=f"check the tag upstream; correct {releases.file_name(component)}'s row if it really moved",
+            )
+        return read.commit
 
     def plugin_tested(
         self, version: str, what: Literal["tested_nccl", "tested_libfabric"], url: str | None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import shlex
 
-from imgbuild.blocks._core import Block, Context, Contribution, Installed, Pin, Resolution
+from imgbuild.blocks._core import Block, Context, Contribution, FromTag, Installed, Pin, Resolution
 from imgbuild.checks import CheckContext, check, fail, ldd_missing, passed, skip
 from imgbuild.checks.results import CheckResult
 from imgbuild.spec.schema import AbsPath, Strict, pin_validator
@@ -29,7 +29,8 @@ class GdrCopy(Strict):
 def resolve(g: GdrCopy, rs: Resolution) -> Pin:
     if rs.recipe.cuda is None:
         raise rs.fail("components.gdrcopy", "GDRCopy builds against CUDA (an nvidia platform)")
-    return Pin(version=g.version, source="release", origin="recipe", details=Installed(prefix=g.prefix))
+    commit = rs.tag_commit("gdrcopy", g.version, source_url(g.version))
+    return Pin(version=g.version, source="release", origin="recipe", details=FromTag(prefix=g.prefix, commit=commit))
 
 
 # The library needs the host's gdrdrv device in the container. ONE rule, contributed here: the image's ENV sets
@@ -68,7 +69,7 @@ BLOCK = Block(
     modes={"release": "fragment"},
     resolve=resolve,
     contribute=contribute,
-    details=Installed,
+    details=FromTag,
     build_after=("cuda",),
     downloads=downloads,
     template_globals={"gdrcopy_source_url": source_url},

@@ -11,7 +11,7 @@ import posixpath
 import shlex
 
 from imgbuild.blocks import openmpi
-from imgbuild.blocks._core import Block, Context, Contribution, Installed, Pin, Resolution
+from imgbuild.blocks._core import Block, Context, Contribution, FromTag, Installed, Pin, Resolution
 from imgbuild.blocks.nccl import nccl_probe
 from imgbuild.checks import CONTAINER, CheckContext, check, fail, ldd_missing, passed
 from imgbuild.checks.results import CheckResult
@@ -33,7 +33,8 @@ def resolve(t: NcclTests, rs: Resolution) -> Pin:
     nccl, mpi = rs.pins.get("nccl"), rs.pins.get("openmpi")
     if nccl is None or mpi is None or rs.recipe.cuda is None:
         raise rs.fail("components.nccl_tests", "nccl-tests build against CUDA, the recipe's NCCL and Open MPI")
-    return Pin(version=t.version, source="release", origin="recipe", details=Installed(prefix=t.prefix))
+    commit = rs.tag_commit("nccl_tests", t.version, source_url(t.version))
+    return Pin(version=t.version, source="release", origin="recipe", details=FromTag(prefix=t.prefix, commit=commit))
 
 
 def source_url(version: str) -> str:
@@ -58,7 +59,7 @@ BLOCK = Block(
     modes={"release": "fragment"},
     resolve=resolve,
     contribute=contribute,
-    details=Installed,
+    details=FromTag,
     after=("nccl", "openmpi"),
     build_after=("cuda", "efa", "openmpi", "nccl"),
     downloads=downloads,

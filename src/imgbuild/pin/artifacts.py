@@ -216,6 +216,23 @@ class Reader:
         )
         return notes
 
+    def tag(self, component: releases.TagComponent, version: str, url: str) -> releases.TagRead | None:
+        label = f"{component} {version}"
+        try:
+            scan = self._scan(url)
+        except ValueError as exc:
+            self.said.append(f"{label}: the archive of its tag was not read: {exc}")
+            return None
+        if scan is None:
+            self.said.append(f"{label}: the archive of its tag was not read: locked --offline, no --files copy")
+            return None
+        commit = scan.pax.get("comment", "")
+        if not re.fullmatch(r"[0-9a-f]{40}", commit):
+            self.said.append(f"{label}: {scan.read_from} names no commit (not made by git archive)")
+            return None
+        self.said.append(f"{label}: {scan.read_from} was made from commit {commit}")
+        return releases.TagRead(commit=commit, read_from=scan.read_from)
+
     def _compared(self, read: releases.EfaBundle | releases.PluginNotes, name: releases.ListName, version: str) -> str:
         """What was read, and where the release file says otherwise (what was read is used)."""
         fields = [k for k in type(read).model_fields if k != "read_from"]

@@ -17,7 +17,7 @@ from packaging.utils import canonicalize_name
 from pydantic import ValidationError
 
 from imgbuild.blocks.pytorch import PyTorchDetails
-from imgbuild.blocks.releases import EfaBundle, PluginNotes
+from imgbuild.blocks.releases import EfaBundle, PluginNotes, TagComponent, TagRead
 from imgbuild.core.errors import ImgbuildError, LockError
 from imgbuild.core.outputs import write_atomic  # the lock and the recipe are written whole or not at all
 from imgbuild.pin.content import Content, Requirement
@@ -228,6 +228,11 @@ class _Recorded:
         pin = self.pins.get("aws_ofi_nccl")
         notes = getattr(pin.details, "notes", None) if pin is not None and pin.version == version else None
         return notes if isinstance(notes, PluginNotes) else None
+
+    def tag(self, component: TagComponent, version: str, url: str) -> TagRead | None:
+        pin = self.pins.get(component)
+        commit = getattr(pin.details, "commit", None) if pin is not None and pin.version == version else None
+        return TagRead(commit=commit, read_from="the lock") if isinstance(commit, str) else None
 
 
 def _check_not_edited(loaded: LoadedRecipe, locked: Resolved, path: Path, hint: str) -> None:

@@ -114,6 +114,19 @@ class PluginNotes(BaseModel):
     read_from: Text
 
 
+class TagRead(BaseModel):
+    """The commit a GitHub archive of a release tag was made from (git archive writes it into the archive's global
+    pax header), read at `imgbuild lock` (imgbuild.pin.artifacts); `read_from` names the archive."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    commit: Annotated[str, Field(pattern=r"^[0-9a-f]{40}$")]
+    read_from: Text
+
+
+TagComponent = Literal["nccl_tests", "gdrcopy"]
+
+
 class Artifacts(Protocol):
     """What the publishers' own artifacts say, where they were read (`imgbuild lock`: imgbuild.pin.artifacts; a lock's
     own record when its pins are checked). None: not read; the release files here are used instead."""
@@ -124,6 +137,10 @@ class Artifacts(Protocol):
 
     def plugin(self, version: str, url: str) -> PluginNotes | None:
         """What aws-ofi-nccl `version`'s archive at `url` says in its RELEASENOTES.md."""
+        ...
+
+    def tag(self, component: TagComponent, version: str, url: str) -> TagRead | None:
+        """The commit `component`'s archive of its release tag at `url` was made from."""
         ...
 
 

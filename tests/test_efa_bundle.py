@@ -1,5 +1,5 @@
-"""`imgbuild lock` reads what the EFA installer tarball bundles from the tarball itself (imgbuild.pin.bundle, issue 30):
-libfabric, Open MPI and aws-ofi-nccl from its package file names, so an installer release that
+"""`imgbuild lock` reads what the EFA installer tarball bundles from the tarball itself (imgbuild.pin.artifacts,
+issue 30): libfabric, Open MPI and aws-ofi-nccl from its package file names, so an installer release that
 blocks/releases/efa.yaml does not list yet locks; where the tarball can't be read it falls back to the shipped data
 and says so.
 

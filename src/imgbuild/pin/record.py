@@ -87,8 +87,8 @@ def record(
     hashes from uv's cache). `preferences`: the existing lock's Python pins, kept where they still resolve (a newer
     release is not taken unless asked: `wheels.compile_sets`); `yanked` receives the yanked releases resolved to.
     `files`: a folder consulted before the network for every download (`imgbuild lock --files`, `local_copy`).
-    `established`: checksums already computed this run, by URL (the EFA installer tarball `imgbuild.pin.bundle`
-    downloaded to read its bundle), not fetched again.
+    `established`: checksums already computed this run, by URL (archives `imgbuild.pin.artifacts` downloaded to read
+    them), not fetched again.
     Digests and checksums are read for the exact tag and URL the pins name: the same version read again."""
     from imgbuild.pin import digests, wheels
 

@@ -6,8 +6,9 @@ with, and `source` (where it was read), with `inferred: true` and `why` on a val
 release is adding a row: no Python table to edit. A file that does not fit its model is a ResolveError naming the
 file, the key and what was expected.
 
-Where the publisher's own artifact is at hand at lock time, imgbuild.pin.bundle reads it instead (the EFA installer
-tarball's package names, the plugin's RELEASENOTES.md); these rows are the fallback.
+Where the publisher's own artifact is at hand at lock time, imgbuild.pin.artifacts reads it instead (the EFA
+installer tarball's package names, the plugin's RELEASENOTES.md, the commit of a tag's archive, checked against the
+row's); these rows are the fallback.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ class TagRow(Row):
 
 class EfaBundle(BaseModel):
     """What an EFA installer tarball itself says it bundles, read at `imgbuild lock` from the package files it holds
-    (imgbuild.pin.bundle): None where the tarball holds no such package. `read_from` names the tarball (its file
+    (imgbuild.pin.artifacts): None where the tarball holds no such package. `read_from` names the tarball (its file
     name, and `--files` or the URL it was downloaded from). The lock records it in the efa pin's details; a lock
     without one took the bundle from efa.yaml."""
 

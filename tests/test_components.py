@@ -231,7 +231,8 @@ def test_hwloc_is_offered_to_the_builds_that_use_it(recipe_dir: Path) -> None:
 
 def test_without_hwloc_nothing_asks_for_it(recipe_dir: Path) -> None:
     (recipe_dir / "bare.yaml").write_text(
-        "extends: a100\ncomponents:\n  efa: {version: 1.43.2}\n  aws_ofi_nccl: {source: release, version: 1.16.3}\n  hwloc: null\n"
+        "extends: a100\ncomponents:\n  efa: {version: 1.43.2}\n  aws_ofi_nccl: {source: release, version: 1.16.3}\n"
+        "  hwloc: null\n"
     )
     text = _dockerfile(resolve(recipe.load(recipe_dir / "bare.yaml"), lookup_torch=None))
     assert "hwloc" not in text

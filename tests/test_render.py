@@ -403,7 +403,9 @@ def test_efa_installer_flags_on_an_ngc_base(recipe_dir: Path) -> None:
     assert all("--disable-build-ngc --disable-ngc" in r for r in _efa_runs(plan_of("a100").dockerfile))  # EFA 1.51.0
     old = runs("extends: a100\ncomponents:\n  efa: {version: 1.43.2}\n")
     assert old and all("ngc" not in r for r in old), old
-    built = runs("extends: h100\ncomponents:\n  efa: {version: 1.50.0}\n  aws_ofi_nccl: {source: release, version: 1.21.1}\n")
+    built = runs(
+        "extends: h100\ncomponents:\n  efa: {version: 1.50.0}\n  aws_ofi_nccl: {source: release, version: 1.21.1}\n"
+    )
     assert built and all(r.endswith("--disable-build-ngc") for r in built), built
     other_base = runs("extends: pytorch\ncomponents:\n  efa: {version: 1.50.0}\n")  # debian:bookworm-slim
     assert other_base and all("ngc" not in r for r in other_base), other_base

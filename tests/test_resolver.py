@@ -30,8 +30,8 @@ def resolve_error(d: Path, text: str, **kwargs) -> str:
     ("name", "expect"),
     [
         ("cpu", {"nccl": "2.27.5", "openmpi": "4.1.4", "libfabric": "1.17.0", "python": "3.11"}),
-        ("a100", {"nccl": "2.27.5", "pytorch": "2.9.1", "aws_ofi_nccl": "1.22.0", "efa": "1.51.0"}),
-        ("v100", {"nccl": "2.26.2", "pytorch": "2.7.1", "aws_ofi_nccl": "1.22.0", "efa": "1.51.0", "cuda": "12.6.3"}),
+        ("a100", {"nccl": "2.27.5", "pytorch": "2.10.0", "aws_ofi_nccl": "1.22.0", "efa": "1.51.0"}),
+        ("v100", {"nccl": "2.27.5", "pytorch": "2.10.0", "aws_ofi_nccl": "1.22.0", "efa": "1.51.0", "cuda": "12.6.3"}),
         ("h100", {"nccl": "2.30.7", "pytorch": "2.15.0", "aws_ofi_nccl": "1.22.0", "cuda": "13.2.2"}),
         ("gaudi-1.15", {"gaudi": "1.15.1", "pytorch": "2.2.0", "efa": "1.29.0", "openmpi": "4.1.6"}),
         (
@@ -158,7 +158,7 @@ def test_pytorch_wheel_without_sm70_kernels(recipe_dir: Path) -> None:
 
 def test_nccl_that_is_not_pytorchs(recipe_dir: Path) -> None:
     msg = resolve_error(recipe_dir, "extends: a100\ncomponents: {nccl: {version: 2.26.2}}\n")
-    assert "components.nccl.version: 2.26.2 is not the NCCL that PyTorch 2.9.1 pins (nvidia-nccl-cu12==2.27.5)" in msg
+    assert "components.nccl.version: 2.26.2 is not the NCCL that PyTorch 2.10.0 pins (nvidia-nccl-cu12==2.27.5)" in msg
 
 
 def test_plugin_older_than_nccl(recipe_dir: Path) -> None:
@@ -402,7 +402,8 @@ def test_an_index_that_cannot_answer_is_exit_7(recipe_dir: Path) -> None:
 def test_plugin_1_16_3_was_tested_with_nccl_2_27_7(recipe_dir: Path) -> None:
     """aws-ofi-nccl 1.16.3 (EFA 1.43.2's) names NCCL 2.27.7 in its release notes; 1.16.0 named 2.27.5."""
     nccl_2_27_7 = (
-        "extends: a100\ncomponents:\n  efa: {version: 1.43.2}\n  pytorch: null\n  nccl: {source: build, version: 2.27.7}\n"
+        "extends: a100\ncomponents:\n  efa: {version: 1.43.2}\n  pytorch: null\n"
+        "  nccl: {source: build, version: 2.27.7}\n"
     )
     resolved = resolve_text(recipe_dir, nccl_2_27_7)
     assert resolved.pins["aws_ofi_nccl"].details.tested_nccl == "2.27.7"
@@ -413,14 +414,18 @@ def test_plugin_1_16_3_was_tested_with_nccl_2_27_7(recipe_dir: Path) -> None:
 def test_built_plugin_older_than_the_installers_libfabric(recipe_dir: Path) -> None:
     """A plugin built from its release runs on the EFA installer's libfabric: refused when the release was tested
     only with older ones (1.14.x: libfabric 2.1; EFA 1.51.0: 2.7.0amzn2.0), a warning when a side is unknown."""
-    built = "extends: v100\ncomponents:\n  aws_ofi_nccl: {source: release, version: 1.14.2}\n"
+    # v100 with the PyTorch it shipped before issue 30 (2.7.1, NCCL 2.26.2: what 1.14.2 was tested with)
+    built = (
+        "extends: v100\ncomponents:\n  pytorch: {version: 2.7.1}\n  aws_ofi_nccl: {source: release, version: 1.14.2}\n"
+    )
     msg = resolve_error(recipe_dir, built)
     assert "aws-ofi-nccl 1.14.2 was tested with libfabric up to 2.1.0; EFA installer 1.51.0 brings libfabric " in msg
     assert "use source: efa" in msg
     old_v100 = resolve_text(recipe_dir, built + "  efa: {version: 1.47.0}\n")  # what v100 shipped before
     assert any("EFA installer 1.47.0's libfabric is not in releases/efa.yaml" in w for w in old_v100.warnings)
     same = resolve_text(
-        recipe_dir, "extends: a100\ncomponents:\n  efa: {version: 1.43.2}\n  aws_ofi_nccl: {source: release, version: 1.16.3}\n"
+        recipe_dir,
+        "extends: a100\ncomponents:\n  efa: {version: 1.43.2}\n  aws_ofi_nccl: {source: release, version: 1.16.3}\n",
     )
     assert not [w for w in same.warnings if "libfabric" in w]
 

@@ -421,8 +421,11 @@ def outdated_(
     (EFA installer, nccl-tests, GDRCopy, Gaudi, CUDA, distribution packages) comes from the shipped tables, each
     shown with when it was read: a release published since is not in it.
 
-    Exit codes: 0 when every component is at its source's newest release; 18 when one is not, whether or not the
-    newer release fits (as `npm outdated` exits 1); 7 when the index could not say (the report is incomplete).
+    A component the recipe holds (`hold: {COMPONENT: REASON}`) is shown as held, with that reason, not as behind.
+
+    Exit codes: 0 when every component is at its source's newest release or held; 18 when one is not, whether or
+    not the newer release fits (as `npm outdated` exits 1); 7 when the index could not say (the report is
+    incomplete).
     `imgbuild lock RECIPE --upgrade` moves the recipe to the newest releases that fit.
     """
     from imgbuild.core.errors import ImgbuildError, IndexLookupError, OutdatedError
@@ -455,6 +458,7 @@ def outdated_(
                 ],
                 "errors": [{"recipe": name, "error": problem.message} for name, problem in failed],
                 "outdated": sum(len(r.outdated) for r in reports),
+                "held": sum(len(r.held) for r in reports),
             }
         )
     else:
@@ -501,6 +505,8 @@ def _outdated_table(reports: list[Report]) -> None:
                 fits = {"current": "-", "follows": "-", "untracked": "-"}.get(f.status, f"unknown: {f.error}")
             if f.track.fixed and f.status == "outdated":
                 fits += f" (not moved by lock --upgrade: {f.track.fixed})"
+            if f.status == "held":
+                fits = f"held by the recipe: {f.held} (would it fit: {fits})"
             newest = f.newest or {"follows": "-", "untracked": "?"}.get(f.status, "?")
             newest = f"[bold]{escape(newest)}[/bold]" if f.status == "outdated" else escape(newest)
             table.add_row(escape(f.track.component), escape(f.track.current), newest,

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from packaging.version import InvalidVersion, Version
@@ -35,7 +35,7 @@ from imgbuild.spec import compat, edit
 from imgbuild.spec.recipe import LoadedRecipe, Recipe, load
 
 Kind = Literal["index", "table", "follows", "base", "none"]
-Status = Literal["current", "outdated", "follows", "untracked", "unknown"]
+Status = Literal["current", "outdated", "held", "follows", "untracked", "unknown"]
 
 
 @dataclass(frozen=True)
@@ -286,13 +286,14 @@ class Finding:
     changes: tuple[str, ...] = ()
     blocked_by: str | None = None
     error: str | None = None
+    held: str | None = None  # the recipe's reason to stay behind (`hold:`), when status is "held"
 
     def as_json(self) -> dict[str, Any]:
         t = self.track
         return {
             "component": t.component, "key": t.key, "pinned": t.current, "newest": self.newest,
             "status": self.status, "source": t.source.as_json(), "fits": self.fits, "changes": list(self.changes),
-            "blocked_by": self.blocked_by, "fixed": t.fixed, "error": self.error,
+            "blocked_by": self.blocked_by, "fixed": t.fixed, "error": self.error, "held": self.held,
         }  # fmt: skip
 
 
@@ -311,6 +312,10 @@ class Report:
     @property
     def unknown(self) -> list[Finding]:
         return [f for f in self.findings if f.status == "unknown"]
+
+    @property
+    def held(self) -> list[Finding]:
+        return [f for f in self.findings if f.status == "held"]
 
 
 def check(loaded: LoadedRecipe, resolved: Resolved, track: Track, releases: Releases = index_releases) -> Finding:
@@ -338,12 +343,33 @@ def check(loaded: LoadedRecipe, resolved: Resolved, track: Track, releases: Rele
     return Finding(track, "outdated", newest, False, blocked_by=str(fit.error))
 
 
+def _holds(loaded: LoadedRecipe, all_tracks: Sequence[Track]) -> Mapping[str, str]:
+    """The recipe's `hold:` entries, each naming a component `outdated` tracks (else a RecipeError naming the key)."""
+    holds = loaded.recipe.hold
+    known = [t.component for t in all_tracks]
+    for name in holds:
+        if name not in known:
+            raise RecipeError(
+                f"{display(loaded.path)}: hold.{name}: expected a component `imgbuild outdated` tracks for this "
+                f"recipe ({', '.join(known)})"
+            )
+    return holds
+
+
 def report(loaded: LoadedRecipe, releases: Releases = index_releases) -> Report:
     """Every pinned version of the recipe against its source's newest release (the recipe freshly resolved, not its
-    lock: the lock may be stale)."""
+    lock: the lock may be stale). A component the recipe holds (`hold:`) that has a newer release is "held", with
+    the recipe's reason, instead of "outdated"."""
     resolved = resolve(loaded)
-    findings = tuple(check(loaded, resolved, t, releases) for t in tracks(resolved))
-    return Report(loaded, resolved, findings)
+    all_tracks = tracks(resolved)
+    holds = _holds(loaded, all_tracks)
+    findings = []
+    for t in all_tracks:
+        found = check(loaded, resolved, t, releases)
+        if found.status == "outdated" and t.component in holds:
+            found = replace(found, status="held", held=holds[t.component])
+        findings.append(found)
+    return Report(loaded, resolved, tuple(findings))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -415,7 +441,12 @@ def upgrade(
         stuck = [f"{n} ({by_name[n].fixed})" for n in wanted if by_name[n].fixed]
         if stuck:
             raise UsageError(f"{resolved.name}: lock --upgrade does not move {'; '.join(stuck)}")
-    chosen = [t for t in all_tracks if (t.component in wanted if wanted is not None else t.fixed is None)]
+    holds = _holds(loaded, all_tracks)  # moved only when named
+    chosen = [
+        t
+        for t in all_tracks
+        if (t.component in wanted if wanted is not None else t.fixed is None and t.component not in holds)
+    ]
     plan = Upgrade(loaded)
     for track in chosen:
         versions = available(track, releases)

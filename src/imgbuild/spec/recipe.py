@@ -48,6 +48,7 @@ from imgbuild.spec.schema import (
     Strict,
     Text,
     matching,
+    one_line,
 )
 
 # --------------------------------------------------------------------------------------------------------------
@@ -173,6 +174,12 @@ class MpiRun(Strict):
     extra_args: tuple[Text, ...] = ()
 
 
+HoldName = Annotated[
+    str, AfterValidator(matching(r"[a-z0-9_]+", "a component of `imgbuild outdated` (pytorch, numpy)"))
+]
+HoldReason = Annotated[str, Field(min_length=1), AfterValidator(one_line)]
+
+
 class Recipe(Strict):
     """A whole target. `name` defaults to the file's stem; `abstract` recipes are only parents."""
 
@@ -192,6 +199,9 @@ class Recipe(Strict):
     labels: dict[LabelKey, Text] = {}
     license: Text | None = None  # an SPDX expression: the image's org.opencontainers.image.licenses label
     app: App | None = None  # the user's layer: requirements, source builds, code, train's default program
+    # Components kept behind their newest release on purpose, each with the reason (`imgbuild outdated` shows them
+    # as held, not behind; `lock --upgrade` leaves them unless named): a row of `imgbuild outdated` -> why.
+    hold: dict[HoldName, HoldReason] = {}
 
     @model_validator(mode="after")
     def _cuda_matches_platform(self) -> Recipe:
@@ -222,8 +232,10 @@ class LoadedRecipe(BaseModel):
 
     @property
     def digest(self) -> str:
-        """sha256 of the merged recipe in canonical JSON: a parent's change changes the child's too."""
-        text = json.dumps(self.merged, sort_keys=True, separators=(",", ":"))
+        """sha256 of the merged recipe in canonical JSON: a parent's change changes the child's too. `hold` is left
+        out: why a pin stays behind changes nothing the lock or the image holds, so it never makes a lock stale."""
+        image = {key: value for key, value in self.merged.items() if key != "hold"}
+        text = json.dumps(image, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()
 
 

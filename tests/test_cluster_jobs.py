@@ -784,6 +784,27 @@ def test_a_recipe_is_refused_on_an_instance_type_without_its_accelerator(
         assert "apiVersion" not in res.stdout and "#!/bin/bash" not in res.stdout
 
 
+def test_p6_b300_through_the_cli() -> None:
+    """`cluster job --instance-type p6-b300.48xlarge`: 16 EFA devices (17 network cards, card 0 ENA only) and 8 GPUs
+    for b300; a B200 image (sm_100 code) runs there too, as B300 (10.3) runs 10.0 code; an H100 image (sm_90) does
+    not."""
+    from imgbuild.cli import app
+
+    for name in ("b300", "b200"):
+        res = CliRunner().invoke(app, ["cluster", "job", name, "-e", "mpijob", "--instance-type", "p6-b300.48xlarge"])
+        assert res.exit_code == 0, res.output
+        job = next(d for d in yaml.safe_load_all(res.stdout) if d and d.get("kind") == "MPIJob")
+        worker = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]
+        limits = container(worker)["resources"]["limits"]
+        assert (limits["vpc.amazonaws.com/efa"], limits["nvidia.com/gpu"]) == (16, 8), name
+        assert worker["spec"]["nodeSelector"]["node.kubernetes.io/instance-type"] == "p6-b300.48xlarge"
+        validate_crd(jobs.Engine.mpijob, job)
+    res = CliRunner().invoke(app, ["cluster", "job", "h100", "-e", "mpijob", "--instance-type", "p6-b300.48xlarge"])
+    assert res.exit_code == RecipeError.exit_code
+    message = " ".join(res.output.split())
+    assert "p6-b300.48xlarge carries NVIDIA B300 (sm_103), which cannot run code built for sm_90" in message
+
+
 @pytest.mark.parametrize(
     ("name", "instance_type"),
     [("a100", "p4de.24xlarge"), ("a100", "g5.48xlarge"), ("h100", "p5en.48xlarge"), ("h100", "p5e.48xlarge"),

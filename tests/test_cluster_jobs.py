@@ -34,7 +34,7 @@ from imgbuild.image import render
 from imgbuild.nccltests import command
 from imgbuild.pin import lock
 from imgbuild.pin.resolver import resolve
-from imgbuild.spec import recipe
+from imgbuild.spec import compat, recipe
 from imgbuild.spec.launch import for_manifest
 
 DATA = UPSTREAM
@@ -935,11 +935,10 @@ def test_the_compute_domain_validator_refuses_what_the_cluster_would() -> None:
 def test_an_instance_type_with_nvlink_across_instances_is_data() -> None:
     """The rule keys on jobplan's table: a job for the same image on another type has no domain; --instance-type
     p6e-gb200 (the recipe's own) has one."""
-    from imgbuild.cluster import jobplan
 
-    assert jobplan.mnnvl("p6e-gb200.36xlarge") and not jobplan.mnnvl("p6-b200.48xlarge") and not jobplan.mnnvl(None)
-    assert jobplan.instance_env(["p5.48xlarge", "p6e-gb200.36xlarge"]) == jobplan.MNNVL_ENV
-    assert jobplan.instance_env(["p5.48xlarge"]) == {}
+    assert compat.mnnvl("p6e-gb200.36xlarge") and not compat.mnnvl("p6-b200.48xlarge") and not compat.mnnvl(None)
+    assert compat.instance_env(["p5.48xlarge", "p6e-gb200.36xlarge"]) == compat.MNNVL_ENV
+    assert compat.instance_env(["p5.48xlarge"]) == {}
     assert plan("gb200", "mpijob").mnnvl and not plan("b200", "mpijob").mnnvl
 
 

@@ -30,6 +30,7 @@ from imgbuild.checks.results import CheckResult, Status
 from imgbuild.cli import verify as cli_verify
 from imgbuild.core.errors import Interrupted, VerifyError
 from imgbuild.image.manifest import MANIFEST_PATH, Manifest, read_entry
+from imgbuild.verify import gpuchecks
 
 runner = CliRunner()
 
@@ -606,14 +607,14 @@ def test_gpu_driver_check_compares_the_hosts_driver_with_the_images_cuda() -> No
     cuda = {"version": "13.0.1", "gpu_arch": "sm_90", "gencode": "-gencode=arch=compute_90,code=sm_90"}
     cuda13 = pins({**CPU_COMPONENTS, "cuda": cuda})
     none = checks.CheckContext(host=FakeHost({}), scope="container", components=cuda13, gpu_reason="no GPU here")
-    assert (checks.gpu_driver(none).status, checks.gpu_driver(none).reason) == ("skip", "no GPU here")
+    assert (gpuchecks.gpu_driver(none).status, gpuchecks.gpu_driver(none).reason) == ("skip", "no GPU here")
     no_cuda = checks.CheckContext(host=FakeHost({}), scope="container", components=pins(CPU_COMPONENTS), gpu=True)
-    assert checks.gpu_driver(no_cuda).status == "skip"
+    assert gpuchecks.gpu_driver(no_cuda).status == "skip"
 
     def on(out: Out, components: dict[str, Pin] = cuda13) -> CheckResult:
         ctx = checks.CheckContext(host=FakeHost({"driver_version": out}), scope="container", components=components,
                                   gpu=True)  # fmt: skip
-        return checks.gpu_driver(ctx)
+        return gpuchecks.gpu_driver(ctx)
 
     ok = on(Out(0, "580.95.05\n"))
     assert (ok.status, ok.expected, ok.found) == ("pass", "driver >= 580 (CUDA 13.0.1)", "580.95.05 (nvidia-smi)")
@@ -634,12 +635,12 @@ def test_imex_channel_check() -> None:
 
     here = checks.CheckContext(host=testinfra.get_host("local://"), scope="host", components={})
     if not os.path.isdir("/dev/nvidia-caps-imex-channels"):
-        res = checks.imex_channel(here)
+        res = gpuchecks.imex_channel(here)
         assert res.status == "skip" and "/dev/nvidia-caps-imex-channels/channelN" in res.reason
     channel = "/dev/nvidia-caps-imex-channels/channel0"
-    good = checks.imex_channel(ctx_for({"channel*": Out(0, f"ok {channel}\ndone\n")}, devices=(channel,)))
+    good = gpuchecks.imex_channel(ctx_for({"channel*": Out(0, f"ok {channel}\ndone\n")}, devices=(channel,)))
     assert (good.status, good.found) == ("pass", channel)
-    bad = checks.imex_channel(ctx_for({"channel*": Out(0, f"bad {channel}\ndone\n")}))
+    bad = gpuchecks.imex_channel(ctx_for({"channel*": Out(0, f"bad {channel}\ndone\n")}))
     assert bad.status == "fail" and "read and write" in bad.reason
-    lost = checks.imex_channel(ctx_for({"channel*": Out(0, "done\n")}, devices=(channel,)))
+    lost = gpuchecks.imex_channel(ctx_for({"channel*": Out(0, "done\n")}, devices=(channel,)))
     assert lost.status == "fail" and "passed to the container but not in it" in lost.reason

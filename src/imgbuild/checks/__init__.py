@@ -433,60 +433,6 @@ def gpu_nvidia_smi(ctx: CheckContext) -> CheckResult:
     return passed(">= 1 GPU", f"{len(gpus)} GPU(s): {gpus[0].split('(')[0].strip()}", gpus=gpus)
 
 
-@check("gpu-driver", "platform")
-def gpu_driver(ctx: CheckContext) -> CheckResult:
-    """The host's NVIDIA driver (nvidia-smi, else /proc/driver/nvidia/version) runs the image's CUDA (NVIDIA's
-    minor-version compatibility table, spec.driver)."""
-    from imgbuild.spec import driver
-
-    if not ctx.gpu:
-        return skip(ctx.gpu_reason)
-    cuda = driver.image_cuda(ctx.components)
-    if cuda is None:
-        return skip("the image has no CUDA (no cuda pin, no PyTorch CUDA wheel): any driver will do")
-    ran = ctx.run(driver.READ_COMMAND)
-    finding = driver.judge(driver.parse(ran.out), cuda)
-    expected = f"driver >= {finding.needs} (CUDA {cuda})" if finding.needs else f"a driver for CUDA {cuda}"
-    details = finding.to_json()
-    if finding.status == "ok":
-        return passed(expected, f"{finding.driver} ({finding.source})", finding.advice, **details)
-    if finding.status == "no driver":
-        return fail(f"no NVIDIA driver answers (nvidia-smi, {driver.PROC_VERSION}): {ran.why()}", expected, **details)
-    if finding.status == "unknown":
-        return skip(finding.advice, expected, **details)
-    return fail(finding.advice, expected, f"{finding.driver} ({finding.source})", **details)
-
-
-@check("imex-channel", "platform")
-def imex_channel(ctx: CheckContext) -> CheckResult:
-    """Where the host has IMEX channels (NVLink across nodes, GB200 NVL72), they are usable character devices here
-    (in the container: passed by the run profile)."""
-    from imgbuild.spec.driver import IMEX_CHANNEL_DIR as IMEX_CHANNELS
-
-    passed_in = [d for d in ctx.devices if d.startswith(f"{IMEX_CHANNELS}/")]
-    ran = ctx.run(
-        f'for c in {IMEX_CHANNELS}/channel*; do [ -e "$c" ] || continue; '
-        'if [ -c "$c" ] && [ -r "$c" ] && [ -w "$c" ]; then echo "ok $c"; else echo "bad $c"; fi; done; echo done'
-    )
-    if not ran.out.rstrip().endswith("done"):
-        return fail(f"could not list {IMEX_CHANNELS}: {ran.why()}")
-    lines = ran.out.split("\n")
-    good = [line[3:] for line in lines if line.startswith("ok ")]
-    bad = [line[4:] for line in lines if line.startswith("bad ")]
-    missing = [d for d in passed_in if d not in good and d not in bad]
-    expected = "IMEX channels readable and writable" if good or bad or passed_in else "none needed"
-    if bad:
-        return fail(f"not a character device this user can read and write: {', '.join(bad)}", expected, ", ".join(bad))
-    if missing:
-        return fail(f"passed to the container but not in it: {', '.join(missing)}", expected, "missing")
-    if not good:
-        return skip(
-            f"no IMEX channel ({IMEX_CHANNELS}/channelN): only NVLink across nodes (GB200 NVL72 across trays) needs "
-            "one, and IMEX makes it per job (a Slurm/AWS PCS prolog, the EKS ComputeDomain)"
-        )
-    return passed(expected, ", ".join(good))
-
-
 @check("gpu-torch-cuda", "platform")
 def gpu_torch_cuda(ctx: CheckContext) -> CheckResult:
     """torch.cuda.is_available() with the GPUs passed in."""

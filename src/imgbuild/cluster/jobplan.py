@@ -18,13 +18,14 @@ from __future__ import annotations
 import enum
 import re
 import shlex
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from imgbuild.core.errors import RecipeError
+from imgbuild.spec.compat import instance_env, mnnvl
 
 if TYPE_CHECKING:
     from imgbuild.image.manifest import Manifest
@@ -118,20 +119,6 @@ INSTANCE_ACCELERATORS: dict[str, tuple[str, str | None, str]] = {
 # table is not checked: its architecture is unknown here.
 INSTANCE_ARCH: dict[str, str] = {"p6e-gb200": "arm64"}
 
-# Instance families whose GPUs share one NVLink domain across instances (multi-node NVLink, MNNVL): a GB200 NVL72
-# rack is 18 p6e-gb200.36xlarge trays of 4 GPUs joined by NVLink switches (AWS's EKS user guide, above: u-p6e-gb200x72
-# is 18 instances, u-p6e-gb200x36 9). GPU memory is shared across trays only through IMEX channels
-# (/dev/nvidia-caps-imex-channels/channelN, spec.driver), which are made per job: on Kubernetes by NVIDIA's DRA
-# driver for a ComputeDomain (resource.nvidia.com/v1beta1) that each pod claims (k8s.py), on Slurm by a prolog
-# (slurm.py). What AWS's EKS guide and sample jobs do for them, per family:
-# - MNNVL_ENV: the NCCL variables AWS's GB200 nccl-tests MPIJob passes to every rank (nccl-tests-gb200.yaml above:
-#   `-x NCCL_NVLS_ENABLE=1 -x NCCL_MNNVL_ENABLE=1`): NCCL uses NVLink across trays and NVLink SHARP; the image sets
-#   them (render.image_env) and so does the job, a recipe's own `env` value winning in both;
-# - the pods claim the ComputeDomain's channel (resourceClaimTemplate) and keep to one NVLink domain with a required
-#   podAffinity on the label NVIDIA's GPU Feature Discovery puts on each node, `nvidia.com/gpu.clique` (the EKS guide's
-#   nvbandwidth MPIJob and the sample above).
-MNNVL_FAMILIES = frozenset({"p6e-gb200"})
-MNNVL_ENV = {"NCCL_MNNVL_ENABLE": "1", "NCCL_NVLS_ENABLE": "1"}
 
 NAME_MAX = 40  # room for the operators' suffixes (`-launcher`, `-worker-N`, `-node-0-N`) in a 63-character name
 # Kubernetes counts replicas in int32 and Open MPI ranks (-np nodes x slots) in a C int: with at most 64 slots per
@@ -191,17 +178,6 @@ class JobPlan:
 def efa_devices(instance_type: str) -> int | None:
     """EFA devices an instance type has (None: not in the table)."""
     return EFA_DEVICES.get(instance_type.split(".", 1)[0])
-
-
-def mnnvl(instance_type: str | None) -> bool:
-    """Whether an instance type's GPUs share NVLink with other instances' (MNNVL_FAMILIES)."""
-    return instance_type is not None and instance_type.split(".", 1)[0] in MNNVL_FAMILIES
-
-
-def instance_env(instance_types: Iterable[str]) -> dict[str, str]:
-    """The environment the instance types' interconnect asks for (MNNVL_ENV where any of them is MNNVL): what the
-    image sets for a recipe's platform.instance_types and a job for its instance type."""
-    return dict(MNNVL_ENV) if any(mnnvl(t) for t in instance_types) else {}
 
 
 def target_instance(recipe: Recipe) -> tuple[str, int] | None:

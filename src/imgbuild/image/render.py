@@ -548,10 +548,8 @@ def _fragments(resolved: Resolved, ctx: Context, env: jinja2.Environment) -> dic
 
 def image_env(resolved: Resolved, contribs: dict[str, Contribution]) -> tuple[dict[str, list[str]], dict[str, str]]:
     """What the image's ENV instructions set: PATH / LD_LIBRARY_PATH entries (blocks in layer order) and the
-    blocks' variables, those the NVIDIA target's instance types ask for (jobplan.instance_env: NCCL's NVLink across
+    blocks' variables, those the NVIDIA target's instance types ask for (compat.instance_env: NCCL's NVLink across
     GB200 trays) and the recipe's (the recipe's win)."""
-    from imgbuild.cluster.jobplan import instance_env
-
     r = resolved.recipe
     ordered = [contribs[n] for n in runtime_order() if n in contribs]
     env_paths = {
@@ -559,7 +557,7 @@ def image_env(resolved: Resolved, contribs: dict[str, Contribution]) -> tuple[di
         "LD_LIBRARY_PATH": dedupe([p for c in ordered for p in c.ld_library_path]),
     }
     component_env = {k: v for c in ordered for k, v in c.env.items()}
-    interconnect = instance_env(r.platform.instance_types) if r.platform.accelerator == "nvidia" else {}
+    interconnect = compat.instance_env(r.platform.instance_types) if r.platform.accelerator == "nvidia" else {}
     return env_paths, dict(sorted({**component_env, **interconnect, **r.env}.items()))
 
 

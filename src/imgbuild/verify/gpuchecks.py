@@ -12,6 +12,7 @@ from imgbuild.checks.results import CheckResult
 from imgbuild.image.manifest import Manifest
 from imgbuild.nccltests import command, verdict
 from imgbuild.nccltests.log import parse
+from imgbuild.spec import driver
 from imgbuild.verify.nodechecks import launched, mpirun_argv
 
 LOADED_TIMEOUT_S = 300  # all_reduce_perf on every GPU of the host, sizes to 1 GiB
@@ -71,3 +72,53 @@ def aws_ofi_nccl_loaded(ctx: CheckContext) -> CheckResult:
     if crit["results"].status == "FAIL":
         return fail(crit["results"].reason, expected, found, **details)
     return passed(expected, found, network.reason, **details)
+
+
+@check("gpu-driver", "platform")
+def gpu_driver(ctx: CheckContext) -> CheckResult:
+    """The host's NVIDIA driver (nvidia-smi, else /proc/driver/nvidia/version) runs the image's CUDA (NVIDIA's
+    minor-version compatibility table, spec.driver)."""
+    if not ctx.gpu:
+        return skip(ctx.gpu_reason)
+    cuda = driver.image_cuda(ctx.components)
+    if cuda is None:
+        return skip("the image has no CUDA (no cuda pin, no PyTorch CUDA wheel): any driver will do")
+    ran = ctx.run(driver.READ_COMMAND)
+    finding = driver.judge(driver.parse(ran.out), cuda)
+    expected = f"driver >= {finding.needs} (CUDA {cuda})" if finding.needs else f"a driver for CUDA {cuda}"
+    details = finding.to_json()
+    if finding.status == "ok":
+        return passed(expected, f"{finding.driver} ({finding.source})", finding.advice, **details)
+    if finding.status == "no driver":
+        return fail(f"no NVIDIA driver answers (nvidia-smi, {driver.PROC_VERSION}): {ran.why()}", expected, **details)
+    if finding.status == "unknown":
+        return skip(finding.advice, expected, **details)
+    return fail(finding.advice, expected, f"{finding.driver} ({finding.source})", **details)
+
+
+@check("imex-channel", "platform")
+def imex_channel(ctx: CheckContext) -> CheckResult:
+    """Where the host has IMEX channels (NVLink across nodes, GB200 NVL72), they are usable character devices here
+    (in the container: passed by the run profile)."""
+    passed_in = [d for d in ctx.devices if d.startswith(f"{driver.IMEX_CHANNEL_DIR}/")]
+    ran = ctx.run(
+        f'for c in {driver.IMEX_CHANNEL_DIR}/channel*; do [ -e "$c" ] || continue; '
+        'if [ -c "$c" ] && [ -r "$c" ] && [ -w "$c" ]; then echo "ok $c"; else echo "bad $c"; fi; done; echo done'
+    )
+    if not ran.out.rstrip().endswith("done"):
+        return fail(f"could not list {driver.IMEX_CHANNEL_DIR}: {ran.why()}")
+    lines = ran.out.split("\n")
+    good = [line[3:] for line in lines if line.startswith("ok ")]
+    bad = [line[4:] for line in lines if line.startswith("bad ")]
+    missing = [d for d in passed_in if d not in good and d not in bad]
+    expected = "IMEX channels readable and writable" if good or bad or passed_in else "none needed"
+    if bad:
+        return fail(f"not a character device this user can read and write: {', '.join(bad)}", expected, ", ".join(bad))
+    if missing:
+        return fail(f"passed to the container but not in it: {', '.join(missing)}", expected, "missing")
+    if not good:
+        return skip(
+            f"no IMEX channel ({driver.IMEX_CHANNEL_DIR}/channelN): only NVLink across nodes (GB200 NVL72 across "
+            "trays) needs one, and IMEX makes it per job (a Slurm/AWS PCS prolog, the EKS ComputeDomain)"
+        )
+    return passed(expected, ", ".join(good))

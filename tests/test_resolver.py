@@ -517,11 +517,11 @@ def test_cuda_from_wheels_is_the_toolkit_release_torch_pins(recipe_dir: Path) ->
     (recipe_dir / "other.yaml").write_text("extends: debian-cuda\ncuda: {version: 13.0.2}\n")
     with pytest.raises(ResolveError) as err:
         resolve(recipe.load(recipe_dir / "other.yaml"), lookup_torch=None)
-    assert "other.yaml: cuda.version / components.pytorch.version: torch 2.13.0's wheel requires cuda-toolkit " \
-        "13.0.3; the toolkit wheels must be that release, got 13.0.2" in str(err.value)  # fmt: skip
-    assert err.value.hint == "cuda.version: 13.0.3"
+    assert "other.yaml: cuda.version / components.pytorch.version: torch 2.15.0's wheel requires cuda-toolkit " \
+        "13.2.2; the toolkit wheels must be that release, got 13.0.2" in str(err.value)  # fmt: skip
+    assert err.value.hint == "cuda.version: 13.2.2"
     shipped = resolve(recipe.load("debian-cuda"), lookup_torch=None).pins["cuda"]
-    assert (shipped.version, shipped.source) == ("13.0.3", "wheel")
+    assert (shipped.version, shipped.source) == ("13.2.2", "wheel")
     assert resolve(recipe.load("h100"), lookup_torch=None).pins["cuda"].source == "base"
 
 
@@ -534,4 +534,7 @@ def test_the_toolkit_set_is_resolved_apart_with_torchs_versions() -> None:
     assert {"cuda-toolkit", "nvidia-cuda-nvcc", "nvidia-cuda-cccl", "nvidia-cuda-runtime"} <= set(toolkit)
     shared = set(toolkit) & set(venv)
     assert {"cuda-toolkit", "nvidia-cuda-runtime"} <= shared  # both: the venv keeps its own copy
+    # torch 2.15.0's cuda-toolkit pin has no cccl extra, but nvidia-nvshmem-cu13 takes any nvidia-cuda-cccl: the venv's
+    # is the toolkit's (resolved first, its versions constraining the venv's), not the newest the index has
+    assert "nvidia-cuda-cccl" in shared
     assert {name: toolkit[name] for name in shared} == {name: venv[name] for name in shared}

@@ -57,7 +57,8 @@ def test_the_net_plugin_api_table_covers_every_series_the_plugin_supports() -> N
     for minor in range(int(oldest[1]), 31):
         versions = compat.net_plugin_api(f"2.{minor}.1")
         assert versions and list(versions) == sorted(versions, reverse=True), minor
-    assert compat.net_plugin_api("2.29.7") == (11, 10, 9, 8, 7, 6)  # debian-cuda's (PyTorch 2.13's pin)
+    assert compat.net_plugin_api("2.30.7") == (12, 11, 10, 9, 8, 7, 6)  # debian-cuda's (PyTorch 2.15's pin)
+    assert compat.net_plugin_api("2.29.7") == (11, 10, 9, 8, 7, 6)  # PyTorch 2.13's pin
     assert compat.net_plugin_api("2.27.5") == (10, 9, 8, 7, 6)
     assert compat.net_plugin_api("2.31.0") is None and "NCCL_NET_PLUGIN_API" in compat.TABLES
 

@@ -27,7 +27,7 @@ NCCL_2_27_5 = (
     "sha256:ad730cf15cb5d25fe849c6e6ca9eb5b76db16a80f13f425ac68d8e2e55624457",
 )
 HASH = "sha256:{:064x}"  # a made-up hash
-MPI4PY_4_0_3_SDIST = "sha256:de2710d73e25e115865a3ab63d34a54b2d8608b724f761c567b6ad58dd475609"
+MPI4PY_4_1_2_SDIST = "sha256:56860286dc45f20e8821e93cb06669e30462348bf866f685553fa4b712d58d02"
 
 
 def resolved_of(name: str) -> resolver.Resolved:
@@ -87,7 +87,7 @@ def test_the_recipes_sets_install_builder_stage_first_each_holding_what_the_earl
     assert "nvidia-nccl-cu12" not in {r.name for r in out["pytorch/cuda"]}  # the nccl set holds it
     assert {r.name for r in out["mpi4py/build"]} == {"setuptools", "cython"}
     # from source: the sdist's hash alone
-    assert out["mpi4py"] == (Requirement(name="mpi4py", version="4.0.3", hashes=(MPI4PY_4_0_3_SDIST,)),)
+    assert out["mpi4py"] == (Requirement(name="mpi4py", version="4.1.2", hashes=(MPI4PY_4_1_2_SDIST,)),)
 
 
 def test_an_unresolvable_set_names_the_recipe_the_set_and_uvs_message() -> None:

@@ -387,7 +387,7 @@ class Block:
                  template installs a set with `pip_install(pip, ctx, name)` (--require-hashes --no-deps);
     requirements_stage  the stage its template installs its sets in: every builder-stage set installs before any
                  runtime-stage one (the runtime copies the builder's venv first), whatever the registry's order;
-    requirements_apart  its sets that install apart from the venv (`pip_install(..., target=DIR)`), resolved last;
+    requirements_apart  its sets that install apart from the venv (`pip_install(..., target=DIR)`), resolved first;
     python_dists the Python distributions its pin puts in the image outside pip (a distribution's python3-mpi4py, a
                  base image's torch): name -> version. Requirement sets are resolved with them as constraints and
                  never install them again (pin.wheels), so a later set cannot replace them unseen;
@@ -416,8 +416,8 @@ class Block:
     requirements: Callable[[Pin, Context], Mapping[str, list[str]]] = lambda pin, ctx: {}
     requirements_stage: Literal["builder", "runtime"] = "builder"
     # its sets installed apart from the venv (pip --target: the CUDA toolkit's wheels, builder only): each is resolved
-    # after every other set with all of their pins as constraints (so it gets the versions the venv gets), holds its
-    # whole closure, and constrains no other set
+    # before the venv's sets, holds its whole closure, and its versions constrain theirs (one image, one version of
+    # each: a venv package that takes any nvidia-cuda-cccl gets the toolkit's) without taking them out of the venv
     requirements_apart: tuple[str, ...] = ()
     python_dists: Callable[[Pin], Mapping[str, str]] = lambda pin: {}
     context: Callable[[Pin, Context], list[tuple[str, bytes, int]]] = lambda pin, ctx: []

@@ -157,8 +157,8 @@ def install_order(names: Sequence[str]) -> list[str]:
 
 
 def apart(name: str) -> bool:
-    """Whether requirement set `name` installs apart from the venv (`Block.requirements_apart`): resolved after the
-    others, constrained by all of them, whole."""
+    """Whether requirement set `name` installs apart from the venv (`Block.requirements_apart`): resolved before the
+    others, whole, its versions constraining theirs."""
     from imgbuild.blocks import BY_NAME
 
     block = BY_NAME.get(name.split("/")[0])
@@ -222,11 +222,16 @@ def _compile_arch(
     out: dict[str, tuple[Requirement, ...]] = {}
     # name -> (version, what pins it): the distributions blocks bring outside pip, then every earlier set's
     pinned: dict[str, tuple[str, str]] = dict(provided(resolved))
+    # The sets installed apart from the venv (the CUDA toolkit's wheels) come first: their whole closure is theirs, and
+    # its versions constrain the venv's sets too (one image, one version of each: torch's cuda-toolkit pin and the
+    # toolkit's are the same release, and a venv package that takes any nvidia-cuda-cccl gets the toolkit's), without
+    # taking those distributions out of the venv.
+    constraints = dict(pinned)
     with tempfile.TemporaryDirectory(prefix="imgbuild-wheels-") as tmp:
         folder = Path(tmp)
         ordered = install_order(list(sets))
-        for name in [n for n in ordered if not apart(n)] + [n for n in ordered if apart(n)]:
-            versions = {n: v for n, (v, _) in pinned.items()}
+        for name in [n for n in ordered if apart(n)] + [n for n in ordered if not apart(n)]:
+            versions = {n: v for n, (v, _) in constraints.items()}
             found: dict[str, tuple[str, str]] = {}
             try:
                 closure = _compile(
@@ -235,14 +240,16 @@ def _compile_arch(
                 )  # fmt: skip
             except ResolveError as exc:
                 raise _replaced(
-                    exc, uv, folder, resolved.name, name, sets[name], pinned, python, platform, offline
+                    exc, uv, folder, resolved.name, name, sets[name], constraints, python, platform, offline
                 ) from exc
-            if apart(name):  # installed apart from the venv: its whole closure, pinning nothing for the others
+            if apart(name):  # installed apart from the venv: its whole closure, constraining the venv's versions
                 mine = tuple(closure)
+                for r in mine:
+                    constraints.setdefault(r.name, (r.version, f"requirement set {name}"))
             else:
                 mine = tuple(r for r in closure if r.name not in pinned)
                 for r in mine:
-                    pinned[r.name] = (r.version, f"requirement set {name}")
+                    pinned[r.name] = constraints[r.name] = (r.version, f"requirement set {name}")
             yanked.update(Yank(name, r.name, r.version, found[r.name][1]) for r in mine if r.name in found)
             out[name] = mine
     return out

@@ -15,9 +15,9 @@ import fnmatch
 import functools
 from pathlib import Path
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from imgbuild.core import datafile
 from imgbuild.core.errors import VerifyError
 
 TABLE_PATH = Path(__file__).with_name("bandwidth.yaml")
@@ -165,17 +165,7 @@ class Table(_Strict):
 
 def load(path: Path = TABLE_PATH) -> Table:
     """Read and check a figures file; VerifyError naming the file, the key and what was expected when it is wrong."""
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise VerifyError(f"{path}: cannot read the bandwidth table: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise VerifyError(f"{path}: not valid YAML: {exc}") from None
-    try:
-        return Table.model_validate(data)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg']}" for e in exc.errors())
-        raise VerifyError(f"{path}: {problems}") from None
+    return datafile.load(path, Table, VerifyError, "the bandwidth table")
 
 
 @functools.cache

@@ -17,9 +17,9 @@ import functools
 from pathlib import Path
 from typing import Annotated, Literal, Protocol, TypeVar
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
+from imgbuild.core import datafile
 from imgbuild.core.errors import ResolveError
 
 HERE = Path(__file__).parent
@@ -185,20 +185,7 @@ F = TypeVar("F", bound=_File)
 
 def load(path: Path, model: type[F]) -> F:
     """Read and check one release file; ResolveError naming the file, the key and what was expected."""
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ResolveError(f"{path}: cannot read the release list: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ResolveError(f"{path}: not valid YAML: {exc}") from None
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'] if not str(p).startswith('function-')) or '(top level)'}: {e['msg']}"
-            for e in exc.errors()
-        )
-        raise ResolveError(f"{path}: {problems}") from None
+    return datafile.load(path, model, ResolveError, "the release list")
 
 
 @functools.cache

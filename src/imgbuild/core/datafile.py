@@ -1,0 +1,34 @@
+"""The YAML data files imgbuild ships and reads (the components' release lists, nccl-tests' bandwidth figures): one
+rule for reading one and checking it against its pydantic model, with an error naming the file, the key and what was
+expected, raised as the caller's error class (its exit code)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from imgbuild.core.errors import ImgbuildError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def load(path: Path, model: type[M], error: type[ImgbuildError], what: str) -> M:
+    """`path` read as YAML and checked against `model`; `error` (naming the file, and each wrong key with what was
+    expected) when it cannot be read, is not YAML or does not fit. `what` says what the file is ("the release list")."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise error(f"{path}: cannot read {what}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise error(f"{path}: not valid YAML: {exc}") from None
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'] if not str(p).startswith('function-')) or '(top level)'}: {e['msg']}"
+            for e in exc.errors()
+        )
+        raise error(f"{path}: {problems}") from None

@@ -398,10 +398,11 @@ def test_the_driver_a_cuda_needs_is_nvidias_minor_version_table():
     behind = driver.judge(("550.144.03", driver.PROC_VERSION), "13.0.1")
     assert (behind.status, behind.needs, behind.source) == ("behind", "580", driver.PROC_VERSION)
     assert "upgrade the host's NVIDIA driver to 580 or newer" in behind.advice
-    assert "an image built for CUDA 12.x, which this driver runs" in behind.advice
+    assert "to 580 or newer, or use an image built for CUDA 12.x, which this driver runs;" in behind.advice
     assert "data-centre GPUs only" in behind.advice and "cuda-compat-13-" in behind.advice
     ancient = driver.judge(("418.39", "nvidia-smi"), "12.8")
-    assert ancient.status == "behind" and "no CUDA major release in the table runs on this driver" in ancient.advice
+    assert ancient.status == "behind"
+    assert "to 525.60.13 or newer (no CUDA major release in the table runs on this driver);" in ancient.advice
     none = driver.judge(None, "13.0.1")
     assert (none.status, none.driver) == ("no driver", None) and ">= 580" in none.advice
     assert driver.judge(smi, "10.2").status == "unknown"

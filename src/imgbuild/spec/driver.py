@@ -148,12 +148,12 @@ def judge(read: tuple[str, str] | None, cuda: str | None) -> Finding:
     other = (
         f", or use an image built for CUDA {fits}.x, which this driver runs"
         if fits is not None and fits < major
-        else "(no CUDA major release in the table runs on this driver)"
+        else " (no CUDA major release in the table runs on this driver)"
     )
     return Finding(
         driver, source, cuda, floor, "behind",
         f"driver {driver} is older than CUDA {cuda} needs (>= {floor}, {TABLE_SOURCE}; CUDA calls fail with "
         f"'CUDA driver version is insufficient for CUDA runtime version'): upgrade the host's NVIDIA driver to "
-        f"{floor} or newer {other}; on NVIDIA data-centre GPUs only, NVIDIA's forward-compatibility package "
+        f"{floor} or newer{other}; on NVIDIA data-centre GPUs only, NVIDIA's forward-compatibility package "
         f"(cuda-compat-{major}-<minor>) in the image is the other way",
     )  # fmt: skip

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 
 from imgbuild import build, verify
-from imgbuild.engine import bootstrap
+from imgbuild.engine import rootfs
 from imgbuild.spec import compat
 
 
@@ -71,8 +71,8 @@ def main() -> int:
     parser.add_argument("--warm", action="store_true", help="rebuild from the layer cache instead of --no-cache")
     parser.add_argument("--nodes", type=int, default=2, help="containers of the MPI run in verify (default 2)")
     args = parser.parse_args()
-    if problem := bootstrap.emulation_problem("arm64"):
-        raise SystemExit(f"{problem}; {bootstrap.emulation_hint('arm64')}")
+    if problem := rootfs.emulation_problem("arm64"):
+        raise SystemExit(f"{problem}; {rootfs.emulation_hint('arm64')}")
     rows = []
     for arch in ("amd64", "arm64"):
         print(f"building and verifying cpu for {compat.docker_platform(arch)} ...", file=sys.stderr, flush=True)
@@ -86,7 +86,7 @@ def main() -> int:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     how = "layer cache (--warm)" if args.warm else "--no-cache (cache mounts kept)"
     print(f"builds: {how}; verify --nodes {args.nodes}; CPUs: {os.cpu_count()}; load {load:.2f}; "
-          f"arm64 through {bootstrap.BINFMT_DIR / 'qemu-aarch64'}")  # fmt: skip
+          f"arm64 through {rootfs.BINFMT_DIR / 'qemu-aarch64'}")  # fmt: skip
     return 0
 
 

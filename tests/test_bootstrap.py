@@ -1,5 +1,6 @@
-"""Tests of imgbuild.engine.bootstrap: name -> spec mapping (pure), tree trimming and packing (pure, on a fake
-tree), cleanup when debootstrap fails or is interrupted, and one real bootstrap into a throwaway image."""
+"""Tests of imgbuild.engine.rootfs (`imgbuild base bootstrap`): name -> spec mapping (pure), tree trimming and
+packing (pure, on a fake tree), cleanup when debootstrap fails or is interrupted, and one real bootstrap into a
+throwaway image."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from imgbuild.core.errors import ImgbuildError, Interrupted
-from imgbuild.engine import bootstrap
-from imgbuild.engine.bootstrap import (
+from imgbuild.engine import rootfs
+from imgbuild.engine.rootfs import (
     DEBIAN_MIRROR,
     TEMP_PREFIX,
     UBUNTU_MIRROR,
@@ -174,7 +175,7 @@ def _fake_rootfs(root: Path) -> None:
 def test_finish_tree_slim(tmp_path):
     root = tmp_path / "rootfs"
     _fake_rootfs(root)
-    bootstrap._finish_tree(spec_for("debian:bookworm-slim"), root)
+    rootfs._finish_tree(spec_for("debian:bookworm-slim"), root)
     assert (root / "usr/share/doc/bash/copyright").exists()
     for gone in (
         "usr/share/doc/bash/README",
@@ -204,7 +205,7 @@ def test_finish_tree_slim(tmp_path):
 def test_finish_tree_not_slim_keeps_docs(tmp_path):
     root = tmp_path / "rootfs"
     _fake_rootfs(root)
-    bootstrap._finish_tree(spec_for("debian:bookworm"), root)
+    rootfs._finish_tree(spec_for("debian:bookworm"), root)
     assert (root / "usr/share/doc/bash/README").exists()
     assert (root / "usr/share/man/man1/bash.1.gz").exists()
     assert not (root / "etc/dpkg/dpkg.cfg.d/docker").exists()
@@ -216,7 +217,7 @@ def test_tar_rootfs_numeric_owners_and_no_dev_contents(tmp_path):
     _fake_rootfs(root)
     (root / "usr/bin/sh").symlink_to("bash")
     tar_path = tmp_path / "rootfs.tar"
-    bootstrap._tar_rootfs(root, tar_path)
+    rootfs._tar_rootfs(root, tar_path)
     with tarfile.open(tar_path) as tar:
         members = {m.name: m for m in tar.getmembers()}
     assert "./usr/bin/bash" in members

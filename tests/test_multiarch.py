@@ -31,7 +31,7 @@ from imgbuild import publish
 from imgbuild.checks import CheckContext, machine_matches, manifest_diffs
 from imgbuild.cli import app
 from imgbuild.core.errors import PushError
-from imgbuild.engine import bootstrap
+from imgbuild.engine import rootfs
 from imgbuild.publish.registry import OCI_INDEX, RegistryAPI, RemoteManifest, TransientError, parse_registry
 from imgbuild.spec import compat
 from test_publish import (
@@ -283,32 +283,32 @@ def test_push_platform_of_an_image_and_scan_gate_of_an_index_are_refused() -> No
 
 
 def test_arm64_base_spec_name_and_config() -> None:
-    spec = bootstrap.spec_for("debian:bookworm-slim", arch="arm64")
+    spec = rootfs.spec_for("debian:bookworm-slim", arch="arm64")
     assert (spec.image_name, spec.repository, spec.tag) == ("debian:bookworm-slim-arm64", "debian",
                                                             "bookworm-slim-arm64")  # fmt: skip
-    config = bootstrap.image_config(spec, "sha256:" + "c" * 64)
+    config = rootfs.image_config(spec, "sha256:" + "c" * 64)
     assert config["architecture"] == "arm64" and config["os"] == "linux"
     assert config["rootfs"] == {"type": "layers", "diff_ids": ["sha256:" + "c" * 64]}
-    assert bootstrap.spec_for("debian:bookworm-slim").image_name == "debian:bookworm-slim"
+    assert rootfs.spec_for("debian:bookworm-slim").image_name == "debian:bookworm-slim"
     with pytest.raises(Exception, match="unknown architecture 's390x'"):
-        bootstrap.spec_for("debian:bookworm-slim", arch="s390x")
+        rootfs.spec_for("debian:bookworm-slim", arch="s390x")
 
 
 def test_emulation_problem_reads_binfmt_misc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bootstrap, "BINFMT_DIR", tmp_path)
-    monkeypatch.setattr(bootstrap, "host_arch", lambda: "amd64")
-    assert bootstrap.emulation_problem("amd64") is None
-    assert "binfmt_misc is not mounted" in (bootstrap.emulation_problem("arm64") or "")
+    monkeypatch.setattr(rootfs, "BINFMT_DIR", tmp_path)
+    monkeypatch.setattr(rootfs, "host_arch", lambda: "amd64")
+    assert rootfs.emulation_problem("amd64") is None
+    assert "binfmt_misc is not mounted" in (rootfs.emulation_problem("arm64") or "")
     (tmp_path / "status").write_text("enabled\n")
-    assert "qemu-aarch64 does not exist" in (bootstrap.emulation_problem("arm64") or "")
+    assert "qemu-aarch64 does not exist" in (rootfs.emulation_problem("arm64") or "")
     entry_file = tmp_path / "qemu-aarch64"
     entry_file.write_text("disabled\ninterpreter /usr/libexec/qemu-binfmt/aarch64-binfmt-P\nflags: PF\n")
-    assert "is disabled" in (bootstrap.emulation_problem("arm64") or "")
+    assert "is disabled" in (rootfs.emulation_problem("arm64") or "")
     entry_file.write_text("enabled\ninterpreter /usr/bin/qemu-aarch64\nflags: P\n")
-    assert "lacks the F flag" in (bootstrap.emulation_problem("arm64") or "")
+    assert "lacks the F flag" in (rootfs.emulation_problem("arm64") or "")
     entry_file.write_text("enabled\ninterpreter /usr/libexec/qemu-binfmt/aarch64-binfmt-P\nflags: PF\n")
-    assert bootstrap.emulation_problem("arm64") is None
-    assert "update-binfmts --enable qemu-aarch64" in bootstrap.emulation_hint("arm64")
+    assert rootfs.emulation_problem("arm64") is None
+    assert "update-binfmts --enable qemu-aarch64" in rootfs.emulation_hint("arm64")
 
 
 class Uname:
@@ -357,9 +357,9 @@ def arm64_image(docker_client):
     layer cache makes a second run quick). Fails, never skips, without QEMU or the arm64 base."""
     from imgbuild import build
 
-    problem = bootstrap.emulation_problem("arm64")
+    problem = rootfs.emulation_problem("arm64")
     if problem:
-        pytest.fail(f"{problem}: {bootstrap.emulation_hint('arm64')}")
+        pytest.fail(f"{problem}: {rootfs.emulation_hint('arm64')}")
     record = docker_client.api.inspect_image("debian:bookworm-slim-arm64") if _has(docker_client) else None
     if record is None or record.get("Architecture") != "arm64":
         pytest.fail("the engine has no arm64 debian:bookworm-slim-arm64: run scripts/setup.sh (or imgbuild base "
@@ -545,13 +545,13 @@ def test_build_checks_emulation_and_the_arm64_base_before_building(monkeypatch: 
     assert build.engine_bases(resolved, render.plan(resolved)) == ["debian:bookworm-slim"]
     client = type("Client", (), {"api": BaseAPI({"debian:bookworm-slim": "amd64"})})()
 
-    monkeypatch.setattr(bootstrap, "emulation_problem", lambda arch: "binfmt_misc is not mounted")
+    monkeypatch.setattr(rootfs, "emulation_problem", lambda arch: "binfmt_misc is not mounted")
     with pytest.raises(BuildError, match="cannot build cpu for linux/arm64: binfmt_misc") as info:
         build.check_platform(client, resolved, plan)
     assert "update-binfmts --enable qemu-aarch64" in (info.value.hint or "")
     build.check_platform(client, resolved, plan, engine_store=False)  # a builder of its own: its machines' affair
 
-    monkeypatch.setattr(bootstrap, "emulation_problem", lambda arch: None)
+    monkeypatch.setattr(rootfs, "emulation_problem", lambda arch: None)
     with pytest.raises(BaseImageMissing) as missing:
         build.check_platform(client, resolved, plan)
     assert missing.value.hint and "imgbuild base bootstrap debian:bookworm-slim --platform linux/arm64" in (
@@ -566,7 +566,7 @@ def test_build_checks_emulation_and_the_arm64_base_before_building(monkeypatch: 
 
 @pytest.mark.docker
 def test_arm64_base_loads_recording_its_architecture_and_runs(docker_client, tmp_path: Path) -> None:
-    """bootstrap's load step for another architecture, on a real arm64 tree (the base setup made, exported): the
+    """rootfs's load step for another architecture, on a real arm64 tree (the base setup made, exported): the
     engine records arm64 (`docker import` would record amd64) and a container of it runs under QEMU."""
     import uuid
 
@@ -580,14 +580,14 @@ def test_arm64_base_loads_recording_its_architecture_and_runs(docker_client, tmp
                 f.write(chunk)
     finally:
         tree.remove()
-    spec = bootstrap.BaseSpec(f"imgbuild-test/base-{uuid.uuid4().hex[:8]}:bookworm-slim", "debian", "bookworm",
-                              bootstrap.DEBIAN_MIRROR, slim=True, arch="arm64")  # fmt: skip
+    spec = rootfs.BaseSpec(f"imgbuild-test/base-{uuid.uuid4().hex[:8]}:bookworm-slim", "debian", "bookworm",
+                              rootfs.DEBIAN_MIRROR, slim=True, arch="arm64")  # fmt: skip
     assert spec.image_name.endswith(":bookworm-slim-arm64")
-    image_id = bootstrap._import(docker_client, spec, tar)
+    image_id = rootfs._import(docker_client, spec, tar)
     try:
         record = docker_client.api.inspect_image(spec.image_name)
         assert (record["Id"], record["Architecture"], record["Os"]) == (image_id, "arm64", "linux")
-        assert record["Config"]["Cmd"] == ["bash"] and f"PATH={bootstrap.IMAGE_PATH}" in record["Config"]["Env"]
+        assert record["Config"]["Cmd"] == ["bash"] and f"PATH={rootfs.IMAGE_PATH}" in record["Config"]["Env"]
         out = docker_client.containers.run(spec.image_name, ["uname", "-m"], remove=True)
         assert out.decode().strip() == "aarch64"
     finally:
@@ -598,12 +598,12 @@ def test_arm64_base_loads_recording_its_architecture_and_runs(docker_client, tmp
 def test_doctor_reports_emulation_as_a_warning_naming_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
     from imgbuild.build import doctor
 
-    monkeypatch.setattr(bootstrap, "host_arch", lambda: "amd64")
-    monkeypatch.setattr(bootstrap, "emulation_problem", lambda arch: "linux/arm64 binaries cannot run here: x")
+    monkeypatch.setattr(rootfs, "host_arch", lambda: "amd64")
+    monkeypatch.setattr(rootfs, "emulation_problem", lambda arch: "linux/arm64 binaries cannot run here: x")
     rows = doctor._platform_checks({"amd64": ["cpu"], "arm64": ["cpu", "gb200"]})
     assert [(c.name, c.status, c.needed_by) for c in rows] == [("emulation linux/arm64", "warn", ("cpu", "gb200"))]
     assert "update-binfmts --enable qemu-aarch64" in rows[0].detail
     assert doctor.failed(rows, {"cpu"}) == []  # amd64 still builds: a warning, never exit 13
-    monkeypatch.setattr(bootstrap, "emulation_problem", lambda arch: None)
+    monkeypatch.setattr(rootfs, "emulation_problem", lambda arch: None)
     (ok,) = doctor._platform_checks({"arm64": ["cpu"]})
     assert ok.status == "ok" and "qemu-aarch64" in ok.detail

@@ -105,13 +105,13 @@ def check_platform(client: Any, resolved: Resolved, plan: render.BuildPlan, *, e
     and each local base must be in the engine recorded as that architecture (an image recorded as another makes
     BuildKit look the name up on Docker Hub). BuildError / BaseImageMissing saying what to run."""
     from imgbuild.core.errors import BaseImageMissing
-    from imgbuild.engine import bootstrap
+    from imgbuild.engine import rootfs
 
     if not engine_store:  # a buildx builder of its own (remote, Kubernetes...) runs the steps on its own machines
         return
     platform = compat.docker_platform(plan.arch)
-    if problem := bootstrap.emulation_problem(plan.arch):
-        hint = bootstrap.emulation_hint(plan.arch)
+    if problem := rootfs.emulation_problem(plan.arch):
+        hint = rootfs.emulation_hint(plan.arch)
         raise BuildError(f"cannot build {plan.recipe} for {platform}: {problem}", hint=hint)
     for ref, name in zip(plan.base_images, engine_bases(resolved, plan), strict=True):
         if name == ref:

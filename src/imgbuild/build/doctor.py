@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from imgbuild.engine.bootstrap import can_bootstrap
+from imgbuild.engine.rootfs import can_bootstrap
 
 Status = Literal["ok", "missing", "warn", "info"]
 
@@ -236,20 +236,20 @@ def _platform_checks(platforms_needed: Mapping[str, Iterable[str]]) -> list[Chec
     """One row per architecture of another machine than this one that recipes list (platform.arch): whether QEMU
     runs its binaries here (binfmt_misc). A warning, not a failure, when it does not: the recipe's first architecture
     still builds; `imgbuild build --platform` for that one stops with the same hint."""
-    from imgbuild.engine import bootstrap
+    from imgbuild.engine import rootfs
     from imgbuild.spec import compat
 
     checks = []
     for arch, recipes in sorted(platforms_needed.items()):
-        if arch == bootstrap.host_arch():
+        if arch == rootfs.host_arch():
             continue
         label, needers = f"emulation linux/{arch}", tuple(sorted(set(recipes)))
-        problem = bootstrap.emulation_problem(arch)
+        problem = rootfs.emulation_problem(arch)
         if problem is None:
-            entry = bootstrap.BINFMT_DIR / f"qemu-{compat.MACHINE[arch]}"
+            entry = rootfs.BINFMT_DIR / f"qemu-{compat.MACHINE[arch]}"
             checks.append(Check(label, "ok", f"QEMU through {entry} (build and run --platform linux/{arch})", needers))
         else:
-            checks.append(Check(label, "warn", f"{problem}: {bootstrap.emulation_hint(arch)}", needers))
+            checks.append(Check(label, "warn", f"{problem}: {rootfs.emulation_hint(arch)}", needers))
     return checks
 
 

@@ -206,13 +206,13 @@ def base_bootstrap(
 ) -> None:
     """Build a base image with debootstrap and import it into the engine under NAME (air-gapped sites)."""
     from imgbuild import engine
-    from imgbuild.engine import bootstrap
+    from imgbuild.engine import rootfs
     from imgbuild.spec import compat
 
-    spec = bootstrap.spec_for(name, suite=suite, mirror=mirror, variant=variant, arch=platform or compat.DEFAULT_ARCH)
+    spec = rootfs.spec_for(name, suite=suite, mirror=mirror, variant=variant, arch=platform or compat.DEFAULT_ARCH)
     client = engine.connect()
     try:
-        image_id = bootstrap.bootstrap_base(client, spec, progress_print=lambda s: err().print(s, markup=False))
+        image_id = rootfs.bootstrap_base(client, spec, progress_print=lambda s: err().print(s, markup=False))
     finally:
         client.close()
     out().print(f"{spec.image_name} {image_id}", markup=False)

@@ -36,7 +36,7 @@ from imgbuild.checks.results import CheckResult, failures
 from imgbuild.core import validate
 from imgbuild.core.errors import ImgbuildError, Interrupted, LockError, RecipeError, VerifyError
 from imgbuild.core.interrupts import sigint_deferred
-from imgbuild.engine import bootstrap
+from imgbuild.engine import rootfs
 from imgbuild.engine.containers import LABEL as LABEL_VERIFY
 from imgbuild.engine.containers import Containers
 from imgbuild.engine.runprofile import EFA_DEVICE_GLOB, RunSpec, for_engine, host_efa_devices, host_has_gpu, run_spec
@@ -469,8 +469,8 @@ def _verify_container(
         profile = manifest or target.expected_manifest
         if profile is None:
             raise VerifyError(f"{target.image} has no {MANIFEST_PATH} and no lock to compare with ({target.note})")
-        if problem := bootstrap.emulation_problem(profile.arch):
-            raise VerifyError(f"cannot run {target.image}: {problem}", hint=bootstrap.emulation_hint(profile.arch))
+        if problem := rootfs.emulation_problem(profile.arch):
+            raise VerifyError(f"cannot run {target.image}: {problem}", hint=rootfs.emulation_hint(profile.arch))
         runtimes = list((client.info().get("Runtimes") or {}).keys())
         opts = run_options(profile, devices, runtimes)
 
@@ -482,7 +482,7 @@ def _verify_container(
             container, spec, memlock_note = containers.start(target.image, ["sleep", "infinity"], "main", opts.spec)
         except docker.errors.APIError as exc:
             raise VerifyError(f"cannot start a container of {target.image}: {engine.reason(exc)}") from exc
-        slowdown = 1.0 if profile.arch == bootstrap.host_arch() else EMULATION_SLOWDOWN
+        slowdown = 1.0 if profile.arch == rootfs.host_arch() else EMULATION_SLOWDOWN
         not_ready = _wait_ready(client, container.id, READY_TIMEOUT_S * slowdown)
         timings["container_start_s"] = round(time.monotonic() - t, 3)
 

@@ -1,4 +1,4 @@
-"""Offline base images: build `debian:*` / `ubuntu:*` with debootstrap and import them into the engine.
+"""Offline base images: a root filesystem for `debian:*` / `ubuntu:*` made with debootstrap, imported to the engine.
 
 Used where no container registry can be reached (CI machines behind a proxy that only lets Debian's
 archive through). `bootstrap_base()` runs debootstrap into a temporary directory, trims the tree like the

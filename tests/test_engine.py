@@ -34,8 +34,8 @@ from imgbuild import engine
 from imgbuild.build import builders
 from imgbuild.build.builders import Builder, BuildOutcome
 from imgbuild.core.errors import BaseImageMissing, BuildError, EngineError, UsageError
-from imgbuild.core.progress import BuildProgress
 from imgbuild.engine import connect, ensure_base_images
+from imgbuild.ui.progress import BuildProgress
 
 TEST_REPO = "imgbuild-test/engine"
 MISSING_IMAGE = "imgbuild-test.invalid/definitely-missing:nope"  # .invalid never resolves: fails fast
@@ -439,7 +439,7 @@ INTERRUPT_SCRIPT = textwrap.dedent(
     from imgbuild.build import builders
     from imgbuild.engine import connect
     from imgbuild.core.interrupts import terminable
-    from imgbuild.core.progress import BuildProgress
+    from imgbuild.ui.progress import BuildProgress
     from imgbuild.core.errors import ImgbuildError
     ctx, log, tag = sys.argv[1:4]
 
@@ -834,6 +834,27 @@ def test_progress_auto_chooses(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not BuildProgress.auto(Console(file=io.StringIO())).live
     monkeypatch.setenv("CI", "true")
     assert not BuildProgress.auto(Console(file=io.StringIO(), force_terminal=True)).live
+
+
+def test_a_builds_own_lines_and_its_cache_push_show_on_its_console(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The build floor reports through `builders.BuildObserver`: its own lines (`say`) and the push of its inline
+    cache (`push_observer`) go where the build's progress goes, rendered the same way (plain in CI, bars on a
+    terminal)."""
+    from imgbuild.ui.progress import LivePushProgress, PlainPushProgress
+
+    monkeypatch.delenv("CI", raising=False)
+    buf = io.StringIO()
+    plain = BuildProgress.auto(Console(file=buf, width=200))
+    plain.say("local file torch-2.9.0.whl: sha256 matches the lock")
+    pushing = plain.push_observer()
+    assert isinstance(pushing, PlainPushProgress)
+    pushing.start("registry.example:5000/team/cache:h100", 1)
+    assert buf.getvalue().splitlines() == [
+        "local file torch-2.9.0.whl: sha256 matches the lock",
+        "pushing registry.example:5000/team/cache:h100",
+    ]
+    live = BuildProgress.auto(Console(file=io.StringIO(), force_terminal=True))
+    assert isinstance(live.push_observer(), LivePushProgress)
 
 
 # ------------------------------------------------------------------------------------------------------------

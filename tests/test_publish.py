@@ -33,9 +33,9 @@ from typer.testing import CliRunner
 from imgbuild import publish
 from imgbuild.cli.publish import register
 from imgbuild.core.errors import PushError
-from imgbuild.core.progress import LivePushProgress, PlainPushProgress, push_progress_for
 from imgbuild.publish import matrix
 from imgbuild.publish.registry import MANIFEST_TYPES, RegistryAPI, RemoteManifest, parse_registry
+from imgbuild.ui.progress import LivePushProgress, PlainPushProgress, push_progress_for
 
 CPU_REF = "imgbuild/cpu:lock-0123456789ab"
 CPU_READABLE = "imgbuild/cpu:nccl2.27.5-ompi4.1.4"

@@ -20,7 +20,6 @@ from imgbuild import __version__, engine
 from imgbuild.build import builders, dockercontext
 from imgbuild.core import paths
 from imgbuild.core.errors import BuildError, PushError, UsageError
-from imgbuild.core.progress import BuildProgress
 from imgbuild.image import provenance, render
 from imgbuild.pin import lock
 from imgbuild.pin.resolver import Resolved
@@ -161,7 +160,7 @@ def build(
     pull: bool = False,
     build_args: dict[str, str] | None = None,
     ca_bundle: Path | None = None,
-    progress: BuildProgress | None = None,
+    progress: builders.BuildObserver | None = None,
     log_dir: Path | None = None,
     builder_name: str | None = None,
     cache_from: list[str] | None = None,
@@ -175,7 +174,7 @@ def build(
     names. `builder_name` (--builder / IMGBUILD_BUILDER) picks a buildx builder; `cache_from` / `cache_to` are
     registry refs of the cache between machines (`builders.cache_plan`). `sources`: a folder `imgbuild sources fetch`
     wrote: checked, then built from alone with the build's network off (imgbuild.build.sources). `arch`: which of the
-    recipe's platform.arch to build (default its first; `--platform linux/arm64`), tagged `render.tags` gives
+    recipe's platform.arch to build (default its first; `--platform linux/arm64`), tagged as `identity.Identity.tags`
     (`lock-<12 hex>-arm64` for an architecture other than the first); another architecture than this machine's runs
     under QEMU (`arch_problems`). `files` (--files / IMGBUILD_FILES): a folder consulted before the network for every
     download, each file it holds checked against the lock's sha256 before anything else (not with `sources`, which
@@ -190,7 +189,7 @@ def build(
     if files is not None and sources is None:
         from imgbuild.build.sources import local_downloads
 
-        say = progress.console.print if progress is not None else print
+        say = progress.say if progress is not None else print
         found = local_downloads(files, resolved.content, say=say)  # before any engine work: nothing tagged
     plan = render.plan(resolved, provenance.of(loaded), offline=sources is not None, arch=arch, local_files=found)
     if sources is not None:
@@ -200,7 +199,7 @@ def build(
     client = engine.connect()
     try:
         if sources is not None:
-            fetched.load_bases(client, sources, index, say=progress.console.print if progress is not None else print)
+            fetched.load_bases(client, sources, index, say=progress.say if progress is not None else print)
             fetched.check_debs(client, sources, index.files, plan.apt_packages)  # in the bases just checked
         chosen = builder or builders.select(builder_name)
         cache = builders.cache_plan(chosen, cache_from or [], cache_to)
@@ -245,9 +244,7 @@ def build(
             shutil.rmtree(folder, ignore_errors=True)
         pushed = None
         if cache.push_ref:
-            from imgbuild.core.progress import push_progress_for
-
-            observer = push_progress_for(progress.console) if progress is not None else None
+            observer = progress.push_observer() if progress is not None else None
             pushed = _push_cache(client, outcome.image_id, cache.push_ref, observer)
     finally:
         client.close()

@@ -15,7 +15,7 @@ Nothing usable is an `EngineError` (exit 8) naming what was tried and what to in
 
 `build` runs the CLI in a session of its own with `--progress=plain`, reads BuildKit's plain stream into vertex
 events (`#7 [runtime 2/5] RUN ...`, `#7 0.235 <output>`, `#7 CACHED`, `#7 DONE 11.1s`, `#7 ERROR: ...`; vertices of
-parallel stages interleave), writes every line to the build log, feeds `progress.BuildProgress`, and returns a
+parallel stages interleave), writes every line to the build log, feeds a `BuildObserver`, and returns a
 `BuildOutcome` with per-step records. The image id comes from `--iidfile`, the digest from buildx's
 `--metadata-file`. Ctrl-C and SIGTERM (`interrupts.terminable`) are forwarded to the CLI as SIGINT (BuildKit cancels
 the solve and stops the running step), waited for, then killed; any tag the build moved is put back. BuildKit runs
@@ -44,21 +44,22 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Literal, TextIO
+from typing import IO, TYPE_CHECKING, Any, Literal, Protocol, TextIO
 
 from imgbuild.core.errors import BaseImageMissing, BuildError, EngineError, Interrupted, UsageError
 from imgbuild.core.interrupts import sigint_deferred
-from imgbuild.core.progress import clean, truncate
+from imgbuild.core.text import clean, truncate
 from imgbuild.engine import BOOTSTRAP_HINT, ENGINE_ERRORS, create_log, inspect_image
 
 if TYPE_CHECKING:
     import docker
 
-    from imgbuild.core.progress import BuildProgress
+    from imgbuild.publish import PushObserver
 
 __all__ = [
     "BUILDER_ENV",
     "CLI_ENV",
+    "BuildObserver",
     "BuildOutcome",
     "Builder",
     "Cache",
@@ -439,6 +440,23 @@ def cli_env(builder: Builder, env: Mapping[str, str] | None = None) -> dict[str,
 # the plain progress stream
 
 
+class BuildObserver(Protocol):
+    """What a build reports as it runs (`ui.progress.BuildProgress`, or a test's own): the vertices of BuildKit's
+    graph as they start, print, change status and end, the build's start and its end, and lines of its own. A
+    context manager: leaving it stops any live display, whatever happened."""
+
+    def start(self, title: str) -> None: ...
+    def vertex_started(self, vid: str, name: str) -> None: ...
+    def vertex_output(self, vid: str, line: str) -> None: ...
+    def vertex_status(self, vid: str, text: str) -> None: ...
+    def vertex_done(self, vid: str, name: str, state: str, seconds: float) -> None: ...
+    def finish(self, ok: bool, summary: str) -> None: ...
+    def say(self, text: str) -> None: ...
+    def push_observer(self) -> PushObserver: ...
+    def __enter__(self) -> Any: ...
+    def __exit__(self, *exc: object) -> None: ...
+
+
 _VERTEX_RE = re.compile(r"^#(\d+) (.*)$")
 _OUTPUT_RE = re.compile(r"^(\d+\.\d+)(?: (.*))?$")
 _DONE_RE = re.compile(r"^DONE (\d+(?:\.\d+)?)s$")
@@ -506,7 +524,7 @@ class BuildOutcome:
 class _Stream:
     """What BuildKit's plain output has told so far; feeds the log and the progress display."""
 
-    def __init__(self, log: TextIO, progress: BuildProgress | None) -> None:
+    def __init__(self, log: TextIO, progress: BuildObserver | None) -> None:
         self.log = log
         self.progress = progress
         self.vertices: dict[str, Vertex] = {}
@@ -582,7 +600,7 @@ def build(
     secrets: Mapping[str, Path] | None = None,
     cache: Cache | None = None,
     log_path: Path,
-    progress: BuildProgress | None = None,
+    progress: BuildObserver | None = None,
     network: str | None = None,
     platform: str | None = None,
 ) -> BuildOutcome:
@@ -624,7 +642,7 @@ class _Run:
         client: docker.DockerClient,
         log: TextIO,
         log_path: Path,
-        progress: BuildProgress | None,
+        progress: BuildObserver | None,
         tags: list[str],
         platform: str | None = None,
     ) -> None:

@@ -152,7 +152,7 @@ def build_(
     """Build a recipe's image with BuildKit on the Docker engine (DOCKER_HOST, a docker context, or the local
     socket); `imgbuild doctor` says which builder is used and why."""
     from imgbuild import build
-    from imgbuild.core.progress import BuildProgress
+    from imgbuild.ui.progress import BuildProgress
 
     progress = BuildProgress.auto(err())
     result = build.build(

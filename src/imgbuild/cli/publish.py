@@ -143,8 +143,8 @@ def push(
     package, version, uri) and the allowed ones.
     """
     from imgbuild import publish
-    from imgbuild.core.progress import push_progress_for
     from imgbuild.publish import sbom
+    from imgbuild.ui.progress import push_progress_for
 
     if sbom_path is not None and not sbom.pushable(what):
         raise typer.BadParameter(f"{what!r} is not a recipe: the SBOM needs its lock", param_hint="--sbom")

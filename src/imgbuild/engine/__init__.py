@@ -24,7 +24,7 @@ import requests.exceptions
 
 from imgbuild.core import validate
 from imgbuild.core.errors import BaseImageMissing, BuildError, EngineError
-from imgbuild.core.progress import truncate
+from imgbuild.core.text import truncate
 
 __all__ = [
     "ENGINE_ERRORS",

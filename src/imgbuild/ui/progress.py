@@ -1,15 +1,15 @@
 """What a build or a push shows while it runs: one line per event in a CI log, live lines on a terminal.
 
-`BuildProgress` renders a BuildKit build (`builders.build` feeds it the vertices of BuildKit's plain stream);
-`PlainPushProgress` and `LivePushProgress` render a push (`publish.Publisher` feeds them the engine's push
-records). `live_wanted` makes the one choice between the two renderings for both. Rendering only: nothing here
-talks to the engine or decides what a record means.
+`BuildProgress` renders a BuildKit build (`builders.build` feeds it the vertices of BuildKit's plain stream: it is
+a `builders.BuildObserver`); `PlainPushProgress` and `LivePushProgress` render a push (`publish.Publisher` feeds
+them the engine's push records: each is a `publish.PushObserver`). `live_wanted` makes the one choice between the
+two renderings for both. Rendering only: nothing here talks to the engine or decides what a record means, and no
+floor of the pipeline imports it (the command line hands it down).
 """
 
 from __future__ import annotations
 
 import os
-import re
 import sys
 import threading
 import time
@@ -22,18 +22,15 @@ from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, Ta
 from rich.spinner import Spinner
 from rich.text import Text
 
+from imgbuild.core.text import clean, truncate
+
 __all__ = [
     "BuildProgress",
     "LivePushProgress",
     "PlainPushProgress",
-    "clean",
     "live_wanted",
     "push_progress_for",
-    "truncate",
 ]
-
-_ANSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-_]")
-_CTRL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 
 def live_wanted(console: Console) -> bool:
@@ -44,20 +41,6 @@ def live_wanted(console: Console) -> bool:
 
 # --------------------------------------------------------------------------------------------------------
 # a build
-
-
-def clean(line: str) -> str:
-    """A log line fit for a plain CI log: no escape sequences, no carriage returns, no control bytes."""
-    line = _ANSI_RE.sub("", line)
-    if "\r" in line:
-        parts = [p for p in line.split("\r") if p.strip()]
-        line = parts[-1] if parts else ""
-    return _CTRL_RE.sub("", line).rstrip()
-
-
-def truncate(text: str, width: int) -> str:
-    """`text` cut to `width` characters, an ellipsis marking the cut."""
-    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
 
 
 @dataclass
@@ -110,6 +93,15 @@ class BuildProgress:
         out = self._stream if self._stream is not None else self.console.file
         out.write(text + "\n")
         out.flush()
+
+    # -- what the build says besides its vertices ------------------------------------------------------
+    def say(self, text: str) -> None:
+        """A line of the build's own (the downloads a --files folder gave, the bases a sources folder loaded)."""
+        self.console.print(text)
+
+    def push_observer(self) -> PlainPushProgress | LivePushProgress:
+        """How the push of the build's inline cache (--cache-to) is shown: on this console, the same choice."""
+        return push_progress_for(self.console)
 
     # -- events ----------------------------------------------------------------------------------------
     def start(self, title: str) -> None:

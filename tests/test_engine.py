@@ -33,6 +33,7 @@ import imgbuild
 from imgbuild import engine
 from imgbuild.build import builders
 from imgbuild.build.builders import Builder, BuildOutcome
+from imgbuild.build.builders.tags import TagSnapshot
 from imgbuild.core.errors import BaseImageMissing, BuildError, EngineError, UsageError
 from imgbuild.engine import connect, ensure_base_images
 from imgbuild.ui.progress import BuildProgress
@@ -419,13 +420,15 @@ def test_tags_a_build_moved_are_put_back(
     base_id = docker_client.images.get(base_image).id
     made, moved, other = make_tag(), make_tag(), make_tag()
     docker_client.api.tag(base_id, *moved.rsplit(":", 1))
-    run = builders._Run(builder, docker_client, io.StringIO(), tmp_path / "x.log", None, [made, moved])
-    assert run.before == {made: None, moved: base_id}
+    held = TagSnapshot(docker_client, [made, moved])
+    assert held.before == {made: None, moved: base_id}
     new_id = _build(builder, docker_client, _context(tmp_path, f"FROM {base_image}\nRUN echo {marker} > /x\n"),
                     [other], tmp_path / "b.log").image_id  # fmt: skip
     for tag in (made, moved):  # as BuildKit's exporter names the new image
         docker_client.api.tag(new_id, *tag.rsplit(":", 1))
-    assert run._restore_tags() == [made, moved]
+    assert held.not_restored() == [made, moved]
+    assert held.restore() == [made, moved]
+    assert held.not_restored() == []
     assert engine.inspect_image(docker_client, made) is None
     assert docker_client.images.get(moved).id == base_id
     assert docker_client.images.get(other).id == new_id  # what the build did not tag stays
@@ -777,6 +780,122 @@ def test_cache_refs_and_the_command_line() -> None:
 
 # --------------------------------------------------------------------------------------------------------
 # no engine needed
+
+
+STAND_IN_CLI = textwrap.dedent(
+    """
+    import signal, sys, time
+    def stop(signum, frame):
+        print("#2 CANCELED", flush=True)
+        sys.exit(1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN if sys.argv[1] == "deaf" else stop)
+    print("#1 [1/2] RUN true", flush=True)
+    print("#1 DONE 0.1s", flush=True)
+    if sys.argv[1] == "ends":
+        sys.exit(3)
+    print("#2 [2/2] RUN sleep 60", flush=True)
+    time.sleep(60)
+    """
+)
+
+
+def test_the_cli_process_hands_on_its_lines_and_is_cancelled_or_killed() -> None:
+    """`process.CliProcess` with a real process standing in for the docker CLI: every line reaches the caller in
+    order and the exit code comes back; a CLI that heeds SIGINT stops by itself (its last lines still read), one
+    that ignores it is killed once the wait is over."""
+    from imgbuild.build.builders.process import CliProcess
+
+    seen: list[str] = []
+    ends = CliProcess([sys.executable, "-c", STAND_IN_CLI, "ends"], os.environ, seen.append)
+    ends.start()
+    assert ends.follow() == 3
+    assert seen == ["#1 [1/2] RUN true", "#1 DONE 0.1s"]
+
+    def interrupt_at_the_second_step(line: str) -> None:
+        seen.append(line)
+        if line.startswith("#2 [2/2]"):
+            raise KeyboardInterrupt  # as Ctrl-C arrives while the CLI builds
+
+    for how, killed in (("heeds", False), ("deaf", True)):
+        seen.clear()
+        cli = CliProcess([sys.executable, "-c", STAND_IN_CLI, how], os.environ, interrupt_at_the_second_step)
+        cli.start()
+        with pytest.raises(KeyboardInterrupt):
+            cli.follow()
+        t0 = time.monotonic()
+        assert cli.cancel(1.0) is killed, how
+        assert time.monotonic() - t0 < 15, how
+        assert seen[-1] == ("#2 [2/2] RUN sleep 60" if killed else "#2 CANCELED"), seen
+        assert cli._started().poll() is not None, f"the stand-in that {how} still runs"
+    with pytest.raises(OSError):
+        CliProcess(["/nonexistent/docker"], os.environ, seen.append).start()
+
+
+class _Told:
+    """A `BuildObserver` that notes what it is told."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[object, ...]] = []
+
+    def vertex_started(self, vid: str, name: str) -> None:
+        self.events.append(("started", vid, name))
+
+    def vertex_output(self, vid: str, line: str) -> None:
+        self.events.append(("output", vid, line))
+
+    def vertex_status(self, vid: str, text: str) -> None:
+        self.events.append(("status", vid, text))
+
+    def vertex_done(self, vid: str, name: str, state: str, seconds: float) -> None:
+        self.events.append(("done", vid, state))
+
+
+def test_buildkits_plain_stream_is_read_into_vertices() -> None:
+    """`stream.Stream` on lines as BuildKit's plain stream interleaves them: each line goes to the log, each vertex
+    is told to the observer once started and once ended, the finished steps and the failed one are known, with the
+    failed step's last lines."""
+    from imgbuild.build.builders.stream import Stream
+
+    log, told = io.StringIO(), _Told()
+    stream = Stream(log, told)  # type: ignore[arg-type]
+    lines = [
+        "#1 [internal] load build definition from Dockerfile",
+        "#1 DONE 0.0s",
+        "#2 [base 1/3] FROM docker.io/library/debian:bookworm-slim",
+        "#2 CACHED",
+        "#3 [base 2/3] RUN echo one",
+        "#4 [other 2/2] RUN false",
+        "#3 0.101 \x1b[1mone\x1b[0m",
+        "#4 0.200 no luck",
+        "#3 DONE 1.5s",
+        '#4 ERROR: process "/bin/sh -c false" did not complete successfully: exit code: 1',
+        "#5 exporting to image",
+        "#5 exporting layers 0.3s done",
+        "------",
+        "ERROR: failed to solve: exit code: 1",
+    ]
+    for line in lines:
+        stream.line(line)
+    assert log.getvalue() == "".join(line + "\n" for line in lines)
+    assert [(v.name, v.state) for v in stream.steps()] == [
+        ("[base 1/3] FROM docker.io/library/debian:bookworm-slim", "cached"),
+        ("[base 2/3] RUN echo one", "done"),
+    ]
+    assert stream.steps()[1].seconds == 1.5 and stream.steps()[0].is_from
+    failed = stream.failed()
+    assert failed is not None and failed.name == "[other 2/2] RUN false"
+    assert failed.error.startswith('process "/bin/sh -c false" did not complete successfully')
+    assert list(failed.tail) == ["no luck"]
+    assert [v.name for v in stream.running()] == ["exporting to image"]
+    assert list(stream.trailer) == ["ERROR: failed to solve: exit code: 1"]
+    assert ("output", "3", "\x1b[1mone\x1b[0m") in told.events  # the observer cleans what it shows
+    assert ("status", "5", "exporting layers 0.3s done") in told.events
+    assert [e for e in told.events if e[0] == "done"] == [
+        ("done", "1", "done"),
+        ("done", "2", "cached"),
+        ("done", "3", "done"),
+        ("done", "4", "error"),
+    ]
 
 
 def test_connect_names_docker_host_when_unreachable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

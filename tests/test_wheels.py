@@ -266,7 +266,7 @@ def test_a_build_refuses_a_wheel_with_another_hash(docker_client: Any, tmp_path:
     tag = f"imgbuild-test/wheels:{uuid.uuid4().hex[:12]}"
     try:
         with (
-            builders.temp_secrets(
+            dockercontext.temp_secrets(
                 {render.CA_SECRET_ID: dockercontext.ca_secret(Path(bundle) if bundle else None)}
             ) as s,
             pytest.raises(BuildError) as err,

@@ -216,7 +216,7 @@ def build(
         secret = dockercontext.ca_secret(ca_bundle)
         folder = Path(tempfile.mkdtemp(prefix=f"imgbuild-context-{plan.recipe}-"))
         try:
-            with builders.temp_secrets({render.CA_SECRET_ID: secret}) as secrets:
+            with dockercontext.temp_secrets({render.CA_SECRET_ID: secret}) as secrets:
                 dockercontext.write(plan, folder)  # only what the Dockerfile copies; the CA bundle is the secret
                 if sources is not None:
                     fetched.stage(sources, index, folder)

@@ -1,9 +1,14 @@
 """Build contexts: a folder holding the Dockerfile and only the files it copies. The CA bundle downloads trust is
-no file of the context: it is the build secret `render.CA_SECRET_ID` (`ca_secret`, written by `write_secret`)."""
+no file of the context: it is the build secret `render.CA_SECRET_ID` (`ca_secret`, written by `write_secret` into
+a folder `temp_secrets` removes)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from imgbuild.core import files
@@ -66,3 +71,14 @@ def write_secret(data: bytes, folder: Path, name: str) -> Path:
     with open(fd, "wb") as f:
         f.write(data)
     return path
+
+
+@contextlib.contextmanager
+def temp_secrets(secrets: Mapping[str, bytes]) -> Iterator[dict[str, Path]]:
+    """Each secret's bytes in a file only this user reads (`write_secret`), in a temporary folder outside any build
+    context, removed afterwards whatever happens: {id: path} for `builders.build(secrets=...)`."""
+    folder = Path(tempfile.mkdtemp(prefix="imgbuild-secrets-"))
+    try:
+        yield {ident: write_secret(data, folder, f"{ident}.pem") for ident, data in secrets.items()}
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from imgbuild import build, verify
 from imgbuild.engine import rootfs
+from imgbuild.pin import lock
 from imgbuild.spec import compat
 
 
@@ -43,7 +44,7 @@ class Row:
 def run(arch: str, *, nocache: bool, nodes: int) -> Row:
     """Build and verify the cpu image of `arch`; the figures."""
     t0 = time.monotonic()
-    built = build.build("cpu", arch=arch, nocache=nocache, ca_bundle=build.ca_bundle_from(None))
+    built = build.build(*lock.for_ref("cpu"), arch=arch, nocache=nocache, ca_bundle=build.ca_bundle_from(None))
     build_s = time.monotonic() - t0
     t0 = time.monotonic()
     report = verify.verify("cpu", arch=arch, nodes=nodes)

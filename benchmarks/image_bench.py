@@ -28,6 +28,7 @@ import docker
 from imgbuild import build, engine, verify
 from imgbuild.engine.containers import Containers
 from imgbuild.image.manifest import MANIFEST_PATH, Manifest
+from imgbuild.pin import lock
 from imgbuild.verify import multinode
 
 RECIPES = ("cpu", "pytorch")
@@ -37,7 +38,7 @@ HEAVY_STEP = {"cpu": re.compile(r"pip install .*nvidia-nccl"), "pytorch": re.com
 
 def timed_build(ref: str, *, nocache: bool = False) -> tuple[float, build.BuildResult]:
     t0 = time.monotonic()
-    result = build.build(ref, nocache=nocache, ca_bundle=build.ca_bundle_from(None))
+    result = build.build(*lock.for_ref(ref), nocache=nocache, ca_bundle=build.ca_bundle_from(None))
     return time.monotonic() - t0, result
 
 

@@ -110,8 +110,9 @@ def cpu_image(docker_client):
     intercepts TLS). Returns the BuildResult; the image is left in place for the other tests.
     """
     from imgbuild import build
+    from imgbuild.pin import lock
 
-    return build.build("cpu", ca_bundle=build.ca_bundle_from(None))
+    return build.build(*lock.for_ref("cpu"), ca_bundle=build.ca_bundle_from(None))
 
 
 def read_manifest(client, image: str):

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import REPO, hadolint
 from imgbuild.core.errors import RecipeError, RenderError, ResolveError
-from imgbuild.image import render
+from imgbuild.image import identity, render
 from imgbuild.pin import record, resolver, wheels
 from imgbuild.spec import recipe
 
@@ -187,13 +187,13 @@ def test_code_is_copied_after_its_ignore_rules_with_its_modes(recipe_dir: Path, 
 
 def test_an_edited_program_makes_new_tags_without_a_new_lock(recipe_dir: Path, code: Path) -> None:
     resolved = resolve(write(recipe_dir, "extends: pytorch\napp: {code: {dir: code}}\n"))
-    before = render.image_refs(resolved)
+    before = identity.of(resolved).refs()
     (code / "train.py").write_text("print('training harder')\n")
-    after = render.image_refs(resolved)
+    after = identity.of(resolved).refs()
     assert before[0] != after[0] and before[1] != after[1]
     assert re.fullmatch(r"imgbuild/app:pt2\.9\.1-nccl2\.27\.5-ompi4\.1\.4-code[0-9a-f]{8}", after[1])
     (code / "data" / "big.bin").write_bytes(b"\2")  # ignored? not here: only the defaults are
-    assert render.image_refs(resolved)[0] != after[0]
+    assert identity.of(resolved).refs()[0] != after[0]
 
 
 def test_a_link_out_of_the_code_folder_is_a_render_error(recipe_dir: Path, code: Path, tmp_path: Path) -> None:

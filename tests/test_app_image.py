@@ -28,8 +28,9 @@ APP_CHECKS = ("app-distributions", "app-imports", "app-built-links", "app-code")
 def app_image(docker_client: Any) -> Any:
     """The example built by `imgbuild build` on the pytorch stack (its layers come from the engine's cache)."""
     from imgbuild import build
+    from imgbuild.pin import lock
 
-    return build.build(str(EXAMPLE), ca_bundle=build.ca_bundle_from(None))
+    return build.build(*lock.for_ref(str(EXAMPLE)), ca_bundle=build.ca_bundle_from(None))
 
 
 def test_verify_checks_the_users_layer_and_the_stack(app_image: Any, tmp_path: Path) -> None:

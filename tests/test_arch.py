@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from imgbuild.core.errors import RecipeError, RenderError, ResolveError
-from imgbuild.image import render
+from imgbuild.image import identity, render
 from imgbuild.pin import lock, pypi
 from imgbuild.pin.content import ImageDigest, local_ref
 from imgbuild.pin.resolver import resolve
@@ -57,7 +57,7 @@ def test_one_lock_pins_both_architectures_and_each_render_has_its_own_paths() ->
     amd, arm = render.plan(resolved), render.plan(resolved, arch="arm64")
     assert (amd.arch, arm.arch) == ("amd64", "arm64") and amd.lock_digest == arm.lock_digest
     assert arm.tags == tuple(f"{t}-arm64" for t in amd.tags)
-    assert render.image_ref(resolved, "arm64") == arm.image_refs[0]
+    assert identity.of(resolved).ref("arm64") == arm.image_refs[0]
     # the distro's Open MPI lives in the architecture's multiarch directory; the pin says so once for both
     assert resolved.pins["openmpi"].details.prefix == "/usr/lib/{multiarch}/openmpi"
     manifests = {

@@ -58,7 +58,7 @@ def test_cpu_builds_with_labels_and_manifest(cpu_image, docker_client) -> None:
 
 
 def test_second_build_runs_no_step(cpu_image) -> None:
-    again = build.build("cpu", ca_bundle=build.ca_bundle_from(None))
+    again = build.build(*lock.for_ref("cpu"), ca_bundle=build.ca_bundle_from(None))
     assert again.image_id == cpu_image.image_id
     assert again.steps_run == 0, again.log_path.read_text()[-3000:]
 
@@ -141,7 +141,7 @@ def test_failing_step_is_reported(tmp_path: Path, docker_client) -> None:
 def test_unknown_base_image(tmp_path: Path) -> None:
     p = user_recipe(tmp_path, "extends: cpu\nbase: {image: imgbuild-test.invalid/nothing, tag: '1'}\n")
     with pytest.raises(BaseImageMissing) as info:
-        build.build(str(p), pull=False)
+        build.build(*lock.for_ref(str(p)), pull=False)
     assert "imgbuild-test.invalid/nothing:1" in str(info.value)
     assert info.value.hint and "imgbuild base bootstrap" in info.value.hint
     result = runner.invoke(app, ["build", str(p), "--no-pull"])

@@ -15,7 +15,7 @@ from packaging.version import Version
 from conftest import REPO, SHIPPED
 from imgbuild.blocks import BY_NAME, REGISTRY, builder_order, resolve_order, runtime_order
 from imgbuild.core.errors import RenderError
-from imgbuild.image import render
+from imgbuild.image import identity, render
 from imgbuild.pin.lock import resolved_for
 from imgbuild.pin.resolver import resolve
 from imgbuild.spec import recipe
@@ -169,12 +169,13 @@ def test_mpi4py_pip_builds_and_verifies(docker_client, tmp_path: Path) -> None:
 
     from imgbuild import build
     from imgbuild.cli import app
+    from imgbuild.pin import lock
 
     path = tmp_path / "mpi4py-pip.yaml"  # a copy: its lock is written beside it, not into the tree
     shutil.copy(TEST_RECIPES / "mpi4py-pip.yaml", path)
     locked = CliRunner().invoke(app, ["lock", str(path)])
     assert locked.exit_code == 0, locked.output
-    result = build.build(str(path), ca_bundle=build.ca_bundle_from(None))
+    result = build.build(*lock.for_ref(str(path)), ca_bundle=build.ca_bundle_from(None))
     assert result.image_id
     out = tmp_path / "verify.json"
     run = CliRunner().invoke(app, ["verify", str(path), "--json", str(out)])
@@ -194,7 +195,7 @@ def _dockerfile(resolved) -> str:
         resolved,
         ctx,
         contribs,
-        render._labels(resolved, render.lock_digest(resolved), None, render.image_digests(resolved)),
+        render._labels(resolved, identity.lock_digest(resolved), None, identity.image_digests(resolved)),
         render.environment(),
     )
 

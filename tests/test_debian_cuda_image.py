@@ -52,8 +52,9 @@ def debian_cuda_image(docker_client: Any) -> Any:
     """`imgbuild build debian-cuda --files tests/data/upstream/sources`, the way CI and users without GitHub build it
     (the engine's cache makes a rebuild seconds)."""
     from imgbuild import build
+    from imgbuild.pin import lock
 
-    return build.build("debian-cuda", ca_bundle=build.ca_bundle_from(None), files=FILES)
+    return build.build(*lock.for_ref("debian-cuda"), ca_bundle=build.ca_bundle_from(None), files=FILES)
 
 
 def verify_json(args: list[str], tmp_path: Path) -> tuple[int, str, dict[str, Any]]:

@@ -919,10 +919,10 @@ def test_sigterm_while_the_index_is_awaited_leaves_the_recipe_and_lock_whole(
 
 
 def _cpu_lock_digest() -> str:
-    from imgbuild.image import render
+    from imgbuild.image import identity
     from imgbuild.pin import lock
 
-    return render.lock_digest(lock.for_ref("cpu")[1])
+    return identity.lock_digest(lock.for_ref("cpu")[1])
 
 
 def _index(d: Path, files: dict[str, str], bases: dict[str, Any] | None = None) -> None:

@@ -220,28 +220,29 @@ class ArchAPI(FakeAPI):
 
 def test_an_arch_not_built_names_the_build_to_run_before_anything_is_pushed() -> None:
     api = ArchAPI()
-    from imgbuild.image import render
+    from imgbuild.image import identity
     from imgbuild.pin import lock
 
-    _, resolved = lock.for_ref("cpu")
+    loaded, resolved = lock.for_ref("cpu")
+    cpu = publish.recipe(loaded, resolved)
     api.tags.clear()
-    for ref in render.image_refs(resolved, "amd64"):
+    for ref in identity.of(resolved).refs("amd64"):
         api.tags[ref] = AMD64_ID
     with pytest.raises(PushError) as info:
-        publish.resolve_arch_images(FakeClient(api), "cpu")  # type: ignore[arg-type]
+        publish.resolve_arch_images(FakeClient(api), cpu)  # type: ignore[arg-type]
     assert "-arm64 is not in the engine" in info.value.message and "linux/arm64" in info.value.message
     assert info.value.hint == "imgbuild build cpu --platform linux/arm64"
     assert api.pushes == []
     # an image recorded with another architecture under the arm64 tags is no arm64 image
-    for ref in render.image_refs(resolved, "arm64"):
+    for ref in identity.of(resolved).refs("arm64"):
         api.tags[ref] = AMD64_ID
     with pytest.raises(PushError, match="is a linux/amd64 image, not linux/arm64") as info:
-        publish.resolve_arch_images(FakeClient(api), "cpu")  # type: ignore[arg-type]
-    for ref in render.image_refs(resolved, "arm64"):
+        publish.resolve_arch_images(FakeClient(api), cpu)  # type: ignore[arg-type]
+    for ref in identity.of(resolved).refs("arm64"):
         api.tags[ref] = ARM64_ID
-    found = publish.resolve_arch_images(FakeClient(api), "cpu")  # type: ignore[arg-type]
+    found = publish.resolve_arch_images(FakeClient(api), cpu)  # type: ignore[arg-type]
     assert [(i.arch, i.image_id) for i in found] == [("amd64", AMD64_ID), ("arm64", ARM64_ID)]
-    lock_tag = render.lock_tag(render.lock_digest(resolved))
+    lock_tag = identity.lock_tag(identity.lock_digest(resolved))
     assert found[1].tags[0] == (f"imgbuild/cpu:{lock_tag}-arm64", lock_tag)
 
 
@@ -356,6 +357,7 @@ def arm64_image(docker_client):
     """The cpu recipe built for linux/arm64 by `imgbuild build cpu --platform linux/arm64` (under QEMU: slow; the
     layer cache makes a second run quick). Fails, never skips, without QEMU or the arm64 base."""
     from imgbuild import build
+    from imgbuild.pin import lock
 
     problem = rootfs.emulation_problem("arm64")
     if problem:
@@ -365,7 +367,7 @@ def arm64_image(docker_client):
         pytest.fail("the engine has no arm64 debian:bookworm-slim-arm64: run scripts/setup.sh (or imgbuild base "
                     "bootstrap debian:bookworm-slim --platform linux/arm64)")  # fmt: skip
     t0 = time.monotonic()
-    result = build.build("cpu", ca_bundle=build.ca_bundle_from(None), arch="arm64")
+    result = build.build(*lock.for_ref("cpu"), ca_bundle=build.ca_bundle_from(None), arch="arm64")
     print(f"arm64 cpu build under emulation: {time.monotonic() - t0:.1f}s ({result.steps_run} steps run, "
           f"{result.steps_cached} cached)")  # fmt: skip
     return result
@@ -382,11 +384,11 @@ def _has(client: Any) -> bool:
 @pytest.mark.docker
 @pytest.mark.slow
 def test_arm64_build_is_an_arm64_image_under_the_arch_tags(docker_client, arm64_image) -> None:
-    from imgbuild.image import render
+    from imgbuild.image import identity
     from imgbuild.pin import lock
 
     _, resolved = lock.for_ref("cpu")
-    assert list(arm64_image.refs) == render.image_refs(resolved, "arm64")
+    assert list(arm64_image.refs) == identity.of(resolved).refs("arm64")
     assert all(ref.endswith("-arm64") for ref in arm64_image.refs)
     record = docker_client.api.inspect_image(arm64_image.refs[0])
     assert record["Architecture"] == "arm64" and record["Id"] == arm64_image.image_id

@@ -33,6 +33,7 @@ from typer.testing import CliRunner
 from imgbuild import publish
 from imgbuild.cli.publish import register
 from imgbuild.core.errors import PushError
+from imgbuild.pin import lock
 from imgbuild.publish import matrix
 from imgbuild.publish.registry import MANIFEST_TYPES, RegistryAPI, RemoteManifest, parse_registry
 from imgbuild.ui.progress import LivePushProgress, PlainPushProgress, push_progress_for
@@ -128,6 +129,11 @@ class Sleeps(list[float]):
 
     def __call__(self, seconds: float) -> None:
         self.append(seconds)
+
+
+def cpu() -> publish.Recipe:
+    """The cpu recipe with its lock, as `imgbuild push cpu` reads it once and hands it down."""
+    return publish.recipe(*lock.for_ref("cpu"))
 
 
 def source() -> publish.Source:
@@ -382,7 +388,7 @@ def test_recipe_not_built_is_a_clear_error() -> None:
     api = FakeAPI()
     api.tags.clear()
     with pytest.raises(PushError) as info:
-        publish.resolve_source(FakeClient(api), "cpu")  # type: ignore[arg-type]
+        publish.resolve_source(FakeClient(api), cpu())  # type: ignore[arg-type]
     assert "has not been built" in info.value.message and info.value.hint == "imgbuild build cpu"
 
 
@@ -510,7 +516,7 @@ def test_push_refuses_credentials_in_the_registry_without_repeating_them(value: 
 
 def test_publish_library_refuses_credentials_without_repeating_them() -> None:
     with pytest.raises(PushError) as info:
-        publish.publish("cpu", WITH_CREDENTIALS[0], client=FakeClient(FakeAPI()))  # type: ignore[arg-type]
+        publish.publish(cpu(), WITH_CREDENTIALS[0], client=FakeClient(FakeAPI()))  # type: ignore[arg-type]
     assert SECRET.lower() not in str(info.value).lower()
     assert info.value.hint and "docker login" in info.value.hint
 
@@ -637,7 +643,7 @@ def untag_all(client: docker.DockerClient, host: str) -> None:
 def test_push_recipe_pull_back_same_digest(docker_client, pinned_cpu, registry: LocalRegistry) -> None:
     buf = io.StringIO()
     t0 = time.monotonic()
-    result = publish.publish("cpu", f"{registry.host}/team", client=docker_client, arches=["amd64"],
+    result = publish.publish(cpu(), f"{registry.host}/team", client=docker_client, arches=["amd64"],
                              progress=PlainPushProgress(buf), retry=publish.Retry(sleep=Sleeps()))  # fmt: skip
     took = time.monotonic() - t0
     repo = f"{registry.host}/team/imgbuild/cpu"
@@ -683,7 +689,7 @@ def test_registry_requiring_auth_fails_fast(docker_client, pinned_cpu, auth_regi
     sleeps, buf = Sleeps(), io.StringIO()
     t0 = time.monotonic()
     with pytest.raises(PushError) as info:
-        publish.publish("cpu", auth_registry.host, client=docker_client, retry=publish.Retry(sleep=sleeps),
+        publish.publish(cpu(), auth_registry.host, client=docker_client, retry=publish.Retry(sleep=sleeps),
                         progress=PlainPushProgress(buf), arches=["amd64"])  # fmt: skip
     print(f"auth failure reported after {time.monotonic() - t0:.2f}s")
     assert "authentication failed" in info.value.message and "no basic auth credentials" in info.value.message
@@ -695,10 +701,10 @@ def test_registry_requiring_auth_fails_fast(docker_client, pinned_cpu, auth_regi
 @pytest.mark.docker
 def test_registry_with_credentials_accepts(docker_client, pinned_cpu, auth_registry: LocalRegistry) -> None:
     auth = {"username": "ci", "password": "s3cret", "serveraddress": auth_registry.host}
-    result = publish.publish("cpu", auth_registry.host, client=docker_client, auth_config=auth, immutable=True,
+    result = publish.publish(cpu(), auth_registry.host, client=docker_client, auth_config=auth, immutable=True,
                              arches=["amd64"])  # fmt: skip
     assert {r.status for r in result.refs} == {"pushed"}
-    again = publish.publish("cpu", auth_registry.host, client=docker_client, auth_config=auth, immutable=True,
+    again = publish.publish(cpu(), auth_registry.host, client=docker_client, auth_config=auth, immutable=True,
                             arches=["amd64"])  # fmt: skip
     assert {r.status for r in again.refs} == {"already published"}  # the HTTP digest check used basic auth
     assert local_tags(docker_client, auth_registry.host) == []
@@ -709,7 +715,7 @@ def test_stopped_registry_retries_then_fails(docker_client, pinned_cpu) -> None:
     host = f"127.0.0.1:{free_port()}"  # nothing listens: connection refused
     sleeps = Sleeps()
     with pytest.raises(PushError) as info:
-        publish.publish("cpu", host, client=docker_client, retry=publish.Retry(sleep=sleeps), arches=["amd64"])
+        publish.publish(cpu(), host, client=docker_client, retry=publish.Retry(sleep=sleeps), arches=["amd64"])
     assert sleeps == [1.0, 2.0, 4.0]
     message = info.value.message
     assert host in message and "imgbuild/cpu:lock-" in message and "gave up after 4 attempts" in message
@@ -743,7 +749,7 @@ def test_registry_killed_mid_push(docker_client, pinned_cpu, tmp_path: Path) -> 
     sleeps = Sleeps()
     try:
         with pytest.raises(PushError) as info:
-            publish.publish("cpu", reg.host, client=docker_client, progress=observer,
+            publish.publish(cpu(), reg.host, client=docker_client, progress=observer,
                             retry=publish.Retry(sleep=sleeps), arches=["amd64"])  # fmt: skip
     finally:
         reg.stop()

@@ -32,8 +32,9 @@ def pytorch_image(docker_client: Any) -> Any:
     """The pytorch recipe built by `imgbuild build` (the engine's cache makes a rebuild seconds); `build` checks
     the engine's free disk first and fails with the figures when it is short."""
     from imgbuild import build
+    from imgbuild.pin import lock
 
-    return build.build("pytorch", ca_bundle=build.ca_bundle_from(None))
+    return build.build(*lock.for_ref("pytorch"), ca_bundle=build.ca_bundle_from(None))
 
 
 def verify_json(args: list[str], tmp_path: Path) -> tuple[int, str, dict[str, Any]]:

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from conftest import REPO, SHIPPED, hadolint
 from imgbuild.cli import app
 from imgbuild.core.errors import LockError
-from imgbuild.image import render
+from imgbuild.image import identity, render
 from imgbuild.pin.lock import resolved_for
 from imgbuild.spec import recipe
 
@@ -371,11 +371,11 @@ def test_compiled_templates_are_never_read_from_a_folder_others_can_write(fresh_
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_references_without_templates_are_the_plans(name: str) -> None:
-    """`show` and `run` name the image by render.image_refs / image_ref, which render no template."""
+    """`show` and `run` name the image by identity.of(...).refs / ref, which render no template."""
     resolved = resolved_for(recipe.load(name))
     plan = render.plan(resolved)
-    assert render.image_refs(resolved) == plan.image_refs
-    assert render.image_ref(resolved) == plan.image_refs[0]
+    assert identity.of(resolved).refs() == plan.image_refs
+    assert identity.of(resolved).ref() == plan.image_refs[0]
 
 
 def _efa_runs(text: str) -> list[str]:

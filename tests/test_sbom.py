@@ -14,11 +14,11 @@ from typer.testing import CliRunner
 
 from imgbuild.core import paths
 from imgbuild.core.errors import VerifyError
-from imgbuild.image import provenance, render
+from imgbuild.image import identity, provenance, render
 from imgbuild.image import sbom as doc
 from imgbuild.pin.content import Content, Download, ImageDigest, Requirement
 from imgbuild.pin.resolver import Resolved, resolve
-from imgbuild.publish import sbom
+from imgbuild.publish import inventory as contents
 from imgbuild.spec.recipe import load
 
 NCCL_X86 = "sha256:" + "1" * 64
@@ -152,7 +152,7 @@ def test_document_lists_pins_packages_and_distributions_with_hashes() -> None:
     image = data["metadata"]["component"]
     assert image["type"] == "container" and image["name"] == "imgbuild/cpu" and image["version"] == "lock-0123456789ab"
     assert props(image)["imgbuild:image-id"] == "sha256:" + "e" * 64
-    assert props(image)["imgbuild:lock-digest"] == render.lock_digest(resolved)
+    assert props(image)["imgbuild:lock-digest"] == identity.lock_digest(resolved)
     assert "purl" not in image  # not pushed: no manifest digest to name it by
 
 
@@ -208,22 +208,22 @@ def test_the_schema_check_refuses_a_broken_document() -> None:
 
 
 def test_inventory_script_output_is_read_by_its_markers() -> None:
-    script = sbom.inventory_script(["/opt/venv/bin/python", "/usr/bin/python3", "/opt/venv/bin/python"])
+    script = contents.inventory_script(["/opt/venv/bin/python", "/usr/bin/python3", "/opt/venv/bin/python"])
     assert script.count("command -v") == 2 and paths.DPKG_SHA256 in script
     proc = subprocess.run(["bash", "-n", "-c", script], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
     out = (
         "### imgbuild-sbom dpkg\na\t1\tall\n### imgbuild-sbom dpkg-sha256\na\t1\tall\t\n### imgbuild-sbom python\n{}\n"
     )
-    assert sbom.sections(out) == {"dpkg": "a\t1\tall\n", "dpkg-sha256": "a\t1\tall\t\n", "python": "{}\n"}
-    assert "dpkg-sha256" not in sbom.sections("### imgbuild-sbom dpkg\n### imgbuild-sbom python\n")
+    assert contents.sections(out) == {"dpkg": "a\t1\tall\n", "dpkg-sha256": "a\t1\tall\t\n", "python": "{}\n"}
+    assert "dpkg-sha256" not in contents.sections("### imgbuild-sbom dpkg\n### imgbuild-sbom python\n")
 
 
 def test_python_probe_runs_here() -> None:
     """The probe the image's interpreters run is plain Python: this interpreter's answer parses."""
     import sys
 
-    proc = subprocess.run([sys.executable, "-c", sbom.PYTHON_PROBE, sys.executable], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-c", contents.PYTHON_PROBE, sys.executable], capture_output=True, text=True,
                           check=True)  # fmt: skip
     dists = doc.parse_python(proc.stdout)
     assert any(d.name.lower() == "cyclonedx-python-lib" for d in dists)
@@ -239,7 +239,7 @@ def test_labels_from_the_lock_and_provenance() -> None:
     assert plain["org.opencontainers.image.created"] == "2025-06-01T12:00:00Z"
     assert plain["org.opencontainers.image.base.name"] == "debian:bookworm-slim"
     assert plain["org.opencontainers.image.base.digest"] == BASE_DIGEST
-    assert plain["io.imgbuild.lock-digest"] == render.lock_digest(resolved)
+    assert plain["io.imgbuild.lock-digest"] == identity.lock_digest(resolved)
     for absent in ("source", "revision", "licenses"):
         assert f"org.opencontainers.image.{absent}" not in plain  # unknown: left out, never guessed
     licensed = resolved.model_copy(update={"recipe": resolved.recipe.model_copy(update={"license": "Apache-2.0"})})

@@ -29,7 +29,7 @@ from imgbuild import publish
 from imgbuild.core.errors import PushError, UsageError
 from imgbuild.publish import ecr, scan
 from imgbuild.publish.registry import RemoteManifest, parse_registry
-from test_publish import IMAGE_ID, FakeAPI, FakeRegistryAPI, Sleeps, flat, ok_stream
+from test_publish import IMAGE_ID, FakeAPI, FakeRegistryAPI, Sleeps, cpu, flat, ok_stream
 
 ACCOUNT = "123456789012"
 REGION = "us-east-1"
@@ -612,7 +612,7 @@ def test_no_verdict_also_takes_the_tag_back(aws: boto3.Session) -> None:
 
 def test_gate_on_another_registry_is_a_usage_error() -> None:
     with pytest.raises(UsageError, match="needs Amazon ECR"):
-        publish.publish("cpu", "127.0.0.1:5000/team", gate=gate("HIGH"))
+        publish.publish(cpu(), "127.0.0.1:5000/team", gate=gate("HIGH"))
 
 
 def test_gate_needs_ecr_in_the_publisher() -> None:

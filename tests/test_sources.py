@@ -36,10 +36,10 @@ def _copy(fetched: Path, tmp_path: Path) -> Path:
 
 def _tags(client: Any) -> dict[str, str | None]:
     _, resolved = lock.for_ref("cpu")
-    from imgbuild.image import render
+    from imgbuild.image import identity
 
     out = {}
-    for ref in render.image_refs(resolved):
+    for ref in identity.of(resolved).refs():
         try:
             out[ref] = client.images.get(ref).id
         except Exception:
@@ -67,9 +67,9 @@ def test_build_from_sources_with_the_network_off(fetched: Path, docker_client: A
     result = CliRunner().invoke(app, ["build", "cpu", "--sources", str(fetched), "--no-cache"])
     assert result.exit_code == 0, result.output
     _, resolved = lock.for_ref("cpu")
-    from imgbuild.image import render
+    from imgbuild.image import identity
 
-    ref = render.image_ref(resolved)
+    ref = identity.of(resolved).ref()
     out = docker_client.containers.run(
         ref, ["bash", "-c", "dpkg-query -W openmpi-bin; /opt/venv/bin/pip list 2>/dev/null | grep nvidia-nccl"],
         remove=True, entrypoint=[],

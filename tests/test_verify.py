@@ -29,6 +29,7 @@ from imgbuild.blocks import Pin, aws_ofi_nccl, nccl, runtime_order, sshd
 from imgbuild.checks.results import CheckResult, Status
 from imgbuild.cli import verify as cli_verify
 from imgbuild.core.errors import Interrupted, VerifyError
+from imgbuild.image import identity
 from imgbuild.image.manifest import MANIFEST_PATH, Manifest, read_entry
 from imgbuild.verify import gpuchecks
 
@@ -378,15 +379,18 @@ def test_cli_writes_junit_and_json_and_exits_on_failures(
 ) -> None:
     seen: dict[str, Any] = {}
 
-    def fake_verify(ref: str, **kw: Any) -> verify.VerifyReport:
-        seen.update(kw, ref=ref)
+    def fake_verify(what: verify.Target | str, **kw: Any) -> verify.VerifyReport:
+        seen.update(kw, what=what)
         return canned_report(status)
 
     monkeypatch.setattr(verify, "verify", fake_verify)
     junit, js = tmp_path / "r.xml", tmp_path / "r.json"
     args = ["verify", "cpu", "--device", "/dev/fuse", "--expect-efa", "--junit", str(junit), "--json", str(js)]
     result = runner.invoke(cli_app(), args)
-    assert seen == {"ref": "cpu", "host": None, "devices": ["/dev/fuse"], "expect_efa": True, "nodes": 1, "arch": None}
+    target = seen.pop("what")  # the recipe, read once by the command with its lock, handed down as its target
+    assert isinstance(target, verify.Target) and (target.ref, target.kind, target.recipe) == ("cpu", "recipe", "cpu")
+    assert target.resolved is not None and target.image == identity.of(target.resolved).ref()
+    assert seen == {"host": None, "devices": ["/dev/fuse"], "expect_efa": True, "nodes": 1, "arch": None}
     assert result.exit_code == (0 if status == "pass" else VerifyError.exit_code), result.output
     assert "sshd-config" in result.stdout and "container start 0.5s" in result.stdout
     if status == "fail":

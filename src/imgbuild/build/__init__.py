@@ -21,9 +21,9 @@ from imgbuild.build import builders, dockercontext
 from imgbuild.core import paths
 from imgbuild.core.errors import BuildError, PushError, UsageError
 from imgbuild.image import provenance, render
-from imgbuild.pin import lock
 from imgbuild.pin.resolver import Resolved
 from imgbuild.spec import compat
+from imgbuild.spec.recipe import LoadedRecipe
 
 
 @dataclass(frozen=True)
@@ -153,7 +153,8 @@ def log_folder(log_dir: Path | None) -> Path:
 
 
 def build(
-    ref: str,
+    loaded: LoadedRecipe,
+    resolved: Resolved,
     *,
     extra_tags: list[str] | None = None,
     nocache: bool = False,
@@ -170,21 +171,21 @@ def build(
     arch: str | None = None,
     files: Path | None = None,
 ) -> BuildResult:
-    """Build a recipe's image with BuildKit on the engine DOCKER_HOST (or the docker context, or the local socket)
-    names. `builder_name` (--builder / IMGBUILD_BUILDER) picks a buildx builder; `cache_from` / `cache_to` are
-    registry refs of the cache between machines (`builders.cache_plan`). `sources`: a folder `imgbuild sources fetch`
-    wrote: checked, then built from alone with the build's network off (imgbuild.build.sources). `arch`: which of the
-    recipe's platform.arch to build (default its first; `--platform linux/arm64`), tagged as `identity.Identity.tags`
-    (`lock-<12 hex>-arm64` for an architecture other than the first); another architecture than this machine's runs
-    under QEMU (`arch_problems`). `files` (--files / IMGBUILD_FILES): a folder consulted before the network for every
-    download, each file it holds checked against the lock's sha256 before anything else (not with `sources`, which
-    holds every download already)."""
+    """Build the image of recipe `loaded` from its lock `resolved` (the command's `lock.for_ref`: a recipe without a
+    lock is refused there, no image from unpinned content) with BuildKit on the engine DOCKER_HOST (or the docker
+    context, or the local socket) names. `builder_name` (--builder / IMGBUILD_BUILDER) picks a buildx builder;
+    `cache_from` / `cache_to` are registry refs of the cache between machines (`builders.cache_plan`). `sources`: a
+    folder `imgbuild sources fetch` wrote: checked, then built from alone with the build's network off
+    (imgbuild.build.sources). `arch`: which of the recipe's platform.arch to build (default its first; `--platform
+    linux/arm64`), tagged as `identity.Identity.tags` (`lock-<12 hex>-arm64` for an architecture other than the
+    first); another architecture than this machine's runs under QEMU (`arch_problems`). `files` (--files /
+    IMGBUILD_FILES): a folder consulted before the network for every download, each file it holds checked against
+    the lock's sha256 before anything else (not with `sources`, which holds every download already)."""
     logs = log_folder(log_dir)  # first: a state folder that cannot hold the log fails before any other work
     for cache_ref in cache_from or []:
         builders.check_cache_ref(cache_ref, "--cache-from")
     if cache_to:
         builders.check_cache_ref(cache_to, "--cache-to")
-    loaded, resolved = lock.for_ref(ref)  # a recipe without a lock is refused: no image from unpinned content
     found: dict[str, Path] = {}
     if files is not None and sources is None:
         from imgbuild.build.sources import local_downloads

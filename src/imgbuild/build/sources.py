@@ -44,7 +44,6 @@ from imgbuild.core import files as userfiles
 from imgbuild.core import validate
 from imgbuild.core.errors import ContentError, UsageError
 from imgbuild.image import render
-from imgbuild.pin import lock
 from imgbuild.pin import wheels as wheels_mod
 from imgbuild.pin.content import Content, Requirement, sha256_file
 from imgbuild.pin.resolver import Resolved
@@ -76,22 +75,18 @@ class Index:
         return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 
-def _locked(ref: str) -> tuple[Resolved, Content, render.BuildPlan]:
-    """The recipe's lock (content included) and its plan; a recipe without a lock is refused (lock.resolved_for)."""
-    _, resolved = lock.for_ref(ref)
-    assert resolved.content is not None  # lock.read refuses a lock without content
-    return resolved, resolved.content, render.plan(resolved)
-
-
 # ---- fetch
 
 
-def fetch(ref: str, out: Path, client: Any, say: Say = print) -> Index:
-    """Download and check everything a build of REF's lock needs into `out` (new or empty). Written in a temporary
-    folder beside it and renamed into place at the end: a failed or interrupted fetch leaves nothing."""
+def fetch(resolved: Resolved, out: Path, client: Any, say: Say = print) -> Index:
+    """Download and check everything a build of the lock `resolved` (the command's `lock.for_ref`) needs into `out`
+    (new or empty). Written in a temporary folder beside it and renamed into place at the end: a failed or
+    interrupted fetch leaves nothing."""
     from imgbuild.core.outputs import new_folder
 
-    resolved, content, plan = _locked(ref)
+    content = resolved.content
+    assert content is not None  # lock.read refuses a lock without content
+    plan = render.plan(resolved)
     with new_folder(out, what="the sources") as tmp:  # renamed onto `out` at the end, removed on any failure
         files: dict[str, str] = {}
         files.update(_fetch_downloads(content, tmp, say))

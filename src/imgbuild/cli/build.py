@@ -154,9 +154,11 @@ def build_(
     from imgbuild import build
     from imgbuild.ui.progress import BuildProgress
 
+    loaded, res = resolved(ref)  # the recipe and its lock, read once (exit 4 without one) and handed down
     progress = BuildProgress.auto(err())
     result = build.build(
-        ref,
+        loaded,
+        res,
         extra_tags=tag or [],
         nocache=no_cache,
         pull=pull,
@@ -310,10 +312,10 @@ def sources_fetch(
     from imgbuild import engine
     from imgbuild.build import sources
 
-    resolved(ref)  # a recipe without a usable lock is exit 4 before the engine is asked for anything
+    _, res = resolved(ref)  # a recipe without a usable lock is exit 4 before the engine is asked for anything
     client = engine.connect()
     try:
-        index = sources.fetch(ref, output, client, say=lambda line: err().print(line, markup=False))
+        index = sources.fetch(res, output, client, say=lambda line: err().print(line, markup=False))
     finally:
         client.close()
     size = sum((output / rel).stat().st_size for rel in index.files)

@@ -143,13 +143,11 @@ def _job(
     name: str | None,
     output: Path | None,
 ) -> None:
+    from imgbuild.cli import console
     from imgbuild.cli.console import err, warn
     from imgbuild.cluster.jobs import plan_job, render_plan
-    from imgbuild.pin import lock
-    from imgbuild.spec import recipe
 
-    loaded = recipe.load(ref).concrete()
-    resolved = lock.resolved_for(loaded)
+    _, resolved = console.resolved(ref)
     warn(resolved)
     job = plan_job(
         resolved,
@@ -244,10 +242,10 @@ def cluster_test_command(
 def _expected(recipe_ref: str | None, image: str | None) -> Manifest | None:
     """The manifest the running image must have: the recipe's lock, or a local image's own; None: no expectation."""
     from imgbuild import verify
+    from imgbuild.cli.console import resolved
 
     if recipe_ref:
-        target = verify.target_for_recipe(recipe_ref)
-        return target.expected_manifest
+        return verify.target_for_recipe(recipe_ref, resolved(recipe_ref)[1]).expected_manifest
     if image:
         from imgbuild import engine
         from imgbuild.engine.containers import Containers

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from imgbuild.cli.console import err, handled, out, platform_archs
+from imgbuild.cli.console import err, handled, out, platform_archs, resolved
 from imgbuild.core.errors import ImgbuildError
 from imgbuild.core.interrupts import terminable
 
@@ -143,12 +143,17 @@ def push(
     package, version, uri) and the allowed ones.
     """
     from imgbuild import publish
-    from imgbuild.publish import sbom
     from imgbuild.ui.progress import push_progress_for
 
-    if sbom_path is not None and not sbom.pushable(what):
+    is_recipe = publish.is_recipe(what)
+    if sbom_path is not None and not is_recipe:
         raise typer.BadParameter(f"{what!r} is not a recipe: the SBOM needs its lock", param_hint="--sbom")
-    arches = publish.recipe_arches(what)
+    # A recipe is read once, here (its lock: exit 4 when missing), and its images' names handed down.
+    res, recipe, arches = None, None, None
+    if is_recipe:
+        loaded, res = resolved(what)
+        recipe = publish.recipe(loaded, res)
+        arches = recipe.identity.arches
     selected = platform or list(arches or ())
     if sbom_path is not None and arches is not None and (len(selected) > 1 or selected[0] != arches[0]):
         raise typer.BadParameter(
@@ -165,7 +170,7 @@ def push(
         raise typer.BadParameter("--allow and --allow-file go with --scan-gate LEVEL", param_hint="--allow")
     try:
         result = publish.publish(
-            what,
+            recipe or what,
             registry,
             ecr=ecr,
             immutable=immutable,
@@ -180,8 +185,10 @@ def push(
             _print_result(failed, as_json)
         raise
     _print_result(result, as_json)
-    if sbom_path is not None:
-        made = sbom.after_push(what, result, sbom_path)
+    if sbom_path is not None and res is not None:
+        from imgbuild.publish import inventory
+
+        made = inventory.after_push(res, result, sbom_path)
         for warning in made.warnings:
             err().print(f"imgbuild: warning: {warning}", markup=False)
         err().print(f"wrote {sbom_path}: the SBOM of {made.image} ({made.image_id[:19]})", markup=False)

@@ -15,7 +15,6 @@ from imgbuild.core.interrupts import terminable
 
 if TYPE_CHECKING:
     from imgbuild.pin.outdated import Report
-    from imgbuild.spec.recipe import LoadedRecipe
 
 
 def register(app: typer.Typer) -> None:
@@ -63,13 +62,13 @@ def show(
 ) -> None:
     """Show a recipe's resolved components: versions, sources and why each version. From its lock; a recipe without
     one is resolved afresh (versions only: no content), and says so."""
-    from imgbuild.image import render
+    from imgbuild.image import identity
     from imgbuild.pin import lock
     from imgbuild.spec import compat, recipe
 
     loaded = recipe.load(ref).concrete()
     res, how = lock.lock_or_fresh(loaded)
-    refs = render.image_refs(res)
+    refs = identity.of(res).refs()
     if as_json:
         data = {
             "recipe": res.name,
@@ -217,191 +216,57 @@ def lock_(
     lock file beside it. An existing lock's Python versions are kept while they still resolve and fit (as uv and
     pip-tools keep an existing output's pins). With --upgrade / --upgrade-package, first move the recipe's versions to
     the newest releases that fit (see `imgbuild outdated`) and release the lock's versions (all, or those named)."""
-    from imgbuild.core.errors import LockError, UsageError
-    from imgbuild.pin import lock
+    from imgbuild.core.errors import UsageError
+    from imgbuild.pin import locking
     from imgbuild.spec import recipe
 
+    def say(line: str) -> None:
+        out().print(line, markup=False)
+
+    def note(line: str) -> None:
+        err().print(f"imgbuild: {line}", markup=False)
+
     loaded = recipe.load(ref).concrete()
-    try:
-        locked = lock.preferences(loaded)
-    except LockError as exc:
-        err().print(f"imgbuild: {exc.message}: none of its versions is kept", markup=False)
-        locked = {}
+    locked = locking.kept_versions(loaded, note)
     keep = locked
-    old_text: str | None = None
+    upgraded = None
     if upgrade or upgrade_package:
         if check or offline:
             raise UsageError(
                 "--upgrade reads the package index and writes the recipe: not with "
                 + ("--check" if check else "--offline")
             )
-        components, released = _upgrade_names(ref, loaded, upgrade_package or [], locked)
+        components, released = locking.released(ref, loaded, upgrade_package or [], locked)
         keep = {} if upgrade else {name: v for name, v in keep.items() if name not in released}
         if upgrade or components:
-            loaded, old_text = _upgrade(ref, loaded, components or None)
-    try:
-        _lock(ref, loaded, offline=offline, check=check, keep=keep, locked=locked, files=files)
-    except BaseException:
-        if old_text is not None:  # the lock must follow from the recipe: put the recipe back as it was
-            from imgbuild.pin import outdated
-
-            outdated.restore(loaded.path, old_text)
-            err().print(f"imgbuild: {recipe.display(loaded.path)} is back as it was (locking failed)", markup=False)
-        raise
-
-
-def _upgrade_names(
-    ref: str, loaded: LoadedRecipe, items: list[str], locked: dict[str, str]
-) -> tuple[list[str], set[str]]:
-    """`--upgrade-package` values split as uv's are: (the components `imgbuild outdated` tracks, moved in the recipe;
-    the Python distributions released from the lock's versions). A component releases its own distribution too
-    (pytorch: torch). A name that is neither is a UsageError naming both lists."""
-    from packaging.utils import canonicalize_name
-
-    from imgbuild.core.errors import UsageError
-    from imgbuild.pin import outdated
-    from imgbuild.pin.resolver import resolve
-
-    tracks = {t.component: t for t in outdated.tracks(resolve(loaded))}
-    components: list[str] = []
-    released: set[str] = set()
-    unknown: list[str] = []
-    for item in items:
-        name, sep, _ = item.partition("==")
-        track = tracks.get(name.strip().replace("-", "_"))
-        dist = canonicalize_name(name.strip())
-        if track is not None:
-            components.append(item)
-            if track.source.kind == "index":
-                released.add(canonicalize_name(track.source.name))
-        elif dist in locked and sep:
-            raise UsageError(
-                f"--upgrade-package {item!r}: {dist} is a Python distribution the lock pins, not a component: it is "
-                "released from the lock's version and takes the newest release that fits (no ==VERSION)",
-                hint=f"imgbuild lock {ref} --upgrade-package {dist}",
-            )
-        elif dist in locked:
-            released.add(dist)
-        elif name.strip():
-            unknown.append(name.strip())
-        else:
-            components.append(item)  # outdated.parse_wanted refuses it: expected COMPONENT or COMPONENT==VERSION
-    if unknown:
-        raise UsageError(
-            f"{loaded.recipe.name}: no pinned component or locked Python distribution {', '.join(map(repr, unknown))}",
-            hint=f"its components: {', '.join(tracks)}"
-            + (f"; the lock's distributions: {', '.join(sorted(locked))}" if locked else ""),
+            upgraded = locking.upgrade(ref, loaded, components or None)
+            if not upgraded.moves:
+                say(f"{loaded.recipe.name}: nothing to upgrade (every component is at its newest release)")
+            for move in upgraded.moves:
+                say(f"upgraded {move.track.component} {move.old} -> {move.new} ({recipe.display(loaded.path)}: "
+                    f"{move.track.key})")  # fmt: skip
+            loaded = upgraded.loaded
+    with locking.put_back_on_failure(upgraded, note):
+        run = locking.relock(
+            ref, loaded, offline=offline, keep=keep, engine=_engine_or_none(), say=say, note=note, files=files
         )
-    return components, released
-
-
-def _upgrade(ref: str, loaded: LoadedRecipe, items: list[str] | None) -> tuple[LoadedRecipe, str | None]:
-    """`lock --upgrade`: the recipe moved to the newest releases that fit, written to its file, with the file's old
-    text (None when nothing moved); a ResolveError, nothing written, when a newest release does not fit."""
-    from imgbuild.pin import outdated
-    from imgbuild.spec import recipe
-
-    plan = outdated.upgrade(loaded, outdated.parse_wanted(items) if items else None)
-    if plan.blocked:
-        raise outdated.refusal(plan, ref)
-    if not plan.moves:
-        out().print(
-            f"{loaded.recipe.name}: nothing to upgrade (every component is at its newest release)", markup=False
-        )
-        return loaded, None
-    moved, old_text = outdated.write(loaded, plan)
-    for move in plan.moves:
-        out().print(f"upgraded {move.track.component} {move.old} -> {move.new} ({recipe.display(loaded.path)}: "
-                    f"{move.track.key})", markup=False)  # fmt: skip
-    return moved, old_text
-
-
-def _lock(
-    ref: str,
-    loaded: LoadedRecipe,
-    *,
-    offline: bool,
-    check: bool,
-    keep: dict[str, str],
-    locked: dict[str, str],
-    files: Path | None = None,
-) -> None:
-    """What `imgbuild lock` does with a loaded recipe: resolve, read the content (the Python distributions at the
-    versions in `keep` where they still resolve; the downloads `files` holds hashed from there), then check or write
-    the lock, saying which of the versions the lock had (`locked`) moved."""
-    import datetime
-
-    from imgbuild.core.errors import DriftError, LockError
-    from imgbuild.pin import artifacts, lock, record
-    from imgbuild.pin.resolver import index_lookup, resolve
-    from imgbuild.pin.wheels import Yank
-    from imgbuild.spec import recipe
-
-    r = loaded.recipe
-    read = artifacts.reader(f"{r.os.family}{r.os.version}", r.platform.arch, files=files, offline=offline)
-    try:
-        res = resolve(loaded, lookup_torch=None if offline else index_lookup, artifacts=read)
-    finally:  # what the EFA installer's and the plugin's pins came from (their archives or the shipped data), and why
-        for line in read.said:
-            out().print(line, markup=False)
-    warn(res)
-    yanked: list[Yank] = []
-    content = record.record(
-        res,
-        engine=_engine_or_none(),
-        offline=offline,
-        preferences=keep,
-        yanked=yanked,
-        files=files,
-        established=read.downloaded,
-    )
-    withdrawn = [
-        f"python {y.set}: {y.name}=={y.version} is yanked on the index{f' ({y.reason})' if y.reason else ''}: "
-        f"the publisher withdrew it (imgbuild lock {ref} --upgrade-package {y.name} moves it)"
-        for y in yanked
-    ]
-    for item in content.unestablished():
-        err().print(f"imgbuild: not pinned by content: {item}", markup=False)
-    now = datetime.datetime.now(datetime.UTC).replace(microsecond=0).isoformat()
-    fresh = res.model_copy(update={"content": content, "locked_at": now})
-    try:
-        old = lock.read(loaded)
-        old_error = None
-    except LockError as exc:
-        old, old_error = None, exc
-    if check:
-        if old is None:
-            raise DriftError(
-                f"{recipe.display(lock.lock_path(loaded))}: "
-                + (old_error.message if old_error is not None else "no lock to check"),
-                hint=f"imgbuild lock {ref}",
-            )
-        lines = lock.drift(lock.Lock.of(old), lock.Lock.of(fresh)) + withdrawn
-        if lines:
+        if check:
+            lines = run.drift()
             for line in lines:
-                out().print(f"  {line}", markup=False)
-            raise DriftError(
-                f"{res.name}: the lock differs from what resolves today ({len(lines)} difference"
-                f"{'s' if len(lines) != 1 else ''})",
-                hint=f"review, then imgbuild lock {ref} (it keeps every version that still resolves)",
+                say(f"  {line}")
+            if lines:
+                raise run.drift_error(lines)
+            say(
+                f"{run.fresh.name}: the lock matches what resolves today (a newer release is not drift: "
+                f"imgbuild outdated {ref} reports the components', imgbuild lock {ref} --upgrade takes them)"
             )
-        out().print(
-            f"{res.name}: the lock matches what resolves today (a newer release is not drift: "
-            f"imgbuild outdated {ref} reports the components', imgbuild lock {ref} --upgrade takes them)",
-            markup=False,
-        )
-        return
-    for line in withdrawn:
-        err().print(f"imgbuild: warning: {line}; kept, as pip installs a release pinned exactly", markup=False)
-    for set_name, reqs in content.python.items():
-        for req in reqs:
-            before = locked.get(req.name)
-            if before is not None and before != req.version:
-                out().print(f"python {set_name}: {req.name} {before} -> {req.version}", markup=False)
-    if old is not None and not lock.drift(lock.Lock.of(old), lock.Lock.of(fresh)):
-        fresh = fresh.model_copy(update={"locked_at": old.locked_at})  # nothing changed: the same lock, same image
-    path = lock.write(loaded, fresh)
-    out().print(f"locked {res.name} -> {recipe.display(path)}", markup=False)
+            return
+        for line in run.withdrawn:
+            note(f"warning: {line}; kept, as pip installs a release pinned exactly")
+        for line in run.moved(locked):
+            say(line)
+        path = run.write()
+        say(f"locked {run.fresh.name} -> {recipe.display(path)}")
 
 
 @handled

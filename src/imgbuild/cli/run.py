@@ -53,11 +53,11 @@ def run(
     """Run a container of a recipe's image with its runtime profile (devices, runtime, limits)."""
     from imgbuild.cluster.jobplan import target_instance
     from imgbuild.engine import runprofile
-    from imgbuild.image import render
+    from imgbuild.image import identity
 
     _, res = resolved(ref)
     warn(res)
-    image_ref = image or render.image_ref(res)
+    image_ref = image or identity.of(res).ref()
     # What the engine and host cannot give (a GPU request without the nvidia runtime, a runtime it lacks) is left
     # out with a note, as verify does (runprofile.for_host); an engine that can't be asked gets the whole profile.
     # --print: the target host's line, whole, and a note for what this host would drop (runprofile.target_spec).

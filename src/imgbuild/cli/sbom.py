@@ -1,4 +1,4 @@
-"""`imgbuild sbom RECIPE`: the CycloneDX SBOM of a built image (imgbuild.publish.sbom)."""
+"""`imgbuild sbom RECIPE`: the CycloneDX SBOM of a built image (imgbuild.publish.inventory, imgbuild.image.sbom)."""
 
 from __future__ import annotations
 
@@ -37,15 +37,15 @@ def sbom_command(
 ) -> None:
     """What a built image holds, as CycloneDX JSON: the lock's pins and checksums, its Debian packages and Python
     distributions with their hashes, its digests."""
-    from imgbuild.publish import sbom
+    from imgbuild.publish import inventory
 
     _, res = resolved(ref)
     warn(res)
-    made = sbom.make(res, image=image)
+    made = inventory.make(res, image=image)
     for warning in made.warnings:
         err().print(f"imgbuild: warning: {warning}", markup=False)
     if output is None:
         sys.stdout.write(made.text)
         return
-    sbom.write(made, output)
+    inventory.write(made, output)
     err().print(f"wrote {output}: the SBOM of {made.image} ({made.image_id[:19]})", markup=False)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from imgbuild.cli.console import handled, out, platform_arch
+from imgbuild.cli.console import handled, out, platform_arch, resolved
 from imgbuild.core.errors import VerifyError
 from imgbuild.core.interrupts import terminable
 
@@ -60,7 +60,11 @@ def verify_command(
     """Verify an image (or a machine) against its recipe's lock: versions, NCCL, plugin, sshd, keys, GPUs."""
     from imgbuild import verify
 
-    report = verify.verify(ref, host=host, devices=device or [], expect_efa=expect_efa, nodes=nodes, arch=platform)
+    # A recipe is read once, here (its lock: exit 4 when missing, before any engine is asked), and handed down.
+    target = verify.target_for_recipe(ref, resolved(ref)[1], platform) if verify.names_recipe(ref) else None
+    report = verify.verify(
+        target or ref, host=host, devices=device or [], expect_efa=expect_efa, nodes=nodes, arch=platform
+    )
     finish(report, junit, json_path)
 
 

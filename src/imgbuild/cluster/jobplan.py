@@ -241,9 +241,9 @@ def job_name(recipe_name: str) -> str:
 
 def image_manifest(resolved: Resolved) -> tuple[Manifest, str]:
     """The manifest the recipe's image carries (render writes it into the image) and the image's lock tag."""
-    from imgbuild.image import render
+    from imgbuild.image import identity, render
 
-    return render.manifest(resolved), render.image_ref(resolved)
+    return render.manifest(resolved), identity.of(resolved).ref()
 
 
 def plan_job(

@@ -1,4 +1,5 @@
-"""Rendering: a resolved recipe -> a BuildPlan (Dockerfile text, context files, labels, tags).
+"""Rendering: a resolved recipe -> a BuildPlan (Dockerfile text, context files, labels, tags: the image's names are
+imgbuild.image.identity's).
 
 A pure function of its input: no Docker, no network, no clock, byte-for-byte stable (mappings are sorted).
 The Dockerfile is for BuildKit (the classic builder cannot build it): downloads trust the CA bundle through a build
@@ -10,7 +11,6 @@ modes travel in the build context.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shlex
 import sys
@@ -34,10 +34,10 @@ from imgbuild.blocks import (
 )
 from imgbuild.core import paths
 from imgbuild.core.errors import RenderError
+from imgbuild.image import identity
 from imgbuild.image.manifest import Manifest
 from imgbuild.pin import record
 from imgbuild.pin.content import download_name
-from imgbuild.pin.lock import Lock
 from imgbuild.pin.resolver import Resolved
 from imgbuild.spec import compat
 from imgbuild.spec.recipe import Runtime
@@ -430,20 +430,6 @@ def environment(offline: bool = False, local_files: frozenset[str] = frozenset()
     return env
 
 
-def lock_digest(resolved: Resolved) -> str:
-    """sha256 of the lock's canonical JSON: the content-addressed tag derives from it."""
-    return Lock.of(resolved).digest()
-
-
-def readable_tag(resolved: Resolved) -> str:
-    """A tag a person can read: the versions that matter most for this target, ranked by the blocks' `Block.tag`s
-    (gaudi 1, pt 2, cuda 3, nccl 4, ofi 5, efa 6, ompi 7)."""
-    specs = {b.name: b.tag for b in REGISTRY if b.tag is not None}
-    ranked = [(spec, resolved.version(name)) for name, spec in specs.items()]
-    parts = [f"{short}{version}" for (_, short), version in sorted(ranked) if version]
-    return "-".join(parts) or "latest"
-
-
 def contributions(resolved: Resolved, arch: str | None = None) -> tuple[Context, dict[str, Contribution]]:
     """Every pinned block's contribution for `arch` (default: the recipe's first), and the context with what they
     ask of the builder."""
@@ -475,10 +461,11 @@ def plan(
     a `--files` folder holds, copied from the context's SOURCES_CONTEXT/files/ rather than fetched)."""
     import jinja2
 
-    arch = check_arch(resolved, arch)
+    arch = identity.check_arch(resolved, arch)
     ctx, contribs = contributions(resolved, arch)
-    digest = lock_digest(resolved)
-    digests = image_digests(resolved)  # the user's code read once: labels, manifest and tags name one reading
+    digests = identity.image_digests(resolved)  # the user's code read once: labels, manifest and tags name one reading
+    named = identity.of(resolved, digests)
+    digest = named.lock_digest
     labels = _labels(resolved, digest, provenance or Provenance(), digests)
     manifest = _manifest(resolved, digest, contribs, arch, digests)
     builder_pkgs, runtime_pkgs = stage_packages(resolved, contribs)
@@ -502,8 +489,8 @@ def plan(
         files=tuple(sorted(files, key=lambda f: f.path)),
         labels=labels,
         lock_digest=digest,
-        repository=repository(resolved),
-        tags=tags(resolved, digest, arch, digests),
+        repository=named.repository,
+        tags=named.tags(arch),
         arch=arch,
         base_images=tuple(bases),
         manifest=manifest,
@@ -623,7 +610,7 @@ def _labels(
     """The image's labels: OCI's annotations (github.com/opencontainers/image-spec, annotations.md) and imgbuild's.
     Only what the lock and the caller establish: `created` is the lock's time (a rebuild from one lock makes the
     same image), `base.digest` the base's digest the lock recorded; each is left out when unknown. `digests`: what
-    the image holds beyond the lock (image_digests)."""
+    the image holds beyond the lock (identity.image_digests)."""
     r = resolved.recipe
     provenance = provenance or Provenance()
     base = resolved.content.bases.get(resolved.base_ref) if resolved.content is not None else None
@@ -638,12 +625,12 @@ def _labels(
         "org.opencontainers.image.title": f"imgbuild/{r.name}",
         "org.opencontainers.image.description": r.description,
         "org.opencontainers.image.base.name": resolved.base_ref,
-        "org.opencontainers.image.version": readable_tag(resolved),
+        "org.opencontainers.image.version": identity.readable_tag(resolved),
         **{k: v for k, v in optional.items() if v},
         "io.imgbuild.recipe": r.name,
         "io.imgbuild.lock-digest": digest,
     }
-    code = code_digest(digests)
+    code = identity.code_digest(digests)
     if code is not None:
         labels["io.imgbuild.code-digest"] = code
     for name, pin in resolved.pins.items():
@@ -656,84 +643,9 @@ def _labels(
 def manifest(resolved: Resolved, arch: str | None = None) -> Manifest:
     """The manifest the image of `resolved` for `arch` (default: the recipe's first) carries (no template is
     rendered)."""
-    arch = check_arch(resolved, arch)
+    arch = identity.check_arch(resolved, arch)
     _, contribs = contributions(resolved, arch)
-    return _manifest(resolved, lock_digest(resolved), contribs, arch, image_digests(resolved))
-
-
-def check_arch(resolved: Resolved, arch: str | None) -> str:
-    """`arch`, which must be one of the recipe's platform.arch (None: the first); a RenderError saying how to add it."""
-    arches = resolved.recipe.platform.arch
-    if arch is None:
-        return arches[0]
-    if arch not in arches:
-        raise RenderError(
-            f"{resolved.name} is built for {', '.join(compat.docker_platform(a) for a in arches)}, not "
-            f"{compat.docker_platform(arch)}: its recipe's platform.arch does not list {arch}",
-            hint=f"add {arch} to platform.arch in the recipe and run `imgbuild lock {resolved.name}`",
-        )
-    return arch
-
-
-def repository(resolved: Resolved) -> str:
-    """The local repository of the image: `imgbuild/NAME`."""
-    return f"imgbuild/{resolved.name}"
-
-
-def lock_tag(digest: str, *, locked: bool = True) -> str:
-    """The content-addressed tag of an image whose lock has sha256 `digest`: `lock-<12 hex>`; `unlocked-<12 hex>`
-    for a resolution that is no lock (`render --unlocked`, `show` of a recipe without one), so nothing is ever taken
-    for a locked image."""
-    return f"{'lock' if locked else 'unlocked'}-{digest[:12]}"
-
-
-def tags(
-    resolved: Resolved, digest: str, arch: str | None = None, digests: Mapping[str, str] | None = None
-) -> tuple[str, str]:
-    """The image's tags, as `plan` gives them: the content-addressed one, then the readable one. The engine keeps one
-    image per tag, so the image of an architecture other than the recipe's first carries its name after a dash
-    (`lock-<12 hex>-arm64`); `imgbuild push` publishes the architectures under the plain tags as one image index.
-    An image that carries the user's code (app.code) is its lock and that code: the content-addressed tag is the
-    sha256 of both digests, and the readable one ends in `-code<8 hex>`, so an edited program makes a new image
-    under new tags without a new lock (`digests`: image_digests, when the caller has read them)."""
-    suffix = arch_suffix(resolved, arch)
-    locked = resolved.content is not None  # a lock always records content; a fresh resolution never does
-    code = code_digest(image_digests(resolved) if digests is None else digests)
-    if code is None:
-        return lock_tag(digest, locked=locked) + suffix, readable_tag(resolved) + suffix
-    both = hashlib.sha256(f"{digest}\n{code}".encode()).hexdigest()
-    return lock_tag(both, locked=locked) + suffix, f"{readable_tag(resolved)}-code{code[:8]}{suffix}"
-
-
-def image_digests(resolved: Resolved) -> dict[str, str]:
-    """What the image holds of each block beyond its lock (`Block.image_digest`: the user's code, read from the
-    recipe's folder), by block name; blocks with nothing there are left out."""
-    return {
-        b.name: d for b in REGISTRY if b.name in resolved.pins if (d := b.image_digest(resolved.pins[b.name], resolved))
-    }
-
-
-def code_digest(digests: Mapping[str, str]) -> str | None:
-    """What the image holds beyond its lock (image_digests), as one digest; None: nothing."""
-    parts = list(digests.values())
-    if len(parts) <= 1:
-        return parts[0] if parts else None
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
-
-
-def arch_suffix(resolved: Resolved, arch: str | None) -> str:
-    """`-<arch>` for an architecture other than the recipe's first (see `tags`), else nothing."""
-    return "" if arch is None or arch == resolved.recipe.platform.arch[0] else f"-{arch}"
-
-
-def image_ref(resolved: Resolved, arch: str | None = None) -> str:
-    """The content-addressed reference of the image of `arch` (`imgbuild/NAME:lock-<12 hex>`), as `plan` tags it."""
-    return f"{repository(resolved)}:{tags(resolved, lock_digest(resolved), arch)[0]}"
-
-
-def image_refs(resolved: Resolved, arch: str | None = None) -> list[str]:
-    """Every reference `plan` tags the image of `arch` with, without rendering a template."""
-    return [f"{repository(resolved)}:{tag}" for tag in tags(resolved, lock_digest(resolved), arch)]
+    return _manifest(resolved, identity.lock_digest(resolved), contribs, arch, identity.image_digests(resolved))
 
 
 def _manifest(
@@ -747,7 +659,7 @@ def _manifest(
         lock_digest=digest,
         base=resolved.base_ref,
         platform=r.platform,
-        arch=arch,  # one of platform.arch (check_arch)
+        arch=arch,  # one of platform.arch (identity.check_arch)
         components={n: _for_arch(resolved.pins[n], arch) for n in sorted(contribs)},
         env=dict(sorted(r.env.items())),
         image_env=tuple(sorted([*(name for name, paths in env_paths.items() if paths), *env])),

@@ -3,7 +3,7 @@
 A pure function of what the image itself reports (`Inventory`: its manifest, `dpkg-query`'s packages, the
 .deb checksums recorded at its apt-get step (paths.DPKG_SHA256), the Python distributions each of its interpreters
 sees, its engine id and registry digests) and of the lock it was built from (`Resolved`: pins and content). The
-engine side, a container of the image answering those questions, is `publish.sbom.collect`.
+engine side, a container of the image answering those questions, is `publish.inventory.collect`.
 
 What the document lists:
 

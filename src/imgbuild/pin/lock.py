@@ -3,7 +3,8 @@
 Builds and renders use the lock, and refuse a recipe without one (`resolved_for`). A lock records the digest of the
 merged recipe it was made from, so a change to the recipe or to any parent makes it stale, and a stale lock is an
 error, not a guess. A lock whose pins were edited by hand (they no longer follow from the recipe by the resolver's
-rules) is an error too.
+rules) is an error too. That check runs the resolver, once per process for a given lock and recipe (`_FOLLOWS`): a
+command reads its recipe's lock once (`for_ref`) and hands the result down.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pydantic import ValidationError
 from imgbuild.blocks.pytorch import PyTorchDetails
 from imgbuild.blocks.releases import EfaBundle, PluginNotes, TagComponent, TagRead
 from imgbuild.core.errors import ImgbuildError, LockError
-from imgbuild.core.outputs import write_atomic  # the lock and the recipe are written whole or not at all
+from imgbuild.core.outputs import write_atomic  # the lock is written whole or not at all
 from imgbuild.pin.content import Content, Requirement
 from imgbuild.pin.resolver import Pin, Pinned, Resolved, TorchLookup, index_lookup, resolve
 from imgbuild.spec import compat
@@ -27,6 +28,10 @@ from imgbuild.spec.recipe import LoadedRecipe, display, load
 
 LOCK_VERSION: Literal[3] = 3  # 2: typed pin details (each block's own model); 3: content (digests, hashes)
 MAX_LOCK_BYTES = 4 << 20  # the shipped locks are up to about 60 KB (a PyTorch image's wheel hashes)
+# The locks whose pins this process found to follow from their recipe (`_check_not_edited`), by (lock file, the
+# lock's digest, the merged recipe's digest): any change to the lock's pins or content, or to the recipe or a
+# parent, is a new key and is checked again.
+_FOLLOWS: set[tuple[str, str, str]] = set()
 
 
 class Lock(Pinned):
@@ -169,7 +174,10 @@ def read(loaded: LoadedRecipe) -> Resolved | None:
         content=lock.content,
         locked_at=lock.locked_at,
     )
-    _check_not_edited(loaded, resolved, path, hint)
+    key = (str(path.resolve()), lock.digest(), loaded.digest)
+    if key not in _FOLLOWS:
+        _check_not_edited(loaded, resolved, path, hint)
+        _FOLLOWS.add(key)
     return resolved
 
 

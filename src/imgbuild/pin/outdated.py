@@ -496,7 +496,7 @@ def write(original: LoadedRecipe, plan: Upgrade) -> tuple[LoadedRecipe, str]:
     """Put `plan`'s moves into the recipe's own file (its parents are never edited: a version it inherits is set in
     it), check that the file now loads as the planned recipe, and return it with the file's old text (to put back
     if locking fails). RecipeError, the file restored, when the edit does not give the planned recipe."""
-    from imgbuild.pin.lock import write_atomic
+    from imgbuild.core.outputs import write_atomic
 
     path = original.path
     where = display(path)
@@ -526,6 +526,6 @@ def write(original: LoadedRecipe, plan: Upgrade) -> tuple[LoadedRecipe, str]:
 
 def restore(path: Any, text: str) -> None:
     """Put a recipe's old text back (locking after an upgrade failed)."""
-    from imgbuild.pin.lock import write_atomic
+    from imgbuild.core.outputs import write_atomic
 
     write_atomic(path, text)

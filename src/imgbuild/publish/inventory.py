@@ -1,5 +1,6 @@
-"""`imgbuild sbom` and the SBOM `imgbuild push --sbom` writes: what a built image holds (image.sbom makes the
-CycloneDX document), read from the image itself through one container of it (engine.containers).
+"""The inventory of a built image: what it holds, read from the image itself through one container of it
+(engine.containers), for `imgbuild sbom` and the SBOM `imgbuild push --sbom` writes (image.sbom makes the CycloneDX
+document from it).
 
 The container runs with no network and without the image's entrypoint (no hook starts): `dpkg-query` lists the
 packages, paths.DPKG_SHA256 gives their .debs' checksums as apt knew them at the build, and each of the image's
@@ -19,7 +20,7 @@ from imgbuild.core import paths
 from imgbuild.core.errors import ImgbuildError, VerifyError
 from imgbuild.engine import ENGINE_ERRORS, connect, engine_error, inspect_image
 from imgbuild.engine.containers import Containers
-from imgbuild.image import render
+from imgbuild.image import identity
 from imgbuild.image import sbom as document
 from imgbuild.image.manifest import Manifest
 from imgbuild.pin.resolver import Resolved
@@ -120,10 +121,10 @@ def make(
     repo_digests: tuple[str, ...] = (),
     client: Any | None = None,
 ) -> Sbom:
-    """The SBOM of the image built from `resolved`, a lock (`lock.for_ref`: its hashes are the document's), of its
-    content-addressed ref or `image`, validated against CycloneDX's schema. Refused when the image was built from
-    another lock."""
-    ref = image or render.image_ref(resolved)
+    """The SBOM of the image built from `resolved`, a lock (the command's `lock.for_ref`: its hashes are the
+    document's), of its content-addressed ref or `image`, validated against CycloneDX's schema. Refused when the image
+    was built from another lock."""
+    ref = image or identity.of(resolved).ref()
     own = client is None
     docker_client = connect() if client is None else client
     try:
@@ -131,7 +132,7 @@ def make(
     finally:
         if own:
             docker_client.close()
-    digest = render.lock_digest(resolved)
+    digest = identity.lock_digest(resolved)
     if inv.manifest.lock_digest != digest:
         raise VerifyError(
             f"{ref} was built from lock {inv.manifest.lock_digest[:12]}, not from {resolved.name}'s lock "
@@ -155,19 +156,10 @@ def write(sbom: Sbom, output: Path) -> Path:
     return output
 
 
-def pushable(what: str) -> bool:
-    """Whether `imgbuild push WHAT --sbom` can describe WHAT: a recipe (its lock says what the hashes are)."""
-    from imgbuild.publish import _is_recipe
-
-    return _is_recipe(what)
-
-
-def after_push(what: str, result: Any, output: Path, *, client: Any | None = None) -> Sbom:
-    """The SBOM of recipe `what`'s image just pushed (`result`: publish.PublishResult), naming it by the manifest
-    digests the registry gave each tag, written to `output` (for CI to keep beside the push)."""
-    from imgbuild.pin import lock
-
-    _, resolved = lock.for_ref(what)
+def after_push(resolved: Resolved, result: Any, output: Path, *, client: Any | None = None) -> Sbom:
+    """The SBOM of the image of `resolved` (the recipe's lock, as the push read it) just pushed (`result`:
+    publish.PublishResult), naming it by the manifest digests the registry gave each tag, written to `output` (for
+    CI to keep beside the push)."""
     digests = tuple(dict.fromkeys(f"{ref.target.rsplit(':', 1)[0]}@{ref.digest}" for ref in result.refs))
     made = make(resolved, repo_digests=digests, client=client)
     write(made, output)

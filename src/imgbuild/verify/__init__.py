@@ -34,13 +34,13 @@ from imgbuild import checks, engine
 from imgbuild.blocks import runtime_order
 from imgbuild.checks.results import CheckResult, failures
 from imgbuild.core import validate
-from imgbuild.core.errors import ImgbuildError, Interrupted, LockError, RecipeError, VerifyError
+from imgbuild.core.errors import ImgbuildError, Interrupted, LockError, VerifyError
 from imgbuild.core.interrupts import sigint_deferred
 from imgbuild.engine import rootfs
 from imgbuild.engine.containers import LABEL as LABEL_VERIFY
 from imgbuild.engine.containers import Containers
 from imgbuild.engine.runprofile import EFA_DEVICE_GLOB, RunSpec, for_engine, host_efa_devices, host_has_gpu, run_spec
-from imgbuild.image import render
+from imgbuild.image import identity, render
 from imgbuild.image.manifest import MANIFEST_PATH, Manifest
 from imgbuild.pin import lock
 from imgbuild.pin.resolver import Resolved
@@ -92,16 +92,15 @@ def looks_like_image(ref: str) -> bool:
     return ":" in ref or "@" in ref
 
 
-def target_for_recipe(ref: str, arch: str | None = None) -> Target:
-    """A recipe: the image `imgbuild build RECIPE [--platform linux/ARCH]` tags (render.image_ref; `-ARCH` after the
-    tag for an architecture other than the recipe's first), and its lock's manifest for that architecture."""
-    loaded = recipe.load(ref)
-    if loaded.recipe.abstract:
-        raise RecipeError(f"{recipe.display(loaded.path)}: '{loaded.recipe.name}' is abstract (a parent): no image")
-    resolved = lock.resolved_for(loaded)  # a recipe without a lock is refused: its image would be no lock's
-    arch = render.check_arch(resolved, arch)  # a RenderError naming the recipe's architectures
+def target_for_recipe(ref: str, resolved: Resolved, arch: str | None = None) -> Target:
+    """Recipe REF with its lock (the command's `lock.for_ref`: a recipe without a lock is refused there, its image
+    would be no lock's): the image `imgbuild build RECIPE [--platform linux/ARCH]` tags (`Identity.ref`: `-ARCH`
+    after the tag for an architecture other than the recipe's first), and its lock's manifest for that
+    architecture."""
+    named = identity.of(resolved)
+    arch = named.check_arch(arch)  # a RenderError naming the recipe's architectures
     expected = expected_manifest(resolved, arch)
-    return Target(ref, "recipe", render.image_ref(resolved, arch), resolved.name, resolved, expected)
+    return Target(ref, "recipe", named.ref(arch), resolved.name, resolved, expected)
 
 
 def target_for_image(ref: str, labels: dict[str, str], arch: str | None = None) -> Target:
@@ -127,24 +126,24 @@ def target_for_image(ref: str, labels: dict[str, str], arch: str | None = None) 
     return Target(ref, "image", ref, name, resolved, expected_manifest(resolved, arch), note)
 
 
-def recipe_target(ref: str, arch: str | None = None) -> Target | None:
-    """REF's target when it names a recipe (a shipped name or a YAML file), else None: read before any engine is
-    asked, so a recipe without a lock is exit 4 whether or not an engine answers."""
+def names_recipe(ref: str) -> bool:
+    """Whether REF names a recipe (a shipped name or a YAML file), not an image: decided before any engine is asked,
+    so that a recipe without a lock is exit 4 whether or not an engine answers."""
     if looks_like_image(ref):
-        return None
+        return False
     try:
         recipe.find(ref)
     except ImgbuildError:
-        return None
-    return target_for_recipe(ref, arch)
+        return False
+    return True
 
 
 def resolve_target(ref: str, client: docker.DockerClient | None, arch: str | None = None) -> Target:
-    """RECIPE (shipped name or YAML path) or IMAGE (has ':' or '@', or the engine knows it). `arch` (--platform):
-    which of a recipe's architectures; for an image, the architecture it must be."""
-    target = recipe_target(ref, arch)
-    if target is not None:
-        return target
+    """RECIPE (shipped name or YAML path: its lock read here, for a caller that holds none) or IMAGE (has ':' or '@',
+    or the engine knows it). `arch` (--platform): which of a recipe's architectures; for an image, the architecture
+    it must be."""
+    if names_recipe(ref):
+        return target_for_recipe(ref, lock.for_ref(ref)[1], arch)
     if not looks_like_image(ref) and (client is None or _image_labels(client, ref) is None):
         recipe.find(ref)  # neither a recipe nor an image the engine has: the recipe's error (no such recipe...)
     if client is None:
@@ -214,7 +213,7 @@ class VerifyReport:
 
 
 def verify(
-    ref: str,
+    what: str | Target,
     *,
     host: str | None = None,
     devices: Sequence[str] = (),
@@ -223,9 +222,10 @@ def verify(
     workers: int = 8,
     arch: str | None = None,
 ) -> VerifyReport:
-    """Verify RECIPE|IMAGE in one container (or, with `host`, on that machine); then `nodes` >= 2 across nodes.
-    `arch` (--platform linux/arm64): which of the recipe's architectures, its image `render.image_ref(resolved,
-    arch)`; another architecture than this machine's runs under QEMU (binfmt_misc), through the same checks."""
+    """Verify RECIPE|IMAGE in one container (or, with `host`, on that machine); then `nodes` >= 2 across nodes. WHAT: a
+    recipe's target (`target_for_recipe`, from the lock the command read) or a name `resolve_target` looks up.
+    `arch` (--platform linux/arm64): which of the recipe's architectures, its image `identity.of(resolved).ref(arch)`;
+    another architecture than this machine's runs under QEMU (binfmt_misc), through the same checks."""
     if nodes < 1:
         raise VerifyError(f"--nodes must be at least 1, got {nodes}")
     if host and nodes > 1:
@@ -234,9 +234,9 @@ def verify(
     timings: dict[str, float] = {}
     try:
         if host:
-            report = _verify_host(ref, host, expect_efa=expect_efa, workers=workers, timings=timings, arch=arch)
+            report = _verify_host(what, host, expect_efa=expect_efa, workers=workers, timings=timings, arch=arch)
         else:
-            report = _verify_container(ref, devices=devices, expect_efa=expect_efa, nodes=nodes, workers=workers,
+            report = _verify_container(what, devices=devices, expect_efa=expect_efa, nodes=nodes, workers=workers,
                                        timings=timings, arch=arch)  # fmt: skip
     except KeyboardInterrupt:
         raise Interrupted("interrupted: the verification's containers were removed") from None
@@ -272,22 +272,23 @@ def host_spec(host: str) -> str:
 
 
 def _verify_host(
-    ref: str, host: str, *, expect_efa: bool, workers: int, timings: dict[str, float], arch: str | None = None
+    what: str | Target, host: str, *, expect_efa: bool, workers: int, timings: dict[str, float], arch: str | None = None
 ) -> VerifyReport:
     import testinfra
 
     spec = host_spec(host)
     t = time.monotonic()
+    target = what if isinstance(what, Target) else None
     client = None
-    if looks_like_image(ref):
+    if target is None and looks_like_image(str(what)):
         client = engine.connect()
     try:
-        target = resolve_target(ref, client, arch)
+        target = target or resolve_target(str(what), client, arch)
     finally:
         if client is not None:
             client.close()
     if target.resolved is None or target.expected_manifest is None:
-        raise VerifyError(f"{ref}: --host checks need a recipe with a lock ({target.note})")
+        raise VerifyError(f"{target.ref}: --host checks need a recipe with a lock ({target.note})")
     timings["resolve_s"] = round(time.monotonic() - t, 3)
     th = testinfra.get_host(spec)
     probe = checks.CheckContext(host=th, scope="host", components={})
@@ -314,7 +315,7 @@ def _verify_host(
     selected = checks.selected(ctx.components, "host", runtime_order())
     results = checks.run_checks(ctx, selected, workers=workers)
     timings["checks_s"] = round(time.monotonic() - t, 3)
-    return VerifyReport(ref, target.image, target.recipe, spec, target.note, results, timings)
+    return VerifyReport(target.ref, target.image, target.recipe, spec, target.note, results, timings)
 
 
 def _host_manifest(ctx: checks.CheckContext) -> dict[str, Any] | None:
@@ -433,7 +434,7 @@ def image_manifest(containers: Containers, target: Target) -> Manifest | None:
 
 
 def _verify_container(
-    ref: str,
+    what: str | Target,
     *,
     devices: Sequence[str],
     expect_efa: bool,
@@ -445,14 +446,15 @@ def _verify_container(
     import testinfra
 
     t = time.monotonic()
-    named = recipe_target(ref, arch)  # a recipe's lock before the engine: a missing one is exit 4 either way
+    # A recipe's lock before the engine: a missing one is exit 4 either way.
+    named = what if isinstance(what, Target) else resolve_target(what, None, arch) if names_recipe(what) else None
     if shutil.which("docker") is None:
         raise VerifyError("the docker command line is not installed (testinfra runs `docker exec`)",
                           hint=engine.SETUP_HINT)  # fmt: skip
     client = engine.connect()
     containers = Containers(client)
     try:
-        target = named or resolve_target(ref, client, arch)
+        target = named or resolve_target(str(what), client, arch)
         assert target.image is not None
         if _image_labels(client, target.image) is None:
             hint = f"imgbuild build {target.ref}" if target.kind == "recipe" else None
@@ -537,7 +539,7 @@ def _verify_container(
             results += multinode.run_multinode(target.image, manifest, nodes, slowdown=slowdown)
         timings["multinode_s"] = round(time.monotonic() - t, 3)
     notes = "; ".join(n for n in (target.note, *opts.notes, memlock_note or "") if n)
-    return VerifyReport(ref, target.image, target.recipe, "container", notes, results, timings)
+    return VerifyReport(target.ref, target.image, target.recipe, "container", notes, results, timings)
 
 
 # --------------------------------------------------------------------------------------------------------------

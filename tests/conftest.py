@@ -398,3 +398,28 @@ def second_engine(docker_client: Any) -> Any:
     )
     if was_running.returncode != 0:
         subprocess.run(["bash", str(script), "stop"], env=env, capture_output=True, check=False)
+
+
+@pytest.fixture
+def lock_reads(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """From here on, how often a recipe and its lock are read (`lock.for_ref`, what a command calls once through
+    console.resolved) and how often the resolver runs (`resolver.resolve`, which lock.read's check that the pins
+    follow from the recipe calls), with this process's record of locks already checked emptied first: the real
+    functions, counted."""
+    from imgbuild.pin import lock, resolver
+
+    counts = {"for_ref": 0, "resolve": 0}
+
+    def counted(name: str, real: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            counts[name] += 1
+            return real(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(lock, "for_ref", counted("for_ref", lock.for_ref))
+    resolve = counted("resolve", resolver.resolve)
+    monkeypatch.setattr(resolver, "resolve", resolve)
+    monkeypatch.setattr(lock, "resolve", resolve)  # lock imported the name
+    monkeypatch.setattr(lock, "_FOLLOWS", set())
+    return counts

@@ -156,3 +156,57 @@ def test_show_resolves_a_recipe_without_a_lock_and_says_so(cpu_copy: Path) -> No
     assert data["from"] == "lock" and data["image"][0].startswith("imgbuild/cpu:lock-")
     rendered = runner.invoke(app, ["render", str(cpu_copy)])
     assert rendered.exit_code == 0 and "--require-hashes" in rendered.stdout, rendered.output
+
+
+# ---- one read of the recipe and its lock per command, handed down (what `imgbuild push cpu --sbom` once read four
+# times: the CLI's architectures, the push's, the source lookup's and the SBOM's)
+
+ONE_READ = {
+    "render": ["render", "cpu"],
+    "build": ["build", "cpu"],
+    "build --platform": ["build", "cpu", "--platform", "linux/arm64"],
+    "push": ["push", "cpu", "--registry", "127.0.0.1:5000/team"],
+    "push --sbom": ["push", "cpu", "--platform", "linux/amd64", "-r", "127.0.0.1:5000/team", "--sbom", "{d}/s.json"],
+    "verify": ["verify", "cpu"],
+    "sbom": ["sbom", "cpu"],
+    "sources fetch": ["sources", "fetch", "cpu", "-o", "{d}/sources"],
+    "run --print": ["run", "cpu", "--print"],
+    "cluster job": ["cluster", "job", "cpu", "--engine", "slurm", "--nodes", "2"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(ONE_READ))
+def test_a_command_reads_its_recipe_and_lock_once(
+    case: str, lock_reads: dict[str, int], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each command resolves its recipe once, in the CLI, and hands the result down (the resolved recipe, its image's
+    identity): one `lock.for_ref`, one resolver run (the lock's pins checked against the recipe). With no engine
+    here, the commands that need one end there (exit 8), after everything they read before it."""
+    from imgbuild.core.errors import EngineError
+
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
+    args = [a.format(d=tmp_path) for a in ONE_READ[case]]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code in (0, EngineError.exit_code), result.output
+    assert "Traceback" not in result.output
+    assert lock_reads == {"for_ref": 1, "resolve": 1}, result.output
+
+
+def test_a_lock_is_checked_once_per_process_and_again_when_it_changes(
+    cpu_copy: Path, lock_reads: dict[str, int]
+) -> None:
+    """lock.read checks the pins against the recipe (a resolver run) once per process for one lock and recipe; an
+    edited lock is a new pair, checked (and refused) again."""
+    path = cpu_copy.with_name("cpu.lock.json")
+    shutil.copy(REPO / "recipes" / "cpu.lock.json", path)
+    loaded = recipe.load(str(cpu_copy))
+    assert lock.read(loaded) is not None and lock.read(recipe.load(str(cpu_copy))) is not None
+    assert lock_reads["resolve"] == 1
+    data = json.loads(path.read_text())
+    data["pins"]["nccl"]["version"] = "2.26.2"
+    path.write_text(json.dumps(data))
+    with pytest.raises(LockError, match=r"pins were edited by hand .*nccl.version: lock '2.26.2'"):
+        lock.read(loaded)
+    assert lock_reads["resolve"] == 2
+    shutil.copy(REPO / "recipes" / "cpu.lock.json", path)
+    assert lock.read(loaded) is not None and lock_reads["resolve"] == 2  # the lock checked before, as it was

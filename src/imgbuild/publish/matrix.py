@@ -24,7 +24,7 @@ def matrix(names: list[str] | None = None) -> dict[str, Any]:
     publishable: a missing or stale lock is an error naming the recipe. Abstract recipes (parents) are left
     out, and refused when named.
     """
-    from imgbuild.image import render
+    from imgbuild.image import identity
     from imgbuild.pin import lock
     from imgbuild.spec import recipe
 
@@ -34,13 +34,13 @@ def matrix(names: list[str] | None = None) -> dict[str, Any]:
         if loaded.recipe.abstract and not names:
             continue  # a parent among the shipped files: nothing of its own to publish
         resolved = lock.resolved_for(loaded.concrete())  # a published image comes from a lock
-        plan = render.plan(resolved)
+        named = identity.of(resolved)  # the image's names, without rendering it
         accelerator = loaded.recipe.platform.accelerator
         labels = RUNNERS[accelerator]
         include.append({
-            "recipe": plan.recipe,
-            "image": plan.repository,
-            "tags": list(plan.tags),
+            "recipe": named.recipe,
+            "image": named.repository,
+            "tags": list(named.tags()),
             "accelerator": accelerator,
             "runner": " ".join(labels),
             "runs_on": labels,

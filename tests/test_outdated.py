@@ -287,6 +287,25 @@ def test_upgrade_writes_the_recipe_then_the_lock(
     assert run("outdated", str(path)).exit_code == 0
 
 
+def test_a_lock_that_fails_after_the_upgrade_puts_the_recipe_back(
+    index_env: Index, recipe_dir: Path, tmp_path: Path
+) -> None:
+    """The lock must follow from the recipe: when the upgrade wrote the recipe and locking it then fails (the new
+    release's wheel needs a distribution the index does not have), the recipe file is put back and no lock written."""
+    path = recipe_dir / "mine.yaml"
+    path.write_text(INHERITED)
+    current = recipe.load(path).recipe.components.nccl.version
+    before = path.read_text()
+    serve(index_env, tmp_path, "nvidia-nccl-cu12", current)
+    serve(index_env, tmp_path, "nvidia-nccl-cu12", NCCL_NEXT, ("no-such-distribution==1.0",))
+
+    result = run("lock", str(path), "--upgrade")
+    assert result.exit_code == 5 and "no-such-distribution" in result.stderr, result.output
+    assert f"upgraded nccl {current} -> {NCCL_NEXT}" in result.stdout
+    assert "mine.yaml is back as it was (locking failed)" in result.stderr
+    assert path.read_text() == before and not path.with_name("mine.lock.json").exists()
+
+
 def test_upgrade_refuses_a_newest_that_does_not_fit(index_env: Index, gpu: Path, tmp_path: Path) -> None:
     gpu_index(index_env, tmp_path, ["2.13.0", "2.15.0", TORCH_NEXT])
     before = gpu.read_text()

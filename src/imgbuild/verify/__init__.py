@@ -446,8 +446,11 @@ def _verify_container(
     import testinfra
 
     t = time.monotonic()
-    # A recipe's lock before the engine: a missing one is exit 4 either way.
-    named = what if isinstance(what, Target) else resolve_target(what, None, arch) if names_recipe(what) else None
+    named: Target | None = None  # a recipe's target, its lock read before the engine: none is exit 4 either way
+    if isinstance(what, Target):
+        named = what
+    elif names_recipe(what):
+        named = resolve_target(what, None, arch)
     if shutil.which("docker") is None:
         raise VerifyError("the docker command line is not installed (testinfra runs `docker exec`)",
                           hint=engine.SETUP_HINT)  # fmt: skip

@@ -840,9 +840,12 @@ def test_live_progress_renders_without_errors() -> None:
 
 @pytest.mark.docker
 @pytest.mark.slow
-def test_push_writes_the_sbom_beside_the_push(docker_client, pinned_cpu, registry: LocalRegistry, tmp_path) -> None:
+def test_push_writes_the_sbom_beside_the_push(
+    docker_client, pinned_cpu, registry: LocalRegistry, tmp_path, lock_reads: dict[str, int]
+) -> None:
     """`push RECIPE --sbom FILE`: the SBOM of the pushed image, named by the registry's manifest digest (Debian's
-    distribution 2.8 has no referrers API: the file is what CI keeps, see the README)."""
+    distribution 2.8 has no referrers API: the file is what CI keeps, see the README). The whole walk (the
+    architectures, the image to push, the push, the SBOM) reads the recipe and its lock once."""
     from imgbuild.image import sbom as doc
 
     out = tmp_path / "cpu.cdx.json"
@@ -852,6 +855,7 @@ def test_push_writes_the_sbom_beside_the_push(docker_client, pinned_cpu, registr
             ["push", "cpu", "--platform=linux/amd64", "-r", f"{registry.host}/sbom", "--json", "--sbom", str(out)],
         )
         assert result.exit_code == 0, result.output
+        assert lock_reads == {"for_ref": 1, "resolve": 1}
         digest = json.loads(result.stdout)["refs"][0]["digest"]
         text = out.read_text()
         doc.validate(text)

@@ -18,7 +18,7 @@ from typing import Annotated
 import typer
 
 from imgbuild import __version__
-from imgbuild.cli import build, publish, recipes, run, sbom, verify
+from imgbuild.cli import build, publish, recipes, run, sbom, schema, verify
 from imgbuild.cli.cluster import app as cluster_app
 from imgbuild.cli.console import err
 
@@ -53,6 +53,7 @@ verify.register(app)
 run.register(app)
 publish.register(app)
 sbom.register(app)
+schema.register(app)
 app.add_typer(cluster_app, name="cluster")
 
 

@@ -88,6 +88,9 @@ class OS(Strict):
     packages: tuple[DebPackage, ...] = ()
 
 
+Arch = Literal["amd64", "arm64"]
+
+
 def _arch_list(value: object) -> object:
     """`arch: arm64` or `arch: [amd64, arm64]`: one architecture or several, none twice."""
     items = [value] if isinstance(value, str) else value
@@ -110,7 +113,10 @@ class Platform(Strict):
     # The CPU architectures the image is built for (Docker's names): one, or a list for a multi-architecture image
     # (the first is the default `imgbuild build` makes; `--platform` picks another). AWS's Graviton and Grace
     # instances (p6e-gb200) are arm64.
-    arch: Annotated[tuple[Literal["amd64", "arm64"], ...], BeforeValidator(_arch_list)] = ("amd64",)
+    arch: Annotated[
+        tuple[Literal["amd64", "arm64"], ...],
+        BeforeValidator(_arch_list, json_schema_input_type=Arch | list[Arch]),  # `imgbuild schema`: one or a list
+    ] = ("amd64",)
     gpu_arch: Literal["sm_70", "sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_103"] | None = None
     instance_types: tuple[InstanceType, ...] = ()
     devices_per_node: int = Field(1, ge=1, le=64)

@@ -163,7 +163,7 @@ def warn(resolved: Resolved) -> None:
 def resolved(ref: str) -> tuple[LoadedRecipe, Resolved]:
     """The recipe REF (refused when abstract) with its lock's pins; exit 4 naming the lock file when it has none.
     Each command that builds on a lock calls it once and hands the result down (build, push, verify, sbom, run,
-    render, sources fetch, cluster job): nothing below the CLI looks a recipe up by name again."""
+    render, sources fetch, cluster job): nothing below the CLI looks the command's recipe up again."""
     from imgbuild.pin import lock
 
     return lock.for_ref(ref)

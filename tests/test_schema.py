@@ -67,6 +67,11 @@ def test_a_child_may_leave_keys_to_its_parent_and_drop_them(validator: jsonschem
     assert errors(validator, doc) == []
 
 
+def test_requirements_may_name_a_file(validator: jsonschema.Draft202012Validator) -> None:
+    assert errors(validator, {"extends": "pytorch", "app": {"requirements": "requirements.txt"}}) == []
+    assert errors(validator, {"extends": "pytorch", "app": {"requirements": ["einops==0.8.1", "tqdm"]}}) == []
+
+
 @pytest.mark.parametrize(
     ("text", "where"),
     [
@@ -76,6 +81,8 @@ def test_a_child_may_leave_keys_to_its_parent_and_drop_them(validator: jsonschem
         ("extends: cpu\ncomponents: {pytorch: {version: 2.9.1, cuda: 12.8}}\n", "components.pytorch"),
         ("extends: cpu\nruntime: {network: bridge}\n", "runtime.network"),
         ("extends: cpu\nplatform: {devices_per_node: 0}\n", "platform.devices_per_node"),
+        ("extends: cpu\napp: {requirements_file: requirements.txt}\n", "app"),  # set by the loader, never written
+        ("extends: cpu\napp: {requirements: requirements.yaml}\n", "app.requirements"),
     ],
 )
 def test_what_imgbuild_refuses_the_schema_refuses(

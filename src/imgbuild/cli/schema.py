@@ -35,6 +35,17 @@ def _file_object(node: dict[str, Any]) -> None:
         node["properties"][name] = {"anyOf": [prop, {"type": "null"}], **keep}
 
 
+def _requirements_file(app: dict[str, Any]) -> None:
+    """`app.requirements` as a file writes it (spec/recipe.py's `_read_requirements_file`): a list, or the name of a
+    requirements file beside the recipe; `requirements_file` is what the loader sets from that name, never written."""
+    del app["requirements_file"]
+    listed = app["requirements"]["anyOf"][0]
+    listed.setdefault("description", "the requirements, one specifier each")
+    app["requirements"]["anyOf"].insert(
+        1, {"type": "string", "pattern": r"\.txt$", "description": "a requirements file beside the recipe (*.txt)"}
+    )
+
+
 def recipe_schema() -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of a recipe file, as `imgbuild schema` prints it."""
     from imgbuild.spec.recipe import Recipe
@@ -43,6 +54,7 @@ def recipe_schema() -> dict[str, Any]:
     for node in [schema, *schema.get("$defs", {}).values()]:
         if node.get("type") == "object" and "properties" in node:
             _file_object(node)
+    _requirements_file(schema["$defs"]["App"]["properties"])
     schema["properties"] = {
         "extends": {
             "type": "string",

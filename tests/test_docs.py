@@ -1,0 +1,163 @@
+"""The front door and the docs site: README.md is short and shows the main job first; `mkdocs build --strict`
+passes offline (no web fonts, no fetches: proxies pointed at a closed port), and what the site generates from the
+code is there: every command, every exit code, every recipe key, and the schema `imgbuild schema` prints."""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from imgbuild.cli import app
+from imgbuild.cli.schema import recipe_schema
+from imgbuild.core import errors
+
+REPO = Path(__file__).resolve().parent.parent
+README = REPO / "README.md"
+# The quick start's commands: what sets up a fresh machine, runs the main job and the tests (scripts/*.sh).
+QUICK_START = (
+    "bash scripts/main.sh     # main job: Docker engine + base image + package, then build and verify the cpu image",
+    "bash scripts/test.sh     # tests: same setup, then ruff, mypy and every test (Docker ones included)",
+)
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("site")
+    closed = "http://127.0.0.1:9"  # the discard port: nothing listens, so any fetch fails at once
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]),
+        "HTTP_PROXY": closed,
+        "HTTPS_PROXY": closed,
+        "http_proxy": closed,
+        "https_proxy": closed,
+        "NO_PROXY": "",
+        "no_proxy": "",
+        "NO_MKDOCS_2_WARNING": "1",
+    }
+    built = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "--config-file",
+            str(REPO / "mkdocs.yml"),
+            "-d",
+            str(out),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if "No module named mkdocs" in built.stderr:
+        pytest.fail('mkdocs is not installed (pip install -e ".[dev]": mkdocs-material is in the dev extra)')
+    assert built.returncode == 0, built.stdout + built.stderr
+    assert "WARNING" not in built.stderr, built.stderr
+    return out
+
+
+def page(site: Path, name: str) -> str:
+    """A built page's text, tags dropped and entities decoded."""
+    text = (site / name / "index.html").read_text()
+    return html.unescape(re.sub(r"<[^>]+>", "", text))
+
+
+def test_readme_is_a_front_door() -> None:
+    lines = README.read_text().splitlines()
+    assert len(lines) <= 200, f"README.md has {len(lines)} lines (at most 200: the reference belongs in docs/)"
+    first = "\n".join(lines[:60])
+    for line in QUICK_START:
+        assert line in first, f"the quick start's command is not in README.md's first 60 lines: {line}"
+    assert re.search(r"^imgbuild build gaudi-1\.15\s+#", first, re.MULTILINE), "the main job is not in the first 60"
+    assert "examples/pytorch-app" in README.read_text()
+
+
+@pytest.mark.parametrize("name", ["README.md", "CONTRIBUTING.md", "CHANGELOG.md"])
+def test_relative_links_reach_files(name: str) -> None:
+    text = (REPO / name).read_text()
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)\s]*)?\)", text)
+    local = [link for link in links if "://" not in link]
+    missing = [link for link in local if not (REPO / link).exists()]
+    assert not missing, f"{name} links to what is not in the repository: {missing}"
+
+
+def test_every_command_is_in_the_site(site: Path) -> None:
+    text = page(site, "commands")
+
+    def walk(command: typer.core.TyperCommand, path: str) -> list[str]:
+        found = [path]
+        for name, sub in (getattr(command, "commands", None) or {}).items():
+            if not sub.hidden:
+                found += walk(sub, f"{path} {name}")
+        return found
+
+    names = walk(typer.main.get_command(app), "imgbuild")
+    assert {"imgbuild build", "imgbuild schema", "imgbuild cluster job", "imgbuild sources fetch"} <= set(names)
+    missing = [name for name in names if name not in text]
+    assert not missing, f"commands missing from the site's commands page: {missing}"
+    assert "--scan-gate" in text and "--cache-from" in text  # options too, not only the names
+
+
+def test_every_exit_code_is_in_the_site(site: Path) -> None:
+    text = page(site, "exit-codes")
+    todo: list[type[errors.ImgbuildError]] = [errors.ImgbuildError]
+    classes = []
+    while todo:
+        cls = todo.pop()
+        classes.append(cls)
+        todo += cls.__subclasses__()
+    assert len({c.exit_code for c in classes}) >= 19
+    for cls in classes:
+        row = re.search(rf"^\s*{cls.exit_code}\s*\n\s*{cls.__name__}\s*$", text, re.MULTILINE)
+        assert row, f"exit code {cls.exit_code} ({cls.__name__}) is not a row of the site's exit-codes page"
+
+
+def test_every_recipe_key_is_in_the_site(site: Path) -> None:
+    text = page(site, "recipe-keys")
+    schema = recipe_schema()
+    keys = list(schema["properties"])
+    components = schema["$defs"]["Components"]["properties"]
+    keys += [f"components.{name}" for name in components]
+    keys += [f"platform.{name}" for name in schema["$defs"]["Platform"]["properties"]]
+    assert {"extends", "components.pytorch", "platform.arch", "app", "hold"} <= set(keys)
+    missing = [key for key in keys if key not in text]
+    assert not missing, f"recipe keys missing from the site: {missing}"
+
+
+def test_the_site_serves_the_schema_imgbuild_prints(site: Path) -> None:
+    printed = CliRunner().invoke(app, ["schema"])
+    assert printed.exit_code == 0, printed.output
+    assert json.loads((site / "recipe.schema.json").read_text()) == json.loads(printed.stdout)
+
+
+def test_the_reference_left_the_readme_for_the_site(site: Path) -> None:
+    """The sections the README held are pages of the site, each with its own content."""
+    expected = {
+        "targets": "One NCCL.",
+        "recipes": "Architectures (platform.arch)",
+        "locks": "Air-gapped sites",
+        "building": "Which CLI.",
+        "running": "imex channels",
+        "verifying": "Ending a DDP program cleanly",
+        "sagemaker": "sagemaker_submit_directory",
+        "clusters": "imgbuild cluster report",
+        "publishing": "Scan gate",
+        "architecture": "import-linter",
+        "contributing": "Adding a building block",
+        "changelog": "Unreleased",
+    }
+    for name, words in expected.items():
+        assert words in page(site, name), f"docs/{name}.md: {words!r} is not on the built page"

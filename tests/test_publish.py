@@ -844,7 +844,7 @@ def test_push_writes_the_sbom_beside_the_push(
     docker_client, pinned_cpu, registry: LocalRegistry, tmp_path, lock_reads: dict[str, int]
 ) -> None:
     """`push RECIPE --sbom FILE`: the SBOM of the pushed image, named by the registry's manifest digest (Debian's
-    distribution 2.8 has no referrers API: the file is what CI keeps, see the README). The whole walk (the
+    distribution 2.8 has no referrers API: the file is what CI keeps, see docs/publishing.md). The whole walk (the
     architectures, the image to push, the push, the SBOM) reads the recipe and its lock once."""
     from imgbuild.image import sbom as doc
 

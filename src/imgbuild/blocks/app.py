@@ -10,7 +10,7 @@ Recipe section `app:` (top level, not under components):
                         mpi4py) as constraints: a requirement that would change one is refused, naming both versions
     from_source         names among the requirements built from their sdists in a build stage (pip wheel
                         --no-build-isolation): they compile against the image's torch, NCCL and MPI, never a wheel
-                        built elsewhere (Horovod's way; see README "Packages built against the image")
+                        built elsewhere (Horovod's way; see docs/recipes.md, "Built against the image's stack")
     build_requirements  what those builds import (setuptools>=70.1 when left out and something is built), hashed too;
                         installed in the build stage only
     build_packages      Debian packages the build stage needs besides build-essential, python3-dev and the MPI headers

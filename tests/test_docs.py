@@ -29,9 +29,8 @@ QUICK_START = (
 )
 
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("site")
+def mkdocs_build(config: Path, out: Path) -> subprocess.CompletedProcess[str]:
+    """`mkdocs build --strict` of `config` into `out`, this tree's imgbuild importable, any web fetch failing."""
     closed = "http://127.0.0.1:9"  # the discard port: nothing listens, so any fetch fails at once
     env = {
         **os.environ,
@@ -45,17 +44,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "NO_MKDOCS_2_WARNING": "1",
     }
     built = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mkdocs",
-            "build",
-            "--strict",
-            "--config-file",
-            str(REPO / "mkdocs.yml"),
-            "-d",
-            str(out),
-        ],
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(config), "-d", str(out)],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -64,6 +53,13 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     if "No module named mkdocs" in built.stderr:
         pytest.fail('mkdocs is not installed (pip install -e ".[dev]": mkdocs-material is in the dev extra)')
+    return built
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("site")
+    built = mkdocs_build(REPO / "mkdocs.yml", out)
     assert built.returncode == 0, built.stdout + built.stderr
     assert "WARNING" not in built.stderr, built.stderr
     return out
@@ -161,3 +157,23 @@ def test_the_reference_left_the_readme_for_the_site(site: Path) -> None:
     }
     for name, words in expected.items():
         assert words in page(site, name), f"docs/{name}.md: {words!r} is not on the built page"
+
+
+def test_no_page_loads_anything_from_the_web(site: Path) -> None:
+    """The site reads offline and air-gapped: no web fonts, scripts or styles from elsewhere."""
+    pages = list(site.rglob("*.html"))
+    assert len(pages) >= 15
+    for built in pages:
+        remote = re.findall(r"<(?:link|script|img)\b[^>]*(?:href|src)=\"(?:https?:)?//[^\"]*\"", built.read_text())
+        assert not remote, f"{built.relative_to(site)} loads {remote}"
+
+
+def test_a_generated_part_that_does_not_exist_fails_the_build(tmp_path: Path) -> None:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "index.md").write_text("# Commands\n\n<!-- generated: comands -->\n")
+    config = tmp_path / "mkdocs.yml"
+    config.write_text(f"site_name: t\ndocs_dir: {docs}\nhooks:\n  - {REPO / 'docs' / 'hooks.py'}\n")
+    built = mkdocs_build(config, tmp_path / "site")
+    assert built.returncode != 0
+    assert "index.md: no generated part named 'comands'" in built.stdout + built.stderr

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, SerializeAsAny, SerializerFunctionWrapHandler, model_serializer
 
-from imgbuild.blocks import releases
+import imgbuild.blocks.releases as releases
 from imgbuild.core.errors import LockError, ResolveError
 from imgbuild.core.paths import display
 from imgbuild.spec import compat

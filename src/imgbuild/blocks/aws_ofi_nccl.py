@@ -24,8 +24,8 @@ from typing import Any, Literal
 from packaging.version import Version
 from pydantic import SerializerFunctionWrapHandler, model_serializer
 
+import imgbuild.blocks.releases as releases
 from imgbuild import probes
-from imgbuild.blocks import releases
 from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution
 from imgbuild.checks import CheckContext, check, fail, ldd_missing, passed, skip
 from imgbuild.checks.results import CheckResult

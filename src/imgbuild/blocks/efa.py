@@ -17,8 +17,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 
-from imgbuild.blocks import gaudi, releases
+import imgbuild.blocks.releases as releases
 from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution, with_prefix
+from imgbuild.blocks.gaudi import check_base
 from imgbuild.checks import CheckContext, check, compare, fail
 from imgbuild.checks.results import CheckResult
 from imgbuild.spec import compat
@@ -69,7 +70,7 @@ class EfaDetails(Details):
 
 def resolve(e: Efa, rs: Resolution) -> Pin:
     # A base image's installer that the Gaudi table records was run by Habana on that release's OS: not unchecked.
-    vouched = e.source == "base" and gaudi.check_base(rs, "components.efa.version", "efa", e.version)
+    vouched = e.source == "base" and check_base(rs, "components.efa.version", "efa", e.version)
     release = releases.efa_release(e.version)
     bundle = rs.efa_bundle(e.version) if e.source == "installer" else None
     if release is None:

@@ -12,8 +12,8 @@ import re
 import shlex
 from typing import Any, Literal
 
-from imgbuild.blocks import gaudi
 from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution, with_prefix
+from imgbuild.blocks.gaudi import check_base
 from imgbuild.checks import CheckContext, check, compare, fail, first_executable, passed, skip
 from imgbuild.checks.results import CheckResult
 from imgbuild.spec.schema import AbsPath, Strict, pin_validator
@@ -43,7 +43,7 @@ def resolve(lf: Libfabric, rs: Resolution) -> Pin:
         return rs.distro_pin(key, "libfabric", lf.version).model_copy(update={"details": Details(prefix="/usr")})
     if lf.version is None:
         raise rs.fail(f"{key}.version", "required when libfabric comes with the base image")
-    gaudi.check_base(rs, f"{key}.version", "libfabric", lf.version)
+    check_base(rs, f"{key}.version", "libfabric", lf.version)
     return Pin(version=lf.version, source="base", origin="base image", details=Details(prefix=lf.prefix))
 
 

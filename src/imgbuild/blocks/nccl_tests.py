@@ -10,9 +10,9 @@ from __future__ import annotations
 import posixpath
 import shlex
 
-from imgbuild.blocks import openmpi
 from imgbuild.blocks._core import Block, Context, Contribution, FromTag, Installed, Pin, Resolution
 from imgbuild.blocks.nccl import nccl_probe
+from imgbuild.blocks.openmpi import owns_libmpi
 from imgbuild.checks import CONTAINER, CheckContext, check, fail, ldd_missing, passed
 from imgbuild.checks.results import CheckResult
 from imgbuild.spec.schema import AbsPath, Strict, pin_validator
@@ -129,7 +129,7 @@ def nccl_tests_links(ctx: CheckContext) -> CheckResult:
             problems.append(f"{name} links {real.get(nccl, nccl)}, not the NCCL in {nccl_dir}")
         if mpi is not None and libmpi is None:
             problems.append(f"{name} does not link libmpi (built without MPI=1)")
-        elif mpi is not None and libmpi is not None and not openmpi.owns_libmpi(mpi, real.get(libmpi, libmpi)):
+        elif mpi is not None and libmpi is not None and not owns_libmpi(mpi, real.get(libmpi, libmpi)):
             problems.append(f"{name} links {real.get(libmpi, libmpi)}, not Open MPI's ({mpi.details.prefix})")
     one = next(iter(linked.values()))
     found = ", ".join(real.get(p, p) for p in one if p)

@@ -14,8 +14,8 @@ import re
 import shlex
 from typing import Literal
 
-from imgbuild.blocks import gaudi
 from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution
+from imgbuild.blocks.gaudi import check_base
 from imgbuild.checks import CheckContext, check, compare, fail, first_executable
 from imgbuild.checks.results import CheckResult
 from imgbuild.spec import compat
@@ -46,7 +46,7 @@ def resolve(m: OpenMPI, rs: Resolution) -> Pin:
     if m.version is None:
         raise rs.fail(f"{key}.version", f"required when Open MPI comes from '{m.source}'")
     if m.source == "base":
-        gaudi.check_base(rs, f"{key}.version", "openmpi", m.version)
+        check_base(rs, f"{key}.version", "openmpi", m.version)
     where = m.prefix or ("/opt/openmpi" if m.source == "source" else None)
     return Pin(version=m.version, source=m.source, origin="recipe", details=Details(prefix=where))
 

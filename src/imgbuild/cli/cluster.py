@@ -143,7 +143,7 @@ def _job(
     name: str | None,
     output: Path | None,
 ) -> None:
-    from imgbuild.cli import console
+    import imgbuild.cli.console as console
     from imgbuild.cli.console import err, warn
     from imgbuild.cluster.jobs import plan_job, render_plan
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, hadolint
+from imgbuild import recipe
 from imgbuild.core.errors import RecipeError, RenderError, ResolveError
 from imgbuild.image import identity, render
 from imgbuild.pin import record, resolver, wheels
-from imgbuild.spec import recipe
 
 EXAMPLE = REPO / "examples" / "pytorch-app" / "pytorch-app.yaml"
 

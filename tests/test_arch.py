@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from imgbuild import recipe
 from imgbuild.core.errors import RecipeError, RenderError, ResolveError
 from imgbuild.image import identity, render
 from imgbuild.pin import lock, pypi
 from imgbuild.pin.content import ImageDigest, local_ref
 from imgbuild.pin.resolver import resolve
-from imgbuild.spec import compat, recipe
+from imgbuild.spec import compat
 from localindex import Index, make_wheel, torch_wheel_name
 
 

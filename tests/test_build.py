@@ -16,12 +16,11 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import locked_user_recipe
-from imgbuild import build
+from imgbuild import build, recipe
 from imgbuild.cli import app
 from imgbuild.core.errors import BaseImageMissing, BuildError
 from imgbuild.image import render
 from imgbuild.pin import lock
-from imgbuild.spec import recipe
 
 pytestmark = pytest.mark.docker
 runner = CliRunner()
@@ -212,11 +211,10 @@ def test_build_leaves_no_context_folder(cpu_image) -> None:
 
 
 def test_a_build_the_disk_cannot_hold_is_refused_with_the_figures() -> None:
-    from imgbuild import build
+    from imgbuild import build, recipe
     from imgbuild.core.errors import BuildError
     from imgbuild.image import render
     from imgbuild.pin.lock import resolved_for
-    from imgbuild.spec import recipe
 
     plan = render.plan(resolved_for(recipe.load("pytorch")))
     assert plan.disk_gb >= 16  # torch's wheels: measured about 16 GB while the layer is committed

@@ -181,9 +181,9 @@ def test_the_shipped_third_party_table() -> None:
         "f740994485516deb63b5311af122c265179f5328a0d857a567b85db00b11e415"
     )
     from conftest import REPO, SHIPPED
+    from imgbuild import recipe
     from imgbuild.pin import record
     from imgbuild.pin.resolver import resolve
-    from imgbuild.spec import recipe
 
     wanted: set[str] = set()
     for path in [*SHIPPED, *(REPO / "tests" / "recipes" / f"{n}.yaml" for n in ("modes", "nccl-build", "ofi-release"))]:

@@ -26,6 +26,7 @@ import yaml
 from typer.testing import CliRunner
 
 from conftest import REPO, UPSTREAM
+from imgbuild import recipe
 from imgbuild.cli.cluster import job_command
 from imgbuild.cluster import jobs
 from imgbuild.core import paths
@@ -34,7 +35,7 @@ from imgbuild.image import render
 from imgbuild.nccltests import command
 from imgbuild.pin import lock
 from imgbuild.pin.resolver import resolve
-from imgbuild.spec import compat, recipe
+from imgbuild.spec import compat
 from imgbuild.spec.launch import for_manifest
 
 DATA = UPSTREAM

@@ -388,7 +388,7 @@ def test_an_instance_type_with_no_published_figure_says_so(instance_type: str) -
 
 
 def test_the_new_recipes_instance_types_are_published_or_said_unpublished() -> None:
-    from imgbuild.spec import recipe
+    from imgbuild import recipe
 
     table = expected.shipped()
     for name in ("h200", "b200", "gb200"):
@@ -496,8 +496,8 @@ def test_ranks_with_different_nccl_fail() -> None:
 
 
 def test_expectations_from_a_lock() -> None:
+    from imgbuild import recipe
     from imgbuild.pin import lock
-    from imgbuild.spec import recipe
 
     resolved = lock.resolved_for(recipe.load("a100"))
     expect = Expect.from_resolved(resolved)

@@ -13,12 +13,12 @@ import pytest
 from packaging.version import Version
 
 from conftest import REPO, SHIPPED
+from imgbuild import recipe
 from imgbuild.blocks import BY_NAME, REGISTRY, builder_order, resolve_order, runtime_order
 from imgbuild.core.errors import RenderError
 from imgbuild.image import identity, render
 from imgbuild.pin.lock import resolved_for
 from imgbuild.pin.resolver import resolve
-from imgbuild.spec import recipe
 
 GOLDEN = REPO / "tests" / "golden"
 TEST_RECIPES = REPO / "tests" / "recipes"

@@ -410,8 +410,9 @@ def test_the_driver_a_cuda_needs_is_nvidias_minor_version_table():
 
 
 def test_image_cuda_is_the_cuda_pin_else_torchs_wheel():
+    from imgbuild import recipe
     from imgbuild.pin.lock import lock_or_fresh
-    from imgbuild.spec import driver, recipe
+    from imgbuild.spec import driver
 
     def cuda_of(name: str) -> str | None:
         return driver.image_cuda(lock_or_fresh(recipe.load(name).concrete())[0].pins)

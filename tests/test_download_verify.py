@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, hadolint
+from imgbuild import recipe
 from imgbuild.blocks import REGISTRY, context_for
 from imgbuild.core.errors import LockError
 from imgbuild.image import render
 from imgbuild.pin import record
 from imgbuild.pin.content import Content, Download, Requirement, download_name
 from imgbuild.pin.resolver import Resolved, resolve
-from imgbuild.spec import recipe
 from test_checksums import Server
 
 TEST_RECIPES = REPO / "tests" / "recipes"

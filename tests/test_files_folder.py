@@ -23,13 +23,13 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import REPO
+from imgbuild import recipe
 from imgbuild.blocks import releases
 from imgbuild.cli import app
 from imgbuild.core.errors import ContentError, UsageError
 from imgbuild.image import render
 from imgbuild.pin import lock
 from imgbuild.pin.content import Download, sha256_file
-from imgbuild.spec import recipe
 from localindex import Index, make_wheel
 from test_download_verify import _build, _tarball, build_module
 

@@ -18,9 +18,9 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import REPO, SHIPPED
+from imgbuild import recipe
 from imgbuild.cli import app
 from imgbuild.pin import lock
-from imgbuild.spec import recipe
 from localindex import Index, make_wheel
 
 

@@ -16,10 +16,10 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import REPO
+from imgbuild import recipe
 from imgbuild.cli import app
 from imgbuild.core.errors import LockError
 from imgbuild.pin import lock
-from imgbuild.spec import recipe
 
 
 @pytest.fixture

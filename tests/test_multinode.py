@@ -17,14 +17,15 @@ import docker
 import pytest
 
 from conftest import UPSTREAM, read_manifest
+from imgbuild import recipe
 from imgbuild.checks.results import CheckResult, failures
 from imgbuild.core.errors import Interrupted, VerifyError
 from imgbuild.engine.containers import Exec
 from imgbuild.image import render
 from imgbuild.image.manifest import Manifest
 from imgbuild.pin import lock
-from imgbuild.spec import launch, recipe
-from imgbuild.spec.recipe import MpiRun
+from imgbuild.recipe import MpiRun
+from imgbuild.spec import launch
 from imgbuild.verify import multinode, nodechecks
 
 

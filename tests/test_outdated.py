@@ -16,10 +16,10 @@ import pytest
 from packaging.version import Version
 from typer.testing import CliRunner
 
+from imgbuild import recipe
 from imgbuild.cli import app
 from imgbuild.core.errors import RecipeError
 from imgbuild.pin import lock, outdated, pypi
-from imgbuild.spec import recipe
 from imgbuild.spec.edit import set_value
 from localindex import CP, Index, make_wheel, torch_wheel_name
 

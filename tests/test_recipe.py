@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from imgbuild import recipe
 from imgbuild.core.errors import RecipeError
-from imgbuild.spec import recipe
 
 CPU_LIKE = """\
 extends: cpu

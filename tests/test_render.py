@@ -16,11 +16,11 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import REPO, SHIPPED, hadolint
+from imgbuild import recipe
 from imgbuild.cli import app
 from imgbuild.core.errors import LockError
 from imgbuild.image import identity, render
 from imgbuild.pin.lock import resolved_for
-from imgbuild.spec import recipe
 
 GOLDEN = REPO / "tests" / "golden"
 

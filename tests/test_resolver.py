@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
+from imgbuild import recipe
 from imgbuild.blocks import releases
 from imgbuild.core.errors import ImgbuildError, ResolveError
 from imgbuild.pin.resolver import resolve
-from imgbuild.spec import compat, recipe
+from imgbuild.spec import compat
 
 
 def resolve_text(d: Path, text: str, **kwargs):

@@ -12,13 +12,13 @@ import typer
 from typer.testing import CliRunner
 
 from conftest import locked_user_recipe
+from imgbuild import recipe
 from imgbuild.cli import app as imgbuild_app
 from imgbuild.core.errors import EngineError
 from imgbuild.engine import runprofile
 from imgbuild.image import render
 from imgbuild.pin.lock import resolved_for
 from imgbuild.pin.resolver import Resolved
-from imgbuild.spec import recipe
 
 HABANA = (
     "--runtime=habana -e HABANA_VISIBLE_DEVICES=all -e OMPI_MCA_btl_vader_single_copy_mechanism=none "

@@ -19,7 +19,7 @@ from imgbuild.image import sbom as doc
 from imgbuild.pin.content import Content, Download, ImageDigest, Requirement
 from imgbuild.pin.resolver import Resolved, resolve
 from imgbuild.publish import inventory as contents
-from imgbuild.spec.recipe import load
+from imgbuild.recipe import load
 
 NCCL_X86 = "sha256:" + "1" * 64
 NCCL_ARM = "sha256:" + "2" * 64

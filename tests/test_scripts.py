@@ -13,11 +13,12 @@ from typing import Any
 
 import pytest
 
+from imgbuild import recipe
 from imgbuild.blocks import TEMPLATE_DIR, sagemaker
 from imgbuild.core import paths
 from imgbuild.image import render
 from imgbuild.pin.lock import resolved_for
-from imgbuild.spec import launch, recipe
+from imgbuild.spec import launch
 
 SCRIPTS = sorted([paths.images_dir() / "files" / "imgbuild-entrypoint", *(TEMPLATE_DIR / "files").glob("*/*")], key=str)
 # The Python ones (fetch-code): ruff lints them instead of shellcheck.

@@ -266,8 +266,8 @@ def test_manifest_diffs_name_each_difference() -> None:
 
 
 def cpu_resolved() -> Any:
+    from imgbuild import recipe
     from imgbuild.pin import lock
-    from imgbuild.spec import recipe
 
     return lock.resolved_for(recipe.load("cpu"))
 

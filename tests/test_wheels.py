@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 
 from conftest import REPO, hadolint
+from imgbuild import recipe
 from imgbuild.blocks import context_for
 from imgbuild.core.errors import BuildError, IndexLookupError, ResolveError
 from imgbuild.image import render
 from imgbuild.pin import record, resolver, wheels
 from imgbuild.pin.content import Content, Download, Requirement
-from imgbuild.spec import recipe
 
 # nvidia-nccl-cu12 2.27.5's two wheels: manylinux2014_aarch64 and manylinux2014_x86_64
 NCCL_2_27_5 = (

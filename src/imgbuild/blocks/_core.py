@@ -19,7 +19,7 @@ from imgbuild.spec import compat
 from imgbuild.spec.schema import Strict
 
 if TYPE_CHECKING:
-    from imgbuild.spec.recipe import Recipe
+    from imgbuild.recipe import Recipe
 
 HERE = Path(__file__).resolve().parent
 

@@ -128,7 +128,7 @@ class AppCode(Strict):
     path: AbsPath = CODE_DIR
     ignore: tuple[Text, ...] = ()
     install: bool = False
-    # The folder of the recipe that names `dir` (set by the loader, imgbuild.spec.recipe): `dir` is relative to it.
+    # The folder of the recipe that names `dir` (set by the loader, imgbuild.recipe): `dir` is relative to it.
     _root: Path | None = PrivateAttr(None)
 
     @property

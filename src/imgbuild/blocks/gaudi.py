@@ -14,7 +14,7 @@ from imgbuild.spec import compat
 from imgbuild.spec.schema import Strict, pin_validator
 
 if TYPE_CHECKING:
-    from imgbuild.spec.recipe import Recipe
+    from imgbuild.recipe import Recipe
 
 
 class Gaudi(Strict):

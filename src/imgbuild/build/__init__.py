@@ -22,8 +22,8 @@ from imgbuild.core import paths
 from imgbuild.core.errors import BuildError, PushError, UsageError
 from imgbuild.image import provenance, render
 from imgbuild.pin.resolver import Resolved
+from imgbuild.recipe import LoadedRecipe
 from imgbuild.spec import compat
-from imgbuild.spec.recipe import LoadedRecipe
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from imgbuild.pin.resolver import Resolved
-    from imgbuild.spec.recipe import LoadedRecipe
+    from imgbuild.recipe import LoadedRecipe
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -29,9 +29,9 @@ def register(app: typer.Typer) -> None:
 @handled
 def list_(as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False) -> None:
     """List the shipped recipes and the state of their locks."""
+    from imgbuild import recipe
     from imgbuild.core.errors import LockError
     from imgbuild.pin import lock
-    from imgbuild.spec import recipe
 
     rows = []
     for name in recipe.shipped_names():
@@ -62,9 +62,10 @@ def show(
 ) -> None:
     """Show a recipe's resolved components: versions, sources and why each version. From its lock; a recipe without
     one is resolved afresh (versions only: no content), and says so."""
+    from imgbuild import recipe
     from imgbuild.image import identity
     from imgbuild.pin import lock
-    from imgbuild.spec import compat, recipe
+    from imgbuild.spec import compat
 
     loaded = recipe.load(ref).concrete()
     res, how = lock.lock_or_fresh(loaded)
@@ -133,8 +134,8 @@ def render_(
     from imgbuild.image import provenance, render
 
     if unlocked:
+        from imgbuild import recipe
         from imgbuild.pin.resolver import index_lookup, resolve
-        from imgbuild.spec import recipe
 
         loaded = recipe.load(ref).concrete()
         res = resolve(loaded, lookup_torch=index_lookup)
@@ -216,9 +217,9 @@ def lock_(
     lock file beside it. An existing lock's Python versions are kept while they still resolve and fit (as uv and
     pip-tools keep an existing output's pins). With --upgrade / --upgrade-package, first move the recipe's versions to
     the newest releases that fit (see `imgbuild outdated`) and release the lock's versions (all, or those named)."""
+    from imgbuild import recipe
     from imgbuild.core.errors import UsageError
     from imgbuild.pin import locking
-    from imgbuild.spec import recipe
 
     def say(line: str) -> None:
         out().print(line, markup=False)
@@ -293,9 +294,9 @@ def outdated_(
     incomplete).
     `imgbuild lock RECIPE --upgrade` moves the recipe to the newest releases that fit.
     """
+    from imgbuild import recipe
     from imgbuild.core.errors import ImgbuildError, IndexLookupError, OutdatedError
     from imgbuild.pin import outdated
-    from imgbuild.spec import recipe
 
     if ref is not None:
         refs = [ref]
@@ -354,7 +355,7 @@ def _outdated_table(reports: list[Report]) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from imgbuild.spec import recipe
+    from imgbuild import recipe
 
     for r in reports:
         out().print(f"[bold]{escape(r.resolved.name)}[/bold]  {escape(recipe.display(r.loaded.path))}")

@@ -1,6 +1,6 @@
 """`imgbuild schema [-o FILE]`: the JSON Schema of a recipe file, for editors (yaml-language-server) and CI.
 
-`recipe_schema()` is the one place the schema is made: from the pydantic model (`imgbuild.spec.recipe.Recipe`),
+`recipe_schema()` is the one place the schema is made: from the pydantic model (`imgbuild.recipe.Recipe`),
 loosened for what a *file* may say that the merged recipe cannot: `extends:`, keys left to a parent (nothing is
 required in a file), and `null`, which removes an inherited key. The docs site's table of recipe keys is built from
 the same function (docs/hooks.py).
@@ -48,7 +48,7 @@ def _requirements_file(app: dict[str, Any]) -> None:
 
 def recipe_schema() -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of a recipe file, as `imgbuild schema` prints it."""
-    from imgbuild.spec.recipe import Recipe
+    from imgbuild.recipe import Recipe
 
     schema = Recipe.model_json_schema(mode="validation")
     for node in [schema, *schema.get("$defs", {}).values()]:

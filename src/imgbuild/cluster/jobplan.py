@@ -30,8 +30,8 @@ from imgbuild.spec.compat import instance_env, mnnvl
 if TYPE_CHECKING:
     from imgbuild.image.manifest import Manifest
     from imgbuild.pin.resolver import Resolved
+    from imgbuild.recipe import Platform, Recipe
     from imgbuild.spec.launch import Launch
-    from imgbuild.spec.recipe import Platform, Recipe
 
 
 class Engine(str, enum.Enum):

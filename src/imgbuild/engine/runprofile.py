@@ -34,7 +34,7 @@ from imgbuild.spec.driver import IMEX_CHANNEL_GLOB
 
 if TYPE_CHECKING:
     from imgbuild.pin.resolver import Resolved
-    from imgbuild.spec.recipe import LoadedRecipe, Recipe, Runtime
+    from imgbuild.recipe import LoadedRecipe, Recipe, Runtime
 
 EFA_DEVICE_GLOB = "/dev/infiniband/uverbs*"
 DEFAULT_SHM_SIZE = "1g"
@@ -283,7 +283,7 @@ def _profile_of(source: Resolved | LoadedRecipe | Recipe) -> Runtime:
 
 
 def _recipe_of(source: Resolved | LoadedRecipe | Recipe) -> Recipe:
-    from imgbuild.spec.recipe import Recipe
+    from imgbuild.recipe import Recipe
 
     if isinstance(source, Recipe):
         return source

@@ -36,7 +36,7 @@ from imgbuild.blocks import Pin, python_of
 from imgbuild.core.errors import VerifyError
 from imgbuild.core.paths import MANIFEST_PATH
 from imgbuild.pin.resolver import read_details
-from imgbuild.spec.recipe import MpiRun, Platform, Runtime
+from imgbuild.recipe import MpiRun, Platform, Runtime
 from imgbuild.spec.schema import EnvName
 
 SCHEMA: Literal[1] = 1

@@ -21,7 +21,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from imgbuild.image.render import Provenance
-from imgbuild.spec.recipe import LoadedRecipe
+from imgbuild.recipe import LoadedRecipe
 
 GIT_TIMEOUT_S = 10.0
 _SCP_LIKE = re.compile(r"^(?:[^@/]+@)?(?P<host>[A-Za-z0-9.-]+):(?P<path>(?!/)[^\s]+)$")  # git@github.com:org/repo.git

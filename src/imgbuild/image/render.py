@@ -39,8 +39,8 @@ from imgbuild.image.manifest import Manifest
 from imgbuild.pin import record
 from imgbuild.pin.content import download_name
 from imgbuild.pin.resolver import Resolved
+from imgbuild.recipe import Runtime
 from imgbuild.spec import compat
-from imgbuild.spec.recipe import Runtime
 
 if TYPE_CHECKING:
     import jinja2

@@ -23,8 +23,8 @@ from imgbuild.core.errors import ImgbuildError, LockError
 from imgbuild.core.outputs import write_atomic  # the lock is written whole or not at all
 from imgbuild.pin.content import Content, Requirement
 from imgbuild.pin.resolver import Pin, Pinned, Resolved, TorchLookup, index_lookup, resolve
+from imgbuild.recipe import LoadedRecipe, display, load
 from imgbuild.spec import compat
-from imgbuild.spec.recipe import LoadedRecipe, display, load
 
 LOCK_VERSION: Literal[3] = 3  # 2: typed pin details (each block's own model); 3: content (digests, hashes)
 MAX_LOCK_BYTES = 4 << 20  # the shipped locks are up to about 60 KB (a PyTorch image's wheel hashes)

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from imgbuild.pin.outdated import Move
     from imgbuild.pin.resolver import Resolved
     from imgbuild.pin.wheels import Yank
-    from imgbuild.spec.recipe import LoadedRecipe
+    from imgbuild.recipe import LoadedRecipe
 
 __all__ = ["Relock", "Upgraded", "kept_versions", "put_back_on_failure", "released", "relock", "upgrade"]
 
@@ -120,8 +120,8 @@ def put_back_on_failure(upgraded: Upgraded | None, note: Say) -> Iterator[None]:
         yield
     except BaseException:
         if upgraded is not None and upgraded.old_text is not None:
+            from imgbuild import recipe
             from imgbuild.pin import outdated
-            from imgbuild.spec import recipe
 
             outdated.restore(upgraded.loaded.path, upgraded.old_text)
             note(f"{recipe.display(upgraded.loaded.path)} is back as it was (locking failed)")
@@ -151,7 +151,7 @@ class Relock:
     def drift(self) -> list[str]:
         """What differs from the lock file, yanked pins included (`lock --check`); a DriftError when there is no
         lock to compare with."""
-        from imgbuild.spec import recipe
+        from imgbuild import recipe
 
         if self.old is None:
             raise DriftError(

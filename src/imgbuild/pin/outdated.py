@@ -31,8 +31,8 @@ from imgbuild.blocks import releases, resolve_order
 from imgbuild.core.errors import ImgbuildError, IndexLookupError, RecipeError, ResolveError
 from imgbuild.core.paths import display
 from imgbuild.pin.resolver import Resolved, resolve
+from imgbuild.recipe import LoadedRecipe, Recipe, load
 from imgbuild.spec import compat, edit
-from imgbuild.spec.recipe import LoadedRecipe, Recipe, load
 
 Kind = Literal["index", "table", "follows", "base", "none"]
 Status = Literal["current", "outdated", "held", "follows", "untracked", "unknown"]

@@ -15,8 +15,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from imgbuild.blocks import BY_NAME, Details, Pin, Resolution, resolve_order
 from imgbuild.blocks.releases import Artifacts
 from imgbuild.pin.content import Content
+from imgbuild.recipe import LoadedRecipe, Recipe
 from imgbuild.spec import compat
-from imgbuild.spec.recipe import LoadedRecipe, Recipe
 
 __all__ = ["Artifacts", "Pin", "Resolved", "TorchLookup", "details_model", "index_lookup", "read_details", "resolve"]
 

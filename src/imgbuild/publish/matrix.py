@@ -24,9 +24,9 @@ def matrix(names: list[str] | None = None) -> dict[str, Any]:
     publishable: a missing or stale lock is an error naming the recipe. Abstract recipes (parents) are left
     out, and refused when named.
     """
+    from imgbuild import recipe
     from imgbuild.image import identity
     from imgbuild.pin import lock
-    from imgbuild.spec import recipe
 
     include = []
     for name in names or recipe.shipped_names():

@@ -23,7 +23,7 @@ from imgbuild.publish.registry import strip_domain
 
 if TYPE_CHECKING:
     from imgbuild.pin.resolver import Resolved
-    from imgbuild.spec.recipe import LoadedRecipe
+    from imgbuild.recipe import LoadedRecipe
 
 _IMAGE_ID_RE = re.compile(r"^(?:sha256:)?[0-9a-f]{12,64}$")
 
@@ -63,7 +63,7 @@ def recipe(loaded: LoadedRecipe, resolved: Resolved) -> Recipe:
 
 def is_recipe(what: str) -> bool:
     """Whether WHAT of `imgbuild push WHAT` names a recipe (a YAML file or a shipped name), not an image."""
-    from imgbuild.spec import recipe as recipes
+    from imgbuild import recipe as recipes
 
     return what.endswith((".yaml", ".yml")) or what in recipes.shipped_names()
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from imgbuild.image.manifest import Manifest
-    from imgbuild.spec.recipe import MpiRun
+    from imgbuild.recipe import MpiRun
 
 NO_TREE_SPAWN = "plm_rsh_no_tree_spawn"
 INTERFACE_EXCLUDES = ("btl_tcp_if_exclude", "oob_tcp_if_exclude")

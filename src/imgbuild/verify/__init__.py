@@ -30,7 +30,7 @@ from typing import Any, Literal
 import docker
 import docker.errors
 
-from imgbuild import checks, engine
+from imgbuild import checks, engine, recipe
 from imgbuild.blocks import runtime_order
 from imgbuild.checks.results import CheckResult, failures
 from imgbuild.core import validate
@@ -44,7 +44,7 @@ from imgbuild.image import identity, render
 from imgbuild.image.manifest import MANIFEST_PATH, Manifest
 from imgbuild.pin import lock
 from imgbuild.pin.resolver import Resolved
-from imgbuild.spec import compat, recipe
+from imgbuild.spec import compat
 from imgbuild.verify import gpuchecks  # noqa: F401  (registers the checks that run the image's launch line)
 
 LABEL_RECIPE = "io.imgbuild.recipe"

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from imgbuild import probes
 from imgbuild.core import paths
 from imgbuild.core.errors import VerifyError
 from imgbuild.image import identity, provenance, render
@@ -223,8 +224,8 @@ def test_python_probe_runs_here() -> None:
     """The probe the image's interpreters run is plain Python: this interpreter's answer parses."""
     import sys
 
-    proc = subprocess.run([sys.executable, "-c", contents.PYTHON_PROBE, sys.executable], capture_output=True, text=True,
-                          check=True)  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", probes.text("python_dists.py"), sys.executable],
+                          capture_output=True, text=True, check=True)  # fmt: skip
     dists = doc.parse_python(proc.stdout)
     assert any(d.name.lower() == "cyclonedx-python-lib" for d in dists)
 
@@ -303,7 +304,6 @@ def test_no_git_no_revision(tmp_path: Path) -> None:
 
 
 @pytest.mark.docker
-@pytest.mark.slow
 def test_sbom_of_the_cpu_image(cpu_image: Any, docker_client: Any, tmp_path: Path) -> None:
     from imgbuild.cli import app
     from imgbuild.pin import lock

@@ -44,6 +44,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from pydantic import AfterValidator, PrivateAttr
 
+from imgbuild import probes
 from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution
 from imgbuild.checks import CheckContext, check, fail, passed, skip
 from imgbuild.checks.results import CheckResult
@@ -477,19 +478,6 @@ def _expected(ctx: CheckContext) -> dict[str, Any]:
     return manifest.get("app") or {}
 
 
-_DISTS_PROBE = """
-import importlib.metadata as md, json, sys
-want = json.loads(sys.argv[1])
-found = {}
-for name in want:
-    try:
-        found[name] = md.version(name)
-    except md.PackageNotFoundError:
-        found[name] = None
-print(json.dumps(found))
-"""
-
-
 @check("app-distributions", "app")
 def app_distributions(ctx: CheckContext) -> CheckResult:
     """Every distribution the user's layer installs (requirements, their dependencies, the source builds, the code's
@@ -499,7 +487,7 @@ def app_distributions(ctx: CheckContext) -> CheckResult:
         return skip("the app installs no Python distribution", expected="")
     import json
 
-    data, ran = ctx.python_json(_DISTS_PROBE, json.dumps(sorted(want)))
+    data, ran = ctx.python_json(probes.text("app_dists.py"), json.dumps(sorted(want)))
     expected = f"{len(want)} distributions at the lock's versions"
     if data is None:
         return fail(f"reading the installed versions: {ran.why()}", expected)
@@ -513,50 +501,6 @@ def app_distributions(ctx: CheckContext) -> CheckResult:
     return passed(expected, ", ".join(f"{n}=={v}" for n, v in sorted(want.items())))
 
 
-# Imports each module (the distributions' top-level modules, from their metadata, and the recipe's `imports`), then
-# reads this process's memory map: every libnccl and libmpi it loaded, resolved.
-_IMPORT_PROBE = """
-import importlib, importlib.metadata as md, json, os, sys
-dists, extra, built = json.loads(sys.argv[1]), json.loads(sys.argv[2]), set(json.loads(sys.argv[3]))
-modules = {}
-for dist in dists:
-    try:
-        top = (md.distribution(dist).read_text("top_level.txt") or "").split()
-        if not top:
-            files = md.distribution(dist).files or []
-            top = sorted({str(f).split("/")[0].removesuffix(".py") for f in files
-                          if (str(f).endswith(".py") or "/" in str(f)) and ".dist-info" not in str(f)
-                          and ".data" not in str(f).split("/")[0] and not str(f).startswith("..")})
-    except md.PackageNotFoundError:
-        top = []
-    modules[dist] = [m for m in top if m.isidentifier() and not m.startswith("_")] or [dist.replace("-", "_")]
-errors, ok = {}, []
-for name in [m for ms in modules.values() for m in ms] + extra:
-    try:
-        importlib.import_module(name)
-        ok.append(name)
-    except Exception as exc:
-        errors[name] = "%s: %s" % (type(exc).__name__, exc)
-libs = {}
-with open("/proc/self/maps") as maps:
-    for line in maps:
-        parts = line.split()
-        path = parts[-1] if len(parts) >= 6 else ""
-        base = os.path.basename(path)
-        if base.startswith(("libnccl.so", "libmpi.so")):
-            libs.setdefault(base.split(".so")[0], set()).add(os.path.realpath(path))
-ext = {}
-for dist in built:
-    try:
-        files = md.distribution(dist).files or []
-    except md.PackageNotFoundError:
-        continue
-    ext[dist] = [str(f.locate()) for f in files if ".so" in str(f).rsplit("/", 1)[-1]]
-print(json.dumps({"modules": modules, "ok": ok, "errors": errors,
-                  "libs": {k: sorted(v) for k, v in libs.items()}, "extensions": ext}))
-"""
-
-
 def _import_probe(ctx: CheckContext) -> tuple[Any, Any]:
     import json
 
@@ -566,7 +510,11 @@ def _import_probe(ctx: CheckContext) -> tuple[Any, Any]:
     return ctx.once(
         "app-imports",
         lambda: ctx.python_json(
-            _IMPORT_PROBE, json.dumps(dists), json.dumps(list(details.imports)), json.dumps(built), timeout_s=180
+            probes.text("app_imports.py"),
+            json.dumps(dists),
+            json.dumps(list(details.imports)),
+            json.dumps(built),
+            timeout_s=180,
         ),
     )
 
@@ -670,6 +618,4 @@ def app_code(ctx: CheckContext) -> CheckResult:
 
 
 def codetree_source() -> str:
-    from imgbuild import probes
-
     return probes.text("codetree.py")

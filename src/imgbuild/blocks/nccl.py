@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from imgbuild import probes
 from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution
 from imgbuild.blocks.python import site_packages
 from imgbuild.blocks.pytorch import torch_probe
@@ -125,67 +126,6 @@ BLOCK = Block(
 )
 
 
-# Runs on the target with its Python (stdlib only): find libnccl.so.2 in the usual places, load it and ask
-# ncclGetVersion (no GPU needed), and read the version macros of the nccl.h next to it.
-_NCCL_PROBE = r"""
-import ctypes, glob, json, os, re, subprocess, sys
-dirs = []
-def add(d):
-    if d and d not in dirs:
-        dirs.append(d)
-for pattern in json.loads(sys.argv[1]):
-    for d in sorted(glob.glob(pattern)):
-        add(d)
-for p in sys.path:
-    add(os.path.join(p, "nvidia", "nccl", "lib"))
-try:
-    import importlib.util
-    spec = importlib.util.find_spec("torch")
-    if spec is not None and spec.origin:
-        site = os.path.dirname(os.path.dirname(spec.origin))
-        add(os.path.join(site, "nvidia", "nccl", "lib"))
-        add(os.path.join(os.path.dirname(spec.origin), "lib"))
-except Exception:
-    pass
-for d in os.environ.get("LD_LIBRARY_PATH", "").split(":"):
-    add(d)
-found = [os.path.join(d, "libnccl.so.2") for d in dirs if os.path.isfile(os.path.join(d, "libnccl.so.2"))]
-for ldconfig in ("ldconfig", "/sbin/ldconfig"):
-    try:
-        out = subprocess.run([ldconfig, "-p"], capture_output=True, text=True).stdout
-    except OSError:
-        continue
-    for line in out.splitlines():
-        if line.strip().startswith("libnccl.so.2 ") and "=>" in line:
-            path = line.split("=>")[-1].strip()
-            if path not in found:
-                found.append(path)
-    break
-res = {"candidates": found}
-if found:
-    lib = found[0]
-    res["lib"] = lib
-    res["real"] = os.path.realpath(lib)
-    try:
-        handle = ctypes.CDLL(lib)
-        code = ctypes.c_int(0)
-        res["rc"] = handle.ncclGetVersion(ctypes.byref(code))
-        res["code"] = code.value
-    except Exception as exc:
-        res["error"] = "%s: %s" % (type(exc).__name__, exc)
-    libdir = os.path.dirname(lib)
-    for hdr in (os.path.join(os.path.dirname(libdir), "include", "nccl.h"),
-                os.path.join(os.path.dirname(os.path.dirname(libdir)), "include", "nccl.h"),
-                "/usr/include/nccl.h"):
-        if os.path.isfile(hdr):
-            text = open(hdr, errors="replace").read()
-            macros = dict(re.findall(r"#define\s+NCCL_(MAJOR|MINOR|PATCH)\s+(\d+)", text))
-            res["header"] = {"path": hdr, **macros}
-            break
-print(json.dumps(res))
-"""
-
-
 def nccl_code(version: str) -> int:
     """NCCL_VERSION_CODE of a version: X*10000 + Y*100 + Z from 2.9 on (X*1000 + Y*100 + Z before)."""
     x, y, z = (int(p) for p in [*version.split("."), "0", "0"][:3])
@@ -206,7 +146,7 @@ def nccl_probe(ctx: CheckContext) -> tuple[dict[str, Any] | None, Ran]:
         if venv:
             patterns.append(f"{venv}/lib/python*/site-packages/nvidia/nccl/lib")
         patterns.append("/opt/nccl/lib")
-        return ctx.python_json(_NCCL_PROBE, json.dumps(patterns))
+        return ctx.python_json(probes.text("nccl_lib.py"), json.dumps(patterns))
 
     return ctx.once("nccl", probe)
 

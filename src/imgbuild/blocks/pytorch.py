@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from packaging.requirements import Requirement
 
+from imgbuild import probes
 from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution
 from imgbuild.checks import CheckContext, Ran, check, compare, fail
 from imgbuild.checks.results import CheckResult
@@ -217,36 +218,8 @@ BLOCK = Block(
 )
 
 
-# Imports torch (without a GPU too), asks which NCCL it was built with, and finds the libnccl this very process
-# loaded from its own memory map (not by guessing a path), then asks that library its version.
-_TORCH_PROBE = """
-import ctypes, json, os, torch
-try:
-    nccl = torch.cuda.nccl.version()
-except Exception as exc:
-    nccl = "error: %s" % exc
-loaded = []
-with open("/proc/self/maps") as maps:
-    for line in maps:
-        path = line.split()[-1] if len(line.split()) >= 6 else ""
-        if "/libnccl.so" in path and path not in loaded:
-            loaded.append(path)
-res = {"version": torch.__version__, "nccl": nccl, "cuda": torch.version.cuda,
-       "cuda_available": torch.cuda.is_available(), "loaded_nccl": loaded}
-if loaded:
-    try:
-        code = ctypes.c_int(0)
-        res["loaded_rc"] = ctypes.CDLL(loaded[0]).ncclGetVersion(ctypes.byref(code))
-        res["loaded_code"] = code.value
-        res["loaded_real"] = os.path.realpath(loaded[0])
-    except Exception as exc:
-        res["loaded_error"] = "%s: %s" % (type(exc).__name__, exc)
-print(json.dumps(res))
-"""
-
-
 def torch_probe(ctx: CheckContext) -> tuple[Any, Ran]:
-    return ctx.once("torch", lambda: ctx.python_json(_TORCH_PROBE, timeout_s=120))
+    return ctx.once("torch", lambda: ctx.python_json(probes.text("torch_nccl.py"), timeout_s=120))
 
 
 @check("pytorch-version", "pytorch")

@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from imgbuild import probes
 from imgbuild.checks.results import CheckResult, Status
 from imgbuild.core.paths import MANIFEST_PATH
 
@@ -449,19 +450,6 @@ def gpu_torch_cuda(ctx: CheckContext) -> CheckResult:
     return passed("available", f"{data[1]} device(s)")
 
 
-_ALLREDUCE = """
-import json, os, sys, tempfile, torch, torch.distributed as dist
-store = os.path.join(tempfile.mkdtemp(), "store")
-dist.init_process_group("nccl", init_method="file://" + store, rank=0, world_size=1)
-t = torch.full((1 << 20,), 2.0, device="cuda:0")
-dist.all_reduce(t)
-torch.cuda.synchronize()
-value = float(t[0].item())
-dist.destroy_process_group()
-print(json.dumps({"value": value, "nccl": list(torch.cuda.nccl.version()) if hasattr(torch.cuda, "nccl") else None}))
-"""
-
-
 @check("gpu-nccl-allreduce", "platform")
 def gpu_nccl_allreduce(ctx: CheckContext) -> CheckResult:
     """A one-GPU NCCL all_reduce through torch.distributed (world_size 1, nccl backend)."""
@@ -469,7 +457,7 @@ def gpu_nccl_allreduce(ctx: CheckContext) -> CheckResult:
         return skip(ctx.gpu_reason)
     if not ctx.has("pytorch"):
         return skip("PyTorch is not in the image")
-    data, ran = ctx.python_json(_ALLREDUCE, timeout_s=GPU_TIMEOUT_S)
+    data, ran = ctx.python_json(probes.text("gpu_allreduce.py"), timeout_s=GPU_TIMEOUT_S)
     if data is None:
         return fail(f"all_reduce failed: {ran.why()}", expected="2.0")
     if data["value"] != 2.0:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from imgbuild import probes
 from imgbuild.core import paths
 from imgbuild.core.errors import ImgbuildError, VerifyError
 from imgbuild.engine import ENGINE_ERRORS, connect, engine_error, inspect_image
@@ -27,17 +28,6 @@ from imgbuild.pin.resolver import Resolved
 
 TIMEOUT_S = 120.0
 SYSTEM_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")
-# Runs in the image's interpreters (Python 3.8 and newer): one JSON line of the distributions it sees.
-PYTHON_PROBE = """\
-import json, sys
-from importlib import metadata
-dists = []
-for d in metadata.distributions():
-    name = d.metadata["Name"]
-    if name:
-        dists.append({"name": name, "version": d.version, "location": str(d.locate_file(""))})
-print(json.dumps({"interpreter": sys.argv[1], "prefix": sys.prefix, "distributions": dists}))
-"""
 _MARK = "### imgbuild-sbom "
 
 
@@ -60,9 +50,10 @@ def inventory_script(pythons: list[str]) -> str:
         f"if [ -r {paths.DPKG_SHA256} ]; then echo '{_MARK}dpkg-sha256'; cat {paths.DPKG_SHA256}; fi",
         f"echo '{_MARK}python'",
     ]
+    program = shlex.quote(probes.text("python_dists.py"))
     for py in dict.fromkeys(pythons):
         q = shlex.quote(py)
-        lines.append(f'if p=$(command -v {q}); then "$p" -c {shlex.quote(PYTHON_PROBE)} {q} 2>/dev/null || true; fi')
+        lines.append(f'if p=$(command -v {q}); then "$p" -c {program} {q} 2>/dev/null || true; fi')
     return "\n".join(lines) + "\n"
 
 

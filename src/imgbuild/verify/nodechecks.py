@@ -68,30 +68,6 @@ DDP_TIMEOUT_S = 300.0  # importing torch on a loaded 2-core machine takes a whil
 NCCL_TESTS_TIMEOUT_S = 300.0
 BASE_TIMEOUT_S = 180.0
 
-# Each rank prints one line the host parses, and its view of the variables named in argv[1] (a JSON list);
-# `sys.exit(3)` makes a wrong sum fail mpirun as well.
-ALLREDUCE_PY = """\
-import json
-import os
-import socket
-import sys
-
-from mpi4py import MPI
-
-comm = MPI.COMM_WORLD
-rank, size = comm.Get_rank(), comm.Get_size()
-total = comm.allreduce(rank + 1, op=MPI.SUM)
-want = size * (size + 1) // 2
-host = socket.gethostname()
-with open(sys.argv[1]) as f:
-    env = {name: os.environ.get(name) for name in json.load(f)}
-print(f"IMGBUILD-ENV rank={rank} host={host} {json.dumps(env, sort_keys=True)}", flush=True)
-print(f"IMGBUILD-ALLREDUCE rank={rank} size={size} host={host} sum={total} expected={want}", flush=True)
-gathered = comm.gather([host, MPI.Get_library_version().strip().splitlines()[0]], root=0)
-if rank == 0:
-    print(f"IMGBUILD-GATHER {json.dumps(gathered)}", flush=True)
-sys.exit(0 if total == want else 3)
-"""
 
 _ALLREDUCE_RE = re.compile(
     r"^IMGBUILD-ALLREDUCE rank=(\d+) size=(\d+) host=(\S+) sum=(-?\d+) expected=(\d+)\s*$", re.MULTILINE
@@ -236,7 +212,7 @@ class Session:
     def files(self) -> dict[str, tuple[bytes, int]]:
         """What the checks run, copied to every node before they start."""
         files = {
-            self.program: (ALLREDUCE_PY.encode(), 0o644),
+            self.program: (probes.text("mpi_allreduce.py").encode(), 0o644),
             self.hostfile: (self.hostfile_text().encode(), 0o644),
             self.env_names: (json.dumps(sorted(self.image_env)).encode(), 0o644),
         }

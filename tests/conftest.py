@@ -37,6 +37,19 @@ SHIPPED = [
 ]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist a worker starts with COLUMNS=80 set for it; the CLI lays its tables out for COLUMNS, so a
+    worker restores the value the controller had (none: a pipe's unwrapped width), as a run without -n sees."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        os.environ["IMGBUILD_TEST_COLUMNS"] = os.environ.get("COLUMNS", "")
+    elif "IMGBUILD_TEST_COLUMNS" in os.environ:
+        columns = os.environ["IMGBUILD_TEST_COLUMNS"]
+        if columns:
+            os.environ["COLUMNS"] = columns
+        else:
+            os.environ.pop("COLUMNS", None)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--update-golden", action="store_true", help="rewrite tests/golden/* from the renderer")
 

@@ -19,7 +19,7 @@ from test_pytorch_image import statuses, verify_json
 from test_sagemaker import ssh_key_pair
 from test_sagemaker_sdk import DRIVER, members
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
+pytestmark = pytest.mark.docker
 
 APP_CHECKS = ("app-distributions", "app-imports", "app-built-links", "app-code")
 

@@ -270,7 +270,6 @@ def test_unknown_suite_is_refused_before_debootstrap(private_tmp):
 
 
 @pytest.mark.docker
-@pytest.mark.slow
 def test_bootstrap_real_image(docker_client, private_tmp):
     _need_debootstrap()
     import docker.errors

@@ -172,7 +172,6 @@ def recipe_load(path: Path) -> recipe.LoadedRecipe:
     return recipe.load(str(path)).concrete()
 
 
-@pytest.mark.slow
 def test_ctrl_c_leaves_no_container(tmp_path: Path, docker_client, cpu_image) -> None:
     # A recipe whose OS step is slow enough to interrupt (apt with a package list no other build has).
     p = user_recipe(tmp_path, "extends: cpu\nos: {packages: [ca-certificates, iproute2, procps, less]}\n")
@@ -226,7 +225,6 @@ def test_a_build_the_disk_cannot_hold_is_refused_with_the_figures() -> None:
     assert small.disk_gb < 5
 
 
-@pytest.mark.slow
 def test_sigterm_cancels_like_ctrl_c_and_exits_143(tmp_path: Path, docker_client, cpu_image) -> None:
     """SIGTERM (timeout, docker stop, a cancelled CI job) mid-build: the build is cancelled, no container, no tag,
     no context folder and no secret are left, exit 143."""

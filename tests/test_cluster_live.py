@@ -73,7 +73,6 @@ def explain(results: list[CheckResult]) -> str:
 
 
 @pytest.mark.docker
-@pytest.mark.slow
 def test_the_cpu_image_passes_over_ssh(cpu_image: Any, running: Any) -> None:
     r = running(str(cpu_image.refs[0]), 2)
     report = live.run_live(r.hosts, key=r.key)
@@ -106,7 +105,6 @@ def test_the_cpu_image_passes_over_ssh(cpu_image: Any, running: Any) -> None:
 
 
 @pytest.mark.docker
-@pytest.mark.slow
 def test_the_cli_fails_naming_what_broke(cpu_image: Any, running: Any, tmp_path: Path) -> None:
     """Through the real CLI: exit 0 and a JSON report on a good cluster, exit 11 naming the check when a node's
     environment differs (a variable changed in the container's own environment, as a wrong `docker run -e` does)."""

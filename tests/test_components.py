@@ -160,7 +160,6 @@ def test_each_block_has_its_template_next_to_its_module() -> None:
 
 @pytest.mark.docker
 @pytest.mark.network
-@pytest.mark.slow
 def test_mpi4py_pip_builds_and_verifies(docker_client, tmp_path: Path) -> None:
     """`mpi4py: {source: pip}` really installs mpi4py at that version, compiled against Debian's Open MPI:
     the recipe locks (mpi4py's sdist by hash, from the index), the image builds from the lock, and `imgbuild verify`

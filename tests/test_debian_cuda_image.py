@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from conftest import REPO
 from imgbuild.cli import app
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
+pytestmark = pytest.mark.docker
 
 FILES = REPO / "tests" / "data" / "upstream" / "sources"
 # What must pass without a GPU: the compiled parts, the fabric, the one NCCL, PyTorch.

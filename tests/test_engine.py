@@ -477,7 +477,6 @@ def _local_engine() -> bool:
 
 
 @pytest.mark.docker
-@pytest.mark.slow
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
 def test_interrupt_cancels_build_and_leaves_no_container_nor_tag(
     docker_client: docker.DockerClient,
@@ -548,7 +547,6 @@ def test_interrupt_cancels_build_and_leaves_no_container_nor_tag(
 
 
 @pytest.mark.docker
-@pytest.mark.slow
 def test_a_killed_imgbuild_does_not_leave_its_build_running(
     docker_client: docker.DockerClient, builder: Builder, base_image: str, make_tag: Callable[[], str],
     tmp_path: Path, marker: str,

@@ -382,7 +382,6 @@ def _has(client: Any) -> bool:
 
 
 @pytest.mark.docker
-@pytest.mark.slow
 def test_arm64_build_is_an_arm64_image_under_the_arch_tags(docker_client, arm64_image) -> None:
     from imgbuild.image import identity
     from imgbuild.pin import lock
@@ -395,7 +394,6 @@ def test_arm64_build_is_an_arm64_image_under_the_arch_tags(docker_client, arm64_
 
 
 @pytest.mark.docker
-@pytest.mark.slow
 def test_verify_arm64_through_the_product_path(docker_client, arm64_image) -> None:
     from imgbuild import verify
 
@@ -423,7 +421,6 @@ def _pull(ref: str, platform: str | None = None) -> str:
 
 
 @pytest.mark.docker
-@pytest.mark.slow
 def test_push_both_architectures_as_one_index_and_pull_each(
     docker_client, cpu_image, arm64_image, tmp_path_factory
 ) -> None:

@@ -202,7 +202,6 @@ def _image_env(client: docker.DockerClient, image: str) -> dict[str, str]:
 
 
 @pytest.mark.docker
-@pytest.mark.slow
 @pytest.mark.parametrize("nodes", [2, 3])
 def test_allreduce_environment_and_pingpong_pass(docker_client, image, nodes: int) -> None:
     results = _run(docker_client, image, nodes)
@@ -275,7 +274,6 @@ def test_train_runs_the_mpirun_line_verify_runs(docker_client, image) -> None:
 
 
 @pytest.mark.docker
-@pytest.mark.slow
 def test_sshd_down_on_one_node_names_it(docker_client, image, monkeypatch) -> None:
     check = nodechecks._sshd_check
 
@@ -297,7 +295,6 @@ def test_sshd_down_on_one_node_names_it(docker_client, image, monkeypatch) -> No
 
 
 @pytest.mark.docker
-@pytest.mark.slow
 def test_ctrl_c_removes_everything(docker_client, image, monkeypatch) -> None:
     seen: list[str] = []
 
@@ -314,7 +311,6 @@ def test_ctrl_c_removes_everything(docker_client, image, monkeypatch) -> None:
 
 
 @pytest.mark.docker
-@pytest.mark.slow
 def test_keys_are_copied_in_when_the_engine_cannot_see_this_machine(docker_client, image, monkeypatch) -> None:
     # A remote engine (DOCKER_HOST=tcp://..., ssh://...) can't bind-mount a local folder.
     monkeypatch.setattr(multinode, "_engine_is_local", lambda client: False)

@@ -639,7 +639,6 @@ def untag_all(client: docker.DockerClient, host: str) -> None:
 
 
 @pytest.mark.docker
-@pytest.mark.slow
 def test_push_recipe_pull_back_same_digest(docker_client, pinned_cpu, registry: LocalRegistry) -> None:
     buf = io.StringIO()
     t0 = time.monotonic()
@@ -741,7 +740,6 @@ class KillOnUpload(PlainPushProgress):
 
 
 @pytest.mark.docker
-@pytest.mark.slow
 def test_registry_killed_mid_push(docker_client, pinned_cpu, tmp_path: Path) -> None:
     """The engine retries the layer upload itself (about 50 s), then reports; we retry, then fail clearly."""
     reg = LocalRegistry(tmp_path / "doomed").start()
@@ -761,7 +759,6 @@ def test_registry_killed_mid_push(docker_client, pinned_cpu, tmp_path: Path) -> 
 
 
 @pytest.mark.docker
-@pytest.mark.slow
 def test_sigterm_mid_push_removes_the_temporary_tags_and_exits_143(docker_client, pinned_cpu, tmp_path: Path) -> None:
     """SIGTERM (timeout, docker stop, a cancelled CI job) while `imgbuild push` uploads: the re-tags under the
     registry are removed as after Ctrl-C, exit 143."""
@@ -839,7 +836,6 @@ def test_live_progress_renders_without_errors() -> None:
 
 
 @pytest.mark.docker
-@pytest.mark.slow
 def test_push_writes_the_sbom_beside_the_push(
     docker_client, pinned_cpu, registry: LocalRegistry, tmp_path, lock_reads: dict[str, int]
 ) -> None:

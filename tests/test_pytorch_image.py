@@ -21,7 +21,7 @@ from imgbuild.checks.results import CheckResult, failures
 from imgbuild.cli import app
 from test_sagemaker import explain
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
+pytestmark = pytest.mark.docker
 
 TORCH_CHECKS = ("pytorch-version", "torch-nccl-version", "torch-loaded-nccl", "one-nccl", "nccl-runtime-version")
 DDP_CHECKS = ("multinode: ddp (mpirun)", "multinode: ddp (torchrun)")

@@ -31,7 +31,7 @@ import requests
 
 from test_publish import LocalRegistry  # Debian's docker-registry on a free 127.0.0.1 port
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
+pytestmark = pytest.mark.docker
 
 BUILD_TIMEOUT_S = 1800
 # The steps that download: the OS packages (apt-get, in both stages) and the wheels (pip, in the builder stage).

@@ -161,7 +161,6 @@ def explain(job: Job) -> str:
 
 
 @pytest.mark.docker
-@pytest.mark.slow
 @pytest.mark.parametrize(("count", "keys"), [(2, "channel"), (3, "env")])
 def test_job_runs_across_hosts(sm_job: Any, count: int, keys: str) -> None:
     # Three hosts pass the program as arguments after `train`, two through SAGEMAKER_PROGRAM.
@@ -244,7 +243,6 @@ def s3_job(sm_job: Any, s3: Any, count: int, archive: bytes | None, key: str = "
 
 
 @pytest.mark.docker
-@pytest.mark.slow
 def test_code_from_s3_runs_on_every_host_with_its_requirements(sm_job: Any, bridge_s3: Any) -> None:
     code = sm_code.sourcedir({"fetched.py": FETCHED, "helper.py": "WORD = 'fetched'\n"}, with_dep=True)
     job = s3_job(sm_job, bridge_s3, 2, code)
@@ -259,7 +257,6 @@ def test_code_from_s3_runs_on_every_host_with_its_requirements(sm_job: Any, brid
 
 
 @pytest.mark.docker
-@pytest.mark.slow
 @pytest.mark.parametrize(
     ("case", "status", "reason"),
     [
@@ -291,7 +288,6 @@ def test_code_fetch_failures_are_the_jobs_reason(
 
 
 @pytest.mark.docker
-@pytest.mark.slow
 def test_failing_program_fails_the_job(sm_job: Any) -> None:
     job = sm_job(2, script=FAILING, keys="dir")
     leader, workers, _ = finish(job)
@@ -315,7 +311,6 @@ sys.exit(2)
 
 
 @pytest.mark.docker
-@pytest.mark.slow
 def test_reason_the_program_wrote_is_kept(sm_job: Any) -> None:
     # SageMaker's contract: the algorithm may write its own reason to /opt/ml/output/failure.
     job = sm_job(1, script=FAILING_WITH_REASON)
@@ -325,7 +320,6 @@ def test_reason_the_program_wrote_is_kept(sm_job: Any) -> None:
 
 
 @pytest.mark.docker
-@pytest.mark.slow
 def test_missing_peer_times_out_clearly(sm_job: Any) -> None:
     job = sm_job(3, absent=("algo-3",), env={"IMGBUILD_PEER_TIMEOUT": "15"})
     leader, workers, took = finish(job, timeout=120)
@@ -339,7 +333,6 @@ def test_missing_peer_times_out_clearly(sm_job: Any) -> None:
 
 
 @pytest.mark.docker
-@pytest.mark.slow
 def test_worker_gives_up_when_the_leader_never_comes(sm_job: Any) -> None:
     job = sm_job(2, absent=("algo-1",), env={"IMGBUILD_LEADER_TIMEOUT": "5"})
     (worker,) = job.hosts
@@ -375,7 +368,6 @@ def wait_for_log(job: Job, host: Host, text: str, timeout: float = 60) -> None:
 
 
 @pytest.mark.docker
-@pytest.mark.slow
 def test_stopped_leader_ends_the_job(sm_job: Any) -> None:
     job = sm_job(2, script=SLEEPY)
     leader, worker = job.hosts
@@ -388,7 +380,6 @@ def test_stopped_leader_ends_the_job(sm_job: Any) -> None:
 
 
 @pytest.mark.docker
-@pytest.mark.slow
 def test_worker_stopped_after_the_leader_is_done_ends_as_the_leader(sm_job: Any) -> None:
     # Local mode's docker compose stops (SIGTERM) the other containers as soon as the leader's has exited, and
     # merges every host's /opt/ml/output: a stopped worker must neither change the status nor the reason. The
@@ -410,7 +401,6 @@ ENV_PROGRAM = ("env",)  # a command on PATH: train runs it as the program, and i
 
 
 @pytest.mark.docker
-@pytest.mark.slow
 def test_missing_interface_falls_back_to_the_default_route(sm_job: Any) -> None:
     # SDK 3.x local mode writes network_interface_name `ethwe`, which a container on a compose network lacks.
     job = sm_job(1, args=ENV_PROGRAM, interface="ethwe", env={"IMGBUILD_LAUNCHER": "none"})
@@ -422,7 +412,6 @@ def test_missing_interface_falls_back_to_the_default_route(sm_job: Any) -> None:
 
 
 @pytest.mark.docker
-@pytest.mark.slow
 def test_missing_interface_without_a_route_sets_nothing(sm_job: Any) -> None:
     job = sm_job(1, args=ENV_PROGRAM, interface="ethwe", env={"IMGBUILD_LAUNCHER": "none"}, isolated=True)
     leader, _, _ = finish(job)
@@ -433,7 +422,6 @@ def test_missing_interface_without_a_route_sets_nothing(sm_job: Any) -> None:
 
 
 @pytest.mark.docker
-@pytest.mark.slow
 def test_worker_notices_a_lost_leader(sm_job: Any) -> None:
     job = sm_job(2, script=SLEEPY)
     leader, worker = job.hosts
@@ -463,7 +451,6 @@ def exec_in(client: Any, container_id: str, cmd: list[str]) -> tuple[int, str]:
 
 
 @pytest.mark.docker
-@pytest.mark.slow
 def test_ssh_sessions_get_the_whole_environment(docker_client: Any, cpu_image: Any, tmp_path: Path) -> None:
     import docker.errors
 
@@ -537,7 +524,6 @@ FAKE_TORCHRUN = {
 
 
 @pytest.mark.docker
-@pytest.mark.slow
 def test_torchrun_publishes_the_hosts_sagemaker_name(sm_job: Any, docker_client: Any, cpu_image: Any) -> None:
     """IMGBUILD_LAUNCHER=torchrun on two SageMaker hosts: each host's torchrun line is the launch module's, with
     `--local-addr` = its resourceconfig.json `current_host` (rank 0 publishes it as the rendezvous master; the

@@ -139,7 +139,6 @@ def local_job(local_job_for: Any, cpu_image: Any) -> Any:
 
 
 @pytest.mark.docker
-@pytest.mark.slow
 def test_two_host_job_succeeds_and_writes_its_model(local_job: Any) -> None:
     job = local_job(ALLREDUCE)
     assert job.raised is None, job.log
@@ -171,7 +170,6 @@ if MPI.COMM_WORLD.rank == 0:
 
 
 @pytest.mark.docker
-@pytest.mark.slow
 @pytest.mark.parametrize(
     ("script", "reason"),
     [
@@ -187,7 +185,6 @@ def test_failing_job_reports_the_programs_reason(local_job: Any, script: str, re
 
 
 @pytest.mark.docker
-@pytest.mark.slow
 def test_two_host_job_with_source_dir_through_s3(local_job: Any, bridge_s3: Any) -> None:
     """Estimator(source_dir=..., entry_point=...) with local_code off: the SDK uploads sourcedir.tar.gz to the S3
     endpoint (moto on the host's docker0 address), and each host's train downloads it, installs its

@@ -558,7 +558,6 @@ def test_devices_passed_in_are_visible(cpu_image: Any, docker_client: Any) -> No
 
 
 @pytest.mark.docker
-@pytest.mark.slow
 @pytest.mark.parametrize("nodes", [1, 2])
 def test_sigterm_mid_verify_removes_what_it_started_and_exits_143(
     cpu_image: Any, docker_client: Any, tmp_path: Path, nodes: int

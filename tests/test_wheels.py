@@ -1,4 +1,4 @@
-"""Wheels pinned by hash: pin.wheels.compile_sets against the real index (uv, as configured), the pip steps that
+"""Wheels pinned by hash: pin.wheels.compile_sets against the real index (uv, as configured; marked network), the pip steps that
 install a recorded set with --require-hashes, and a BuildKit build that refuses a wheel whose hash differs."""
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ def test_the_target_is_the_images_python_and_glibc() -> None:
     assert wheels.target(resolved_of("cpu"), "arm64") == ("3.11", "aarch64-manylinux_2_36")
 
 
+@pytest.mark.network  # uv asks the real index
 def test_nccl_alone_is_one_wheel_per_architecture_with_its_hash() -> None:
     """cpu is built for amd64 and arm64: the requirement holds the hash of each architecture's wheel."""
     out = wheels.compile_sets({"nccl": ["nvidia-nccl-cu12==2.27.5"]}, resolved_of("cpu"))
@@ -54,6 +55,7 @@ def test_nccl_alone_is_one_wheel_per_architecture_with_its_hash() -> None:
     assert out["nccl"][0].hashes == (NCCL_2_27_5[1],)
 
 
+@pytest.mark.network  # uv asks the real index
 def test_a_release_without_a_wheel_for_one_architecture_names_it() -> None:
     """nvidia-nccl-cu12 2.21.5 has no aarch64 wheel: a recipe built for arm64 cannot install it."""
     with pytest.raises(ResolveError) as err:
@@ -61,6 +63,7 @@ def test_a_release_without_a_wheel_for_one_architecture_names_it() -> None:
     assert "cpu: requirement set nccl" in str(err.value) and "aarch64-manylinux_2_36" in str(err.value)
 
 
+@pytest.mark.network  # uv asks the real index
 def test_torchs_two_layers_are_disjoint_and_together_its_closure() -> None:
     resolved = resolved_of("pytorch")
     torch = resolved.pins["pytorch"].details
@@ -75,6 +78,7 @@ def test_torchs_two_layers_are_disjoint_and_together_its_closure() -> None:
     assert all(re.fullmatch(r"sha256:[0-9a-f]{64}", h) for r in whole.values() for h in r.hashes)
 
 
+@pytest.mark.network  # uv asks the real index
 def test_the_recipes_sets_install_builder_stage_first_each_holding_what_the_earlier_do_not() -> None:
     resolved = resolved_of("a100")
     sets = record.requirement_sets(resolved)
@@ -90,6 +94,7 @@ def test_the_recipes_sets_install_builder_stage_first_each_holding_what_the_earl
     assert out["mpi4py"] == (Requirement(name="mpi4py", version="4.1.2", hashes=(MPI4PY_4_1_2_SDIST,)),)
 
 
+@pytest.mark.network  # uv asks the real index
 def test_an_unresolvable_set_names_the_recipe_the_set_and_uvs_message() -> None:
     with pytest.raises(ResolveError) as err:
         wheels.compile_sets({"nccl": ["nvidia-nccl-cu12==0.0.0.1"]}, resolved_of("cpu"))

@@ -69,7 +69,7 @@ def test_ci_jobs() -> None:
     assert "check-jsonschema --builtin-schema vendor.github-workflows" in lint
     assert "actionlint" in lint
     unit = "\n".join(str(s.get("run", "")) for s in steps(jobs["unit"]))
-    assert 'pytest -p no:cacheprovider -m "not docker' in unit
+    assert 'pytest -p no:cacheprovider -n auto -m "not docker and not network"' in unit
     render = "\n".join(str(s.get("run", "")) for s in steps(jobs["render"]))
     assert "imgbuild render" in render and "hadolint --config .hadolint.yaml" in render
     cpu = jobs["cpu"]
@@ -234,8 +234,9 @@ def test_third_party_actions_are_pinned_by_commit(name: str) -> None:
 
 
 def test_ci_run_passes_its_arguments_to_pytest(tmp_path: Path) -> None:
-    """ci.yml's `.ci/run -m "not gpu" --junitxml=...` reaches pytest: the real .ci/run and scripts/test.sh, in a
-    copy of the tree whose setup and interpreter only record what they were given."""
+    """ci.yml's `.ci/run --junitxml=...` reaches pytest in both lanes, the fast one first (not docker, not network,
+    over xdist workers) and then the docker and network lane: the real .ci/run and scripts/test.sh, in a copy of
+    the tree whose setup and interpreter only record what they were given."""
     (tmp_path / ".ci").mkdir()
     (tmp_path / "scripts").mkdir()
     shutil.copy(REPO / ".ci" / "run", tmp_path / ".ci" / "run")
@@ -259,5 +260,9 @@ def test_ci_run_passes_its_arguments_to_pytest(tmp_path: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     pytest_calls = [c for c in map(json.loads, calls.read_text().splitlines()) if c[:2] == ["-m", "pytest"]]
-    assert len(pytest_calls) == 1
-    assert pytest_calls[0][-len(args) :] == args, f"pytest got {pytest_calls[0]}, ci.yml gave {args}"
+    assert len(pytest_calls) == 2
+    fast, rest = pytest_calls
+    assert fast[fast.index("-m", 2) + 1 :][:1] == ["not docker and not network"] and "-n" in fast
+    assert rest[rest.index("-m", 2) + 1 :][:1] == ["docker or network"]
+    for call in pytest_calls:
+        assert call[-len(args) :] == args, f"pytest got {call}, ci.yml gave {args}"

@@ -9,7 +9,7 @@ with `@check`); only the checks of components the image holds run, plus those re
 an image (sshd, SageMaker, keys...) have the "container" scope; `--host` runs the "host" scope against a
 machine with no container at all.
 
-This module does not import docker or testinfra: `verify.py` connects, this module only asks questions.
+This module does not import docker or testinfra: `imgbuild.verify` connects, this module only asks questions.
 """
 
 from __future__ import annotations

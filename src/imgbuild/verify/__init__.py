@@ -2,12 +2,12 @@
 
 RECIPE -> its content-addressed image `imgbuild/<name>:lock-<digest12>`; IMAGE -> the recipe its label
 `io.imgbuild.recipe` names (and that recipe's lock when it is a shipped one). What to check comes from the
-image's own manifest (/etc/imgbuild/manifest.json, manifest.py): its components, their paths, its run profile;
+image's own manifest (/etc/imgbuild/manifest.json, image/manifest.py): its components, their paths, its run profile;
 the lock only says what the manifest must hold (the `manifest` check). One container of the image is started
 through its entrypoint (so sshd starts), with the run profile's devices and GPUs when the host has them
-(runprofile.py); the checks of `checks.py` run in it through pytest-testinfra, while a second,
+(engine/runprofile.py); the checks of `imgbuild.checks` run in it through pytest-testinfra, while a second,
 entrypoint-less container scans the image's own filesystem for keys. Every container is removed whatever
-happens (errors, Ctrl-C; containers.py).
+happens (errors, Ctrl-C; engine/containers.py).
 
 `--host local|ssh://USER@HOST` runs the host-level checks (versions, fi_info, NCCL, plugin, GPU, torch) on a
 machine instead, against the recipe's lock.

@@ -189,6 +189,33 @@ def test_pushed_image_is_named_by_its_manifest_digest() -> None:
     assert props(image)["imgbuild:repo-digest-0"] == f"127.0.0.1:5000/team/imgbuild/cpu@{digest}"
 
 
+@pytest.mark.parametrize(
+    ("image", "name", "version"),
+    [
+        ("host:5000/repo", "host:5000/repo", None),
+        ("host:5000/team/repo:lock-0123", "host:5000/team/repo", "lock-0123"),
+        ("localhost/x", "localhost/x", None),
+        ("imgbuild/cpu:lock-0123456789ab", "imgbuild/cpu", "lock-0123456789ab"),
+    ],
+)
+def test_image_component_is_named_by_the_one_reference_parser(image: str, name: str, version: str | None) -> None:
+    # an untagged host:5000/repo was named "host" (the port read as a tag)
+    resolved = cpu_with_content()
+    text = doc.document(inventory(resolved, image=image), resolved)
+    component = json.loads(text)["metadata"]["component"]
+    assert component["name"] == name
+    assert component.get("version") == version
+
+
+def test_a_docker_hub_repo_digest_names_docker_io() -> None:
+    resolved = cpu_with_content()
+    digest = "sha256:" + "f" * 64
+    text = doc.document(inventory(resolved, repo_digests=(f"team/cpu@{digest}",)), resolved)
+    assert json.loads(text)["metadata"]["component"]["purl"] == (
+        f"pkg:oci/cpu@{digest}?repository_url=docker.io/team/cpu"
+    )
+
+
 def test_image_without_the_checksum_file_or_a_lock_says_so() -> None:
     resolved = cpu_with_content()
     text = doc.document(inventory(resolved, dpkg_sha256=None), resolved)

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from imgbuild import __version__
+from imgbuild.core import imageref
 from imgbuild.core.errors import VerifyError
 from imgbuild.image.manifest import Manifest
 from imgbuild.pin.resolver import Resolved
@@ -292,18 +293,18 @@ def document(inv: Inventory, resolved: Resolved, *, timestamp: dt.datetime | Non
     repo_digests = sorted(set(inv.repo_digests))
     purl = None
     if repo_digests:
-        repo, _, digest = repo_digests[0].partition("@")
-        host, _, path = repo.partition("/")
+        pushed = imageref.parse(repo_digests[0], where="the image's RepoDigests", error=VerifyError)
         purl = PackageURL(
             type="oci",
-            name=path.rsplit("/", 1)[-1],
-            version=digest,
-            qualifiers={"repository_url": repo if "." in host or ":" in host else f"docker.io/{repo}"},
+            name=pushed.name,
+            version=pushed.digest,
+            qualifiers={"repository_url": pushed.full_repository},
         )
+    ref = imageref.parse(inv.image, where="the inventory's image", error=VerifyError)
     image = Component(
         type=ComponentType.CONTAINER,
-        name=inv.image.rsplit(":", 1)[0] if "@" not in inv.image else inv.image.split("@", 1)[0],
-        version=inv.image.rsplit(":", 1)[1] if ":" in inv.image.rsplit("/", 1)[-1] else None,
+        name=ref.repository,
+        version=ref.tag,
         bom_ref="image",
         purl=purl,
         licenses=[LicenseExpression(resolved.recipe.license)] if resolved.recipe.license else None,

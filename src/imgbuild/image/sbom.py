@@ -300,11 +300,11 @@ def document(inv: Inventory, resolved: Resolved, *, timestamp: dt.datetime | Non
             version=pushed.digest,
             qualifiers={"repository_url": pushed.full_repository},
         )
-    ref = imageref.parse(inv.image, where="the inventory's image", error=VerifyError)
+    image_ref = imageref.parse(inv.image, where="the inventory's image", error=VerifyError)
     image = Component(
         type=ComponentType.CONTAINER,
-        name=ref.repository,
-        version=ref.tag,
+        name=image_ref.repository,
+        version=image_ref.tag,
         bom_ref="image",
         purl=purl,
         licenses=[LicenseExpression(resolved.recipe.license)] if resolved.recipe.license else None,

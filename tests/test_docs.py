@@ -25,7 +25,7 @@ README = REPO / "README.md"
 # The quick start's commands: what sets up a fresh machine, runs the main job and the tests (scripts/*.sh).
 QUICK_START = (
     "bash scripts/main.sh     # main job: Docker engine + base image + package, then build and verify the cpu image",
-    "bash scripts/test.sh     # tests: same setup, then ruff, mypy and every test (Docker ones included)",
+    "bash scripts/test.sh     # tests: same setup, ruff, mypy, the fast lane first, then Docker and network",
 )
 
 

@@ -5,6 +5,9 @@ The first `/`-separated component is a registry when it holds a '.' or a ':' or 
 upper-case letter, which no path component may), as Docker decides; otherwise the reference is on Docker Hub
 (`docker.io`, with `library/` before a one-component path). So `host:5000/repo` is the repository `repo` on
 `host:5000`, untagged, and `localhost/x` is `x` on `localhost`.
+
+This module holds the grammar once (core/validate.py's `image_ref` option check and `redact`'s digest use it) and
+imports nothing of imgbuild, so that every floor may use it.
 """
 
 from __future__ import annotations
@@ -12,16 +15,19 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from imgbuild.core.errors import ImgbuildError, UsageError
-
 DOCKER_HUB = "docker.io"
 MAX_NAME = 255  # the grammar's limit on DOMAIN/PATH
+MAX_REF = 512  # name, tag (128) and a sha512 digest fit; longer input is refused before any regex runs
 
 _DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
-_DOMAIN = re.compile(rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[0-9a-fA-F:]+\])(?::[0-9]+)?")
-_PATH_COMPONENT = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*")
-_TAG = re.compile(r"[\w][\w.-]{0,127}")
-_DIGEST = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}")
+DOMAIN = rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[0-9a-fA-F:]+\])(?::[0-9]+)?"
+PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
+DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
+_DOMAIN_RE = re.compile(DOMAIN, re.ASCII)
+_PATH_COMPONENT_RE = re.compile(PATH_COMPONENT, re.ASCII)
+_TAG_RE = re.compile(TAG, re.ASCII)
+_DIGEST_RE = re.compile(DIGEST, re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -60,11 +66,11 @@ class ImageRef:
         return self.repository + (f":{self.tag}" if self.tag else "") + (f"@{self.digest}" if self.digest else "")
 
 
-def parse(ref: str, *, where: str = "image reference", error: type[ImgbuildError] = UsageError) -> ImageRef:
-    """Parse `ref`; anything the grammar refuses raises `error` naming `where` (the file and key, the option...)
-    and what was expected."""
+def parse(ref: str, *, where: str = "image reference", error: type[Exception] = ValueError) -> ImageRef:
+    """Parse `ref`; anything the grammar refuses raises `error` (ValueError, or an ImgbuildError class for the
+    caller's exit code) naming `where` (the file and key, the option...) and what was expected."""
 
-    def bad(why: str) -> ImgbuildError:
+    def bad(why: str) -> Exception:
         return error(
             f"{where}: {ref!r} is not an image reference ({why}); expected [REGISTRY[:PORT]/]PATH[:TAG][@DIGEST], "
             "e.g. ghcr.io/org/image:1.0 or host:5000/repo@sha256:<64 hex>"
@@ -72,20 +78,22 @@ def parse(ref: str, *, where: str = "image reference", error: type[ImgbuildError
 
     if not ref or ref != ref.strip():
         raise bad("empty or surrounded by spaces")
+    if len(ref) > MAX_REF:
+        raise bad(f"longer than {MAX_REF} characters")
     rest, at, digest = ref.partition("@")
-    if at and not _DIGEST.fullmatch(digest):
+    if at and not _DIGEST_RE.fullmatch(digest):
         raise bad(f"digest {digest!r} is not ALGORITHM:HEX")
     first, slash, remainder = rest.partition("/")
     domain: str | None = None
     if slash and ("." in first or ":" in first or first == "localhost" or first != first.lower()):
-        if not _DOMAIN.fullmatch(first):
+        if not _DOMAIN_RE.fullmatch(first):
             raise bad(f"registry {first!r} is not a host name with an optional :PORT")
         domain, rest = first, remainder
     path, colon, tag = rest.rpartition(":") if ":" in rest else (rest, "", "")
-    if colon and not _TAG.fullmatch(tag):
+    if colon and not _TAG_RE.fullmatch(tag):
         raise bad(f"tag {tag!r} is not 1-128 of letters, digits, '_', '.', '-' starting with a letter, digit or '_'")
     for component in path.split("/"):
-        if not _PATH_COMPONENT.fullmatch(component):
+        if not _PATH_COMPONENT_RE.fullmatch(component):
             raise bad(f"path component {component!r} is not lower-case letters and digits joined by '.', '_', '-'")
     if len(f"{domain}/{path}" if domain else path) > MAX_NAME:
         raise bad(f"the name is longer than {MAX_NAME} characters")

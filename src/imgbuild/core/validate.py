@@ -20,21 +20,12 @@ import re
 from collections.abc import Callable
 from typing import TypeVar
 
+from imgbuild.core import imageref
+
 T = TypeVar("T")
 
-# Docker's image reference grammar (distribution/reference, regexp.go):
-#   reference := name [ ":" tag ] [ "@" digest ];  name := [domain "/"] path-component ["/" path-component]*
-_ALNUM = r"[a-z0-9]+"
-_SEPARATOR = r"(?:[._]|__|-+)"
-_PATH_COMPONENT = rf"{_ALNUM}(?:{_SEPARATOR}{_ALNUM})*"
-_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
-_DOMAIN = rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[a-fA-F0-9:]+\])(?::[0-9]+)?"
-_NAME = rf"(?:{_DOMAIN}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
-_TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
-_DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
-IMAGE_REF_RE = re.compile(rf"(?P<name>{_NAME})(?::(?P<tag>{_TAG}))?(?:@(?P<digest>{_DIGEST}))?", re.ASCII)
-IMAGE_NAME_MAX = 255  # the grammar's limit on the name (domain and path)
-_IMAGE_REF_MAX = 512  # name, tag (128) and a sha512 digest fit; longer input is refused before any regex runs
+# Docker's image reference grammar lives once, in core/imageref.py; `redact` finds digests with it.
+_DIGEST = imageref.DIGEST
 
 # EC2 instance types: FAMILY.SIZE (p4d.24xlarge, p6e-gb200.36xlarge, u-6tb1.112xlarge, r7iz.metal-32xl), which is
 # also what the `node.kubernetes.io/instance-type` label holds (a label value: at most 63 characters).
@@ -111,11 +102,10 @@ def image_ref(value: str) -> str:
         "a Docker image reference [REGISTRY[:PORT]/]REPOSITORY[:TAG][@sha256:DIGEST] "
         "(lowercase repository, e.g. 123456789012.dkr.ecr.us-east-1.amazonaws.com/imgbuild/a100:v1)"
     )
-    m = IMAGE_REF_RE.fullmatch(value) if len(value) <= _IMAGE_REF_MAX else None
-    if m is None:
-        raise ValueError(f"expected {expected}, got {shown(value)}")
-    if len(m.group("name")) > IMAGE_NAME_MAX:
-        raise ValueError(f"expected {expected} whose name is at most {IMAGE_NAME_MAX} characters, got {shown(value)}")
+    try:
+        imageref.parse(value)
+    except ValueError:
+        raise ValueError(f"expected {expected}, got {shown(value)}") from None
     return value
 
 

@@ -594,6 +594,8 @@ def test_pyxis_image_reference() -> None:
     assert jobs.pyxis_image("nvcr.io/nvidia/pytorch:24.01-py3") == "nvcr.io#nvidia/pytorch:24.01-py3"
     assert jobs.pyxis_image("ubuntu:22.04") == "ubuntu:22.04"
     assert jobs.pyxis_image("imgbuild/a100:lock-1") == "imgbuild/a100:lock-1"
+    assert jobs.pyxis_image("host:5000/repo") == "host:5000#repo"
+    assert jobs.pyxis_image("localhost/x") == "localhost#x"
 
 
 @pytest.mark.parametrize(

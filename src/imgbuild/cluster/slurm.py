@@ -29,6 +29,7 @@ from __future__ import annotations
 import shlex
 from typing import TYPE_CHECKING
 
+from imgbuild.core import imageref
 from imgbuild.spec.driver import IMEX_CHANNEL_DIR
 
 if TYPE_CHECKING:
@@ -58,19 +59,16 @@ def mca_pairs(launch: Launch) -> list[tuple[str, str]]:
 def pyxis_image(ref: str) -> str:
     """An image reference as pyxis and enroot write it: `REGISTRY#REPOSITORY:TAG` (the registry host, when there
     is one, is separated by '#', not '/')."""
-    first, sep, rest = ref.partition("/")
-    if sep and ("." in first or ":" in first or first == "localhost"):
-        return f"{first}#{rest}"
-    return ref
+    parsed = imageref.parse(ref, where="--image")
+    return f"{parsed.domain}#{ref.removeprefix(parsed.domain + '/')}" if parsed.domain else ref
 
 
 def _image_tag(ref: str) -> str:
     """The tag (or the digest's hex) of an image reference; 'latest' without either."""
-    name, at, digest = ref.partition("@")
-    if at:
-        return digest.rpartition(":")[2][:12]
-    last = name.rpartition("/")[2]
-    return last.rpartition(":")[2] if ":" in last else "latest"
+    parsed = imageref.parse(ref, where="--image")
+    if parsed.digest:
+        return parsed.digest.rpartition(":")[2][:12]
+    return parsed.tag or "latest"
 
 
 def _arch_comment(job: JobPlan) -> list[str]:

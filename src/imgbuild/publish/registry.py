@@ -24,6 +24,7 @@ import docker.auth
 import requests
 import requests.exceptions
 
+from imgbuild.core import imageref
 from imgbuild.core.errors import PushError
 from imgbuild.engine import reason
 
@@ -123,8 +124,7 @@ def parse_registry(value: str) -> Destination:
 
 def strip_domain(repo: str) -> str:
     """``ghcr.io/org/x`` -> ``org/x``; ``imgbuild/cpu`` stays."""
-    first, sep, rest = repo.partition("/")
-    return rest if sep and _DOMAIN_RE.match(first) else repo
+    return imageref.parse(repo, where="the repository", error=PushError).path
 
 
 # --------------------------------------------------------------------------------------------------------

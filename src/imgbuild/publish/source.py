@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import docker
-import docker.utils
 
+from imgbuild.core import imageref
 from imgbuild.core.errors import PushError
 from imgbuild.engine import inspect_image
 from imgbuild.image.identity import Identity
@@ -30,8 +30,8 @@ _IMAGE_ID_RE = re.compile(r"^(?:sha256:)?[0-9a-f]{12,64}$")
 
 def split_ref(ref: str) -> tuple[str, str]:
     """`REPOSITORY:TAG` -> (repository, tag), "latest" where none is named."""
-    repo, tag = docker.utils.parse_repository_tag(ref)
-    return repo, tag or "latest"
+    parsed = imageref.parse(ref, where="the engine's image tag", error=PushError)
+    return parsed.repository, parsed.tag or "latest"
 
 
 @dataclass(frozen=True)

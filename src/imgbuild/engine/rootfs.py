@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from imgbuild.core import validate
+from imgbuild.core import imageref, validate
 from imgbuild.core.errors import BuildError, Interrupted, UsageError
 from imgbuild.pin.content import local_ref, sha256_file
 from imgbuild.spec import compat
@@ -120,11 +120,9 @@ class BaseSpec:
 
 
 def split_name(name: str) -> tuple[str, str]:
-    """`repo[:tag]` -> (repo, tag); a colon that is part of a registry's host:port is not a tag."""
-    repo, sep, tag = name.rpartition(":")
-    if not sep or "/" in tag:
-        return name, "latest"
-    return repo, tag
+    """`repo[:tag]` -> (repo, tag); a colon that is part of a registry's host:port is not a tag (core/imageref)."""
+    parsed = imageref.parse(name, where="the image name", error=UsageError)
+    return parsed.repository, parsed.tag or "latest"
 
 
 def _distro_of_repo(repo: str) -> Distro | None:

@@ -7,17 +7,19 @@ that every run leaves no container, network or key folder behind.
 
 from __future__ import annotations
 
+import ast
 import glob
 import json
 import os
 import tempfile
+from pathlib import Path
 from typing import Any
 
 import docker
 import pytest
 
 from conftest import UPSTREAM, read_manifest
-from imgbuild import recipe
+from imgbuild import blocks, recipe
 from imgbuild.checks.results import CheckResult, failures
 from imgbuild.core.errors import Interrupted, VerifyError
 from imgbuild.engine.containers import Exec
@@ -365,3 +367,52 @@ def test_the_mpi4py_gather_fails_when_a_node_is_silent_or_runs_another_mpi() -> 
     assert newer.status == "fail" and "5.0.7 is not the pinned 4.1.4" in newer.reason
     nothing = nodechecks._gathered(s, "", 2)
     assert (nothing.status, nothing.reason) == ("fail", "rank 0 printed no gather line")
+
+
+def test_the_blocks_say_which_node_checks_they_feed() -> None:
+    """Each check that depends on the image's blocks is fed by at least one (Block.node_checks), and no block
+    declares a check nodechecks does not run; a block that provides another feeds that one's checks too."""
+    ids = (nodechecks.PINGPONG, nodechecks.DDP_MPIRUN, nodechecks.DDP_TORCHRUN, nodechecks.NCCL_TESTS,
+           nodechecks.GATHER)  # fmt: skip
+    assert {c for b in blocks.REGISTRY for c in b.node_checks} == set(ids)
+    assert blocks.feeding(nodechecks.PINGPONG) == ("libfabric", "efa")  # efa's installer brings libfabric
+    assert [blocks.feeding(c) for c in ids[1:]] == [("pytorch",), ("pytorch",), ("nccl_tests",), ("openmpi",)]
+
+
+def test_checks_skip_naming_the_blocks_an_image_lacks() -> None:
+    manifest = manifest_of("cpu")
+    lean = {k: v for k, v in manifest.components.items() if k not in {"libfabric", "efa", "pytorch", "nccl_tests"}}
+    s = nodechecks.Session(
+        nodes=_Named("node-1", "node-2"),  # type: ignore[arg-type]
+        manifest=manifest.model_copy(update={"components": lean}),
+        image_env={},
+        deadline=0.0,
+        gpus=True,
+    )
+    pingpong = nodechecks._pingpong(s)
+    assert (pingpong.status, pingpong.reason) == ("skip", "the image has no libfabric (no libfabric or efa component)")
+    nccl = nodechecks._nccl_tests(s, sshd_down=[])
+    assert (nccl.status, nccl.reason) == ("skip", "the image has no nccl_tests component")
+    assert s.fed(nodechecks.DDP_MPIRUN) == [] and s.ddp_program not in s.files()
+    assert [p.version for p in nodechecks.Session(**{**s.__dict__, "manifest": manifest}).fed(nodechecks.GATHER)] == [
+        manifest.components["openmpi"].version
+    ]
+
+
+def test_nodechecks_names_no_component() -> None:
+    """nodechecks asks the registry (blocks.feeding) which checks an image's blocks feed: it looks no block up by
+    name (a key of a `get`, `version`, `details`, `has` or `pin` call, a subscript, an `in` test). Check names
+    ('sshd') and libfabric's provider name ('efa') are no lookups."""
+    source = Path(nodechecks.__file__).read_text()
+    named = []
+    for node in ast.walk(ast.parse(source)):
+        used: list[ast.expr] = []
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr in {"get", "version", "details", "has", "pin"}:
+                used = [*node.args, *(k.value for k in node.keywords)]
+        elif isinstance(node, ast.Subscript):
+            used = [node.slice]
+        elif isinstance(node, ast.Compare) and any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops):
+            used = [node.left]
+        named += [(u.lineno, u.value) for u in used if isinstance(u, ast.Constant) and u.value in blocks.BY_NAME]
+    assert named == []

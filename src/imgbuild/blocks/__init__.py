@@ -118,6 +118,13 @@ def context_for(resolved: Any, arch: str | None = None) -> Context:
     return Context(resolved=resolved, providers=providers, arch=arch or resolved.recipe.platform.arch[0])
 
 
+def feeding(check: str) -> tuple[str, ...]:
+    """The blocks that feed verify's node check `check` (`Block.node_checks`), in registry order, then the blocks
+    that provide one of them (`Block.provides`: the EFA installer's libfabric)."""
+    declared = [b.name for b in REGISTRY if check in b.node_checks]
+    return tuple(dedupe([*declared, *(b.name for b in REGISTRY if set(b.provides) & set(declared))]))
+
+
 def dedupe(items: Iterable[str]) -> list[str]:
     """Keep the first occurrence of each item, in order."""
     return list(dict.fromkeys(items))
@@ -139,6 +146,7 @@ __all__ = [
     "builder_order",
     "context_for",
     "dedupe",
+    "feeding",
     "python_of",
     "resolve_order",
     "runtime_order",

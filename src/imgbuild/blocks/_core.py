@@ -393,7 +393,10 @@ class Block:
                  never install them again (pin.wheels), so a later set cannot replace them unseen;
     context      files from the user's own tree its fragments COPY (context path, bytes, mode): the `app` block's code;
     top_level    its options are the recipe's top-level key `<name>` (the user's `app:` section), not
-                 `components.<name>`.
+                 `components.<name>`;
+    node_checks  the ids of verify's checks across nodes (imgbuild.verify.nodechecks) that run its programs or judge
+                 its pin: such a check runs where the image has the block (or one that provides it) and, without
+                 one, skips naming them (`imgbuild.blocks.feeding`).
     Its Dockerfile fragments are the macros `builder`, `runtime` and `final` of `<name>.j2` next to its module (`final`:
     stages of their own after the runtime stage, the last of which is the image), and its
     verify checks are registered with `imgbuild.checks.check(..., "<name>")` in its module.
@@ -422,6 +425,7 @@ class Block:
     python_dists: Callable[[Pin], Mapping[str, str]] = lambda pin: {}
     context: Callable[[Pin, Context], list[tuple[str, bytes, int]]] = lambda pin, ctx: []
     top_level: bool = False
+    node_checks: tuple[str, ...] = ()
     # what the image holds of the block beyond the lock (the user's code), as a digest the image's tags fold in (None:
     # nothing), and the block's entry in the image's manifest (a field of Manifest named after the block; None: none),
     # given that digest (render reads it once per plan)

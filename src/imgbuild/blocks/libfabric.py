@@ -67,6 +67,7 @@ BLOCK = Block(
     modes={"efa": "provided", "distro": "packages", "base": "provided"},
     resolve=resolve,
     contribute=contribute,
+    node_checks=("fi_pingpong",),  # libfabric's own test program, between two nodes
 )
 
 

@@ -64,6 +64,7 @@ BLOCK = Block(
     build_after=("cuda", "efa", "openmpi", "nccl"),
     downloads=downloads,
     template_globals={"nccl_tests_source_url": source_url},
+    node_checks=("nccl-tests all_reduce_perf",),  # its all_reduce_perf across the nodes
 )
 
 

@@ -100,6 +100,7 @@ BLOCK = Block(
     tag=(7, "ompi"),
     downloads=downloads,
     template_globals={"openmpi_source_url": source_url},
+    node_checks=("mpi4py gather",),  # every rank runs the pinned Open MPI
 )
 
 

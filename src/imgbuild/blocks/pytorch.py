@@ -215,6 +215,7 @@ BLOCK = Block(
     python_dists=lambda pin: {"torch": pin.version} if pin.source == "base" and pin.version else {},
     after=("python",),
     tag=(2, "pt"),
+    node_checks=("ddp (mpirun)", "ddp (torchrun)"),  # a DistributedDataParallel training across the nodes
 )
 
 

@@ -8,6 +8,7 @@ outputs and draws (cluster/plot.py); the nccl-tests check across nodes (nodechec
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal, TypeVar
 
 from pydantic import Field
@@ -37,11 +38,26 @@ class Expect(Frozen):
         """The expectations of an image built from `resolved` (a recipe's lock): its NCCL and aws-ofi-nccl pins,
         and its instance type when the recipe names exactly one (an explicit `instance_type` wins)."""
         types = resolved.recipe.platform.instance_types
+        return cls.of_pins(
+            resolved.version, instance_type=instance_type or (types[0] if len(types) == 1 else None), nodes=nodes
+        )
+
+    @classmethod
+    def of_pins(
+        cls,
+        version: Callable[[str], str | None],
+        *,
+        instance_type: str | None = None,
+        nodes: int | None = None,
+        plugin: bool = True,
+    ) -> Expect:
+        """The expectations of an image from its pins (`version(component)`: a lock's, a manifest's): its NCCL and,
+        where `plugin` (the run must use it), its aws-ofi-nccl."""
         return cls(
-            instance_type=instance_type or (types[0] if len(types) == 1 else None),
+            instance_type=instance_type,
             nodes=nodes,
-            nccl_version=resolved.version("nccl"),
-            aws_ofi_nccl_version=resolved.version("aws_ofi_nccl"),
+            nccl_version=version("nccl"),
+            aws_ofi_nccl_version=version("aws_ofi_nccl") if plugin else None,
         )
 
 

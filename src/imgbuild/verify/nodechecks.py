@@ -24,6 +24,10 @@ The checks, in order:
 6. where the nodes have GPUs and the image has nccl-tests: all_reduce_perf across the nodes with the mpirun
    line and NCCL_DEBUG=INFO, judged by `imgbuild.nccltests.verdict` (results, NCCL version = the lock's, network).
 
+Checks 2 (the gather), 4, 5 and 6 depend on the image's blocks: each block names the checks it feeds
+(`Block.node_checks`), and this module asks the registry (`blocks.feeding`) which run on an image and whom a skip
+names; it looks no component up by name (tests/test_multinode.py checks that).
+
 One module over 500 lines: the six checks are one sequence (`run_checks`) over one `Session`, sharing its
 files, output patterns and result builders (`_env_result`, `_ddp_result`); split in two, each half would
 import the other's private functions.
@@ -40,6 +44,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from imgbuild import probes
+from imgbuild.blocks import Pin, feeding
 from imgbuild.checks import compare
 from imgbuild.checks.results import CheckResult
 from imgbuild.core.paths import SSHD_LOG
@@ -67,6 +72,13 @@ PINGPONG_TIMEOUT_S = 60.0
 DDP_TIMEOUT_S = 300.0  # importing torch on a loaded 2-core machine takes a while
 NCCL_TESTS_TIMEOUT_S = 300.0
 BASE_TIMEOUT_S = 180.0
+
+# The ids of the checks the blocks feed (`Block.node_checks`): each runs where the image has a block that feeds it.
+PINGPONG = "fi_pingpong"
+DDP_MPIRUN = "ddp (mpirun)"
+DDP_TORCHRUN = "ddp (torchrun)"
+NCCL_TESTS = "nccl-tests all_reduce_perf"
+GATHER = "mpi4py gather"
 
 
 _ALLREDUCE_RE = re.compile(
@@ -180,9 +192,15 @@ class Session:
     def port(self) -> int:
         return self.manifest.ssh_ports[0]
 
-    @property
-    def has_torch(self) -> bool:
-        return "pytorch" in self.manifest.components
+    def fed(self, check: str) -> list[Pin]:
+        """The image's pins of the blocks that feed check `check` (`blocks.feeding`), in that order."""
+        comps = self.manifest.components
+        return [comps[name] for name in feeding(check) if name in comps]
+
+    def version(self, component: str) -> str | None:
+        """The image's pinned version of `component` (None without one)."""
+        pin = self.manifest.components.get(component)
+        return pin.version if pin is not None else None
 
     @property
     def hostfile(self) -> str:
@@ -216,7 +234,7 @@ class Session:
             self.hostfile: (self.hostfile_text().encode(), 0o644),
             self.env_names: (json.dumps(sorted(self.image_env)).encode(), 0o644),
         }
-        if self.has_torch:
+        if self.fed(DDP_MPIRUN) or self.fed(DDP_TORCHRUN):
             files[self.ddp_program] = (probes.text("ddp_train.py").encode(), 0o644)
         return files
 
@@ -246,8 +264,9 @@ def run_checks(s: Session, *, sshd_wait_s: float = SSHD_WAIT_S) -> list[CheckRes
     else:
         results.append(_ssh_env(s))
     results.append(_pingpong(s))
-    if s.has_torch:
+    if s.fed(DDP_MPIRUN):
         results.append(_ddp_mpirun(s, sshd_down=down))
+    if s.fed(DDP_TORCHRUN):
         results.append(_ddp_torchrun(s, sshd_down=down))
     results.append(_nccl_tests(s, sshd_down=down))
     return results
@@ -270,6 +289,15 @@ def timings_result(s: Session, run: str, nodes: int) -> CheckResult:
 
 # --------------------------------------------------------------------------------------------------------
 # the checks
+
+
+def _lacking(check: str) -> str:
+    """Why `check` skips on an image without the blocks that feed it, named from the registry: 'the image has no
+    nccl_tests component', 'the image has no libfabric (no libfabric or efa component)'."""
+    names = feeding(check)
+    if len(names) == 1:
+        return f"the image has no {names[0]} component"
+    return f"the image has no {names[0]} (no {' or '.join(names)} component)"
 
 
 def _sshd_check(s: Session, wait_s: float) -> list[CheckResult]:
@@ -429,9 +457,9 @@ def _allreduce(s: Session, *, sshd_down: list[str]) -> list[CheckResult]:
 def _gathered(s: Session, output: str, ranks: int) -> CheckResult:
     """Rank 0's mpi4py gather of every rank's hostname and MPI library (`MPI.Get_library_version`): every node
     answers, all with one MPI library, the image's Open MPI."""
-    name = s.name("mpi4py gather")
-    mpi = s.manifest.components.get("openmpi")
-    pinned = mpi.version if mpi is not None else None
+    name = s.name(GATHER)
+    mpi = s.fed(GATHER)
+    pinned = mpi[0].version if mpi else None
     expected = f"rank 0 gathers {ranks} ranks from {s.n} nodes, one MPI library" + (
         f" (Open MPI {pinned})" if pinned else ""
     )
@@ -505,12 +533,11 @@ def _env_result(
 
 def _pingpong(s: Session) -> CheckResult:
     """fi_pingpong: server on node 1 in the background, client on node 2; pass when the client completes."""
-    name = s.name("fi_pingpong")
+    name = s.name(PINGPONG)
     if s.n < 2:
         return CheckResult(name, "skip", reason="needs 2 nodes or more")
-    comps = s.manifest.components
-    if "libfabric" not in comps and "efa" not in comps:
-        return CheckResult(name, "skip", reason="the image has no libfabric (no libfabric or efa component)")
+    if not s.fed(PINGPONG):
+        return CheckResult(name, "skip", reason=_lacking(PINGPONG))
     server, client = s.nodes.names[0], s.nodes.names[1]
     where = f"{server},{client}"
     provider, endpoint = ("efa", "rdm") if s.expect_efa else ("tcp", "msg")  # tcp has no dgram endpoint
@@ -571,7 +598,7 @@ def _pingpong(s: Session) -> CheckResult:
 
 def _ddp_mpirun(s: Session, *, sshd_down: list[str]) -> CheckResult:
     """ddp_train.py under the image's mpirun line, started on node 1 (as `train` starts it)."""
-    name = s.name("ddp (mpirun)")
+    name = s.name(DDP_MPIRUN)
     if sshd_down:
         return CheckResult(name, "fail", found="not run", reason=f"sshd not answering on {', '.join(sshd_down)}")
     argv = mpirun_argv(
@@ -587,7 +614,7 @@ def _ddp_mpirun(s: Session, *, sshd_down: list[str]) -> CheckResult:
 def _ddp_torchrun(s: Session, *, sshd_down: list[str]) -> CheckResult:
     """ddp_train.py under torchrun on every node (node rank = position, master = node 1), as `train` runs it with
     IMGBUILD_LAUNCHER=torchrun: the launch module's torchrun line."""
-    name = s.name("ddp (torchrun)")
+    name = s.name(DDP_TORCHRUN)
     if sshd_down:
         return CheckResult(name, "fail", found="not run", reason=f"sshd not answering on {', '.join(sshd_down)}")
     argvs = [
@@ -654,12 +681,12 @@ def _ddp_result(
 
 def _nccl_tests(s: Session, *, sshd_down: list[str]) -> CheckResult:
     """nccl-tests' all_reduce_perf across the nodes with the image's mpirun line, judged by nccltests.verdict."""
-    name = s.name("nccl-tests all_reduce_perf")
+    name = s.name(NCCL_TESTS)
     if not s.gpus:
         return CheckResult(name, "skip", reason="no GPUs on the nodes (or the image is not for NVIDIA GPUs)")
-    comp = s.manifest.components.get("nccl_tests")
-    if comp is None:
-        return CheckResult(name, "skip", reason="the image has no nccl_tests component")
+    fed = s.fed(NCCL_TESTS)
+    if not fed:
+        return CheckResult(name, "skip", reason=_lacking(NCCL_TESTS))
     if sshd_down:
         return CheckResult(name, "fail", found="not run", reason=f"sshd not answering on {', '.join(sshd_down)}")
     from imgbuild.nccltests import command, verdict
@@ -669,19 +696,12 @@ def _nccl_tests(s: Session, *, sshd_down: list[str]) -> CheckResult:
     instance_type = types[0] if len(types) == 1 and s.expect_efa else None
     ranks = s.n * s.per_node
     # The jobs' line: as far as the verdict judges on that instance type (16 GiB on p5 and later, else 1 GiB).
-    program = ["env", "NCCL_DEBUG=INFO", *command.all_reduce_perf(comp.details.prefix, instance_type)]
+    program = ["env", "NCCL_DEBUG=INFO", *command.all_reduce_perf(fed[0].details.prefix, instance_type)]
     argv = mpirun_argv(s.manifest, hostfile=s.hostfile, ranks=ranks, wdir=s.workdir, program=program)
     limit = s.left(NCCL_TESTS_TIMEOUT_S)
     res = s.nodes.run(0, f"exec {shlex.join(with_defaults(s, argv))}", timeout_s=limit, label="nccl-tests")
     s.timings["nccl_tests_s"] = round(res.duration_s, 3)
-    nccl = s.manifest.components.get("nccl")
-    ofi = s.manifest.components.get("aws_ofi_nccl")
-    expect = verdict.Expect(
-        instance_type=instance_type,
-        nodes=s.n,
-        nccl_version=nccl.version if nccl is not None else None,
-        aws_ofi_nccl_version=ofi.version if ofi is not None and s.expect_efa else None,
-    )
+    expect = verdict.Expect.of_pins(s.version, instance_type=instance_type, nodes=s.n, plugin=s.expect_efa)
     rep = verdict.judge(parse(res.output), expect, source=f"all_reduce_perf on {', '.join(s.nodes.names)}")
     return nccl_tests_result(name, rep, res, expect_efa=s.expect_efa, command=shlex.join(argv))
 

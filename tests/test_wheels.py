@@ -1,5 +1,6 @@
-"""Wheels pinned by hash: pin.wheels.compile_sets against the real index (uv, as configured; marked network), the pip steps that
-install a recorded set with --require-hashes, and a BuildKit build that refuses a wheel whose hash differs."""
+"""Wheels pinned by hash: pin.wheels.compile_sets against the real index (uv, as configured; marked network), the
+pip steps that install a recorded set with --require-hashes, and a BuildKit build that refuses a wheel whose hash
+differs."""
 
 from __future__ import annotations
 

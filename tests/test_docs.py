@@ -117,7 +117,10 @@ def test_every_exit_code_is_in_the_site(site: Path) -> None:
         todo += cls.__subclasses__()
     assert len({c.exit_code for c in classes}) >= 19
     for cls in classes:
-        row = re.search(rf"^\s*{cls.exit_code}\s*\n\s*{cls.__name__}\s*$", text, re.MULTILINE)
+        # a subclass defined elsewhere (publish.scan's ScanGateFailed, imported by an earlier test or not) exits with
+        # its core class's code: the page names the core class, and every code has its row
+        name = cls.__name__ if cls.__module__ == errors.__name__ else r"\w+"
+        row = re.search(rf"^\s*{cls.exit_code}\s*\n\s*{name}\s*$", text, re.MULTILINE)
         assert row, f"exit code {cls.exit_code} ({cls.__name__}) is not a row of the site's exit-codes page"
 
 

@@ -25,7 +25,7 @@ import typer
 from typer.testing import CliRunner
 
 from imgbuild import checks, verify
-from imgbuild.blocks import Pin, aws_ofi_nccl, nccl, runtime_order, sshd
+from imgbuild.blocks import Pin, aws_ofi_nccl, nccl, pytorch, runtime_order, sshd
 from imgbuild.checks.results import CheckResult, Status
 from imgbuild.cli import verify as cli_verify
 from imgbuild.core.errors import Interrupted, VerifyError
@@ -195,7 +195,7 @@ def test_gpu_checks_skip_without_a_gpu_and_run_with_one() -> None:
     none = checks.CheckContext(
         host=FakeHost({}), scope="container", components=pins(components), gpu_reason="no GPU here"
     )
-    for fn in (checks.gpu_nvidia_smi, checks.gpu_torch_cuda, checks.gpu_nccl_allreduce):
+    for fn in (checks.gpu_nvidia_smi, pytorch.gpu_torch_cuda, pytorch.gpu_nccl_allreduce):
         res = fn(none)
         assert (res.status, res.reason) == ("skip", "no GPU here")
     answers = {
@@ -208,11 +208,17 @@ def test_gpu_checks_skip_without_a_gpu_and_run_with_one() -> None:
     gpu = checks.CheckContext(host=FakeHost(answers), scope="container", components=pins(components), gpu=True)
     smi = checks.gpu_nvidia_smi(gpu)
     assert smi.status == "pass" and smi.found.startswith("2 GPU(s): GPU 0: NVIDIA H100")
-    assert checks.gpu_torch_cuda(gpu).found == "2 device(s)"
-    assert checks.gpu_nccl_allreduce(gpu).status == "pass"
+    assert pytorch.gpu_torch_cuda(gpu).found == "2 device(s)"
+    assert pytorch.gpu_nccl_allreduce(gpu).status == "pass"
     hung = checks.CheckContext(host=FakeHost({"init_process_group": Out(124, "", "")}), scope="container",
                                components=pins(components), gpu=True)  # fmt: skip
-    assert checks.gpu_nccl_allreduce(hung).status == "fail"
+    assert pytorch.gpu_nccl_allreduce(hung).status == "fail"
+    lean = checks.CheckContext(host=FakeHost(answers), scope="container", components=pins(CPU_COMPONENTS), gpu=True)
+    for fn in (pytorch.gpu_torch_cuda, pytorch.gpu_nccl_allreduce):
+        assert (fn(lean).status, fn(lean).reason) == ("skip", "PyTorch is not in the image")
+    # the platform's checks run last, in this order, on every image (the torch ones are the pytorch block's)
+    platform = [c.name for c in checks.selected([], "container", runtime_order()) if c.components == ("platform",)]
+    assert platform == ["gpu-nvidia-smi", "gpu-torch-cuda", "gpu-nccl-allreduce", "gpu-driver", "imex-channel"]
 
 
 def test_plugin_with_an_unresolved_library_fails() -> None:

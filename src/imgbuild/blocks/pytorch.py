@@ -21,7 +21,7 @@ from packaging.requirements import Requirement
 
 from imgbuild import probes
 from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution
-from imgbuild.checks import CheckContext, Ran, check, compare, fail
+from imgbuild.checks import CheckContext, Ran, check, compare, fail, passed, skip
 from imgbuild.checks.results import CheckResult
 from imgbuild.core.errors import ImgbuildError, IndexLookupError
 from imgbuild.core.paths import display
@@ -235,3 +235,39 @@ def pytorch_version(ctx: CheckContext) -> CheckResult:
     result = compare(expected, base.group(0) if base else found, "torch", full=found, cuda=data.get("cuda"))
     gpu = "a GPU" if data.get("cuda_available") else "no GPU"
     return replace(result, reason=result.reason or f"imports; torch.cuda sees {gpu}")
+
+
+# The GPU checks through torch: registered with the platform's (they run for every image, after its other checks,
+# and skip without a GPU or without PyTorch).
+GPU_TIMEOUT_S = 240
+
+
+@check("gpu-torch-cuda", "platform")
+def gpu_torch_cuda(ctx: CheckContext) -> CheckResult:
+    """torch.cuda.is_available() with the GPUs passed in."""
+    if not ctx.gpu:
+        return skip(ctx.gpu_reason)
+    if not ctx.has("pytorch"):
+        return skip("PyTorch is not in the image")
+    code = "import json, torch; print(json.dumps([torch.cuda.is_available(), torch.cuda.device_count()]))"
+    data, ran = ctx.python_json(code, timeout_s=120)
+    if data is None:
+        return fail(f"import torch: {ran.why()}", expected="available")
+    if not data[0]:
+        return fail("torch.cuda.is_available() is False", expected="available", found="not available")
+    return passed("available", f"{data[1]} device(s)")
+
+
+@check("gpu-nccl-allreduce", "platform")
+def gpu_nccl_allreduce(ctx: CheckContext) -> CheckResult:
+    """A one-GPU NCCL all_reduce through torch.distributed (world_size 1, nccl backend)."""
+    if not ctx.gpu:
+        return skip(ctx.gpu_reason)
+    if not ctx.has("pytorch"):
+        return skip("PyTorch is not in the image")
+    data, ran = ctx.python_json(probes.text("gpu_allreduce.py"), timeout_s=GPU_TIMEOUT_S)
+    if data is None:
+        return fail(f"all_reduce failed: {ran.why()}", expected="2.0")
+    if data["value"] != 2.0:
+        return fail(f"all_reduce of 2.0 over one rank gave {data['value']}", expected="2.0", found=str(data["value"]))
+    return passed("2.0", "2.0", "nccl backend, world_size 1")

@@ -23,7 +23,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from imgbuild import probes
 from imgbuild.checks.results import CheckResult, Status
 from imgbuild.core.paths import MANIFEST_PATH
 
@@ -36,7 +35,6 @@ CONTAINER: tuple[Scope, ...] = ("container",)
 
 SECRETS_DIR = "/run/secrets"  # where BuildKit mounts build secrets (render.CA_SECRET_PATH is one of them)
 LEGACY_CA_DIR = "/usr/local/share/ca-certificates/imgbuild"  # where builds before BuildKit's secrets put the bundle
-GPU_TIMEOUT_S = 240
 COMMAND_TIMEOUT_S = 60
 
 
@@ -432,34 +430,3 @@ def gpu_nvidia_smi(ctx: CheckContext) -> CheckResult:
     if not ran.ok or not gpus:
         return fail(f"nvidia-smi -L: {ran.why()}", expected=">= 1 GPU", found="none")
     return passed(">= 1 GPU", f"{len(gpus)} GPU(s): {gpus[0].split('(')[0].strip()}", gpus=gpus)
-
-
-@check("gpu-torch-cuda", "platform")
-def gpu_torch_cuda(ctx: CheckContext) -> CheckResult:
-    """torch.cuda.is_available() with the GPUs passed in."""
-    if not ctx.gpu:
-        return skip(ctx.gpu_reason)
-    if not ctx.has("pytorch"):
-        return skip("PyTorch is not in the image")
-    code = "import json, torch; print(json.dumps([torch.cuda.is_available(), torch.cuda.device_count()]))"
-    data, ran = ctx.python_json(code, timeout_s=120)
-    if data is None:
-        return fail(f"import torch: {ran.why()}", expected="available")
-    if not data[0]:
-        return fail("torch.cuda.is_available() is False", expected="available", found="not available")
-    return passed("available", f"{data[1]} device(s)")
-
-
-@check("gpu-nccl-allreduce", "platform")
-def gpu_nccl_allreduce(ctx: CheckContext) -> CheckResult:
-    """A one-GPU NCCL all_reduce through torch.distributed (world_size 1, nccl backend)."""
-    if not ctx.gpu:
-        return skip(ctx.gpu_reason)
-    if not ctx.has("pytorch"):
-        return skip("PyTorch is not in the image")
-    data, ran = ctx.python_json(probes.text("gpu_allreduce.py"), timeout_s=GPU_TIMEOUT_S)
-    if data is None:
-        return fail(f"all_reduce failed: {ran.why()}", expected="2.0")
-    if data["value"] != 2.0:
-        return fail(f"all_reduce of 2.0 over one rank gave {data['value']}", expected="2.0", found=str(data["value"]))
-    return passed("2.0", "2.0", "nccl backend, world_size 1")

@@ -5,6 +5,7 @@ differs."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import subprocess
@@ -19,8 +20,9 @@ from imgbuild import recipe
 from imgbuild.blocks import context_for
 from imgbuild.core.errors import BuildError, IndexLookupError, ResolveError
 from imgbuild.image import render
-from imgbuild.pin import record, resolver, wheels
+from imgbuild.pin import pypi, record, resolver, wheels
 from imgbuild.pin.content import Content, Download, Requirement
+from localindex import Index, make_wheel
 
 # nvidia-nccl-cu12 2.27.5's two wheels: manylinux2014_aarch64 and manylinux2014_x86_64
 NCCL_2_27_5 = (
@@ -105,12 +107,31 @@ def test_an_unresolvable_set_names_the_recipe_the_set_and_uvs_message() -> None:
 
 
 def test_an_unreachable_index_is_an_index_lookup_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("UV_DEFAULT_INDEX", "http://127.0.0.1:9/simple")  # nothing listens on the discard port
+    monkeypatch.setenv("IMGBUILD_INDEX_URL", "http://127.0.0.1:9/simple")  # nothing listens on the discard port
     monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
     monkeypatch.setenv("UV_HTTP_RETRIES", "0")
     with pytest.raises(IndexLookupError) as err:
         wheels.compile_sets({"nccl": ["nvidia-nccl-cu12==2.27.5"]}, resolved_of("cpu"))
     assert "cpu: requirement set nccl" in str(err.value) and "uv pip compile failed" in str(err.value)
+
+
+@pytest.mark.parametrize("variable", ["IMGBUILD_INDEX_URL", "PIP_INDEX_URL"])
+def test_uv_and_the_page_reader_read_the_one_configured_index(
+    variable: str, index_env: Index, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """One index configuration: uv resolves from the index imgbuild reads (IMGBUILD_INDEX_URL, else pip's), not from
+    uv's own settings, which here name a port nothing listens on."""
+    data = make_wheel(tmp_path, "onedex-1.0-py3-none-any.whl", [], junk=0)
+    index_env.add_wheel("onedex", "onedex-1.0-py3-none-any.whl", data)
+    monkeypatch.delenv("IMGBUILD_INDEX_URL")
+    monkeypatch.setenv(variable, index_env.simple)
+    for uvs_own in ("UV_DEFAULT_INDEX", "UV_INDEX_URL", "UV_INDEX", "UV_EXTRA_INDEX_URL"):
+        monkeypatch.setenv(uvs_own, "http://127.0.0.1:9/simple")
+    assert pypi.releases("onedex") == ["1.0"]  # the page reader
+    sets = wheels.compile_sets({"onedex": ["onedex==1.0"]}, resolved_of("cpu"))  # uv
+    (req,) = sets["onedex"]
+    assert (req.name, req.version, req.hashes) == ("onedex", "1.0", (f"sha256:{hashlib.sha256(data).hexdigest()}",))
+    assert any(path == "/files/onedex-1.0-py3-none-any.whl" for _, path, _ in index_env.wheel_requests())
 
 
 def test_no_uv_is_an_error_that_says_so(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -168,7 +168,8 @@ def _pip_default_index_url() -> str:
 
 
 def index_url() -> str:
-    """The simple-API root to read from, found the way pip finds it.
+    """The simple-API root to read from, found the way pip finds it: imgbuild's one index configuration (the page
+    reader here, and uv for the hashed closures: pin.wheels.uv_index).
 
     In order: ``IMGBUILD_INDEX_URL``, ``PIP_INDEX_URL``, pip's ``global.index-url`` configuration, pip's
     built-in default. A ``file://`` (or any non-http) URL is skipped: it cannot serve range requests.

@@ -6,8 +6,10 @@ uv resolves for the target, not for this machine: `--python-version` is the imag
 those of the files pip on the target can pick (uv's pylock.toml output names every file with its hash; the wheels
 incompatible with the target are left out). A recipe built for several architectures (platform.arch) resolves each
 set for each of them: the versions must agree, and a requirement holds the hashes of every architecture's files
-(pip --require-hashes takes the one it installs). The package index is uv's, as configured (uv.toml, UV_* variables):
-nothing here names one.
+(pip --require-hashes takes the one it installs). uv reads the one index imgbuild reads (`pypi.index_url`:
+IMGBUILD_INDEX_URL, else pip's configuration), handed to it as its default index (`uv_index`): uv's own index settings
+(uv.toml, UV_INDEX, UV_DEFAULT_INDEX, UV_INDEX_URL, UV_EXTRA_INDEX_URL) are not read, so the releases `show` and
+`outdated` name and the closures `lock` hashes come from the same place.
 
 Sets resolve in install order (`install_order`: the builder stage's sets, then the runtime stage's, each stage in
 the order given): a later set is compiled with the earlier sets' pins as constraints and keeps only
@@ -115,6 +117,21 @@ def uv_deadline() -> tuple[float, dict[str, str], str]:
     if os.environ.get(pypi.DEADLINE_ENV, "").strip():
         return seconds, settings, f"{pypi.DEADLINE_ENV}={seconds:g}"
     return float(UV_TIMEOUT_S), settings, f"{UV_TIMEOUT_S} s for one resolution; {pypi.DEADLINE_ENV} sets another"
+
+
+# uv's own ways of naming an index (variables; uv.toml is left out by --no-config): imgbuild names the one it reads.
+_UV_INDEX_VARIABLES = ("UV_INDEX", "UV_DEFAULT_INDEX", "UV_INDEX_URL", "UV_EXTRA_INDEX_URL", "UV_FIND_LINKS")
+
+
+def uv_index(environ: Mapping[str, str]) -> dict[str, str]:
+    """`environ` for a uv run that reads imgbuild's one index (`pypi.index_url`) and no other: uv's index variables
+    are dropped and UV_DEFAULT_INDEX names it (in the environment, not on the command line, where a URL's
+    credentials would show in the process list); the caller passes --no-config so that no uv.toml adds another."""
+    from imgbuild.pin import pypi
+
+    env = {k: v for k, v in environ.items() if k not in _UV_INDEX_VARIABLES}
+    env["UV_DEFAULT_INDEX"] = pypi.index_url()
+    return env
 
 
 def request_timeout(deadline: float | None = None) -> int:
@@ -342,7 +359,7 @@ def _compile(
     if preferences:
         lock.write_text(preference_file(preferences))
     argv = [  # not --quiet: uv's warnings name the yanked releases it resolved to
-        uv, "pip", "compile", "--no-python-downloads", "--generate-hashes",
+        uv, "pip", "compile", "--no-config", "--no-python-downloads", "--generate-hashes",
         "--python-version", python, "--python-platform", platform,
         "--constraints", str(folder / f"{slug}.constraints.txt"),
         *(f"--no-binary={n}" for n in sources),  # `=`: a name is never read as an option of uv
@@ -350,14 +367,14 @@ def _compile(
         "--format", "pylock.toml", "--output-file", str(lock), str(folder / f"{slug}.in"),
     ]  # fmt: skip
     limit, settings, named = uv_deadline()
-    env = {**os.environ, "UV_NO_PROGRESS": "1", "NO_COLOR": "1", **settings}
+    env = {**uv_index(os.environ), "UV_NO_PROGRESS": "1", "NO_COLOR": "1", **settings}
     try:
         ran = subprocess.run(argv, capture_output=True, text=True, timeout=limit, env=env, check=False)
     except subprocess.TimeoutExpired:  # uv is killed: its retries end with it
         raise IndexLookupError(
             f"{where}: uv pip compile did not finish within {limit:g} s ({named}): the package index did not answer "
             "in time",
-            hint="check that the index uv reads (uv.toml, UV_INDEX / UV_DEFAULT_INDEX) answers; "
+            hint="check that the index (IMGBUILD_INDEX_URL, else pip's configuration) answers; "
             "IMGBUILD_INDEX_DEADLINE gives a slow one more time",
         ) from None
     except OSError as exc:
@@ -367,7 +384,7 @@ def _compile(
         why = f"{where} ({', '.join(lines)}) for Python {python} on {platform}: uv pip compile failed:\n  {message}"
         if "No solution found" in ran.stderr:
             raise ResolveError(why)
-        raise IndexLookupError(why, hint="uv reads its index from uv.toml or UV_INDEX / UV_DEFAULT_INDEX")
+        raise IndexLookupError(why, hint="the index is IMGBUILD_INDEX_URL's, else pip's configuration (PIP_INDEX_URL)")
     if yanked is not None:
         for m in _YANKED.finditer(ran.stderr):
             yanked[canonicalize_name(m.group(1))] = (m.group(2), (m.group(3) or "").strip().strip('"'))

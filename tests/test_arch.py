@@ -12,7 +12,7 @@ import pytest
 from imgbuild import recipe
 from imgbuild.core.errors import RecipeError, RenderError, ResolveError
 from imgbuild.image import identity, render
-from imgbuild.pin import lock, pypi
+from imgbuild.pin import digests, lock, pypi
 from imgbuild.pin.content import ImageDigest, local_ref
 from imgbuild.pin.resolver import resolve
 from imgbuild.spec import compat
@@ -92,6 +92,13 @@ def test_a_registry_digest_serves_every_architecture_and_a_local_base_has_a_name
     assert local_ref("debian:bookworm-slim", "arm64") == "debian:bookworm-slim-arm64"
     assert local_ref("debian:bookworm-slim", "amd64") == "debian:bookworm-slim"
     assert local_ref("localhost:5000/base", "arm64") == "localhost:5000/base:latest-arm64"
+    # a digest names the recipe's image, not another architecture's copy (it was read as a tag: base@sha256:...-arm64)
+    assert local_ref(f"host:5000/base:1@{digest}", "arm64") == "host:5000/base:1-arm64"
+    assert local_ref(f"debian@{digest}", "arm64") == "debian:latest-arm64"
+    assert digests.same_repository("debian:bookworm-slim", "docker.io/library/debian")
+    assert digests.same_repository("host:5000/base:1", "host:5000/base")
+    assert not digests.same_repository("host:5000/base", "host:5001/base")
+    assert not digests.same_repository("debian", "not a reference")
 
 
 def test_an_architecture_the_recipe_does_not_list_is_refused_with_the_fix() -> None:

@@ -113,6 +113,25 @@ def test_unsafe_strings_are_refused_naming_file_line_and_key(tmp_path: Path, cas
     assert "invalid recipe" in err
 
 
+@pytest.mark.parametrize(
+    "image",
+    ["debian:12", "nvidia/cuda@sha256:" + "a" * 64, "host:5000/", "Debian", "a//b", "host:port/x", "x" * 300],
+)
+def test_a_base_image_that_is_not_an_image_name_is_refused(tmp_path: Path, image: str) -> None:
+    """base.image is read with the one image-reference parser (core/imageref): a name, the tag and digest being
+    base.tag and base.digest."""
+    p = write(tmp_path, "bad.yaml", f"extends: cpu\nbase:\n  image: '{image}'\n")
+    refused(cli("render", "--unlocked", p), "bad.yaml:3: base.image:", "expected an image name such as debian")
+
+
+@pytest.mark.parametrize("image", ["host:5000/team/image", "localhost/base", "ghcr.io/org/cuda", "[::1]:5000/x"])
+def test_a_base_image_on_a_registry_with_a_port_is_a_name(tmp_path: Path, image: str) -> None:
+    p = write(tmp_path, "ok.yaml", f"extends: cpu\nbase:\n  image: '{image}'\n")
+    proc = cli("render", "--unlocked", p)
+    assert proc.returncode == 0, proc.stderr
+    assert f"FROM {image}:bookworm-slim" in proc.stdout
+
+
 def test_what_remains_free_text_is_quoted_in_train(tmp_path: Path) -> None:
     """mpirun values that may hold any printable text reach `train` as they are: one argument per line of its
     data (read with mapfile, never evaluated by a shell)."""

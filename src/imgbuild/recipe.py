@@ -31,7 +31,7 @@ from pydantic import (
 
 from imgbuild.blocks.app import App  # the user's layer (`app:`): the options of the block of that name
 from imgbuild.blocks.cuda import Cuda  # the target's CUDA toolkit (`cuda:`): the options of the block of that name
-from imgbuild.core import files, paths
+from imgbuild.core import files, imageref, paths
 from imgbuild.core.errors import RecipeError
 from imgbuild.core.paths import display
 from imgbuild.spec.schema import (
@@ -60,6 +60,18 @@ ImageTag = Annotated[
 ]
 
 
+def _image_name(value: str) -> str:
+    """base.image: an image reference's name (core/imageref's grammar), the tag and digest being keys of their own."""
+    expected = "an image name such as debian, nvidia/cuda or host:5000/team/image, without :TAG or @DIGEST"
+    try:
+        ref = imageref.parse(value)
+    except ValueError:
+        raise ValueError(f"expected {expected}, got {value!r}") from None
+    if ref.tag or ref.digest:
+        raise ValueError(f"expected {expected} (base.tag and base.digest hold those), got {value!r}")
+    return value
+
+
 class Base(Strict):
     """The image everything is built on.
 
@@ -68,12 +80,7 @@ class Base(Strict):
     another tag of the same image (nvidia/cuda: compile on `-devel`, ship `-runtime`, several GB smaller).
     """
 
-    image: Annotated[
-        str,
-        AfterValidator(
-            matching(r"[a-z0-9][a-z0-9._/:-]*", "an image name such as debian or nvidia/cuda (a-z 0-9 . _ / : -)")
-        ),
-    ]
+    image: Annotated[str, AfterValidator(_image_name)]
     tag: ImageTag
     builder_tag: ImageTag | None = None
     digest: Digest | None = None

@@ -21,6 +21,9 @@ from collections.abc import Iterable
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
+from imgbuild.core import imageref
+from imgbuild.core.errors import RecipeError
+
 SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -51,13 +54,13 @@ class ImageDigest(_Frozen):
 def local_ref(ref: str, arch: str) -> str:
     """The engine's name of a base made on this machine for `arch`. The engine's store holds one image per name, so
     beside the amd64 copy (the recipe's own name) another architecture's copy carries it after a dash:
-    debian:bookworm-slim -> debian:bookworm-slim-arm64 (imgbuild base bootstrap --platform makes it so)."""
+    debian:bookworm-slim -> debian:bookworm-slim-arm64 (imgbuild base bootstrap --platform makes it so). RecipeError
+    for what is not an image reference (core/imageref)."""
     if arch == "amd64":
         return ref
-    name, sep, tag = ref.rpartition(":")
-    if not sep or "/" in tag:  # no tag: the implicit latest
-        return f"{ref}:latest-{arch}"
-    return f"{name}:{tag}-{arch}"
+    # A digest names the bytes of the recipe's own image, not of this architecture's copy: the copy is NAME:TAG-arch.
+    parsed = imageref.parse(ref, where="base image", error=RecipeError)
+    return f"{parsed.repository}:{parsed.tag or 'latest'}-{arch}"  # no tag: the implicit latest
 
 
 # GitHub's archive of a tag: https://github.com/OWNER/REPO/archive/refs/tags/TAG.tar.gz (or .zip, or the older

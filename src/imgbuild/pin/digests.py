@@ -12,16 +12,19 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from imgbuild.core import imageref
 from imgbuild.pin.content import ImageDigest
 from imgbuild.pin.resolver import Resolved
 
 
-def _repository(ref: str) -> str:
-    """`ref` without its tag or digest (a registry host's port is kept)."""
-    name = ref.split("@", 1)[0]
-    slash = name.rfind("/")
-    colon = name.rfind(":")
-    return name[:colon] if colon > slash else name
+def same_repository(ref: str, other: str) -> bool:
+    """Whether image references `ref` and `other` (an engine's RepoDigests entry) name one repository, tag and digest
+    aside, as Docker normalises a name (`debian` is `docker.io/library/debian`; a registry's :port is kept). An
+    entry that is not an image reference names none."""
+    try:
+        return imageref.parse(ref).full_repository == imageref.parse(other).full_repository
+    except ValueError:
+        return False
 
 
 def establish(ref: str, resolved: Resolved | None = None, *, engine: Any | None = None) -> ImageDigest:
@@ -54,10 +57,9 @@ def establish(ref: str, resolved: Resolved | None = None, *, engine: Any | None 
             digest=None,
             origin=f"unestablished: the registry did not answer ({registry_error}); the engine: {_short(exc)}",
         )
-    repo = _repository(ref)
     for repo_digest in image.attrs.get("RepoDigests") or []:
         name, _, digest = repo_digest.partition("@")
-        if _repository(name) == repo or name == repo:
+        if same_repository(ref, name):
             return ImageDigest(ref=ref, digest=digest, origin="engine (the pulled image's RepoDigests)")
     return ImageDigest(
         ref=ref,

@@ -13,9 +13,11 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 from packaging.version import Version
 from typer.testing import CliRunner
 
+from conftest import REPO
 from imgbuild import recipe
 from imgbuild.cli import app
 from imgbuild.core.errors import RecipeError
@@ -382,6 +384,66 @@ def test_set_value_adds_a_missing_key_in_the_mappings_style() -> None:
     assert root == 'extends: a100\ncuda: {version: "13.2"}\n'  # 13.2 unquoted would read as a number
 
 
+RECIPE_TEXT = """# head comment
+extends: a100  # parent
+description: "a long
+  folded description"
+hold:
+  pytorch: null
+app:
+  requirements:
+    - einops==0.8.1
+    - tqdm   # why
+components:
+  # efa first
+  efa: {version: 1.43.2}  # eol
+  nccl:
+    version: '2.21.5'
+    source: wheel
+cuda:
+  version: "12.8.1"
+# trailing
+"""
+
+
+@pytest.mark.parametrize(
+    ("keys", "value", "old_line", "new_line"),
+    [
+        (("components", "nccl", "version"), "2.27.5", "    version: '2.21.5'\n", "    version: '2.27.5'\n"),
+        (("cuda", "version"), "13.0.1", '  version: "12.8.1"\n', '  version: "13.0.1"\n'),
+        (("components", "efa", "version"), "1.50.0", "{version: 1.43.2}  # eol", "{version: 1.50.0}  # eol"),
+    ],
+)
+def test_set_value_keeps_comments_key_order_quoting_and_every_other_line(
+    keys: tuple[str, ...], value: str, old_line: str, new_line: str
+) -> None:
+    """The round-trip library's whole dump would fold the description onto one line, write `pytorch:` for `null`
+    and re-indent the list: none of that reaches the file, only the edited value's line changes."""
+    assert set_value(RECIPE_TEXT, keys, value, where="f") == RECIPE_TEXT.replace(old_line, new_line)
+
+
+def test_set_value_adds_a_key_after_the_mappings_last_line_not_after_its_comments() -> None:
+    added = set_value(RECIPE_TEXT, ("components", "pytorch", "version"), "2.15.0", where="f")
+    assert added == RECIPE_TEXT.replace("    source: wheel\n", "    source: wheel\n  pytorch: {version: 2.15.0}\n")
+    deeper = set_value(RECIPE_TEXT, ("sagemaker", "a", "b"), "1", where="f")
+    assert deeper == RECIPE_TEXT.replace("# trailing\n", 'sagemaker:\n  a: {b: "1"}\n# trailing\n')
+
+
+@pytest.mark.parametrize("name", ["v100", "a100", "h100"])
+def test_set_value_on_a_shipped_recipe_changes_one_line(name: str) -> None:
+    """The shipped recipes hold multi-line quoted reasons (hold:) that the library would re-wrap."""
+    text = (REPO / "recipes" / f"{name}.yaml").read_text()
+    new = set_value(text, ("components", "nccl", "version"), "9.9.9", where=name)
+    old_lines, new_lines = text.splitlines(), new.splitlines()
+    changed = [(a, b) for a, b in zip(old_lines, new_lines, strict=False) if a != b]
+    assert yaml.safe_load(new)["components"]["nccl"]["version"] == "9.9.9"
+    if len(new_lines) == len(old_lines):  # the recipe sets nccl's version: that line alone changes
+        assert len(changed) == 1 and "9.9.9" in changed[0][1]
+    else:  # it did not: lines are added, none changed
+        added = [line for line in new_lines if line not in old_lines]
+        assert all(line in new_lines for line in old_lines) and "9.9.9" in "".join(added) and len(added) <= 2
+
+
 def test_set_value_refuses_what_it_cannot_edit() -> None:
     with pytest.raises(RecipeError, match=r"f: components.pytorch is null \(removed\)"):
         set_value("components:\n  pytorch: null\n", ("components", "pytorch", "version"), "2.15.0", where="f")
@@ -389,6 +451,14 @@ def test_set_value_refuses_what_it_cannot_edit() -> None:
         set_value("components:\n  sshd: {ports: [22]}\n", ("components", "sshd", "ports"), "3022", where="f")
     with pytest.raises(RecipeError, match="expected a version-like value"):
         set_value("a: 1\n", ("a",), "1\nb: 2", where="f")
+    # a flow mapping over two lines: the library writes it on one, so the edit would rewrite a line it does not own
+    with pytest.raises(RecipeError, match=r"f: cannot set components.pytorch.version without rewriting lines"):
+        set_value(
+            "components:\n  pytorch: {version: 2.13.0,\n    numpy: 2.3.5}\n",
+            ("components", "pytorch", "version"),
+            "2.15.0",
+            where="f",
+        )
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -1,24 +1,35 @@
 """Change one value in a recipe file the way a person would: that value's text and nothing else.
 
-Recipes are YAML files their users own, with comments and a layout of their choosing; a YAML dump would lose both.
-`set_value` finds the value's place from the marks PyYAML's composer gives every node and replaces that text, or,
-when the file does not set the key, adds one line for it where its mapping ends (or one entry inside a flow mapping
-`{...}`). The caller loads the file again afterwards and checks that it now says what was meant (imgbuild.pin.
-outdated does): this module edits text, it does not prove the result.
+Recipes are YAML files their users own, with comments and a layout of their choosing. The edit is made by a
+round-trip YAML library (ruamel.yaml keeps comments, key order, quoting and flow or block style): the file is loaded,
+the value set (or its key added at the end of the innermost mapping the file has on its path, in that mapping's
+style), and dumped. A whole dump would still restyle lines the edit never touched (ruamel re-wraps a multi-line quoted
+string and writes `null` as nothing), so only the edit's lines are taken from it: the lines in which the dump of the
+edited document differs from the dump of the file as it was, put where those lines stand in the file. The caller loads
+the file again afterwards and checks that it now says what was meant (imgbuild.pin.outdated does).
 """
 
 from __future__ import annotations
 
+import difflib
+import io
 import re
 from collections.abc import Sequence
+from typing import Any
 
 import yaml
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.error import YAMLError
+from ruamel.yaml.scalarstring import DoubleQuotedScalarString, SingleQuotedScalarString
+from ruamel.yaml.util import load_yaml_guess_indent
 
 from imgbuild.core.errors import RecipeError
 
 # What a version (or any value this module writes) may be: text that needs no escaping in either YAML quote style.
 _VALUE = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+_-]*")
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_NESTED_KEY = re.compile(r"^( +)[A-Za-z_][A-Za-z0-9_.-]*:(?:\s|$)", re.MULTILINE)
 
 
 def set_value(text: str, keys: Sequence[str], value: str, *, where: str) -> str:
@@ -26,78 +37,124 @@ def set_value(text: str, keys: Sequence[str], value: str, *, where: str) -> str:
 
     An existing scalar keeps its quote style (quoted where plain text would read as a number: `13.2`); a missing key
     is added to the innermost mapping the file has on its path, in that mapping's style. RecipeError, naming `where`
-    (the file) and the key path, when the path runs into something that is not a mapping or a removed (null) block."""
+    (the file) and the key path, when the path runs into something that is not a mapping or a removed (null) block,
+    or when the edit cannot be made without rewriting other lines of the file."""
+    path = ".".join(keys)
     if not keys or not all(_KEY.fullmatch(k) for k in keys):
-        raise RecipeError(f"{where}: cannot set {'.'.join(keys)!r}: expected a path of plain key names")
+        raise RecipeError(f"{where}: cannot set {path!r}: expected a path of plain key names")
     if not _VALUE.fullmatch(value):
-        raise RecipeError(f"{where}: {'.'.join(keys)}: cannot write {value!r}: expected a version-like value")
+        raise RecipeError(f"{where}: {path}: cannot write {value!r}: expected a version-like value")
+    ended = text.endswith("\n") or not text
+    source = text if ended else text + "\n"
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as exc:
+        _, sequence, offset = load_yaml_guess_indent(source)  # a block sequence's indent and its dash's offset
+        rt = _round_trip(source, _mapping_indent(source), sequence or 2, offset or 0)
+        before = _dump(rt, rt.load(source))
+        document = rt.load(source)
+    except YAMLError as exc:
         raise RecipeError(f"{where}: cannot read the file to edit it: {exc}") from None
+    _set(document, keys, value, where)
+    lines = _apply(source.splitlines(keepends=True), before, _dump(rt, document), path, where)
+    result = "".join(lines)
+    return result if ended else result[:-1]
+
+
+def _mapping_indent(text: str) -> int:
+    """How far the file indents a nested block mapping's keys: the first indented `key:` line's indent, else 2."""
+    found = _NESTED_KEY.search(text)
+    return len(found.group(1)) if found else 2
+
+
+def _round_trip(text: str, mapping: int, sequence: int, offset: int) -> YAML:
+    rt = YAML()  # round-trip
+    rt.preserve_quotes = True
+    rt.width = 1 << 20  # the edit's own line is never folded
+    rt.indent(mapping=mapping, sequence=max(sequence, offset + 2), offset=offset)
+    rt.explicit_start = text.startswith("---")
+    rt.representer.add_representer(type(None), lambda r, _: r.represent_scalar("tag:yaml.org,2002:null", "null"))
+    return rt
+
+
+def _dump(rt: YAML, document: Any) -> list[str]:
+    out = io.StringIO()
+    rt.dump(document, out)
+    return out.getvalue().splitlines(keepends=True)
+
+
+def _set(document: Any, keys: Sequence[str], value: str, where: str) -> None:
+    node = document
     for depth, key in enumerate(keys):
         path = ".".join(keys[: depth + 1])
-        if not isinstance(node, yaml.MappingNode):
+        if not isinstance(node, CommentedMap):
             raise RecipeError(f"{where}: {'.'.join(keys[:depth]) or 'the document'}: expected a mapping to set {path}")
-        child = next((v for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == key), None)
-        if child is None:
-            return _insert(text, node, keys[depth:], value, where)
-        if depth < len(keys) - 1 and isinstance(child, yaml.ScalarNode) and child.tag.endswith(":null"):
+        if key not in node:
+            node[key] = _new(keys[depth + 1 :], value, block=not node.fa.flow_style())
+            return
+        child = node[key]
+        if depth < len(keys) - 1 and child is None:
             raise RecipeError(f"{where}: {path} is null (removed), so it has no {keys[depth + 1]} to set")
+        if depth == len(keys) - 1:
+            if isinstance(child, (CommentedMap, CommentedSeq)):
+                found = "mapping" if isinstance(child, CommentedMap) else "list"
+                raise RecipeError(f"{where}: {path}: expected a single value, found a {found}")
+            node[key] = _scalar(value, child)
+            return
         node = child
-    if not isinstance(node, yaml.ScalarNode):
-        raise RecipeError(f"{where}: {'.'.join(keys)}: expected a single value, found a {type(node).__name__}")
-    start, end = node.start_mark.index, node.end_mark.index
-    return text[:start] + _scalar(value, node.style) + text[end:]
 
 
-def _scalar(value: str, style: str | None) -> str:
-    """`value` as YAML text: in the old value's quote style, or plain when plain text reads back as the same string."""
-    if style in ("'", '"'):
-        return f"{style}{value}{style}"
-    return value if yaml.safe_load(value) == value else f'"{value}"'
+def _scalar(value: str, old: Any = None) -> str:
+    """`value` in the old value's quote style, or plain when plain text reads back as the same string."""
+    if isinstance(old, (SingleQuotedScalarString, DoubleQuotedScalarString)):
+        return type(old)(value)
+    return value if yaml.safe_load(value) == value else DoubleQuotedScalarString(value)
 
 
-def _entry(keys: Sequence[str], value: str, indent: int, block: bool) -> str:
-    """The text that sets `keys` to `value` where none of them exists yet: `pytorch: {version: 2.15.0}` for two keys;
-    in block context a deeper path opens block mappings first (`components:` then an indented line)."""
-    if block and len(keys) > 2:
-        return f"{keys[0]}:\n{' ' * (indent + 2)}" + _entry(keys[1:], value, indent + 2, True)
-    if len(keys) == 1:
-        return f"{keys[0]}: {_scalar(value, None)}"
-    return f"{keys[0]}: {{{_entry(keys[1:], value, 0, False)}}}"
+def _new(keys: Sequence[str], value: str, *, block: bool) -> Any:
+    """What a new key holds: the value, or for a deeper path a mapping: `{version: 2.15.0}` for one more key; in block
+    context a longer path opens block mappings first (`components:` then an indented line)."""
+    if not keys:
+        return _scalar(value)
+    mapping = CommentedMap({keys[0]: _new(keys[1:], value, block=block and len(keys) > 2)})
+    if block and len(keys) > 1:
+        mapping.fa.set_block_style()
+    else:
+        mapping.fa.set_flow_style()
+    return mapping
 
 
-def _insert(text: str, mapping: yaml.MappingNode, keys: Sequence[str], value: str, where: str) -> str:
-    if mapping.flow_style:
-        close = mapping.end_mark.index - 1
-        if text[close : close + 1] != "}":
-            raise RecipeError(f"{where}: line {mapping.end_mark.line + 1}: cannot find the end of a flow mapping")
-        entry = _entry(keys, value, 0, False)
-        if not mapping.value:
-            return text[:close] + entry + text[close:]
-        at = len(text[:close].rstrip())
-        return text[:at] + ", " + entry + text[at:]
-    if not mapping.value:
-        raise RecipeError(f"{where}: line {mapping.start_mark.line + 1}: cannot add {keys[0]} to an empty mapping")
-    indent = mapping.value[0][0].start_mark.column
-    at = _line_end(text, _last_leaf_end(mapping))
-    return text[:at] + "\n" + " " * indent + _entry(keys, value, indent, True) + text[at:]
+def _apply(original: list[str], before: list[str], after: list[str], path: str, where: str) -> list[str]:
+    """`original` with the lines in which `after` (the edited dump) differs from `before` (the dump of the file as it
+    was) changed: each such line must stand unchanged in `original` (a line of the file the dump restyled is not
+    touched), and an added line goes where the dump puts it, moved up past the comments and blank lines before it (the
+    dump puts a new last key after the comments that end its mapping)."""
+    at = {}  # before's line -> original's line, where the dump kept the line as the file has it
+    for block in difflib.SequenceMatcher(None, original, before, autojunk=False).get_matching_blocks():
+        at.update({block.b + k: block.a + k for k in range(block.size)})
 
+    def cannot() -> RecipeError:
+        return RecipeError(f"{where}: cannot set {path} without rewriting lines around it; set it by hand")
 
-def _last_leaf_end(node: yaml.Node) -> int:
-    """Where the text of a block collection's last value ends (a block collection's own end mark is the next token,
-    which may be lines further on, past comments)."""
-    while isinstance(node, (yaml.MappingNode, yaml.SequenceNode)) and not node.flow_style and node.value:
-        last = node.value[-1]
-        node = last[1] if isinstance(node, yaml.MappingNode) else last
-    return int(node.end_mark.index)
-
-
-def _line_end(text: str, index: int) -> int:
-    """The end of the line `index` is on (before its newline; the text's end on a last line without one). An index
-    just past a newline (a value that ends its line) belongs to the line before."""
-    if index > 0 and text[index - 1] == "\n":
-        return index - 1
-    found = text.find("\n", index)
-    return len(text) if found < 0 else found
+    out = list(original)
+    opcodes = difflib.SequenceMatcher(None, before, after, autojunk=False).get_opcodes()
+    for tag, i1, i2, j1, j2 in reversed(opcodes):
+        if tag == "equal":
+            continue
+        if tag == "insert":
+            while i1 > 0 and (not before[i1 - 1].strip() or before[i1 - 1].lstrip().startswith("#")):
+                i1 -= 1
+            if i1 in at:  # before the line that follows (the one before may be a line the dump restyled)
+                start = at[i1]
+            elif i1 == len(before):
+                start = len(original)
+            elif i1 - 1 in at:
+                start = at[i1 - 1] + 1
+            else:
+                raise cannot()
+            end = start
+        else:
+            rows = [at.get(i) for i in range(i1, i2)]
+            if None in rows or rows != list(range(rows[0] or 0, (rows[0] or 0) + len(rows))):
+                raise cannot()
+            start, end = rows[0] or 0, (rows[-1] or 0) + 1
+        out[start:end] = after[j1:j2]
+    return out

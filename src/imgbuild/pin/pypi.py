@@ -17,6 +17,7 @@ answers and then trickles a byte at a time fails the lookup instead of hanging t
 from __future__ import annotations
 
 import email.parser
+import functools
 import logging
 import math
 import os
@@ -138,8 +139,20 @@ def _pip_config_index_url() -> str | None:
     """``global.index-url`` from pip's configuration files, or None when unset or pip can't say.
 
     ``pip config list`` prints the merged configuration as key='value' lines (``pip config get`` cannot
-    read file keys in some pips, 23.2 among them).
+    read file keys in some pips, 23.2 among them). pip takes about 0.4 s to start, and a lock asks once per
+    requirement set: the answer is kept per process for the environment that decides which files pip reads.
     """
+    where = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("PIP_") or k in _PIP_CONFIG_PLACES))
+    return _pip_config_list(where)
+
+
+# what decides which configuration files pip reads (and so `pip config list`'s answer)
+_PIP_CONFIG_PLACES = frozenset({"HOME", "XDG_CONFIG_HOME", "XDG_CONFIG_DIRS", "VIRTUAL_ENV"})
+
+
+@functools.lru_cache(maxsize=8)
+def _pip_config_list(where: tuple[tuple[str, str], ...]) -> str | None:
+    del where  # the cache key: pip reads the same environment from os.environ
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, timeout=60, check=False

@@ -36,7 +36,7 @@ def _file_object(node: dict[str, Any]) -> None:
 
 
 def _requirements_file(app: dict[str, Any]) -> None:
-    """`app.requirements` as a file writes it (spec/recipe.py's `_read_requirements_file`): a list, or the name of a
+    """`app.requirements` as a file writes it (imgbuild/recipe.py's `_read_requirements_file`): a list, or the name of a
     requirements file beside the recipe; `requirements_file` is what the loader sets from that name, never written."""
     del app["requirements_file"]
     listed = app["requirements"]["anyOf"][0]

@@ -41,7 +41,7 @@ echo "==> ruff"
 echo "==> mypy"
 "${PYTHON}" -m mypy
 echo "==> pytest: fast lane (not docker, not network; loopback only)"
-offline "${PYTHON}" -m pytest -p no:cacheprovider -n "${IMGBUILD_TEST_WORKERS:-auto}" --durations=10 \
+offline "${PYTHON}" -m pytest -p no:cacheprovider -n "${IMGBUILD_TEST_WORKERS:-auto}" --dist worksteal --durations=10 \
     -m "not docker and not network" "$@"
 if ((fast_only)); then
     exit 0

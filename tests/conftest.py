@@ -42,12 +42,23 @@ def pytest_configure(config: pytest.Config) -> None:
     worker restores the value the controller had (none: a pipe's unwrapped width), as a run without -n sees."""
     if "PYTEST_XDIST_WORKER" not in os.environ:
         os.environ["IMGBUILD_TEST_COLUMNS"] = os.environ.get("COLUMNS", "")
+        _compile_the_package()
     elif "IMGBUILD_TEST_COLUMNS" in os.environ:
         columns = os.environ["IMGBUILD_TEST_COLUMNS"]
         if columns:
             os.environ["COLUMNS"] = columns
         else:
             os.environ.pop("COLUMNS", None)
+
+
+def _compile_the_package() -> None:
+    """Many tests run `python -m imgbuild.cli` as a user would. Where PYTHONDONTWRITEBYTECODE is set (this machine
+    and CI set it), every such process compiled the package's ~60 imported modules again, about 0.12 s of its
+    0.7 s: compiled once here, each process reads the bytecode (Python still reads __pycache__ under that setting,
+    and recompiles a module whose source changed)."""
+    import compileall
+
+    compileall.compile_dir(REPO / "src" / "imgbuild", quiet=1)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

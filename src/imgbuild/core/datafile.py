@@ -14,12 +14,15 @@ from imgbuild.core.errors import ImgbuildError
 
 M = TypeVar("M", bound=BaseModel)
 
+# libyaml's parser where PyYAML was built with it (the release lists are read at import: about 30 ms in Python's)
+_SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
 
 def load(path: Path, model: type[M], error: type[ImgbuildError], what: str) -> M:
     """`path` read as YAML and checked against `model`; `error` (naming the file, and each wrong key with what was
     expected) when it cannot be read, is not YAML or does not fit. `what` says what the file is ("the release list")."""
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_text(), Loader=_SafeLoader)
     except OSError as exc:
         raise error(f"{path}: cannot read {what}: {exc.strerror}") from None
     except yaml.YAMLError as exc:

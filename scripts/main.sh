@@ -4,7 +4,7 @@
 set -Eeuo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-bash scripts/setup.sh
+bash scripts/setup.sh --main
 source scripts/ca-env.sh
 recipe="${1:-cpu}"
 imgbuild build "${recipe}"

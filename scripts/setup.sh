@@ -1,26 +1,31 @@
 #!/usr/bin/env bash
-# Prepare a fresh Debian/Ubuntu machine (as root) to build and test imgbuild images:
+# Prepare a fresh Debian/Ubuntu machine (as root) to build imgbuild images and to test imgbuild.
+#
+#   bash scripts/setup.sh          everything the tests need (scripts/test.sh, .ci/run)
+#   bash scripts/setup.sh --main   only what the main job needs (scripts/main.sh): the engine, debootstrap,
+#                                  iproute2 and openssh-client, the package without its dev extra, and the base image
+#                                  the cpu recipe starts from
+#
 #   1. a running Docker engine (docker.io from the distribution; dockerd started in the background when
 #      there is no init system to do it),
-#   2. debootstrap, iproute2 and openssh-client (ssh-keygen for the multi-node tests); for linux/arm64 images
+#   2. debootstrap, iproute2 and openssh-client (ssh-keygen for the multi-node runs); for the tests also
+#      docker-registry, docker-compose, shellcheck and gcc, and for linux/arm64 images
 #      (`imgbuild build cpu --platform linux/arm64`) qemu-user-static and binfmt-support, binfmt_misc mounted and
-#      qemu-aarch64 enabled,
-#   3. this repository installed with `pip install -e ".[dev]"`,
-#   4. the base images, bootstrapped offline with debootstrap when the engine does not have them (the arm64
-#      copies under QEMU, named NAME-arm64: imgbuild base bootstrap NAME --platform linux/arm64),
+#      qemu-aarch64 enabled. The arm64 base is not made here: the arm64 tests bootstrap it when the engine lacks it,
+#      as `imgbuild base bootstrap debian:bookworm-slim --platform linux/arm64` does (about 2.5 min under QEMU),
+#   3. this repository installed with `pip install -e ".[dev]"` (`-e .` with --main),
+#   4. the base images, bootstrapped offline with debootstrap when the engine does not have them,
 #   5. for the SageMaker local-mode test (tests/test_sagemaker_sdk.py): docker-compose from the distribution and
 #      the SageMaker Python SDK 2.x in a virtual environment of its own (it pins versions, e.g. packaging<25,
-#      that this project's environment must not be held to).
+#      that this project's environment must not be held to). Not with --main.
 # Idempotent: every step checks first and does nothing when its work is already done. Needs no TTY.
 #
 # Environment:
 #   PYTHON                 interpreter to install into (default: python3)
 #   IMGBUILD_BASE_IMAGES   base images to ensure, space-separated (default: debian:bookworm-slim debian:trixie-slim;
-#                          the debian-cuda recipe starts from trixie)
+#                          the debian-cuda recipe starts from trixie; with --main: debian:bookworm-slim)
 #   IMGBUILD_SKIP_BASE=1   skip step 4
-#   IMGBUILD_ARM64_BASE_IMAGES  base images to ensure for linux/arm64 too, each as NAME-arm64 in the engine
-#                          (default: debian:bookworm-slim; the cpu recipe's arm64 build starts from it)
-#   IMGBUILD_SKIP_ARM64=1  skip the linux/arm64 emulation and bases (refused when CI=true: CI builds arm64)
+#   IMGBUILD_SKIP_ARM64=1  skip the linux/arm64 emulation (refused when CI=true: CI builds arm64)
 #   IMGBUILD_MIRROR        Debian archive mirror for debootstrap (default: the tool's own default)
 #   DOCKERD_LOG            where a dockerd started here logs (default: /var/log/imgbuild-dockerd.log)
 #   IMGBUILD_SAGEMAKER_SDK_VENV  the SDK's virtual environment (default: /opt/imgbuild/sagemaker-sdk2; the
@@ -29,7 +34,20 @@ set -Eeuo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${PYTHON:-python3}"
-BASE_IMAGES="${IMGBUILD_BASE_IMAGES:-debian:bookworm-slim debian:trixie-slim}"
+main_only=0
+case "${1:-}" in
+--main) main_only=1 ;;
+"") ;;
+*)
+    printf 'setup.sh: error: unknown argument %q (usage: setup.sh [--main])\n' "$1" >&2
+    exit 2
+    ;;
+esac
+if ((main_only)); then
+    BASE_IMAGES="${IMGBUILD_BASE_IMAGES:-debian:bookworm-slim}"
+else
+    BASE_IMAGES="${IMGBUILD_BASE_IMAGES:-debian:bookworm-slim debian:trixie-slim}"
+fi
 DOCKERD_LOG="${DOCKERD_LOG:-/var/log/imgbuild-dockerd.log}"
 DOCKER_SOCK="/var/run/docker.sock"
 SDK_VENV="${IMGBUILD_SAGEMAKER_SDK_VENV:-/opt/imgbuild/sagemaker-sdk2}"
@@ -91,7 +109,11 @@ docker_answers() { timeout 20 docker info >/dev/null 2>&1; }
 [[ "${EUID}" -eq 0 ]] || die "run as root (it installs packages and starts dockerd): sudo $0"
 
 cd "${REPO_ROOT}"
-log "imgbuild setup in ${REPO_ROOT}"
+if ((main_only)); then
+    log "imgbuild setup in ${REPO_ROOT} (--main: what scripts/main.sh needs)"
+else
+    log "imgbuild setup in ${REPO_ROOT}"
+fi
 
 # --- 1. Docker engine ----------------------------------------------------------------------------------
 step "docker engine"
@@ -132,15 +154,21 @@ else
 fi
 
 # --- 2. host tools --------------------------------------------------------------------------------------
-step "host tools (debootstrap, iproute2, openssh-client, docker-registry, docker-compose, shellcheck, gcc)"
+if ((main_only)); then
+    step "host tools (debootstrap, iproute2, openssh-client)"
+else
+    step "host tools (debootstrap, iproute2, openssh-client, docker-registry, docker-compose, shellcheck, gcc)"
+fi
 missing=()
 have debootstrap || missing+=(debootstrap)
 have ip || missing+=(iproute2)
 have ssh-keygen || missing+=(openssh-client)
-have docker-registry || missing+=(docker-registry)  # a real registry for the push tests
-have docker-compose || missing+=(docker-compose)    # what SageMaker local mode starts the hosts with
-have shellcheck || missing+=(shellcheck)            # the rendered sbatch scripts and train are shellchecked
-have gcc || missing+=(gcc libc6-dev)                # the GPU-stack checks' tests compile stand-in ELF files
+if ((!main_only)); then
+    have docker-registry || missing+=(docker-registry)  # a real registry for the push tests
+    have docker-compose || missing+=(docker-compose)    # what SageMaker local mode starts the hosts with
+    have shellcheck || missing+=(shellcheck)            # the rendered sbatch scripts and train are shellchecked
+    have gcc || missing+=(gcc libc6-dev)                # the GPU-stack checks' tests compile stand-in ELF files
+fi
 if ((${#missing[@]})); then
     apt_install "${missing[@]}"
     step_done "installed ${missing[*]}"
@@ -151,11 +179,13 @@ fi
 # --- 2b. linux/arm64 under emulation --------------------------------------------------------------------
 # `imgbuild build cpu --platform linux/arm64` runs the arm64 image's RUN steps, and `imgbuild verify ... --platform
 # linux/arm64` its containers, through QEMU: the kernel hands aarch64 binaries to qemu-aarch64-static (binfmt_misc,
-# registered with the F flag so it works inside containers and chroots). IMGBUILD_SKIP_ARM64=1 skips this step.
-if [[ "${IMGBUILD_SKIP_ARM64:-0}" == 1 && "${CI:-}" == true ]]; then
+# registered with the F flag so it works inside containers and chroots). IMGBUILD_SKIP_ARM64=1 skips this step, and
+# so does --main (the main job builds for this machine's architecture).
+if ((main_only)); then
+    log "==> linux/arm64 emulation: not needed by the main job (--main)"
+elif [[ "${IMGBUILD_SKIP_ARM64:-0}" == 1 && "${CI:-}" == true ]]; then
     die "IMGBUILD_SKIP_ARM64=1 with CI=true: CI builds and verifies the linux/arm64 image, so it needs QEMU"
-fi
-if [[ "${IMGBUILD_SKIP_ARM64:-0}" == 1 ]]; then
+elif [[ "${IMGBUILD_SKIP_ARM64:-0}" == 1 ]]; then
     log "==> linux/arm64 emulation: skipped (IMGBUILD_SKIP_ARM64=1)"
 else
     step "linux/arm64 emulation (qemu-user-static, binfmt-support, binfmt_misc, qemu-aarch64)"
@@ -185,14 +215,16 @@ else
 fi
 
 # --- 3. the project -------------------------------------------------------------------------------------
-step "python package (pip install -e .[dev])"
+extra="[dev]"
+((main_only)) && extra=""
+step "python package (pip install -e .${extra})"
 have "${PYTHON}" || apt_install python3
 "${PYTHON}" -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
     || die "$("${PYTHON}" --version 2>&1) is too old: imgbuild needs Python >= 3.10 (set PYTHON=...)"
 if ! "${PYTHON}" -m pip --version >/dev/null 2>&1; then
     apt_install python3-pip
 fi
-pip_args=(install --quiet --progress-bar off --disable-pip-version-check -e "${REPO_ROOT}[dev]")
+pip_args=(install --quiet --progress-bar off --disable-pip-version-check -e "${REPO_ROOT}${extra}")
 # Debian 12 / Ubuntu 23.04+ mark the system interpreter as externally managed (PEP 668).
 if "${PYTHON}" -c 'import os, sys, sysconfig
 sys.exit(not os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")))' \
@@ -223,31 +255,13 @@ else
             step_done "bootstrapped"
         fi
     done
-    if [[ "${IMGBUILD_SKIP_ARM64:-0}" != 1 ]]; then
-        for image in ${IMGBUILD_ARM64_BASE_IMAGES:-debian:bookworm-slim}; do
-            # the engine's name of its arm64 copy: the rule render's FROM follows (debian:bookworm-slim-arm64)
-            arm_name="$("${PYTHON}" -c 'import sys; from imgbuild.pin.content import local_ref; print(local_ref(sys.argv[1], "arm64"))' "${image}")"
-            step "base image ${arm_name} (linux/arm64, for builds with --platform linux/arm64)"
-            arch="$(docker image inspect --format '{{.Architecture}}' "${arm_name}" 2>/dev/null || true)"
-            if [[ "${arch}" == arm64 ]]; then
-                step_done "present: $(docker image inspect --format '{{.Id}}' "${arm_name}" | cut -c1-19) (arm64)"
-            else
-                if [[ -n "${arch}" ]]; then
-                    log "    ${arm_name} is recorded as ${arch}, not arm64: removing it and bootstrapping again"
-                    docker rmi "${arm_name}" >/dev/null
-                fi
-                log "    not in the engine; bootstrapping under QEMU (about 2-3 min):" \
-                    "${bootstrap_cmd[*]} ${image} --platform linux/arm64 ${mirror_args[*]}"
-                "${bootstrap_cmd[@]}" "${image}" --platform linux/arm64 "${mirror_args[@]}"
-                [[ "$(docker image inspect --format '{{.Architecture}}' "${arm_name}" 2>/dev/null)" == arm64 ]] \
-                    || die "bootstrap finished but ${arm_name} is missing or not recorded as arm64"
-                step_done "bootstrapped"
-            fi
-        done
-    fi
 fi
 
 # --- 5. SageMaker Python SDK for the local-mode test --------------------------------------------------------
+if ((main_only)); then
+    log "setup complete in $(($(date +%s) - T_START))s"
+    exit 0
+fi
 step "SageMaker Python SDK (${SDK_REQUIREMENT}) in ${SDK_VENV}"
 # The version, once what the test uses imports (the SDK prints a notice of its own on import: last line only).
 sdk_version() {

@@ -11,10 +11,17 @@ For each recipe (cpu, pytorch), on one engine, in one run:
 
 each with its ratio to that builder's cold build, the steps run, and the bytes pip fetched from the package index
 (its "Downloading X (N MB)" lines) against the wheels it took from its cache ("Using cached"), read off the build's
-own log. Then, with --torch-pair OLD,NEW (two torch releases whose CUDA wheels are pinned alike), what a push
-re-sends for that torch patch bump, before (classic layout: one venv layer) and after (the CUDA wheels and torch
-in layers of their own): build OLD, push it, build NEW, push it to the same repository, and measure the bytes the
-registry stored for the second push.
+own log. For pytorch, in the same run and on the same engine and builder (the docker CLI and BuildKit `imgbuild
+build` picks), a plain baseline: a Dockerfile FROM the recipe's base that installs python3-venv and then runs `pip
+install --no-cache-dir torch==X numpy==Y` (the lock's versions) in one RUN, no cache mount, built --no-cache after the
+build cache is pruned; every pytorch row gets its ratio to it. `--record FILE` writes the table as Markdown with the
+machine, the engine and the issue's goals (cold <= 1.0x plain, early bump <= 0.3x cold, rebuild from the registry
+cache <= 0.25x cold), each said met or missed.
+
+Then, with --torch-pair OLD,NEW (two torch releases whose CUDA wheels are pinned alike), what a push re-sends for
+that torch patch bump, before (classic layout: one venv layer) and after (the CUDA wheels and torch in layers of
+their own): build OLD, push it, build NEW, push it to the same repository, and measure the bytes the registry
+stored for the second push.
 
 It prunes the engine's whole build cache and removes the images it builds, so it refuses to run unless --own-engine
 says the engine at DOCKER_HOST is its own (the second engine of scripts/dockerd2.sh is one:
@@ -23,13 +30,17 @@ says the engine at DOCKER_HOST is its own (the second engine of scripts/dockerd2
     source scripts/ca-env.sh
     DOCKER_HOST=unix:///run/imgbuild-docker2.sock python benchmarks/build_bench.py --own-engine \\
         --recipe cpu --recipe pytorch --torch-pair 2.9.0,2.9.1
+    DOCKER_HOST=unix:///run/imgbuild-docker2.sock python benchmarks/build_bench.py --own-engine \\
+        --recipe pytorch --only buildkit --record benchmarks/results/$(date +%F).md
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -55,6 +66,14 @@ _PIP_FILE = re.compile(r"(Downloading|Using cached) (\S+) \(([\d.]+) (kB|MB|GB)\
 _PIP_HAVE = re.compile(r"File was already downloaded (\S+)")
 _UNIT = {"kB": 1e3, "MB": 1e6, "GB": 1e9}
 _BUILT = re.compile(r"^built (sha256:[0-9a-f]{64})", re.M)
+# BuildKit's plain progress: "#7 [2/3] RUN ..." opens a step, "#7 CACHED" says it was not run.
+_STEP = re.compile(r"^#(\d+) \[[^\]]*?(\d+)/(\d+)\]", re.M)
+_CACHED = re.compile(r"^#(\d+) CACHED", re.M)
+GOALS = (
+    ("cold", "plain", 1.0, "cold build <= 1.0x the plain pip baseline"),
+    ("early bump (OS package)", "cold", 0.3, "early bump <= 0.3x cold"),
+    ("after prune: rebuild --cache-from", "cold", 0.25, "rebuild from the registry cache <= 0.25x cold"),
+)
 _LOG = re.compile(r"log: (\S+)\s*$", re.M)
 
 
@@ -207,6 +226,120 @@ def torch_pair(client: docker.DockerClient, runner: Runner, folder: Path, regist
     )
 
 
+PLAIN = """FROM {base}
+RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates python3-venv \\
+ && rm -rf /var/lib/apt/lists/* && python3 -m venv /opt/venv
+RUN --mount=type=secret,id=ca,target=/run/secrets/ca.pem \\
+    PIP_CERT=/run/secrets/ca.pem /opt/venv/bin/pip install --no-cache-dir torch=={torch} numpy=={numpy}
+"""
+
+
+def plain_baseline(client: docker.DockerClient, folder: Path, recipe: str) -> Row:
+    """The recipe's torch and numpy installed the plain way (see the module's docstring), built cold by the builder
+    `imgbuild build` uses, on the same engine."""
+    from imgbuild import build
+    from imgbuild.build.builders import argv, cacheplan, choice
+    from imgbuild.pin import lock
+
+    _, resolved = lock.for_ref(recipe)
+    pin = resolved.pins["pytorch"]
+    numpy = getattr(pin.details, "numpy", None)
+    if not numpy:
+        raise SystemExit(f"{recipe}: its lock pins no numpy for torch {pin.version}")
+    context = folder / f"plain-{recipe}"
+    context.mkdir()
+    (context / "Dockerfile").write_text(PLAIN.format(base=resolved.base_ref, torch=pin.version, numpy=numpy))
+    builder = choice.select()
+    ca = build.ca_bundle_from(None)
+    if ca is None:
+        raise SystemExit("the plain baseline's pip needs the CA bundle: source scripts/ca-env.sh (IMGBUILD_CA_BUNDLE)")
+    tag = f"imgbuild-bench-plain/{recipe}:{int(time.time())}"
+    command = argv.command(
+        builder, context, tags=[tag], labels={}, build_args={}, nocache=True, pull=False, secrets={"ca": ca},
+        cache=cacheplan.cache_plan(builder), iidfile=context / "iid", metadata_file=None,
+    )  # fmt: skip
+    prune(client)
+    t0 = time.monotonic()
+    proc = subprocess.run(command, env=argv.cli_env(builder), capture_output=True, text=True, check=False)
+    seconds = time.monotonic() - t0
+    log = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        raise SystemExit(f"plain baseline build failed ({proc.returncode}):\n{log[-3000:]}")
+    steps = {m.group(1) for m in _STEP.finditer(log)}
+    cached = {m.group(1) for m in _CACHED.finditer(log)} & steps
+    fetched, hits, files = pip_bytes(log)
+    remove_images(client, [(context / "iid").read_text().strip()])
+    notes = [f"pip install torch=={pin.version} numpy=={numpy}", f"{files} files downloaded"]
+    return Row(recipe, "plain", "plain pip baseline (cold)", seconds, f"{len(steps) - len(cached)}/{len(steps)}",
+               fetched, hits, notes)  # fmt: skip
+
+
+def machine() -> str:
+    """CPU model and count, memory, kernel."""
+    model = "?"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    mem = "?"
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        kb = int(Path("/proc/meminfo").read_text().split("MemTotal:", 1)[1].split()[0])
+        mem = f"{kb / 2**20:.0f} GiB"
+    return f"{os.cpu_count()} CPUs ({model}), {mem} memory, Linux {platform.release()}"
+
+
+def ratio(value: float, to: float | None) -> str:
+    return f"{value / to:.2f}" if to else "-"
+
+
+def record(path: Path, rows: list[Row], notes: list[str], client: docker.DockerClient) -> None:
+    """The run as Markdown: machine, engine, one table, the goals met or missed."""
+    from imgbuild.build.builders import choice
+
+    version = client.version()
+    cold = {(r.recipe, r.builder): r.seconds for r in rows if r.case == "cold"}
+    plain = {r.recipe: r.seconds for r in rows if r.builder == "plain"}
+    lines = [
+        f"# Build benchmark, {datetime.date.today().isoformat()}",
+        "",
+        f"`benchmarks/build_bench.py {' '.join(sys.argv[1:])}`, one run, every case on one engine.",
+        "",
+        f"- machine: {machine()}",
+        f"- engine: Docker {version.get('Version')} (API {version.get('ApiVersion')}) at "
+        f"{os.environ.get('DOCKER_HOST', 'the local socket')}, storage driver {client.info().get('Driver')}",
+        f"- builder: {choice.select().describe()}",
+        "",
+        "| recipe | builder | case | seconds | x cold | x plain | steps run | index MB | cache hits | notes |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+
+    def x_cold(r: Row) -> str:
+        return ratio(r.seconds, cold.get((r.recipe, r.builder)))
+
+    for r in rows:
+        lines.append(
+            f"| {r.recipe} | {r.builder} | {r.case} | {r.seconds:.1f} | {x_cold(r)}"
+            f" | {ratio(r.seconds, plain.get(r.recipe))} | {r.steps} | {r.fetched_mb:.0f} | {r.cache_hits} | "
+            f"{'; '.join(r.notes)} |"
+        )
+    lines += ["", "## Goals", ""]
+    for recipe in sorted(plain):
+        by_case = {r.case: r.seconds for r in rows if r.recipe == recipe and r.builder == "buildkit"}
+        for case, against, limit, what in GOALS:
+            value = by_case.get(case)
+            base = plain.get(recipe) if against == "plain" else by_case.get("cold")
+            if value is None or not base:
+                lines.append(f"- {recipe}: {what}: not measured in this run")
+                continue
+            got = value / base
+            lines.append(f"- {recipe}: {what}: {got:.2f}x, {'met' if got <= limit else 'MISSED'}")
+    lines += [*(["", *[f"- {n}" for n in notes]] if notes else []), ""]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines))
+    print(f"record: {path}")
+
+
 def classic_checkout(rev: str, where: Path) -> Path:
     subprocess.run(
         ["git", "-C", str(REPO), "worktree", "add", "--detach", str(where), rev], check=True, capture_output=True
@@ -223,6 +356,8 @@ def main() -> int:
     parser.add_argument("--torch-pair", help="OLD,NEW: torch releases with the same CUDA wheel pins (e.g. 2.9.0,2.9.1)")
     parser.add_argument("--pair-only", action="store_true", help="only --torch-pair (prunes nothing: any engine)")
     parser.add_argument("--own-engine", action="store_true", help="the engine at DOCKER_HOST may have its cache pruned")
+    parser.add_argument("--no-plain", action="store_true", help="no plain pip baseline for pytorch")
+    parser.add_argument("--record", type=Path, help="write the run as Markdown here (benchmarks/results/DATE.md)")
     args = parser.parse_args()
     if not args.own_engine and not args.pair_only:
         parser.error("this prunes the engine's build cache: pass --own-engine (e.g. with scripts/dockerd2.sh's engine)")
@@ -239,6 +374,8 @@ def main() -> int:
             runners.append((Runner("classic", classic_src, folder), False))
         try:
             for recipe in [] if args.pair_only else recipes:
+                if recipe == "pytorch" and not args.no_plain:
+                    rows.append(plain_baseline(client, folder, recipe))
                 for runner, buildkit in runners:
                     rows += cases(client, runner, recipe, folder, args.registry, buildkit=buildkit)
             if args.torch_pair:
@@ -253,20 +390,24 @@ def main() -> int:
                 )
                 shutil.rmtree(folder / "classic", ignore_errors=True)
     cold = {(r.recipe, r.builder): r.seconds for r in rows if r.case == "cold"}
+    plain = {r.recipe: r.seconds for r in rows if r.builder == "plain"}
     if rows:
         print(
-            f"{'recipe':8} {'builder':9} {'case':40} {'seconds':>8} {'x cold':>7} {'steps run':>10} "
+            f"{'recipe':8} {'builder':9} {'case':40} {'seconds':>8} {'x cold':>7} {'x plain':>7} {'steps run':>10} "
             f"{'index MB':>9} {'cache hits':>10}  notes"
         )
     for r in rows:
-        ratio = r.seconds / cold[(r.recipe, r.builder)]
+        x_cold = ratio(r.seconds, cold.get((r.recipe, r.builder)))
         print(
-            f"{r.recipe:8} {r.builder:9} {r.case:40} {r.seconds:8.1f} {ratio:7.2f} {r.steps:>10} "
-            f"{r.fetched_mb:9.0f} {r.cache_hits:10d}  {'; '.join(r.notes)}"
+            f"{r.recipe:8} {r.builder:9} {r.case:40} {r.seconds:8.1f} {x_cold:>7} "
+            f"{ratio(r.seconds, plain.get(r.recipe)):>7} {r.steps:>10} {r.fetched_mb:9.0f} {r.cache_hits:10d}  "
+            f"{'; '.join(r.notes)}"
         )
     for note in notes:
         print(note)
-    print(f"engine: {os.environ.get('DOCKER_HOST', 'local socket')}; CPUs: {os.cpu_count()}")
+    print(f"engine: {os.environ.get('DOCKER_HOST', 'local socket')}; machine: {machine()}")
+    if args.record:
+        record(args.record, rows, notes, client)
     return 0
 
 

@@ -130,6 +130,14 @@ class Runner:
         self.src = src
         self.workdir = workdir
 
+    def lock(self, ref: str) -> None:
+        env = {**os.environ, "PYTHONPATH": str(self.src), "CI": "true", "TMPDIR": str(self.workdir)}
+        proc = subprocess.run(
+            [sys.executable, "-m", "imgbuild", "lock", ref], capture_output=True, text=True, env=env, cwd=self.workdir
+        )
+        if proc.returncode != 0:
+            raise SystemExit(f"{self.name}: imgbuild lock {ref} failed:\n{proc.stderr[-3000:]}")
+
     def build(self, ref: str, *args: str) -> Built:
         # TMPDIR: the build contexts go in the benchmark's own folder, away from anything watching /tmp.
         env = {**os.environ, "PYTHONPATH": str(self.src), "CI": "true", "TMPDIR": str(self.workdir)}
@@ -150,9 +158,15 @@ class Runner:
         return Built(built.group(1), seconds, Path(log.group(1)).read_text(errors="replace"), proc.stdout)
 
 
-def variant(folder: Path, recipe: str, name: str, body: str) -> str:
+def variant(folder: Path, recipe: str, name: str, body: str, runner: Runner) -> str:
+    """A child recipe of `recipe` with `body`, locked by the runner's `imgbuild lock` from a copy of the parent's
+    lock, so that it keeps every version the parent pins (a fresh lock would take the index's newest closure)."""
     path = folder / f"{recipe}-{name}.yaml"
     path.write_text(f"extends: {recipe}\n{body}")
+    parent_lock = runner.src.parent / "recipes" / f"{recipe}.lock.json"
+    if parent_lock.is_file():  # the classic release predates locks
+        shutil.copyfile(parent_lock, folder / f"{recipe}-{name}.lock.json")
+        runner.lock(str(path))
     return str(path)
 
 
@@ -178,14 +192,17 @@ def cases(
         rows.append(Row(recipe, runner.name, case, b.seconds, steps_of(b.output, b.log), fetched, cached, [*notes]))
         if files:
             rows[-1].notes.append(f"{files} files downloaded")
+        print(
+            f"  {recipe} {runner.name} {case}: {b.seconds:.1f}s, {rows[-1].steps} steps, {fetched:.0f} MB", flush=True
+        )
 
     if buildkit:
         prune(client)  # cache mounts too: the pip cache starts empty
     cold = runner.build(recipe, "--no-cache")
     row("cold", cold)
     row("warm rebuild", runner.build(recipe))
-    row("late bump (sshd port)", runner.build(variant(folder, recipe, "late", LATE)))
-    row("early bump (OS package)", runner.build(variant(folder, recipe, "early", EARLY)))
+    row("late bump (sshd port)", runner.build(variant(folder, recipe, "late", LATE, runner)))
+    row("early bump (OS package)", runner.build(variant(folder, recipe, "early", EARLY, runner)))
     if buildkit and registry:
         ref = f"{registry}/imgbuild-bench-cache/{recipe}:{int(time.time())}"
         row("export the registry cache (--cache-to)", runner.build(recipe, "--cache-to", ref))
@@ -203,7 +220,9 @@ def torch_pair(client: docker.DockerClient, runner: Runner, folder: Path, regist
     sizes = []
     made = []
     for version in pair:
-        ref = variant(folder, "pytorch", f"torch-{version}", f"components:\n  pytorch: {{version: {version}}}\n")
+        ref = variant(
+            folder, "pytorch", f"torch-{version}", f"components:\n  pytorch: {{version: {version}}}\n", runner
+        )
         b = runner.build(ref)
         made.append(b.image_id)
         tag = f"{repo}:torch-{version}"
@@ -376,6 +395,7 @@ def main() -> int:
             for recipe in [] if args.pair_only else recipes:
                 if recipe == "pytorch" and not args.no_plain:
                     rows.append(plain_baseline(client, folder, recipe))
+                    print(f"  plain baseline: {rows[-1].seconds:.1f}s, {rows[-1].fetched_mb:.0f} MB", flush=True)
                 for runner, buildkit in runners:
                     rows += cases(client, runner, recipe, folder, args.registry, buildkit=buildkit)
             if args.torch_pair:

@@ -64,7 +64,9 @@ EARLY = "os:\n  packages: [ca-certificates, iproute2, procps, less]\n"
 _PIP_FILE = re.compile(r"(Downloading|Using cached) (\S+) \(([\d.]+) (kB|MB|GB)\)")
 # `pip download` into the wheelhouse of the pip cache mount: a wheel already there is not fetched again.
 _PIP_HAVE = re.compile(r"File was already downloaded (\S+)")
-_UNIT = {"kB": 1e3, "MB": 1e6, "GB": 1e9}
+# uv's: "Downloading torch (858.1MiB)" for a file it fetches (it names no small ones, nor what its cache held).
+_UV_FILE = re.compile(r"^\s*Downloading (\S+) \(([\d.]+)(KiB|MiB|GiB)\)\s*$", re.M)
+_UNIT = {"kB": 1e3, "MB": 1e6, "GB": 1e9, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
 _BUILT = re.compile(r"^built (sha256:[0-9a-f]{64})", re.M)
 # BuildKit's plain progress: "#7 [2/3] RUN ..." opens a step, "#7 CACHED" says it was not run.
 _STEP = re.compile(r"^#(\d+) \[[^\]]*?(\d+)/(\d+)\]", re.M)
@@ -102,7 +104,7 @@ def _du(path: Path) -> int:
 
 
 def pip_bytes(log: str) -> tuple[float, int, int]:
-    """(MB pip downloaded, files pip took from its cache, files downloaded) from a build log."""
+    """(MB pip or uv downloaded, files pip took from its cache, files downloaded) from a build log."""
     fetched = 0.0
     files = 0
     hits = len(_PIP_HAVE.findall(log))
@@ -112,6 +114,9 @@ def pip_bytes(log: str) -> tuple[float, int, int]:
             files += 1
         else:
             hits += 1
+    for _name, size, unit in _UV_FILE.findall(log):
+        fetched += float(size) * _UNIT[unit] / 1e6
+        files += 1
     return fetched, hits, files
 
 

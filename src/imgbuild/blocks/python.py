@@ -34,10 +34,12 @@ class Python(Strict):
 
 
 # uv, the installer of the image's requirement sets (see the module's docstring): its set, where pip puts it in the
-# builder stage (pip --target: the binary is UV_DIR/bin/uv), and its download and wheel cache (a cache mount).
+# builder stage (pip --target: the binary is UV_DIR/bin/uv) and where the runtime stage's RUNs mount it (the same
+# path; BuildKit leaves an empty mountpoint folder there, as it does for the requirements files' /tmp folder), and
+# its download and wheel cache (a cache mount).
 UV_SET = "python/uv"
 UV_REQUIREMENT = "uv>=0.8"  # the lock pins the version (and keeps it while it resolves): every option used is in 0.8
-UV_DIR = "/opt/imgbuild-uv"
+UV_DIR = "/tmp/imgbuild-uv"
 UV_BIN = f"{UV_DIR}/bin/uv"
 UV_CACHE_DIR = "/root/.cache/uv"
 UV_CACHE_ID = "imgbuild-uv"
@@ -69,19 +71,17 @@ def resolve(py: Python, rs: Resolution) -> Pin:
 def requirements(pin: Pin, ctx: Context) -> dict[str, list[str]]:
     """uv (UV_SET), when the image has a venv and another block installs a requirement set: the builder stage's pip
     installs it apart from the venv (`requirements_apart`), and it installs the other sets."""
-    from imgbuild.blocks import REGISTRY  # the registry imports this module
-
     if not pin.typed(PythonDetails).venv:
         return {}
-    pins = ctx.resolved.pins
-    others = any(b.requirements(pins[b.name], ctx) for b in REGISTRY if b.name != BLOCK.name and b.name in pins)
+    others = [name for name in ctx.requirement_blocks if name != BLOCK.name]
     return {UV_SET: [UV_REQUIREMENT]} if others else {}
 
 
 def uv_installs(ctx: Context) -> bool:
-    """Whether the image installs its requirement sets with uv: the python block declares UV_SET."""
+    """Whether the image installs its hashed requirement sets with uv: the python block declares UV_SET and the
+    resolution has lock content (without it, pip installs every set unhashed and uv is not installed at all)."""
     pin = ctx.resolved.pins.get(BLOCK.name)
-    return pin is not None and UV_SET in requirements(pin, ctx)
+    return ctx.content is not None and pin is not None and UV_SET in requirements(pin, ctx)
 
 
 def contribute(pin: Pin, ctx: Context) -> Contribution:

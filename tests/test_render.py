@@ -78,6 +78,7 @@ def instructions(text: str) -> list[tuple[str, str]]:
 
 CA = "--mount=type=secret,id=imgbuild-ca,target=/run/secrets/imgbuild-ca.pem,required=true"
 PIP_CACHE = "--mount=type=cache,id=imgbuild-pip,target=/root/.cache/pip,sharing=locked"
+UV_CACHE = "--mount=type=cache,id=imgbuild-uv,target=/root/.cache/uv,sharing=locked"
 DOWNLOADS = re.compile(r"\b(curl|wget) -|pip install|git clone")  # a command, not a package named curl
 
 
@@ -102,9 +103,9 @@ def rendered(name: str) -> str:
 @pytest.mark.parametrize("name", ALL)
 def test_one_buildkit_dialect(name: str) -> None:
     """Every RUN that downloads over TLS mounts the CA secret (required); every apt-get RUN mounts its stage's apt
-    caches and leaves the lists alone (they are the cache); every pip install mounts the one pip cache; pip's cache
-    is never turned off; the runtime stage is named `runtime` and its ENV never names the secret. No `# syntax` line
-    (Docker 20.10's built-in frontend reads the mounts) and no COPY --chmod."""
+    caches and leaves the lists alone (they are the cache); every pip install mounts the one pip cache, every uv pip
+    install uv's; pip's cache is never turned off; the runtime stage is named `runtime` and its ENV never names the
+    secret. No `# syntax` line (Docker 20.10's built-in frontend reads the mounts) and no COPY --chmod."""
     text = rendered(name)
     assert "{{" not in text and "{%" not in text
     assert "# syntax=" not in text
@@ -122,7 +123,9 @@ def test_one_buildkit_dialect(name: str) -> None:
         local = "--no-index" in step  # pip installs wheels a stage built: nothing to download, nothing to cache
         if DOWNLOADS.search(step) and not local:
             assert CA in step, step
-        if "pip install" in step and not local:
+        if "uv pip install" in step:
+            assert UV_CACHE in step and PIP_CACHE not in step, step
+        elif "pip install" in step and not local:
             assert PIP_CACHE in step, step
         if "apt-get" in step:
             base = bases[stage]
@@ -177,7 +180,9 @@ def test_ca_bundle_is_a_build_secret() -> None:
         assert not any(f.path.startswith("imgbuild/ca") for f in plan.files)
         for _, step in instructions(runtime):
             assert render.CA_SECRET_PATH not in step or step.startswith(f"RUN {CA} "), step
-            if "pip install" in step:
+            if "uv pip install" in step:
+                assert f"SSL_CERT_FILE={render.CA_SECRET_PATH} " in step, step
+            elif "pip install" in step:
                 assert f"PIP_CERT={render.CA_SECRET_PATH} " in step, step
 
 
@@ -217,7 +222,7 @@ def test_context_files_and_manifest() -> None:
                           "imgbuild/sagemaker/sagemaker.conf", "imgbuild/sagemaker/mpirun.args",
                           "imgbuild/sagemaker/torchrun.args", "imgbuild/sagemaker/launch-env.conf",
                           "imgbuild/sagemaker/fetch-code", "imgbuild/requirements/nccl.txt",
-                          "imgbuild/requirements/sagemaker.txt"}  # fmt: skip
+                          "imgbuild/requirements/python.uv.txt", "imgbuild/requirements/sagemaker.txt"}  # fmt: skip
     assert files["imgbuild/imgbuild-entrypoint"].mode == 0o755 and files["imgbuild/sagemaker/train"].mode == 0o755
     copied = set(re.findall(r"(?:^COPY|\s)(imgbuild/\S+)", plan.dockerfile, re.M))
     copied |= set(re.findall(r"--mount=type=bind,source=(imgbuild/[^,\s]+)", plan.dockerfile))  # requirement sets

@@ -178,41 +178,91 @@ def plan_with_content(name: str) -> render.BuildPlan:
 
 
 def pip_runs(dockerfile: str) -> list[str]:
-    """Every RUN (joined over its continuation lines) that runs pip."""
+    """Every RUN (joined over its continuation lines) that runs pip or uv's pip."""
     runs: list[str] = []
     for line in dockerfile.splitlines():
         if line.startswith("RUN "):
             runs.append(line)
         elif runs and runs[-1].endswith("\\") and (line.startswith("    ") or line.startswith(" &&")):
             runs[-1] += "\n" + line
-    return [r for r in runs if "/bin/pip " in r]
+    return [r for r in runs if "/bin/pip " in r or "/bin/uv pip " in r]
 
 
 @pytest.mark.parametrize("name", ["a100", "pytorch", "cpu"])
 def test_every_pip_step_installs_a_hashed_requirements_file(name: str) -> None:
+    """Each set installs from the lock's file with --require-hashes --no-deps: with uv in one command (parallel
+    downloads into its cache mount, bytecode compiled, into the venv's Python), with pip (download, then install
+    --no-index) for uv itself and a set built from its sdist."""
     plan = plan_with_content(name)
     files = {f.path: f.content.decode() for f in plan.files}
     runs = pip_runs(plan.dockerfile)
     sets = record.requirement_sets(resolved_of(name))
     assert len(runs) == len(sets) and runs
+    assert "python/uv" in sets
     for run in runs:
-        mount = re.search(r"--mount=type=bind,source=(\S+),target=(\S+)", run)
+        mount = re.search(r"--mount=type=bind,source=(imgbuild/\S+),target=(\S+)", run)
         assert mount, run
         source, target = mount.groups()
         assert source in files and target.startswith(render.REQUIREMENTS_DIR + "/")
         assert all(
             re.fullmatch(r"\S+==\S+ \\|    --hash=sha256:[0-9a-f]{64}( \\)?", ln) for ln in files[source].splitlines()
         )
-        assert run.count("--require-hashes --no-deps") == 2 and run.count(f"-r {target}") == 2
-        assert "--no-index" in run and "No lock content" not in plan.dockerfile
+        if "/bin/uv pip install" in run:
+            assert run.count("--require-hashes --no-deps -r") == 1 and run.count(f"-r {target}") == 1, run
+            assert (
+                f"{render.UV_BIN} pip install --python /opt/venv/bin/python --link-mode=copy --compile-bytecode" in run
+            )
+            assert render.UV_CACHE_MOUNT in run and render.PIP_CACHE_MOUNT not in run and "/bin/pip " not in run
+            assert f"SSL_CERT_FILE={render.CA_SECRET_PATH} " in run and render.CA_MOUNT in run
+        else:  # uv itself, or a set built from its sdist
+            assert "python.uv.txt" in source or "--no-binary=" in run, run
+            assert run.count("--require-hashes --no-deps") == 2 and run.count(f"-r {target}") == 2
+            assert "--no-index" in run
+        assert "No lock content" not in plan.dockerfile
     for set_name in sets:
         assert render.requirements_path(set_name) in files
+
+
+def test_uv_comes_from_the_builder_stage_and_is_in_no_runtime_layer() -> None:
+    """The builder stage's pip installs the lock's uv (hashed) apart from the venv; every runtime-stage install
+    mounts it from there read-only, and nothing copies it into the runtime stage; pip installs no set there."""
+    text = plan_with_content("pytorch").dockerfile
+    builder, runtime = text.split("# ---- runtime")
+    (uv,) = [r for r in pip_runs(builder) if "python.uv.txt" in r]
+    assert f"/opt/venv/bin/pip install --no-index --find-links {render.WHEELHOUSE} --target {render.UV_DIR} " in uv
+    assert "--require-hashes --no-deps -r /tmp/imgbuild-requirements/python.uv.txt" in uv
+    assert builder.index("python.uv.txt") < builder.index(f"{render.UV_BIN} pip install")  # before the first use
+    runs = pip_runs(runtime)
+    assert len(runs) == 3 and all(f"{render.UV_BIN} pip install" in r for r in runs)
+    mount = f"--mount=type=bind,from=builder,source={render.UV_DIR},target={render.UV_DIR}"
+    assert all(mount in r for r in runs)
+    steps = [line for line in runtime.splitlines() if render.UV_DIR in line]
+    assert all(line.strip().startswith((mount, f"SSL_CERT_FILE={render.CA_SECRET_PATH} ")) for line in steps), steps
+    assert not any(line.startswith("COPY") and "imgbuild-uv" in line for line in runtime.splitlines())
+
+
+def test_without_a_venv_or_lock_content_pip_installs_every_set() -> None:
+    """uv needs the venv's pip to come in (and the lock to pin it): a recipe without a venv declares no uv set and
+    installs its sets with pip, as one rendered without lock content does."""
+    resolved = resolved_of("cpu")
+    py = resolved.pins["python"]
+    bare = resolved.model_copy(
+        update={
+            "pins": {
+                **resolved.pins,
+                "python": py.model_copy(update={"details": py.details.model_copy(update={"prefix": None})}),
+            }
+        }
+    )
+    assert "python/uv" not in record.requirement_sets(bare) and "nccl" in record.requirement_sets(bare)
+    assert "python/uv" in record.requirement_sets(resolved)
+    assert "uv pip install" not in render.plan(resolved).dockerfile  # no content: unhashed, with pip
 
 
 def test_mpi4py_builds_its_hashed_sdist_without_build_isolation() -> None:
     runs = pip_runs(plan_with_content("a100").dockerfile)
     build, source = (r for r in runs if "mpi4py" in r)
-    assert "mpi4py.build.txt" in build and "--no-binary" not in build
+    assert "mpi4py.build.txt" in build and "--no-binary" not in build and f"{render.UV_BIN} pip install" in build
     assert "mpi4py.txt" in source and source.count("--no-binary=mpi4py --no-build-isolation") == 2
     assert 'CFLAGS="-O2 -g0" MPICC=/opt/amazon/openmpi/bin/mpicc /opt/venv/bin/pip install' in source
     assert "imgbuild-pip-wheels-mpi4py-" in source
@@ -248,6 +298,26 @@ def test_a_sources_folder_installs_with_no_download() -> None:
     assert text.endswith(
         "CFLAGS=-O2 /opt/venv/bin/pip install --no-index --find-links /imgbuild-sources/wheels --require-hashes "
         "--no-deps --no-binary=mpi4py --no-build-isolation -r /tmp/imgbuild-requirements/mpi4py.txt"
+    )
+
+
+def test_a_sources_folder_installs_with_uv_from_its_wheels_alone() -> None:
+    """Offline (`build --sources`), uv installs from the folder's wheels with --no-index (and --offline), hashed; pip
+    installs uv itself from there too."""
+    resolved = resolved_of("pytorch")
+    ctx = context_for(resolved.model_copy(update={"content": fake_content(resolved)}))
+    jinja = {"run": render.run_offline, "sources_dir": "/imgbuild-sources"}
+    text = render.pip_install(jinja, "/opt/venv/bin/pip", ctx, "pytorch/torch", render.PIP_ENV)
+    assert "download" not in text and render.SOURCES_MOUNT in text
+    assert text.endswith(
+        f"{render.UV_BIN} pip install --python /opt/venv/bin/python --link-mode=copy --compile-bytecode "
+        "--no-index --offline --find-links /imgbuild-sources/wheels --require-hashes --no-deps "
+        "-r /tmp/imgbuild-requirements/pytorch.torch.txt"
+    )
+    uv = render.pip_install(jinja, "/opt/venv/bin/pip", ctx, "python/uv", target=render.UV_DIR)
+    assert "download" not in uv and uv.endswith(
+        f"/opt/venv/bin/pip install --no-index --find-links /imgbuild-sources/wheels --target {render.UV_DIR} "
+        "--require-hashes --no-deps -r /tmp/imgbuild-requirements/python.uv.txt"
     )
 
 

@@ -4,10 +4,10 @@
 # Layers run from what changes least to what changes most (base, OS packages, EFA, MPI, NCCL, plugin,
 # nccl-tests, Python/PyTorch, sshd, SageMaker, environment, entrypoint, manifest, labels), so bumping a
 # component rebuilds only the layers after it. Compiled parts and their downloads happen in the builder stage; the
-# runtime stage copies their results, then pip-installs PyTorch in two layers (its CUDA wheels, then torch).
+# runtime stage copies their results, then installs PyTorch with uv in two layers (its CUDA wheels, then torch).
 #
 # For BuildKit: downloads trust the build secret imgbuild-ca (certifi's roots and --ca-bundle), mounted only by
-# the RUNs that download, so it is in no layer. apt and pip keep what they fetch in cache mounts, never in a layer:
+# the RUNs that download, so it is in no layer. apt, pip and uv keep what they fetch in cache mounts, never in a layer:
 # a rebuild after an early change (an OS package, the base) downloads nothing again. Bases with Docker's docker-clean
 # apt config (Debian's and Ubuntu's images) delete the downloaded .debs after each install, so there only apt's lists
 # are cached; imgbuild leaves that config as the base has it.

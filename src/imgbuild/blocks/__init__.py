@@ -12,6 +12,7 @@ in REGISTRY where its runtime layer belongs.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from functools import cache
 from typing import Any
 
@@ -112,10 +113,13 @@ def runtime_order() -> tuple[str, ...]:
 
 
 def context_for(resolved: Any, arch: str | None = None) -> Context:
-    """What blocks may ask of each other: the pins, which pinned block provides what it does not name, and the
-    architecture rendered for (`arch`, default the recipe's first)."""
+    """What blocks may ask of each other: the pins, which pinned block provides what it does not name, the
+    architecture rendered for (`arch`, default the recipe's first), and which blocks install requirement sets."""
     providers = {what: b.name for b in REGISTRY if b.name in resolved.pins for what in b.provides}
-    return Context(resolved=resolved, providers=providers, arch=arch or resolved.recipe.platform.arch[0])
+    ctx = Context(resolved=resolved, providers=providers, arch=arch or resolved.recipe.platform.arch[0])
+    pins = resolved.pins
+    sets = tuple(b.name for b in REGISTRY if b.name in pins and b.requirements(pins[b.name], ctx))
+    return replace(ctx, requirement_blocks=sets)
 
 
 def feeding(check: str) -> tuple[str, ...]:

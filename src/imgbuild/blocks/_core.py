@@ -126,6 +126,9 @@ class Context:
     fabric_in_builder: bool = False  # a block compiles against the fabric (libfabric, MPI) in the builder
     offers: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # consumer -> what blocks offer it
     arch: str = compat.DEFAULT_ARCH  # the CPU architecture this image is rendered for (one of platform.arch)
+    # the pinned blocks whose `requirements` name a set, found before this field was filled (so a block whose sets
+    # depend on it, python's uv, is not among them), in registry order
+    requirement_blocks: tuple[str, ...] = ()
 
     def with_arg(self, option: str, name: str | None = None) -> list[str]:
         """The configure argument for building against block `name` (default: `option`) where the image has it

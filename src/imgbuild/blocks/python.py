@@ -5,6 +5,11 @@ Recipe options (`components.python`):
     venv      /opt/venv (default): a venv with --system-site-packages (it sees the distribution's mpi4py);
               null for none
     version   checked against what that source has (required for base)
+
+With a venv, an image that installs requirement sets gets uv too (the set `python/uv`, hashed in the lock like the
+others): pip installs it in the builder stage, apart from the venv (UV_DIR, never copied to the runtime stage), and
+uv installs every other hashed set (imgbuild.image.render.pip_install), the runtime stage's through a bind mount of
+UV_DIR from the builder stage, so uv is in no layer of the image.
 """
 
 from __future__ import annotations
@@ -26,6 +31,18 @@ class Python(Strict):
     venv: AbsPath | None = "/opt/venv"
     version: str | None = None
     _pin = pin_validator("version")
+
+
+# uv, the installer of the image's requirement sets (see the module's docstring): its set, where pip puts it in the
+# builder stage (pip --target: the binary is UV_DIR/bin/uv) and where the runtime stage's RUNs mount it (the same
+# path; BuildKit leaves an empty mountpoint folder there, as it does for the requirements files' /tmp folder), and
+# its download and wheel cache (a cache mount).
+UV_SET = "python/uv"
+UV_REQUIREMENT = "uv>=0.8"  # the lock pins the version (and keeps it while it resolves): every option used is in 0.8
+UV_DIR = "/tmp/imgbuild-uv"
+UV_BIN = f"{UV_DIR}/bin/uv"
+UV_CACHE_DIR = "/root/.cache/uv"
+UV_CACHE_ID = "imgbuild-uv"
 
 
 class PythonDetails(Details):
@@ -51,6 +68,22 @@ def resolve(py: Python, rs: Resolution) -> Pin:
     return pin.model_copy(update={"details": PythonDetails(prefix=py.venv)})
 
 
+def requirements(pin: Pin, ctx: Context) -> dict[str, list[str]]:
+    """uv (UV_SET), when the image has a venv and another block installs a requirement set: the builder stage's pip
+    installs it apart from the venv (`requirements_apart`), and it installs the other sets."""
+    if not pin.typed(PythonDetails).venv:
+        return {}
+    others = [name for name in ctx.requirement_blocks if name != BLOCK.name]
+    return {UV_SET: [UV_REQUIREMENT]} if others else {}
+
+
+def uv_installs(ctx: Context) -> bool:
+    """Whether the image installs its hashed requirement sets with uv: the python block declares UV_SET and the
+    resolution has lock content (without it, pip installs every set unhashed and uv is not installed at all)."""
+    pin = ctx.resolved.pins.get(BLOCK.name)
+    return ctx.content is not None and pin is not None and UV_SET in requirements(pin, ctx)
+
+
 def contribute(pin: Pin, ctx: Context) -> Contribution:
     c = Contribution(name="python")
     c.runtime_packages |= {"python3"} if pin.source == "distro" else set()
@@ -70,6 +103,9 @@ BLOCK = Block(
     resolve=resolve,
     contribute=contribute,
     details=PythonDetails,
+    requirements=requirements,
+    requirements_apart=(UV_SET,),  # installed with pip --target UV_DIR in the builder stage, outside the venv
+    template_globals={"uv_installs": uv_installs, "uv_dir": lambda: UV_DIR},
 )
 
 

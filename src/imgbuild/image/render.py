@@ -20,6 +20,7 @@ from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from imgbuild.blocks import (
+    BY_NAME,
     REGISTRY,
     TEMPLATE_DIR,
     Context,
@@ -32,6 +33,7 @@ from imgbuild.blocks import (
     runtime_order,
     slug,
 )
+from imgbuild.blocks.python import UV_BIN, UV_CACHE_DIR, UV_CACHE_ID, UV_DIR, UV_SET, uv_installs
 from imgbuild.core import paths
 from imgbuild.core.errors import RenderError
 from imgbuild.image import identity
@@ -78,15 +80,26 @@ def cache_mount(cache_id: str, target: str) -> str:
 PIP_CACHE_MOUNT = cache_mount(PIP_CACHE_ID, PIP_CACHE_DIR)
 # pip's HTTP cache keeps a download only when the index's answer allows it (Cache-Control, ETag or Last-Modified):
 # behind an index or proxy that sends none of them (the one this project's machines reach does not), every rebuild
-# would download every wheel again. So prebuilt wheels are fetched by `pip download` into a folder of the pip cache
-# mount, which skips a file already there ("File was already downloaded", checked against the index's sha256), and
-# installed from that folder alone (--no-index). mpi4py, built from its sdist, keeps pip's own caches (see its block).
+# would download every wheel again. So where pip installs a set (uv itself, a set with --no-binary, a recipe with no
+# venv or no lock), its prebuilt wheels are fetched by `pip download` into a folder of the pip cache mount, which
+# skips a file already there ("File was already downloaded", checked against the index's sha256), and installed from
+# that folder alone (--no-index). mpi4py, built from its sdist, keeps pip's own caches (see its block).
 WHEELHOUSE = f"{PIP_CACHE_DIR}/imgbuild-wheelhouse"
-# Every pip step installs one requirement set (`Block.requirements`) as the lock recorded it: the set's requirements
-# file (name==version and the sha256 of every file the target may install) is a context file, bind-mounted into its
-# RUN (in no layer), and pip downloads and installs it with --require-hashes --no-deps: a file with another hash
-# fails the build with pip's message naming the file, the expected and the actual hash. Sets install in the lock's
-# order, each one's dependencies being in the sets before it, so --no-deps leaves nothing out.
+# Every other hashed set installs with uv (the python block's `python/uv` set, pinned and hashed by the lock like the
+# others, installed by pip in the builder stage apart from the venv; the runtime stage's RUNs bind-mount it from
+# there, so it is in no layer): `uv pip install --require-hashes --no-deps -r` the same file, downloading and
+# installing in parallel. Its cache (downloads and unpacked wheels, keyed by hash: a rebuild downloads nothing again)
+# is a cache mount of its own, another filesystem than the image's, so files are copied out of it (--link-mode=copy),
+# and it compiles the bytecode as pip does (--compile-bytecode, in parallel). It trusts the CA secret through
+# SSL_CERT_FILE, as pip does through PIP_CERT.
+UV_CACHE_MOUNT = cache_mount(UV_CACHE_ID, UV_CACHE_DIR)
+UV_ENV = f"SSL_CERT_FILE={CA_SECRET_PATH}"
+UV_OPTIONS = "--link-mode=copy --compile-bytecode"
+# Every pip or uv step installs one requirement set (`Block.requirements`) as the lock recorded it: the set's
+# requirements file (name==version and the sha256 of every file the target may install) is a context file,
+# bind-mounted into its RUN (in no layer), and pip or uv installs it with --require-hashes --no-deps: a file with
+# another hash fails the build with a message naming the file, the expected and the actual hash. Sets install in the
+# lock's order, each one's dependencies being in the sets before it, so --no-deps leaves nothing out.
 REQUIREMENTS_CONTEXT = "imgbuild/requirements"
 REQUIREMENTS_DIR = "/tmp/imgbuild-requirements"
 
@@ -127,15 +140,16 @@ def pip_install(
     mounts: Sequence[str] = (),
     target: str | None = None,
 ) -> str:
-    """The RUN that installs requirement set `name` (of the block named by its first part) with `pip`: from the
-    lock's hashes when the resolution has content (`--require-hashes --no-deps -r` the set's file: downloaded into
-    the wheelhouse, then installed from it alone; with the Jinja global `sources_dir` set, from its wheels/ folder
-    with no download), else from the block's specifiers, unhashed, as the Dockerfile's comment says. A set with
-    `--no-binary=NAME` builds NAME from its sdist with --no-build-isolation: its build requirements are a set of
-    their own, installed (hashed) before it. `env` prefixes the download (the runtime stage's PIP_ENV),
-    `build_env` the install (a source build's CFLAGS), `mounts` are the RUN's own besides the CA secret, the pip
-    cache and the requirements file; `target` installs into that folder (pip --target), apart from the venv (a set of
-    `Block.requirements_apart`). `context` is Jinja's (the environment's `run` and `sources_dir`)."""
+    """The RUN that installs requirement set `name` (of the block named by its first part) into the environment of
+    `pip`: from the lock's hashes when the resolution has content (`--require-hashes --no-deps -r` the set's file),
+    with uv where the image has it (`uv_install`), else with pip (downloaded into the wheelhouse, then installed from
+    it alone); with the Jinja global `sources_dir` set, from its wheels/ folder with no download. Without content,
+    from the block's specifiers, unhashed, with pip, as the Dockerfile's comment says. A set with `--no-binary=NAME`
+    builds NAME from its sdist with --no-build-isolation, with pip: its build requirements are a set of their own,
+    installed (hashed) before it. `env` prefixes pip's download (the runtime stage's PIP_ENV), `build_env` the install
+    (a source build's CFLAGS), `mounts` are the RUN's own besides the CA secret, the cache and the requirements file;
+    `target` installs into that folder (--target), apart from the venv (a set of `Block.requirements_apart`).
+    `context` is Jinja's (the environment's `run` and `sources_dir`)."""
     from imgbuild.pin.wheels import no_binary, requirement_lines
 
     specifiers = requirement_set(ctx, name)
@@ -157,6 +171,8 @@ def pip_install(
         return f"{head}{run_(CA_MOUNT, PIP_CACHE_MOUNT, *mounts)}{command}"
     bind, file = set_file(ctx, name)
     hashed = f"--require-hashes --no-deps{options} -r {file}"
+    if not sources and name != UV_SET and uv_installs(ctx):
+        return uv_install(context, pip, ctx, name, bind, file, build_env=build_env, mounts=mounts, target=target)
     if sources_dir:
         install = f"{install_env}{pip} install --no-index --find-links {sources_dir}/wheels{into} {hashed}"
         return f"{run_(CA_MOUNT, PIP_CACHE_MOUNT, bind, *mounts)}{install}"
@@ -165,6 +181,52 @@ def pip_install(
         f"{download_env}{pip} download --dest {WHEELHOUSE} {hashed} \\\n"
         f" && {install_env}{pip} install --no-index --find-links {WHEELHOUSE}{into} {hashed}"
     )
+
+
+def python_of(pip: str) -> str:
+    """The interpreter of the environment `pip` installs into (`/opt/venv/bin/pip` -> /opt/venv/bin/python,
+    `python3 -m pip` -> python3): uv's --python."""
+    if pip.endswith(" -m pip"):
+        return pip[: -len(" -m pip")]
+    folder, _, tool = pip.rpartition("/")
+    if tool == "pip" and folder:
+        return f"{folder}/python"
+    raise RenderError(f"cannot tell the Python of {pip!r} (expected DIR/pip or PYTHON -m pip)")
+
+
+def uv_install(
+    context: Any,
+    pip: str,
+    ctx: Context,
+    name: str,
+    bind: str,
+    file: str,
+    *,
+    build_env: str = "",
+    mounts: Sequence[str] = (),
+    target: str | None = None,
+) -> str:
+    """The RUN that installs hashed requirement set `name` (its file `file`, mounted by `bind`) with uv
+    (`uv pip install --require-hashes --no-deps -r FILE`) into the environment of `pip` (its interpreter is uv's
+    --python), or into `target` (--target): parallel downloads into uv's cache mount, bytecode compiled
+    (UV_OPTIONS); offline (`sources_dir`), from its wheels/ folder alone (--no-index --offline). A set the runtime
+    stage installs (`Block.requirements_stage`) mounts uv from the builder stage (UV_DIR), so uv is in no layer."""
+    run_, sources_dir = context["run"], context.get("sources_dir")
+    block = BY_NAME.get(name.split("/")[0])
+    own = [] if block is None or block.requirements_stage == "builder" else [uv_builder_mount()]
+    into = f" --target {target}" if target is not None else ""
+    index = f" --no-index --offline --find-links {sources_dir}/wheels" if sources_dir else ""
+    prefix = " ".join(p for p in (UV_ENV, build_env) if p)
+    return (
+        f"{run_(CA_MOUNT, UV_CACHE_MOUNT, bind, *own, *mounts)}"
+        f"{prefix} {UV_BIN} pip install --python {python_of(pip)} {UV_OPTIONS}{into}{index} "
+        f"--require-hashes --no-deps -r {file}"
+    )
+
+
+def uv_builder_mount() -> str:
+    """A runtime-stage RUN's mount of uv (UV_DIR) from the builder stage, read-only and in no layer."""
+    return f"--mount=type=bind,from=builder,source={UV_DIR},target={UV_DIR}"
 
 
 def pip_wheel(

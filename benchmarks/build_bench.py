@@ -65,7 +65,7 @@ _PIP_FILE = re.compile(r"(Downloading|Using cached) (\S+) \(([\d.]+) (kB|MB|GB)\
 # `pip download` into the wheelhouse of the pip cache mount: a wheel already there is not fetched again.
 _PIP_HAVE = re.compile(r"File was already downloaded (\S+)")
 # uv's: "Downloading torch (858.1MiB)" for a file it fetches (it names no small ones, nor what its cache held).
-_UV_FILE = re.compile(r"^\s*Downloading (\S+) \(([\d.]+)(KiB|MiB|GiB)\)\s*$", re.M)
+_UV_FILE = re.compile(r"\bDownloading (\S+) \(([\d.]+)(KiB|MiB|GiB)\)")
 _UNIT = {"kB": 1e3, "MB": 1e6, "GB": 1e9, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
 _BUILT = re.compile(r"^built (sha256:[0-9a-f]{64})", re.M)
 # BuildKit's plain progress: "#7 [2/3] RUN ..." opens a step, "#7 CACHED" says it was not run.

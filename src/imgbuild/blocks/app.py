@@ -40,8 +40,6 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any
 
-from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import canonicalize_name
 from pydantic import AfterValidator, PrivateAttr
 
 from imgbuild import probes
@@ -80,6 +78,8 @@ def requirement(value: str) -> str:
             f"expected a requirement such as transformers==4.46.3, got the pip option {value!r} "
             "(the index is uv's, as configured; hashes are the lock's)"
         )
+    from packaging.requirements import InvalidRequirement, Requirement  # here: most commands never parse one
+
     try:
         req = Requirement(value)
     except InvalidRequirement as exc:
@@ -174,7 +174,16 @@ class AppDetails(Details):
 
 
 def _names(lines: tuple[str, ...]) -> list[str]:
+    from packaging.requirements import Requirement
+
     return [canonicalize_name(Requirement(line).name) for line in lines]
+
+
+def canonicalize_name(name: str) -> str:
+    """PEP 503's normalized name (packaging's), imported when a command needs it."""
+    from packaging.utils import canonicalize_name as canonical
+
+    return canonical(name)
 
 
 def project_name(folder: Path) -> str:

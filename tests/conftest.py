@@ -108,6 +108,9 @@ def index_env(index: localindex.Index, monkeypatch: pytest.MonkeyPatch, tmp_path
     monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
     monkeypatch.setenv("UV_HTTP_RETRIES", "0")
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
+    # uv, which an image with a venv installs its requirement sets with (the python block's set python/uv)
+    filename = "uv-0.13.9-py3-none-any.whl"
+    index.add_wheel("uv", filename, localindex.make_wheel(tmp_path, filename, [], junk=1000))
     return index
 
 

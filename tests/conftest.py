@@ -108,19 +108,10 @@ def index_env(index: localindex.Index, monkeypatch: pytest.MonkeyPatch, tmp_path
     monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
     monkeypatch.setenv("UV_HTTP_RETRIES", "0")
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
-    serve_uv(index, tmp_path)
+    # uv, which an image with a venv installs its requirement sets with (the python block's set python/uv)
+    filename = "uv-0.13.9-py3-none-any.whl"
+    index.add_wheel("uv", filename, localindex.make_wheel(tmp_path, filename, [], junk=1000))
     return index
-
-
-UV_VERSION = "0.13.9"  # the shipped locks' (the python block's set python/uv)
-
-
-def serve_uv(index: localindex.Index, tmp_path: Path) -> None:
-    """uv's wheels for Linux x86_64 and aarch64 on the local index: every image with a venv and a requirement set
-    installs them with uv, so `imgbuild lock` resolves and hashes the set python/uv too."""
-    for machine in ("x86_64", "aarch64"):
-        filename = f"uv-{UV_VERSION}-py3-none-manylinux_2_17_{machine}.whl"
-        index.add_wheel("uv", filename, localindex.make_wheel(tmp_path, filename, [], junk=2000))
 
 
 @pytest.fixture

@@ -68,7 +68,7 @@ def cpu_with_content(**content: Any) -> Resolved:
     python = {
         "nccl": (Requirement(name="nvidia_nccl_cu12", version="2.27.5", hashes=(NCCL_X86, NCCL_ARM)),),
         "sagemaker": (Requirement(name="boto3", version="1.44.5", hashes=("sha256:" + "b" * 64,)),),
-        "python/uv": (Requirement(name="uv", version="0.13.9", hashes=("sha256:" + "c" * 64,)),),
+        "python/uv": (Requirement(name="uv", version="0.13.9", hashes=("sha256:" + "c" * 64,)),),  # not in the image
     }
     full = Content(**{"bases": base, "python": python, **content})
     return resolved.model_copy(update={"content": full, "locked_at": "2025-06-01T12:00:00Z"})

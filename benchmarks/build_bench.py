@@ -176,7 +176,14 @@ def variant(folder: Path, recipe: str, name: str, body: str, runner: Runner) -> 
 
 
 def prune(client: docker.DockerClient) -> None:
-    client.api.prune_builds(all=True)
+    """The engine's whole build cache, cache mounts included. Pruning some 20 GB takes longer than docker-py's
+    60 s request time-out on this machine, so this request gets 15 minutes."""
+    before = client.api.timeout
+    client.api.timeout = 900
+    try:
+        client.api.prune_builds(all=True)
+    finally:
+        client.api.timeout = before
 
 
 def remove_images(client: docker.DockerClient, image_ids: list[str]) -> None:

@@ -17,8 +17,6 @@ import re
 from dataclasses import replace
 from typing import Any, Literal
 
-from packaging.requirements import Requirement
-
 from imgbuild import probes
 from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution
 from imgbuild.checks import CheckContext, Ran, check, compare, fail, passed, skip
@@ -94,6 +92,8 @@ def resolve(t: PyTorch, rs: Resolution) -> Pin:
 def _toolkit_rule(version: str, wheel: compat.TorchWheel, toolkit: str, rs: Resolution) -> None:
     """With CUDA's toolkit from wheels (`cuda.source: wheel`), what compiles in the builder must be the CUDA release the
     image runs: the cuda-toolkit version torch's wheel requires."""
+    from packaging.requirements import Requirement
+
     pinned = next(
         (
             str(s.version)

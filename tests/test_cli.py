@@ -134,6 +134,52 @@ def test_version_imports_neither_pydantic_nor_rich() -> None:
     assert json.loads(proc.stdout) == {"exit": 0, "loaded": []}
 
 
+# What `show`, `render` and `list` leave alone (issue 32's start-up: each is milliseconds to tens of ms): the PEP 508
+# parser (an `app:` layer's requirements; cpu has none) and TOML (a pyproject.toml, uv's lock), rich where nothing
+# is printed as a table, and the release files' models (built when a release file is read, not at import).
+UNUSED = """
+import contextlib, io, json, sys
+from imgbuild.cli import app
+code = None
+with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    try:
+        app(sys.argv[1:])
+    except SystemExit as exc:
+        code = exc.code
+releases = sys.modules.get("imgbuild.blocks.releases")
+built = [] if releases is None else [
+    name for name, model in vars(releases).items()
+    if isinstance(model, type) and model.__module__ == releases.__name__
+    and getattr(model, "__pydantic_complete__", False)
+]
+print(json.dumps({"exit": code, "loaded": sorted(m for m in sys.modules if m in %r), "built": built}))
+"""
+
+
+@pytest.mark.parametrize(
+    ("args", "unused", "reads_releases"),
+    [
+        (["show", "cpu"], ("packaging.requirements", "tomllib"), False),
+        (["show", "cpu", "--json"], ("packaging.requirements", "tomllib", "rich"), False),
+        (["render", "cpu"], ("packaging.requirements", "tomllib", "rich"), False),
+        # every shipped recipe: those with an `app:` layer have their requirements parsed, the EFA ones' locks are
+        # checked against the release files
+        (["list"], ("tomllib",), True),
+    ],
+)
+def test_quick_commands_leave_unused_parts_alone(
+    args: list[str], unused: tuple[str, ...], reads_releases: bool
+) -> None:
+    proc = subprocess.run([sys.executable, "-c", UNUSED % (unused,), *args], capture_output=True, text=True, check=True)
+    result = json.loads(proc.stdout)
+    assert result["exit"] == 0, proc.stderr
+    assert result["loaded"] == [], f"imgbuild {' '.join(args)} imported {result['loaded']}"
+    if reads_releases:
+        assert result["built"], "the release models were not used: the test no longer tells deferred from eager"
+    else:
+        assert result["built"] == [], f"imgbuild {' '.join(args)} built the release models {result['built']}"
+
+
 def test_cluster_group_is_mounted() -> None:
     result = run("cluster", "--help")
     assert result.exit_code == 0 and "report" in result.stdout

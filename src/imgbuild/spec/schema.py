@@ -131,4 +131,4 @@ InstanceType = Annotated[
 class Strict(BaseModel):
     """Every schema object: unknown keys are errors, objects are immutable."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)

@@ -8,8 +8,10 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from conftest import SHIPPED
@@ -178,6 +180,30 @@ def test_quick_commands_leave_unused_parts_alone(
         assert result["built"], "the release models were not used: the test no longer tells deferred from eager"
     else:
         assert result["built"] == [], f"imgbuild {' '.join(args)} built the release models {result['built']}"
+
+
+def test_command_signatures_are_not_strings() -> None:
+    """typer reads every command's parameters when `imgbuild` starts, whichever command runs: annotations left as
+    strings (`from __future__ import annotations` in a CLI module) are each compiled and evaluated twice there, about
+    830 calls for the whole CLI (issue 32). The command modules keep their annotations as objects."""
+    import inspect
+
+    from imgbuild.cli import app as root
+
+    def callbacks(typer_app: typer.Typer) -> list[Any]:
+        found = [c.callback for c in typer_app.registered_commands]
+        if typer_app.registered_callback is not None:
+            found.append(typer_app.registered_callback.callback)
+        for group in typer_app.registered_groups:
+            assert group.typer_instance is not None
+            found += callbacks(group.typer_instance)
+        return found
+
+    commands = callbacks(root)
+    assert len(commands) > 15
+    for fn in commands:
+        strings = {k: v for k, v in inspect.unwrap(fn).__annotations__.items() if isinstance(v, str)}
+        assert not strings, f"{fn.__module__}.{fn.__name__}: annotations left as strings: {strings}"
 
 
 def test_cluster_group_is_mounted() -> None:

@@ -8,8 +8,10 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from conftest import SHIPPED
@@ -132,6 +134,76 @@ def test_version_imports_neither_pydantic_nor_rich() -> None:
     code = LOADED % ({"pydantic", "rich", "yaml", "jinja2"}, ())
     proc = subprocess.run([sys.executable, "-c", code, "--version"], capture_output=True, text=True, check=True)
     assert json.loads(proc.stdout) == {"exit": 0, "loaded": []}
+
+
+# What `show`, `render` and `list` leave alone (issue 32's start-up: each is milliseconds to tens of ms): the PEP 508
+# parser (an `app:` layer's requirements; cpu has none) and TOML (a pyproject.toml, uv's lock), rich where nothing
+# is printed as a table, and the release files' models (built when a release file is read, not at import).
+UNUSED = """
+import contextlib, io, json, sys
+from imgbuild.cli import app
+code = None
+with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    try:
+        app(sys.argv[1:])
+    except SystemExit as exc:
+        code = exc.code
+releases = sys.modules.get("imgbuild.blocks.releases")
+built = [] if releases is None else [
+    name for name, model in vars(releases).items()
+    if isinstance(model, type) and model.__module__ == releases.__name__
+    and getattr(model, "__pydantic_complete__", False)
+]
+print(json.dumps({"exit": code, "loaded": sorted(m for m in sys.modules if m in %r), "built": built}))
+"""
+
+
+@pytest.mark.parametrize(
+    ("args", "unused", "reads_releases"),
+    [
+        (["show", "cpu"], ("packaging.requirements", "tomllib"), False),
+        (["show", "cpu", "--json"], ("packaging.requirements", "tomllib", "rich"), False),
+        (["render", "cpu"], ("packaging.requirements", "tomllib", "rich"), False),
+        # every shipped recipe: those with an `app:` layer have their requirements parsed, the EFA ones' locks are
+        # checked against the release files
+        (["list"], ("tomllib",), True),
+    ],
+)
+def test_quick_commands_leave_unused_parts_alone(
+    args: list[str], unused: tuple[str, ...], reads_releases: bool
+) -> None:
+    proc = subprocess.run([sys.executable, "-c", UNUSED % (unused,), *args], capture_output=True, text=True, check=True)
+    result = json.loads(proc.stdout)
+    assert result["exit"] == 0, proc.stderr
+    assert result["loaded"] == [], f"imgbuild {' '.join(args)} imported {result['loaded']}"
+    if reads_releases:
+        assert result["built"], "the release models were not used: the test no longer tells deferred from eager"
+    else:
+        assert result["built"] == [], f"imgbuild {' '.join(args)} built the release models {result['built']}"
+
+
+def test_command_signatures_are_not_strings() -> None:
+    """typer reads every command's parameters when `imgbuild` starts, whichever command runs: annotations left as
+    strings (`from __future__ import annotations` in a CLI module) are each compiled and evaluated twice there, about
+    830 calls for the whole CLI (issue 32). The command modules keep their annotations as objects."""
+    import inspect
+
+    from imgbuild.cli import app as root
+
+    def callbacks(typer_app: typer.Typer) -> list[Any]:
+        found = [c.callback for c in typer_app.registered_commands]
+        if typer_app.registered_callback is not None:
+            found.append(typer_app.registered_callback.callback)
+        for group in typer_app.registered_groups:
+            assert group.typer_instance is not None
+            found += callbacks(group.typer_instance)
+        return found
+
+    commands = callbacks(root)
+    assert len(commands) > 15
+    for fn in commands:
+        strings = {k: v for k, v in inspect.unwrap(fn).__annotations__.items() if isinstance(v, str)}
+        assert not strings, f"{fn.__module__}.{fn.__name__}: annotations left as strings: {strings}"
 
 
 def test_cluster_group_is_mounted() -> None:

@@ -230,7 +230,7 @@ class Recipe(Strict):
 class LoadedRecipe(BaseModel):
     """A validated recipe with where it came from."""
 
-    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True, defer_build=True)
 
     recipe: Recipe
     path: Path

@@ -30,7 +30,7 @@ class Details(BaseModel):
     carry these models; only a block's `resolve` reads the recipe's options, everything after it reads the pin.
     Spack's `spec["dep"].prefix`: other blocks ask `Context.prefix(name)` / `Context.details(name)`."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     prefix: str | None = None  # where the block installs, when not in the system's paths
 
@@ -66,7 +66,7 @@ class Pin(BaseModel):
     (`imgbuild.pin.resolver.read_details`).
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     version: str | None
     source: str

@@ -52,11 +52,6 @@ from imgbuild.probes import codetree
 from imgbuild.spec import compat
 from imgbuild.spec.schema import AbsPath, DebPackage, EnvName, Strict, Text, matching, one_line
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
-
 CODE_DIR = "/opt/ml/code"  # SageMaker's: where source_dir code lands and train looks for the program
 CODE_CONTEXT = "imgbuild/app/code"  # the code folder's files in the build context
 WHEELS_DIR = "/tmp/imgbuild-app-wheels"  # the build stage's wheels, bind-mounted into the image's install
@@ -72,14 +67,14 @@ MAX_PYPROJECT_BYTES = 1 << 20
 
 def requirement(value: str) -> str:
     """A PEP 508 requirement the lock can pin from the index: a name, extras, a version specifier, markers."""
+    from packaging.requirements import InvalidRequirement, Requirement  # here: its parser is 20 ms of start-up
+
     one_line(value)
     if value.lstrip().startswith("-"):
         raise ValueError(
             f"expected a requirement such as transformers==4.46.3, got the pip option {value!r} "
             "(the index is uv's, as configured; hashes are the lock's)"
         )
-    from packaging.requirements import InvalidRequirement, Requirement  # here: most commands never parse one
-
     try:
         req = Requirement(value)
     except InvalidRequirement as exc:
@@ -175,20 +170,19 @@ class AppDetails(Details):
 
 def _names(lines: tuple[str, ...]) -> list[str]:
     from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
 
     return [canonicalize_name(Requirement(line).name) for line in lines]
-
-
-def canonicalize_name(name: str) -> str:
-    """PEP 503's normalized name (packaging's), imported when a command needs it."""
-    from packaging.utils import canonicalize_name as canonical
-
-    return canonical(name)
 
 
 def project_name(folder: Path) -> str:
     """The distribution name of the Python project in `folder` (its pyproject.toml's [project] name), checked like a
     recipe's requirement names: it reaches the Dockerfile and verify's probes."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+
     pyproject = folder / "pyproject.toml"
     if not pyproject.exists() and not pyproject.is_symlink():
         raise ValueError(f"{pyproject}: missing (code.install builds the folder as a pyproject.toml project)")
@@ -207,10 +201,14 @@ def project_name(folder: Path) -> str:
             f"{pyproject}: [project] name: expected a distribution name (PEP 508: letters, digits and . _ -, "
             f"starting and ending with a letter or a digit), got {name[:80]!r}"
         )
+    from packaging.utils import canonicalize_name
+
     return canonicalize_name(name)
 
 
 def resolve(app: App, rs: Resolution) -> Pin:
+    from packaging.utils import canonicalize_name
+
     lines = app.requirements
     names = _names(lines)
     builds = bool(app.from_source) or (app.code is not None and app.code.install)

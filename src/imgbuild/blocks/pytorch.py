@@ -1,8 +1,7 @@
 """pytorch: PyTorch from the package index (the default Linux wheels: they carry CUDA and NCCL) or the base image.
 
 Recipe options (`components.pytorch`):
-    source    pip (default): installs its wheels into the venv in the runtime stage (with uv, from the lock's hashes:
-              imgbuild.image.render.pip_install), in two layers: the CUDA and NCCL
+    source    pip (default): pip-installs it into the venv in the runtime stage, in two layers: the CUDA and NCCL
               wheels the release pins, then `torch==VERSION` (and numpy) | base: the base image has it (Gaudi)
     numpy     2.2.6 (default): the numpy installed beside it; null for none
     version   the release; its wheel's pins (CUDA, nvidia-nccl-cuXX, every CUDA wheel) come from the shipped table,
@@ -93,7 +92,7 @@ def resolve(t: PyTorch, rs: Resolution) -> Pin:
 def _toolkit_rule(version: str, wheel: compat.TorchWheel, toolkit: str, rs: Resolution) -> None:
     """With CUDA's toolkit from wheels (`cuda.source: wheel`), what compiles in the builder must be the CUDA release the
     image runs: the cuda-toolkit version torch's wheel requires."""
-    from packaging.requirements import Requirement  # here: only a resolution with CUDA's wheels parses one
+    from packaging.requirements import Requirement
 
     pinned = next(
         (
@@ -179,18 +178,16 @@ class PyTorchDetails(Details):
         return compat.TorchWheel(self.nccl_package, self.nccl, self.cuda, self.cuda_wheels)
 
 
-# Measured for torch 2.9.1 on BuildKit when pip installed these sets (pip's downloads 4.0 GB, the two runtime layers
-# 4.14 + 2.56 GB): the engine needed about 16 GB free for a build with an empty pip cache: the wheels kept in the pip
-# cache mount (4.0 GB, once per machine), pip's temporary copy of what one step downloads (up to 3.3 GB, the CUDA
-# wheels) and the layers while they are written and committed (6.7 GB). uv (which installs them now) makes no
-# temporary copy but keeps the wheels unpacked in its cache mount (imgbuild-uv): about what the layers hold less the
-# bytecode, so an estimated 6.7 + 6.7 GB, not measured yet; the figure stays 16 GB. With the wheels already cached a
+# Measured for torch 2.9.1 on BuildKit (pip's downloads 4.0 GB, the two runtime layers 4.14 + 2.56 GB): the engine
+# needs about 16 GB free for a build with an empty pip cache: the wheels kept in the pip cache mount (4.0 GB, once
+# per machine), pip's temporary copy of what one step downloads (up to 3.3 GB, the CUDA wheels) and the layers while
+# they are written and committed (6.7 GB); no builder-stage copy of torch any more. With the wheels already cached a
 # rebuild needs the layers alone (about 7 GB), but the check cannot know that, so it asks for the cold figure.
 PIP_BUILD_DISK_GB = 16.0
 
 
 def requirements(pin: Pin, ctx: Context) -> dict[str, list[str]]:
-    """Two layers (pip source): the CUDA and NCCL wheels the release pins, then torch and numpy (their closure less what
+    """Two layers (pip): the CUDA and NCCL wheels the release pins, then torch and numpy (their closure less what
     the first layer and the sets before it hold)."""
     if pin.source != "pip":
         return {}

@@ -8,8 +8,6 @@ and rich are imported by the commands that use them), so `imgbuild --version` im
 weight. `benchmarks/startup_bench.py` measures it.
 """
 
-from __future__ import annotations
-
 import os
 import signal
 import sys

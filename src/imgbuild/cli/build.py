@@ -1,8 +1,6 @@
 """`imgbuild build`, `imgbuild base bootstrap` and `imgbuild doctor`: the commands that make images in the engine,
 and the check of what they need."""
 
-from __future__ import annotations
-
 from pathlib import Path
 from typing import Annotated
 

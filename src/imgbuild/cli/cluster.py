@@ -11,8 +11,6 @@ Start-up stays light: at the top only typer and what the options' types and call
 the rest when it runs.
 """
 
-from __future__ import annotations
-
 import os
 import stat
 import sys
@@ -239,7 +237,7 @@ def cluster_test_command(
     )
 
 
-def _expected(recipe_ref: str | None, image: str | None) -> Manifest | None:
+def _expected(recipe_ref: str | None, image: str | None) -> "Manifest | None":
     """The manifest the running image must have: the recipe's lock, or a local image's own; None: no expectation."""
     from imgbuild import verify
     from imgbuild.cli.console import resolved
@@ -363,8 +361,8 @@ def _report(
 
 
 def _outputs(
-    rep: Report, json_path: Path | None, junit: Path | None, plot: Path | None
-) -> list[tuple[Path, Callable[[], bytes]]]:
+    rep: "Report", json_path: Path | None, junit: Path | None, plot: Path | None
+) -> "list[tuple[Path, Callable[[], bytes]]]":
     """The files asked for, each with what makes its bytes (drawing the plot is left until it is written)."""
     from imgbuild.nccltests import verdict
 
@@ -473,7 +471,7 @@ def _write(path: Path, data: bytes) -> None:
     write_file(path, data, what="the report")
 
 
-def render(rep: Report, console: Console) -> None:
+def render(rep: "Report", console: "Console") -> None:
     """The report for a terminal: what ran, one row per criterion, the large sizes against the published figures,
     the note on 'Avg bus bandwidth', and the verdict."""
     from rich.table import Table

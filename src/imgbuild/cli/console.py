@@ -4,8 +4,6 @@ Kept light on purpose: every command module imports it when `imgbuild` starts, s
 imported only when a command first prints or loads a recipe (`imgbuild --version` needs neither).
 """
 
-from __future__ import annotations
-
 import functools
 import json
 import os
@@ -94,7 +92,7 @@ def width_for(stream: TextIO) -> int:
     return UNWRAPPED_WIDTH
 
 
-def _console(stderr: bool) -> Console:
+def _console(stderr: bool) -> "Console":
     """A console for stdout or stderr with the width `width_for` gives (TERM=dumb or FORCE_COLOR do not bring
     back rich's 80 columns). FORCE_COLOR=0 (or false/no/off: what CI sets to ask for no colour) means no colour
     and no escape sequences, and whether the stream is a terminal is then its own answer; NO_COLOR and other
@@ -117,13 +115,13 @@ def _console(stderr: bool) -> Console:
 
 
 @functools.cache
-def out() -> Console:
+def out() -> "Console":
     """The console for results (stdout)."""
     return _console(stderr=False)
 
 
 @functools.cache
-def err() -> Console:
+def err() -> "Console":
     """The console for progress, warnings and errors (stderr)."""
     return _console(stderr=True)
 
@@ -154,13 +152,13 @@ def handled(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def warn(resolved: Resolved) -> None:
+def warn(resolved: "Resolved") -> None:
     """The resolution's warnings, one line each on stderr."""
     for w in resolved.warnings:
         err().print(f"imgbuild: warning: {w}", markup=False)
 
 
-def resolved(ref: str) -> tuple[LoadedRecipe, Resolved]:
+def resolved(ref: str) -> "tuple[LoadedRecipe, Resolved]":
     """The recipe REF (refused when abstract) with its lock's pins; exit 4 naming the lock file when it has none.
     Each command that builds on a lock calls it once and hands the result down (build, push, verify, sbom, run,
     render, sources fetch, cluster job): nothing below the CLI looks the command's recipe up again."""

@@ -1,8 +1,6 @@
 """`imgbuild push` (imgbuild.publish) and `imgbuild matrix` (imgbuild.publish.matrix): publishing images and the
 CI matrix that drives it."""
 
-from __future__ import annotations
-
 import json
 import sys
 from pathlib import Path
@@ -194,7 +192,7 @@ def push(
         err().print(f"wrote {sbom_path}: the SBOM of {made.image} ({made.image_id[:19]})", markup=False)
 
 
-def _print_result(result: PublishResult, as_json: bool) -> None:
+def _print_result(result: "PublishResult", as_json: bool) -> None:
     for warning in result.warnings:
         err().print(f"imgbuild: warning: {warning}", markup=False)
     if as_json:

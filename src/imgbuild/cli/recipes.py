@@ -2,8 +2,6 @@
 network (except `lock` asking the package index for releases not in the shipped tables, and `outdated` and
 `lock --upgrade` asking it for the newest releases)."""
 
-from __future__ import annotations
-
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -351,7 +349,7 @@ def outdated_(
         )
 
 
-def _outdated_table(reports: list[Report]) -> None:
+def _outdated_table(reports: "list[Report]") -> None:
     from rich.markup import escape
     from rich.table import Table
 

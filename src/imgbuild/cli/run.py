@@ -6,8 +6,6 @@ GPUs, its instance type's EFA devices: `runprofile.target_spec`), to paste there
 this host would drop and why.
 """
 
-from __future__ import annotations
-
 import shutil
 import signal
 import subprocess

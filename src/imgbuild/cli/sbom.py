@@ -1,7 +1,5 @@
 """`imgbuild sbom RECIPE`: the CycloneDX SBOM of a built image (imgbuild.publish.inventory, imgbuild.image.sbom)."""
 
-from __future__ import annotations
-
 import sys
 from pathlib import Path
 from typing import Annotated

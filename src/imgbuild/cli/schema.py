@@ -6,8 +6,6 @@ required in a file), and `null`, which removes an inherited key. The docs site's
 the same function (docs/hooks.py).
 """
 
-from __future__ import annotations
-
 import json
 import sys
 from pathlib import Path

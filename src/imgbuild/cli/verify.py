@@ -1,8 +1,6 @@
 """`imgbuild verify RECIPE|IMAGE`: the command line of imgbuild.verify, and its results table (`finish`, which
 `imgbuild cluster test` ends with too)."""
 
-from __future__ import annotations
-
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -68,7 +66,7 @@ def verify_command(
     finish(report, junit, json_path)
 
 
-def finish(report: VerifyReport, junit: Path | None, json_path: Path | None) -> None:
+def finish(report: "VerifyReport", junit: Path | None, json_path: Path | None) -> None:
     """Show the report, write JUnit / JSON where asked, and end with exit 11 naming the failed checks."""
     from imgbuild import verify
     from imgbuild.core.errors import OutputError
@@ -93,7 +91,7 @@ def finish(report: VerifyReport, junit: Path | None, json_path: Path | None) -> 
         raise OutputError("; ".join(problems))
 
 
-def render_table(report: VerifyReport, console: Console) -> None:
+def render_table(report: "VerifyReport", console: "Console") -> None:
     """One row per check (check, expected, found, status, reason), then a summary line with the timings."""
     from rich.table import Table
     from rich.text import Text

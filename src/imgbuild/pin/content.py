@@ -28,7 +28,7 @@ SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
 
 class ImageDigest(_Frozen):

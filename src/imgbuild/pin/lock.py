@@ -14,7 +14,6 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from packaging.utils import canonicalize_name
 from pydantic import ValidationError
 
 from imgbuild.blocks.pytorch import PyTorchDetails
@@ -203,6 +202,8 @@ def preferences(loaded: LoadedRecipe) -> dict[str, str]:
     it no longer resolves or no longer fits, or when --upgrade / --upgrade-package asks. Read from any readable lock, a
     stale one included (a recipe edit keeps the pins it still allows); {} when there is none, or none it records.
     A LockError when the file is there but cannot be read as JSON."""
+    from packaging.utils import canonicalize_name
+
     path = lock_path(loaded)
     if not path.exists():
         return {}

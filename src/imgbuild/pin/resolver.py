@@ -51,7 +51,7 @@ def read_details(name: str, data: object, where: str) -> Details:
 class Pinned(BaseModel):
     """What a resolution decides: the merged recipe's digest, the base image reference, every pin, warnings."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     recipe_digest: str
     base_ref: str

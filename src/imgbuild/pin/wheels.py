@@ -46,11 +46,6 @@ from imgbuild.pin.content import Requirement
 from imgbuild.pin.resolver import Resolved
 from imgbuild.spec import compat
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
-
 UV_TIMEOUT_S = 600  # one set's resolution; torch's closure takes seconds with a warm uv cache
 UV_HTTP_TIMEOUT_S = 30  # uv's own default for one request (UV_HTTP_TIMEOUT)
 _NO_BINARY = re.compile(r"^--no-binary(?:=|\s+)(\S+)$")
@@ -409,6 +404,11 @@ def preference_file(preferences: Mapping[str, str]) -> str:
 def _read(lock: Path, where: str, sources: set[str]) -> list[Requirement]:
     """The requirements of uv's pylock.toml: each package's wheels' hashes, or its sdist's for one installed from
     source (a `--no-binary` name, or a package with no wheel for the target: pip would build it)."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+
     try:
         data = tomllib.loads(lock.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:

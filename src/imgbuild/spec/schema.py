@@ -54,11 +54,12 @@ def one_line(value: str) -> str:
 
 
 def matching(pattern: str, expected: str) -> Callable[[str], str]:
-    """A validator: the whole value matches `pattern`, else ValueError saying what was expected."""
-    compiled = re.compile(pattern, re.ASCII)
+    """A validator: the whole value matches `pattern`, else ValueError saying what was expected. The pattern is
+    compiled when a value is first checked: a recipe uses a few of the many patterns its models declare (each
+    compiled at import was a part of every command's start-up)."""
 
     def check(value: str) -> str:
-        if compiled.fullmatch(value) is None:
+        if re.fullmatch(pattern, value, re.ASCII) is None:
             raise ValueError(f"expected {expected}")
         return value
 
@@ -130,4 +131,4 @@ InstanceType = Annotated[
 class Strict(BaseModel):
     """Every schema object: unknown keys are errors, objects are immutable."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)

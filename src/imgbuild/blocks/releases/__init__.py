@@ -32,7 +32,7 @@ When = Annotated[str, StringConstraints(strict=True, pattern=r"^\d{4}(-\d{2}(-\d
 class Row(BaseModel):
     """One release (or one release series, where a file allows it)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     version: Text
     date: When | None = None
@@ -89,7 +89,7 @@ class EfaBundle(BaseModel):
     name, and `--files` or the URL it was downloaded from). The lock records it in the efa pin's details; a lock
     without one took the bundle from efa.yaml."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     aws_ofi_nccl: str | None = None
     libfabric: str | None = None
@@ -108,7 +108,7 @@ class PluginNotes(BaseModel):
     `read_from` names the archive. The lock records it in the plugin pin's details; a lock without one took these
     from aws_ofi_nccl.yaml."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     tested_nccl: str | None = None
     tested_libfabric: str | None = None
@@ -119,7 +119,7 @@ class TagRead(BaseModel):
     """The commit a GitHub archive of a release tag was made from (git archive writes it into the archive's global
     pax header), read at `imgbuild lock` (imgbuild.pin.artifacts); `read_from` names the archive."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     commit: Annotated[str, Field(pattern=r"^[0-9a-f]{40}$")]
     read_from: Text
@@ -149,7 +149,7 @@ R = TypeVar("R", bound=Row)
 
 
 class _File(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     component: Text
     about: Text  # what the list was read from (imgbuild outdated says it)

@@ -108,7 +108,8 @@ def test_version() -> None:
 
 # Imported only by the commands that talk to the engine, a registry or AWS (see imgbuild.cli's docstring).
 HEAVY = ("docker", "boto3", "requests", "testinfra", "rich.progress")
-LOADED = """
+# A command run in a fresh interpreter, its output swallowed: `code` is its exit status; what follows reports on it.
+RUN_COMMAND = """
 import contextlib, io, json, sys
 from imgbuild.cli import app
 code = None
@@ -117,8 +118,12 @@ with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.St
         app(sys.argv[1:])
     except SystemExit as exc:
         code = exc.code
-print(json.dumps({"exit": code, "loaded": sorted(m for m in sys.modules if m.split(".")[0] in %r or m in %r)}))
 """
+LOADED = (
+    RUN_COMMAND
+    + """print(json.dumps({"exit": code, "loaded": sorted(m for m in sys.modules if m.split(".")[0] in %r or m in %r)}))
+"""
+)
 
 
 @pytest.mark.parametrize("args", [["--version"], ["list"], ["show", "cpu"], ["render", "cpu"]])
@@ -139,16 +144,9 @@ def test_version_imports_neither_pydantic_nor_rich() -> None:
 # What `show`, `render` and `list` leave alone (issue 32's start-up: each is milliseconds to tens of ms): the PEP 508
 # parser (an `app:` layer's requirements; cpu has none) and TOML (a pyproject.toml, uv's lock), rich where nothing
 # is printed as a table, and the release files' models (built when a release file is read, not at import).
-UNUSED = """
-import contextlib, io, json, sys
-from imgbuild.cli import app
-code = None
-with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-    try:
-        app(sys.argv[1:])
-    except SystemExit as exc:
-        code = exc.code
-releases = sys.modules.get("imgbuild.blocks.releases")
+UNUSED = (
+    RUN_COMMAND
+    + """releases = sys.modules.get("imgbuild.blocks.releases")
 built = [] if releases is None else [
     name for name, model in vars(releases).items()
     if isinstance(model, type) and model.__module__ == releases.__name__
@@ -156,6 +154,7 @@ built = [] if releases is None else [
 ]
 print(json.dumps({"exit": code, "loaded": sorted(m for m in sys.modules if m in %r), "built": built}))
 """
+)
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ import pytest
 from conftest import REPO, hadolint
 from imgbuild import recipe
 from imgbuild.blocks import context_for
+from imgbuild.blocks import python as python_block
 from imgbuild.core.errors import BuildError, IndexLookupError, ResolveError
 from imgbuild.image import render
 from imgbuild.pin import pypi, record, resolver, wheels
@@ -85,10 +86,12 @@ def test_torchs_two_layers_are_disjoint_and_together_its_closure() -> None:
 def test_the_recipes_sets_install_builder_stage_first_each_holding_what_the_earlier_do_not() -> None:
     resolved = resolved_of("a100")
     sets = record.requirement_sets(resolved)
-    assert list(sets) == ["nccl", "pytorch/cuda", "pytorch/torch", "mpi4py/build", "mpi4py", "sagemaker"]  # registry
+    registry = ["nccl", "python/uv", "pytorch/cuda", "pytorch/torch", "mpi4py/build", "mpi4py", "sagemaker"]
+    assert list(sets) == registry
     out = wheels.compile_sets(sets, resolved)
-    # mpi4py builds in the builder stage, whose venv the runtime stage copies before PyTorch's layers
-    assert list(out) == ["nccl", "mpi4py/build", "mpi4py", "pytorch/cuda", "pytorch/torch", "sagemaker"]
+    # uv installs apart from the venv (resolved first); mpi4py builds in the builder stage, whose venv the runtime
+    # stage copies before PyTorch's layers
+    assert list(out) == ["python/uv", "nccl", "mpi4py/build", "mpi4py", "pytorch/cuda", "pytorch/torch", "sagemaker"]
     names = [r.name for reqs in out.values() for r in reqs]
     assert len(names) == len(set(names))
     assert "nvidia-nccl-cu12" not in {r.name for r in out["pytorch/cuda"]}  # the nccl set holds it
@@ -344,14 +347,18 @@ def test_a_build_refuses_a_wheel_with_another_hash(docker_client: Any, tmp_path:
     wrong = "sha256:" + "0" * 64
     content = Content(python={"nccl": (six, idna.model_copy(update={"hashes": (wrong,)}))})
     ctx = context_for(resolved.model_copy(update={"content": content}))
-    # the nccl block's set, holding two small wheels here: the RUN is pip_install's, as every recipe renders it
+    # the nccl block's set, holding two small wheels here: the RUN is pip_install's, as every recipe renders it (uv,
+    # which the builder stage gets from the lock's set python/uv: here pip puts the lock's uv release where it goes)
     step = render.pip_install({"run": render.run}, "/opt/venv/bin/pip", ctx, "nccl", render.PIP_ENV)
+    assert f"{python_block.UV_BIN} pip install" in step, step
     (tmp_path / "Dockerfile").write_text(
         "FROM debian:bookworm-slim\n"
         'SHELL ["/bin/bash", "-o", "pipefail", "-c"]\n'
         f"{render.run(*render.apt_mounts('debian:bookworm-slim'))}apt-get update \\\n"
         " && apt-get install -y --no-install-recommends python3-venv \\\n"
         " && python3 -m venv /opt/venv\n"
+        f"{render.run(render.CA_MOUNT)}PIP_CERT={render.CA_SECRET_PATH} /opt/venv/bin/pip install "
+        f"--target {python_block.UV_DIR} uv==0.13.9\n"
         f"ARG NONCE\n{step}\n"
     )
     for f in render.requirement_files(ctx):
@@ -374,10 +381,9 @@ def test_a_build_refuses_a_wheel_with_another_hash(docker_client: Any, tmp_path:
             )  # fmt: skip
         log = (tmp_path / "build.log").read_text()
         out = str(err.value) + log
-        assert "THESE PACKAGES DO NOT MATCH THE HASHES FROM THE REQUIREMENTS FILE" in out, out[-4000:]
-        assert re.search(r"idna==3\.10 from \S*idna-3\.10-py3-none-any\.whl", out), out[-4000:]
-        # pip names the file and both hashes: the requirements file's and the file's own
-        assert re.search(rf"Expected sha256 {wrong[7:]}\s+Got\s+{idna.hashes[0][7:]}", out), out[-4000:]
+        # uv names the distribution and both hashes: the requirements file's and the file's own
+        assert re.search(r"[Hh]ash mismatch for `idna==3\.10`", out), out[-4000:]
+        assert wrong in out and idna.hashes[0] in out, out[-4000:]
     finally:
         import docker.errors
 

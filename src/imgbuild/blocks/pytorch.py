@@ -242,13 +242,20 @@ def pytorch_version(ctx: CheckContext) -> CheckResult:
 GPU_TIMEOUT_S = 240
 
 
-@check("gpu-torch-cuda", "platform")
-def gpu_torch_cuda(ctx: CheckContext) -> CheckResult:
-    """torch.cuda.is_available() with the GPUs passed in."""
+def _without_gpu_or_torch(ctx: CheckContext) -> CheckResult | None:
+    """Why a GPU check through torch does not run here (no GPU passed in, or no PyTorch in the image), else None."""
     if not ctx.gpu:
         return skip(ctx.gpu_reason)
     if not ctx.has("pytorch"):
         return skip("PyTorch is not in the image")
+    return None
+
+
+@check("gpu-torch-cuda", "platform")
+def gpu_torch_cuda(ctx: CheckContext) -> CheckResult:
+    """torch.cuda.is_available() with the GPUs passed in."""
+    if (skipped := _without_gpu_or_torch(ctx)) is not None:
+        return skipped
     code = "import json, torch; print(json.dumps([torch.cuda.is_available(), torch.cuda.device_count()]))"
     data, ran = ctx.python_json(code, timeout_s=120)
     if data is None:
@@ -261,10 +268,8 @@ def gpu_torch_cuda(ctx: CheckContext) -> CheckResult:
 @check("gpu-nccl-allreduce", "platform")
 def gpu_nccl_allreduce(ctx: CheckContext) -> CheckResult:
     """A one-GPU NCCL all_reduce through torch.distributed (world_size 1, nccl backend)."""
-    if not ctx.gpu:
-        return skip(ctx.gpu_reason)
-    if not ctx.has("pytorch"):
-        return skip("PyTorch is not in the image")
+    if (skipped := _without_gpu_or_torch(ctx)) is not None:
+        return skipped
     data, ran = ctx.python_json(probes.text("gpu_allreduce.py"), timeout_s=GPU_TIMEOUT_S)
     if data is None:
         return fail(f"all_reduce failed: {ran.why()}", expected="2.0")

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from imgbuild.core.errors import RecipeError
-from imgbuild.spec.compat import instance_env, mnnvl
 
 if TYPE_CHECKING:
     from imgbuild.image.manifest import Manifest
@@ -342,6 +341,8 @@ def plan_job(
     env = dict(_device_plugin_free(spec.env))
     if r.platform.accelerator == "nvidia":
         env["NCCL_DEBUG"] = "INFO"  # `imgbuild cluster report` reads which network NCCL picked from it
+    from imgbuild.spec.compat import instance_env, mnnvl  # packaging's version parser: not at every command's start
+
     nvlink = r.platform.accelerator == "nvidia" and mnnvl(instance_type)
     if nvlink:  # as the image does (render.image_env), the recipe's own value of a variable wins
         env.update({k: manifest.env.get(k, v) for k, v in instance_env(filter(None, [instance_type])).items()})

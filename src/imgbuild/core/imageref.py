@@ -24,10 +24,11 @@ DOMAIN = rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[0-9a-fA-F:]+\])(
 PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
 DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
-_DOMAIN_RE = re.compile(DOMAIN, re.ASCII)
-_PATH_COMPONENT_RE = re.compile(PATH_COMPONENT, re.ASCII)
-_TAG_RE = re.compile(TAG, re.ASCII)
-_DIGEST_RE = re.compile(DIGEST, re.ASCII)
+# Compiled on first use (re's own cache keeps them), not when the module is imported.
+_DOMAIN_RE = f"(?a){DOMAIN}"
+_PATH_COMPONENT_RE = f"(?a){PATH_COMPONENT}"
+_TAG_RE = f"(?a){TAG}"
+_DIGEST_RE = f"(?a){DIGEST}"
 
 
 @dataclass(frozen=True)
@@ -81,19 +82,19 @@ def parse(ref: str, *, where: str = "image reference", error: type[Exception] = 
     if len(ref) > MAX_REF:
         raise bad(f"longer than {MAX_REF} characters")
     rest, at, digest = ref.partition("@")
-    if at and not _DIGEST_RE.fullmatch(digest):
+    if at and not re.compile(_DIGEST_RE).fullmatch(digest):
         raise bad(f"digest {digest!r} is not ALGORITHM:HEX")
     first, slash, remainder = rest.partition("/")
     domain: str | None = None
     if slash and ("." in first or ":" in first or first == "localhost" or first != first.lower()):
-        if not _DOMAIN_RE.fullmatch(first):
+        if not re.compile(_DOMAIN_RE).fullmatch(first):
             raise bad(f"registry {first!r} is not a host name with an optional :PORT")
         domain, rest = first, remainder
     path, colon, tag = rest.rpartition(":") if ":" in rest else (rest, "", "")
-    if colon and not _TAG_RE.fullmatch(tag):
+    if colon and not re.compile(_TAG_RE).fullmatch(tag):
         raise bad(f"tag {tag!r} is not 1-128 of letters, digits, '_', '.', '-' starting with a letter, digit or '_'")
     for component in path.split("/"):
-        if not _PATH_COMPONENT_RE.fullmatch(component):
+        if not re.compile(_PATH_COMPONENT_RE).fullmatch(component):
             raise bad(f"path component {component!r} is not lower-case letters and digits joined by '.', '_', '-'")
     if len(f"{domain}/{path}" if domain else path) > MAX_NAME:
         raise bad(f"the name is longer than {MAX_NAME} characters")

@@ -15,7 +15,6 @@ A leaf module: schema.py's recipe types and the cluster commands share these gra
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from collections.abc import Callable
 from typing import TypeVar
@@ -25,6 +24,8 @@ from imgbuild.core import imageref
 T = TypeVar("T")
 
 # Docker's image reference grammar lives once, in core/imageref.py; `redact` finds digests with it.
+# The `_..._RE` patterns below are strings, flags inline, compiled on first use (`re.compile` keeps them in re's own
+# cache): every command imports this module, and most use none of them.
 _DIGEST = imageref.DIGEST
 
 # EC2 instance types: FAMILY.SIZE (p4d.24xlarge, p6e-gb200.36xlarge, u-6tb1.112xlarge, r7iz.metal-32xl), which is
@@ -32,21 +33,21 @@ _DIGEST = imageref.DIGEST
 INSTANCE_TYPE_PATTERN = r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*\.[a-z0-9]+(?:-[a-z0-9]+)*"
 INSTANCE_TYPE_EXPECTED = "an EC2 instance type FAMILY.SIZE of lowercase letters, digits and '-' (p4d.24xlarge)"
 INSTANCE_TYPE_MAX = 63
-_INSTANCE_TYPE_RE = re.compile(INSTANCE_TYPE_PATTERN, re.ASCII)
+_INSTANCE_TYPE_RE = f"(?a){INSTANCE_TYPE_PATTERN}"
 
 # RFC 1123 host names: labels of letters, digits and '-' (not first or last), at most 63 characters each, 253 in all.
 _HOST_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-_HOST_RE = re.compile(rf"{_HOST_LABEL}(?:\.{_HOST_LABEL})*\.?", re.ASCII)
+_HOST_RE = rf"(?a){_HOST_LABEL}(?:\.{_HOST_LABEL})*\.?"
 HOST_MAX = 253
 
 # POSIX portable user names as useradd takes them (shadow's default NAME_REGEX, without the trailing '$').
-_USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}", re.ASCII)
+_USER_RE = r"(?a)[a-z_][a-z0-9_-]{0,31}"
 
 # A DNS label (RFC 1123), as Kubernetes names objects.
-_DNS_LABEL_RE = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?", re.ASCII)
+_DNS_LABEL_RE = r"(?a)[a-z]([-a-z0-9]*[a-z0-9])?"
 
 # A Kubernetes quantity, in the forms a memory limit takes.
-_QUANTITY_RE = re.compile(r"\d+(\.\d+)?(Ki|Mi|Gi|Ti|k|M|G|T)?", re.ASCII)
+_QUANTITY_RE = r"(?a)\d+(\.\d+)?(Ki|Mi|Gi|Ti|k|M|G|T)?"
 
 
 # Credentials in a URL or a reference: `USER:SECRET@` anywhere (`https://u:token@host`, `type=registry,ref=u:p@host/x`,
@@ -54,9 +55,9 @@ _QUANTITY_RE = re.compile(r"\d+(\.\d+)?(Ki|Mi|Gi|Ti|k|M|G|T)?", re.ASCII)
 # USER:SECRET@ is matched in the reversed text, from each `@` backwards (a secret holds no `@`: RFC 3986 has it
 # percent-encoded there), so that the time is linear in the text's length whatever it holds: a message can quote
 # megabytes of a log, and a pattern read forwards would try each `:` against the whole run after it.
-_USERINFO_REVERSED_RE = re.compile(r"@(?P<secret>[^\s/@'\"]*):(?P<user>[^\s/@:'\"=,;()\[\]]+)", re.ASCII)
-_DIGEST_RE = re.compile(_DIGEST + r"(?![0-9a-fA-F])", re.ASCII)
-_TOKEN_RE = re.compile(r"(?P<scheme>\bhttps?://)(?P<token>[^\s/@:'\"]+)@", re.ASCII | re.IGNORECASE)
+_USERINFO_REVERSED_RE = r"(?a)@(?P<secret>[^\s/@'\"]*):(?P<user>[^\s/@:'\"=,;()\[\]]+)"
+_DIGEST_RE = "(?a)" + _DIGEST + r"(?![0-9a-fA-F])"
+_TOKEN_RE = r"(?ai)(?P<scheme>\bhttps?://)(?P<token>[^\s/@:'\"]+)@"
 REDACTED = "***"
 
 
@@ -69,12 +70,12 @@ def redact(text: str) -> str:
 
     def hide(m: re.Match[str]) -> str:  # m is in the reversed text; `at` is the `@`'s place in `text`
         at = last - m.start()
-        if _DIGEST_RE.match(text, at + 1):
+        if re.compile(_DIGEST_RE).match(text, at + 1):
             return m.group(0)
         return f"@{REDACTED}:{m['user']}"
 
-    text = _USERINFO_REVERSED_RE.sub(hide, text[::-1])[::-1]
-    return _TOKEN_RE.sub(lambda m: f"{m['scheme']}{REDACTED}@", text)
+    text = re.compile(_USERINFO_REVERSED_RE).sub(hide, text[::-1])[::-1]
+    return re.compile(_TOKEN_RE).sub(lambda m: f"{m['scheme']}{REDACTED}@", text)
 
 
 def shown(value: str) -> str:
@@ -111,7 +112,7 @@ def image_ref(value: str) -> str:
 
 def instance_type(value: str) -> str:
     """An EC2 instance type (family.size)."""
-    if len(value) > INSTANCE_TYPE_MAX or _INSTANCE_TYPE_RE.fullmatch(value) is None:
+    if len(value) > INSTANCE_TYPE_MAX or re.compile(_INSTANCE_TYPE_RE).fullmatch(value) is None:
         raise ValueError(
             f"expected {INSTANCE_TYPE_EXPECTED}, at most {INSTANCE_TYPE_MAX} characters, got {shown(value)}"
         )
@@ -122,11 +123,13 @@ def host(value: str) -> str:
     """A host name (RFC 1123) or an IP address (without an IPv6 scope: `%` takes any text after it)."""
     if "%" not in value:
         try:
+            import ipaddress
+
             ipaddress.ip_address(value)
             return value
         except ValueError:
             pass
-    if len(value) > HOST_MAX or _HOST_RE.fullmatch(value) is None:
+    if len(value) > HOST_MAX or re.compile(_HOST_RE).fullmatch(value) is None:
         raise ValueError(
             "expected a host name (RFC 1123: letters, digits and '-' in dot-separated labels, not starting or "
             f"ending with '-') or an IP address, got {shown(value)}"
@@ -146,7 +149,7 @@ def hosts(value: str) -> list[str]:
 
 def user_name(value: str) -> str:
     """A user name to log in as (root, ubuntu, ec2-user)."""
-    if _USER_RE.fullmatch(value) is None:
+    if re.compile(_USER_RE).fullmatch(value) is None:
         raise ValueError(
             "expected a user name (lowercase letters, digits, '_' and '-', not starting with a digit or '-', at "
             f"most 32 characters), got {shown(value)}"
@@ -156,7 +159,7 @@ def user_name(value: str) -> str:
 
 def dns_label(value: str, max_length: int = 63) -> str:
     """A DNS label (RFC 1123) of at most `max_length` characters, starting with a letter."""
-    if len(value) > max_length or _DNS_LABEL_RE.fullmatch(value) is None:
+    if len(value) > max_length or re.compile(_DNS_LABEL_RE).fullmatch(value) is None:
         raise ValueError(
             f"expected a DNS label (a-z, 0-9 and '-', starting with a letter) of at most {max_length} characters, "
             f"got {shown(value)}"
@@ -166,7 +169,7 @@ def dns_label(value: str, max_length: int = 63) -> str:
 
 def quantity(value: str) -> str:
     """A Kubernetes quantity (32Gi, 64000Mi)."""
-    if _QUANTITY_RE.fullmatch(value) is None:
+    if re.compile(_QUANTITY_RE).fullmatch(value) is None:
         raise ValueError(f"expected a Kubernetes quantity such as 32Gi or 64000Mi, got {shown(value)}")
     return value
 

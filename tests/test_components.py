@@ -384,10 +384,10 @@ def test_render_and_the_skeleton_name_no_block() -> None:
 
 def test_post_install_lines_follow_the_runtime_apt_install(recipe_dir: Path) -> None:
     text = _dockerfile(_resolved("cpu"))
-    assert "      python3-venv \\\n && rm -f /etc/ssh/ssh_host_* \\\n" in text
+    assert "      python3-mpi4py \\\n && rm -f /etc/ssh/ssh_host_* \\\n" in text
     (recipe_dir / "nossh.yaml").write_text("extends: cpu\ncomponents: {sshd: null, sagemaker: null}\n")
     text = _dockerfile(resolve(recipe.load(recipe_dir / "nossh.yaml"), lookup_torch=None))
-    assert "ssh_host_" not in text and "      python3-venv \\\n && mkdir -p /etc/imgbuild" in text
+    assert "ssh_host_" not in text and "      python3-mpi4py \\\n && mkdir -p /etc/imgbuild" in text
 
 
 def test_copy_to_runtime_is_written_once() -> None:

@@ -139,13 +139,38 @@ def test_one_buildkit_dialect(name: str) -> None:
 
 @pytest.mark.parametrize("name", ["a100", "v100", "h100"])
 def test_layers_ordered_by_change_rate(name: str) -> None:
+    """Python's environment (its packages, the venv, PyTorch's two layers) first, then the OS packages and the rest
+    from what changes least to what changes most."""
     text = runtime_stage(plan_of(name).dockerfile)
-    marks = ["apt-get install", "efa_installer.sh", "dpkg --purge libnccl-dev libnccl2", "/opt/nccl-tests",
-             "/opt/venv /opt/venv", "imgbuild/sshd_config", "imgbuild/sagemaker/train",
-             "COPY imgbuild/imgbuild-entrypoint",
+    marks = ["python3-venv", "/opt/venv /opt/venv", "pytorch.cuda.txt", "pytorch.torch.txt", "dpkg-query",
+             "efa_installer.sh", "dpkg --purge libnccl-dev libnccl2", "/opt/nccl-tests", "imgbuild/sshd_config",
+             "imgbuild/sagemaker/train", "COPY imgbuild/imgbuild-entrypoint",
              "/etc/imgbuild/manifest.json", "LABEL "]  # fmt: skip
     positions = [text.index(m) for m in marks]
     assert positions == sorted(positions), dict(zip(marks, positions, strict=True))
+
+
+def _with_os_package(resolved: Any, package: str) -> Any:
+    """`resolved` with one more package in the recipe's os.packages (what an early bump changes)."""
+    r = resolved.recipe
+    os_ = r.os.model_copy(update={"packages": (*r.os.packages, package)})
+    return resolved.model_copy(update={"recipe": r.model_copy(update={"os": os_})})
+
+
+@pytest.mark.parametrize("name", ["pytorch", "a100", "cpu"])
+def test_an_os_package_leaves_the_python_layers_as_they_were(name: str) -> None:
+    """Adding an OS package changes the runtime stage from its OS-package layer on, never before it: the builder
+    stage, the venv and PyTorch's wheels keep their instructions, so BuildKit keeps their layers."""
+    resolved = resolved_for(recipe.load(name))
+    before = instructions(render.plan(resolved).dockerfile)
+    after = instructions(render.plan(_with_os_package(resolved, "less")).dockerfile)
+    first = next(i for i, (a, b) in enumerate(zip(before, after, strict=True)) if a != b)
+    stage, step = after[first]
+    assert stage == "runtime" and step.startswith("RUN ") and "dpkg-query" in step and " less " in step, step
+    kept = "\n".join(i for _, i in before[:first])
+    assert "/opt/venv /opt/venv" in kept
+    if name != "cpu":
+        assert "pytorch.torch.txt" in kept
 
 
 def test_compiled_parts_in_builder_only() -> None:
@@ -209,8 +234,8 @@ def test_gaudi_121_uses_the_efa_installers_libfabric() -> None:
 
 
 def test_ssh_host_keys_removed_in_the_layer_that_makes_them() -> None:
-    layer = next(i for _, i in instructions(runtime_stage(plan_of("cpu").dockerfile)) if "apt-get install" in i)
-    assert "openssh-server" in layer and "&& rm -f /etc/ssh/ssh_host_* &&" in layer  # then the SBOM's package record
+    layer = next(i for _, i in instructions(runtime_stage(plan_of("cpu").dockerfile)) if "openssh-server" in i)
+    assert "apt-get install" in layer and "&& rm -f /etc/ssh/ssh_host_* &&" in layer  # then the SBOM's package record
 
 
 def test_context_files_and_manifest() -> None:

@@ -2,9 +2,10 @@
 # change the recipe, then `imgbuild lock gaudi-1.15` and `imgbuild render gaudi-1.15`.
 #
 # Layers run from what changes least to what changes most (base, OS packages, EFA, MPI, NCCL, plugin,
-# nccl-tests, Python/PyTorch, sshd, SageMaker, environment, entrypoint, manifest, labels), so bumping a
-# component rebuilds only the layers after it. Compiled parts and their downloads happen in the builder stage; the
-# runtime stage copies their results, then installs PyTorch with uv in two layers (its CUDA wheels, then torch).
+# nccl-tests, sshd, SageMaker, environment, entrypoint, manifest, labels), so bumping a component rebuilds only the
+# layers after it. Python's environment is the exception: the venv and PyTorch's wheels (uv, two layers: its CUDA
+# wheels, then torch) come first in the runtime stage, on Python alone, because they are the biggest layers and use
+# nothing of the rest. Compiled parts and their downloads happen in the builder stage; the runtime stage copies them.
 #
 # For BuildKit: downloads trust the build secret imgbuild-ca (certifi's roots and --ca-bundle), mounted only by
 # the RUNs that download, so it is in no layer. apt, pip and uv keep what they fetch in cache mounts, never in a layer:

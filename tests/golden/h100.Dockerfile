@@ -2,9 +2,10 @@
 # change the recipe, then `imgbuild lock h100` and `imgbuild render h100`.
 #
 # Layers run from what changes least to what changes most (base, OS packages, EFA, MPI, NCCL, plugin,
-# nccl-tests, Python/PyTorch, sshd, SageMaker, environment, entrypoint, manifest, labels), so bumping a
-# component rebuilds only the layers after it. Compiled parts and their downloads happen in the builder stage; the
-# runtime stage copies their results, then installs PyTorch with uv in two layers (its CUDA wheels, then torch).
+# nccl-tests, sshd, SageMaker, environment, entrypoint, manifest, labels), so bumping a component rebuilds only the
+# layers after it. Python's environment is the exception: the venv and PyTorch's wheels (uv, two layers: its CUDA
+# wheels, then torch) come first in the runtime stage, on Python alone, because they are the biggest layers and use
+# nothing of the rest. Compiled parts and their downloads happen in the builder stage; the runtime stage copies them.
 #
 # For BuildKit: downloads trust the build secret imgbuild-ca (certifi's roots and --ca-bundle), mounted only by
 # the RUNs that download, so it is in no layer. apt, pip and uv keep what they fetch in cache mounts, never in a layer:
@@ -132,6 +133,32 @@ RUN --mount=type=secret,id=imgbuild-ca,target=/run/secrets/imgbuild-ca.pem,requi
 FROM nvidia/cuda:13.2.2-runtime-ubuntu24.04 AS runtime
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG DEBIAN_FRONTEND=noninteractive
+# Python's environment first (the venv, and PyTorch's wheels where the image has them): it needs nothing of the OS
+# packages below, so a change there, or to EFA, MPI, NCCL or the plugin, leaves these layers cached.
+RUN --mount=type=cache,id=imgbuild-apt-nvidia-cuda-13.2.2-runtime-ubuntu24.04-cache,target=/var/cache/apt,sharing=locked \
+    --mount=type=cache,id=imgbuild-apt-nvidia-cuda-13.2.2-runtime-ubuntu24.04-lists,target=/var/lib/apt/lists,sharing=locked \
+    apt-get update \
+ && apt-get install -y --no-install-recommends \
+      python3 \
+      python3-venv
+
+COPY --from=builder /opt/venv /opt/venv
+
+# The CUDA and NCCL wheels PyTorch pins for Linux x86_64 (CUDA 13.2), listed in the lock, in a layer of their own:
+# a torch release that keeps these pins changes only the next layer.
+RUN --mount=type=secret,id=imgbuild-ca,target=/run/secrets/imgbuild-ca.pem,required=true \
+    --mount=type=cache,id=imgbuild-uv,target=/root/.cache/uv,sharing=locked \
+    --mount=type=bind,source=imgbuild/requirements/pytorch.cuda.txt,target=/tmp/imgbuild-requirements/pytorch.cuda.txt \
+    --mount=type=bind,from=builder,source=/tmp/imgbuild-uv,target=/tmp/imgbuild-uv \
+    SSL_CERT_FILE=/run/secrets/imgbuild-ca.pem /tmp/imgbuild-uv/bin/uv pip install --python /opt/venv/bin/python --link-mode=copy --compile-bytecode --require-hashes --no-deps -r /tmp/imgbuild-requirements/pytorch.cuda.txt
+
+# PyTorch 2.15.0, numpy 2.5.5 and the rest of their closure (the CUDA wheels above are installed).
+RUN --mount=type=secret,id=imgbuild-ca,target=/run/secrets/imgbuild-ca.pem,required=true \
+    --mount=type=cache,id=imgbuild-uv,target=/root/.cache/uv,sharing=locked \
+    --mount=type=bind,source=imgbuild/requirements/pytorch.torch.txt,target=/tmp/imgbuild-requirements/pytorch.torch.txt \
+    --mount=type=bind,from=builder,source=/tmp/imgbuild-uv,target=/tmp/imgbuild-uv \
+    SSL_CERT_FILE=/run/secrets/imgbuild-ca.pem /tmp/imgbuild-uv/bin/uv pip install --python /opt/venv/bin/python --link-mode=copy --compile-bytecode --require-hashes --no-deps -r /tmp/imgbuild-requirements/pytorch.torch.txt
+
 # Then every installed package, with the SHA256 apt's lists give its .deb (none for one the base brought in a
 # version the lists no longer hold), goes to /etc/imgbuild/dpkg-sha256.tsv: `imgbuild sbom` reads it.
 RUN --mount=type=cache,id=imgbuild-apt-nvidia-cuda-13.2.2-runtime-ubuntu24.04-cache,target=/var/cache/apt,sharing=locked \
@@ -144,8 +171,6 @@ RUN --mount=type=cache,id=imgbuild-apt-nvidia-cuda-13.2.2-runtime-ubuntu24.04-ca
       openssh-client \
       openssh-server \
       procps \
-      python3 \
-      python3-venv \
  && rm -f /etc/ssh/ssh_host_* \
  && mkdir -p /etc/imgbuild \
  && dpkg-query -W -f '${binary:Package}=${Version}\n' | { xargs apt-cache show 2>/dev/null || true; } \
@@ -175,23 +200,6 @@ RUN dpkg --purge libnccl-dev libnccl2
 RUN [ -e /usr/local/cuda/lib64/libcudart.so ] || ln -s libcudart.so.13 /usr/local/cuda/lib64/libcudart.so
 
 COPY --from=builder /opt/nccl-tests /opt/nccl-tests
-
-COPY --from=builder /opt/venv /opt/venv
-
-# The CUDA and NCCL wheels PyTorch pins for Linux x86_64 (CUDA 13.2), listed in the lock, in a layer of their own:
-# a torch release that keeps these pins changes only the next layer.
-RUN --mount=type=secret,id=imgbuild-ca,target=/run/secrets/imgbuild-ca.pem,required=true \
-    --mount=type=cache,id=imgbuild-uv,target=/root/.cache/uv,sharing=locked \
-    --mount=type=bind,source=imgbuild/requirements/pytorch.cuda.txt,target=/tmp/imgbuild-requirements/pytorch.cuda.txt \
-    --mount=type=bind,from=builder,source=/tmp/imgbuild-uv,target=/tmp/imgbuild-uv \
-    SSL_CERT_FILE=/run/secrets/imgbuild-ca.pem /tmp/imgbuild-uv/bin/uv pip install --python /opt/venv/bin/python --link-mode=copy --compile-bytecode --require-hashes --no-deps -r /tmp/imgbuild-requirements/pytorch.cuda.txt
-
-# PyTorch 2.15.0, numpy 2.5.5 and the rest of their closure (the CUDA wheels above are installed).
-RUN --mount=type=secret,id=imgbuild-ca,target=/run/secrets/imgbuild-ca.pem,required=true \
-    --mount=type=cache,id=imgbuild-uv,target=/root/.cache/uv,sharing=locked \
-    --mount=type=bind,source=imgbuild/requirements/pytorch.torch.txt,target=/tmp/imgbuild-requirements/pytorch.torch.txt \
-    --mount=type=bind,from=builder,source=/tmp/imgbuild-uv,target=/tmp/imgbuild-uv \
-    SSL_CERT_FILE=/run/secrets/imgbuild-ca.pem /tmp/imgbuild-uv/bin/uv pip install --python /opt/venv/bin/python --link-mode=copy --compile-bytecode --require-hashes --no-deps -r /tmp/imgbuild-requirements/pytorch.torch.txt
 
 # sshd on 3022 for mpirun. No keys in the image: its entrypoint hook makes host keys, installs the
 # run's authorized key and starts sshd when the container starts.

@@ -2,9 +2,10 @@
 # change the recipe, then `imgbuild lock mpi4py-pip` and `imgbuild render mpi4py-pip`.
 #
 # Layers run from what changes least to what changes most (base, OS packages, EFA, MPI, NCCL, plugin,
-# nccl-tests, Python/PyTorch, sshd, SageMaker, environment, entrypoint, manifest, labels), so bumping a
-# component rebuilds only the layers after it. Compiled parts and their downloads happen in the builder stage; the
-# runtime stage copies their results, then installs PyTorch with uv in two layers (its CUDA wheels, then torch).
+# nccl-tests, sshd, SageMaker, environment, entrypoint, manifest, labels), so bumping a component rebuilds only the
+# layers after it. Python's environment is the exception: the venv and PyTorch's wheels (uv, two layers: its CUDA
+# wheels, then torch) come first in the runtime stage, on Python alone, because they are the biggest layers and use
+# nothing of the rest. Compiled parts and their downloads happen in the builder stage; the runtime stage copies them.
 #
 # For BuildKit: downloads trust the build secret imgbuild-ca (certifi's roots and --ca-bundle), mounted only by
 # the RUNs that download, so it is in no layer. apt, pip and uv keep what they fetch in cache mounts, never in a layer:
@@ -70,6 +71,17 @@ RUN --mount=type=secret,id=imgbuild-ca,target=/run/secrets/imgbuild-ca.pem,requi
 FROM debian:bookworm-slim AS runtime
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG DEBIAN_FRONTEND=noninteractive
+# Python's environment first (the venv, and PyTorch's wheels where the image has them): it needs nothing of the OS
+# packages below, so a change there, or to EFA, MPI, NCCL or the plugin, leaves these layers cached.
+RUN --mount=type=cache,id=imgbuild-apt-debian-bookworm-slim-cache,target=/var/cache/apt,sharing=locked \
+    --mount=type=cache,id=imgbuild-apt-debian-bookworm-slim-lists,target=/var/lib/apt/lists,sharing=locked \
+    apt-get update \
+ && apt-get install -y --no-install-recommends \
+      python3 \
+      python3-venv
+
+COPY --from=builder /opt/venv /opt/venv
+
 # Then every installed package, with the SHA256 apt's lists give its .deb (none for one the base brought in a
 # version the lists no longer hold), goes to /etc/imgbuild/dpkg-sha256.tsv: `imgbuild sbom` reads it.
 RUN --mount=type=cache,id=imgbuild-apt-debian-bookworm-slim-cache,target=/var/cache/apt,sharing=locked \
@@ -84,8 +96,6 @@ RUN --mount=type=cache,id=imgbuild-apt-debian-bookworm-slim-cache,target=/var/ca
       openssh-client \
       openssh-server \
       procps \
-      python3 \
-      python3-venv \
  && rm -f /etc/ssh/ssh_host_* \
  && mkdir -p /etc/imgbuild \
  && dpkg-query -W -f '${binary:Package}=${Version}\n' | { xargs apt-cache show 2>/dev/null || true; } \
@@ -95,8 +105,6 @@ RUN --mount=type=cache,id=imgbuild-apt-debian-bookworm-slim-cache,target=/var/ca
   | awk -F'\t' -v OFS='\t' 'FILENAME == ARGV[1] { sha[$1 FS $2 FS $3] = $4; next } { print $0, sha[$0] }' \
       /tmp/imgbuild-apt-sha256.tsv - >/etc/imgbuild/dpkg-sha256.tsv \
  && rm /tmp/imgbuild-apt-sha256.tsv
-
-COPY --from=builder /opt/venv /opt/venv
 
 # sshd on 3022 for mpirun. No keys in the image: its entrypoint hook makes host keys, installs the
 # run's authorized key and starts sshd when the container starts.

@@ -2,9 +2,10 @@
 # change the recipe, then `imgbuild lock ofi-release` and `imgbuild render ofi-release`.
 #
 # Layers run from what changes least to what changes most (base, OS packages, EFA, MPI, NCCL, plugin,
-# nccl-tests, Python/PyTorch, sshd, SageMaker, environment, entrypoint, manifest, labels), so bumping a
-# component rebuilds only the layers after it. Compiled parts and their downloads happen in the builder stage; the
-# runtime stage copies their results, then installs PyTorch with uv in two layers (its CUDA wheels, then torch).
+# nccl-tests, sshd, SageMaker, environment, entrypoint, manifest, labels), so bumping a component rebuilds only the
+# layers after it. Python's environment is the exception: the venv and PyTorch's wheels (uv, two layers: its CUDA
+# wheels, then torch) come first in the runtime stage, on Python alone, because they are the biggest layers and use
+# nothing of the rest. Compiled parts and their downloads happen in the builder stage; the runtime stage copies them.
 #
 # For BuildKit: downloads trust the build secret imgbuild-ca (certifi's roots and --ca-bundle), mounted only by
 # the RUNs that download, so it is in no layer. apt, pip and uv keep what they fetch in cache mounts, never in a layer:
@@ -143,52 +144,14 @@ RUN --mount=type=secret,id=imgbuild-ca,target=/run/secrets/imgbuild-ca.pem,requi
 FROM nvidia/cuda:12.8.1-runtime-ubuntu22.04 AS runtime
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG DEBIAN_FRONTEND=noninteractive
-# Then every installed package, with the SHA256 apt's lists give its .deb (none for one the base brought in a
-# version the lists no longer hold), goes to /etc/imgbuild/dpkg-sha256.tsv: `imgbuild sbom` reads it.
+# Python's environment first (the venv, and PyTorch's wheels where the image has them): it needs nothing of the OS
+# packages below, so a change there, or to EFA, MPI, NCCL or the plugin, leaves these layers cached.
 RUN --mount=type=cache,id=imgbuild-apt-nvidia-cuda-12.8.1-runtime-ubuntu22.04-cache,target=/var/cache/apt,sharing=locked \
     --mount=type=cache,id=imgbuild-apt-nvidia-cuda-12.8.1-runtime-ubuntu22.04-lists,target=/var/lib/apt/lists,sharing=locked \
     apt-get update \
  && apt-get install -y --no-install-recommends \
-      ca-certificates \
-      iproute2 \
-      libhwloc15 \
-      openssh-client \
-      openssh-server \
-      procps \
       python3 \
-      python3-venv \
- && rm -f /etc/ssh/ssh_host_* \
- && mkdir -p /etc/imgbuild \
- && dpkg-query -W -f '${binary:Package}=${Version}\n' | { xargs apt-cache show 2>/dev/null || true; } \
-  | awk -v OFS='\t' '/^Package: /{p=$2} /^Version: /{v=$2} /^Architecture: /{a=$2} /^SHA256: /{print p, v, a, $2}' \
-  >/tmp/imgbuild-apt-sha256.tsv \
- && dpkg-query -W -f '${Package}\t${Version}\t${Architecture}\n' \
-  | awk -F'\t' -v OFS='\t' 'FILENAME == ARGV[1] { sha[$1 FS $2 FS $3] = $4; next } { print $0, sha[$0] }' \
-      /tmp/imgbuild-apt-sha256.tsv - >/etc/imgbuild/dpkg-sha256.tsv \
- && rm /tmp/imgbuild-apt-sha256.tsv
-
-# EFA installer 1.43.2: libfabric (efa provider) in /opt/amazon/efa, Open MPI in /opt/amazon.
-COPY --from=builder /opt/imgbuild-dist/aws-efa-installer /tmp/aws-efa-installer
-RUN --mount=type=cache,id=imgbuild-apt-nvidia-cuda-12.8.1-runtime-ubuntu22.04-cache,target=/var/cache/apt,sharing=locked \
-    --mount=type=cache,id=imgbuild-apt-nvidia-cuda-12.8.1-runtime-ubuntu22.04-lists,target=/var/lib/apt/lists,sharing=locked \
-    cd /tmp/aws-efa-installer \
- && apt-get update \
- && ./efa_installer.sh -y --skip-kmod --skip-limit-conf --no-verify --mpi=openmpi4 \
- && cd / \
- && rm -rf /tmp/aws-efa-installer
-
-COPY --from=builder /opt/gdrcopy /opt/gdrcopy
-
-# The base image's own NCCL would be a second one (PyTorch's comes with the venv).
-RUN dpkg --purge libnccl-dev libnccl2
-
-COPY --from=builder /opt/aws-ofi-nccl /opt/aws-ofi-nccl
-# Only one plugin may be found: drop the one the EFA installer bundles.
-RUN rm -rf /opt/amazon/ofi-nccl
-# The plugin dlopens the unversioned libcudart.so, which -runtime images lack (AWS's DL containers add this link).
-RUN [ -e /usr/local/cuda/lib64/libcudart.so ] || ln -s libcudart.so.12 /usr/local/cuda/lib64/libcudart.so
-
-COPY --from=builder /opt/nccl-tests /opt/nccl-tests
+      python3-venv
 
 COPY --from=builder /opt/venv /opt/venv
 
@@ -222,6 +185,51 @@ RUN --mount=type=secret,id=imgbuild-ca,target=/run/secrets/imgbuild-ca.pem,requi
     --mount=type=cache,id=imgbuild-pip,target=/root/.cache/pip,sharing=locked \
     PIP_CERT=/run/secrets/imgbuild-ca.pem PIP_DISABLE_PIP_VERSION_CHECK=1 /opt/venv/bin/pip download --dest /root/.cache/pip/imgbuild-wheelhouse torch==2.10.0 numpy==2.2.6 \
  && /opt/venv/bin/pip install --no-index --find-links /root/.cache/pip/imgbuild-wheelhouse torch==2.10.0 numpy==2.2.6
+
+# Then every installed package, with the SHA256 apt's lists give its .deb (none for one the base brought in a
+# version the lists no longer hold), goes to /etc/imgbuild/dpkg-sha256.tsv: `imgbuild sbom` reads it.
+RUN --mount=type=cache,id=imgbuild-apt-nvidia-cuda-12.8.1-runtime-ubuntu22.04-cache,target=/var/cache/apt,sharing=locked \
+    --mount=type=cache,id=imgbuild-apt-nvidia-cuda-12.8.1-runtime-ubuntu22.04-lists,target=/var/lib/apt/lists,sharing=locked \
+    apt-get update \
+ && apt-get install -y --no-install-recommends \
+      ca-certificates \
+      iproute2 \
+      libhwloc15 \
+      openssh-client \
+      openssh-server \
+      procps \
+ && rm -f /etc/ssh/ssh_host_* \
+ && mkdir -p /etc/imgbuild \
+ && dpkg-query -W -f '${binary:Package}=${Version}\n' | { xargs apt-cache show 2>/dev/null || true; } \
+  | awk -v OFS='\t' '/^Package: /{p=$2} /^Version: /{v=$2} /^Architecture: /{a=$2} /^SHA256: /{print p, v, a, $2}' \
+  >/tmp/imgbuild-apt-sha256.tsv \
+ && dpkg-query -W -f '${Package}\t${Version}\t${Architecture}\n' \
+  | awk -F'\t' -v OFS='\t' 'FILENAME == ARGV[1] { sha[$1 FS $2 FS $3] = $4; next } { print $0, sha[$0] }' \
+      /tmp/imgbuild-apt-sha256.tsv - >/etc/imgbuild/dpkg-sha256.tsv \
+ && rm /tmp/imgbuild-apt-sha256.tsv
+
+# EFA installer 1.43.2: libfabric (efa provider) in /opt/amazon/efa, Open MPI in /opt/amazon.
+COPY --from=builder /opt/imgbuild-dist/aws-efa-installer /tmp/aws-efa-installer
+RUN --mount=type=cache,id=imgbuild-apt-nvidia-cuda-12.8.1-runtime-ubuntu22.04-cache,target=/var/cache/apt,sharing=locked \
+    --mount=type=cache,id=imgbuild-apt-nvidia-cuda-12.8.1-runtime-ubuntu22.04-lists,target=/var/lib/apt/lists,sharing=locked \
+    cd /tmp/aws-efa-installer \
+ && apt-get update \
+ && ./efa_installer.sh -y --skip-kmod --skip-limit-conf --no-verify --mpi=openmpi4 \
+ && cd / \
+ && rm -rf /tmp/aws-efa-installer
+
+COPY --from=builder /opt/gdrcopy /opt/gdrcopy
+
+# The base image's own NCCL would be a second one (PyTorch's comes with the venv).
+RUN dpkg --purge libnccl-dev libnccl2
+
+COPY --from=builder /opt/aws-ofi-nccl /opt/aws-ofi-nccl
+# Only one plugin may be found: drop the one the EFA installer bundles.
+RUN rm -rf /opt/amazon/ofi-nccl
+# The plugin dlopens the unversioned libcudart.so, which -runtime images lack (AWS's DL containers add this link).
+RUN [ -e /usr/local/cuda/lib64/libcudart.so ] || ln -s libcudart.so.12 /usr/local/cuda/lib64/libcudart.so
+
+COPY --from=builder /opt/nccl-tests /opt/nccl-tests
 
 # sshd on 3022 for mpirun. No keys in the image: its entrypoint hook makes host keys, installs the
 # run's authorized key and starts sshd when the container starts.

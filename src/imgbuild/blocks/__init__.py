@@ -52,7 +52,9 @@ from imgbuild.blocks._core import (
 # Runtime layer order: what changes least goes first, so bumping a component rebuilds only what follows it:
 # EFA/libfabric, hwloc, MPI, GDRCopy, NCCL, plugin, tests, Python (+PyTorch), then the parts that change most often
 # (sshd and the entrypoint, SageMaker). The builder stage keeps this order except where a block's builder needs
-# another's output first (`build_after`: the venv before anything pip installs).
+# another's output first (`build_after`: the venv before anything pip installs). The runtime stage keeps it except for
+# the blocks `under_os_packages` (Python's venv, PyTorch's wheels): they come first, in this order, on an apt layer of
+# their own packages, so that what changes below them in this list does not rebuild their 7 GB.
 REGISTRY: tuple[Block, ...] = tuple(
     m.BLOCK
     for m in (

@@ -399,7 +399,10 @@ class Block:
                  `components.<name>`;
     node_checks  the ids of verify's checks across nodes (imgbuild.verify.nodechecks) that run its programs or judge
                  its pin: such a check runs where the image has the block (or one that provides it) and, without
-                 one, skips naming them (`imgbuild.blocks.feeding`).
+                 one, skips naming them (`imgbuild.blocks.feeding`);
+    under_os_packages  its runtime fragment goes under the runtime stage's OS-package layer, after a layer of its own
+                 packages (Contribution.runtime_packages): for the big layers that need nothing but Python (the venv,
+                 PyTorch's wheels), so that a change to the OS packages or to any other block leaves them cached.
     Its Dockerfile fragments are the macros `builder`, `runtime` and `final` of `<name>.j2` next to its module (`final`:
     stages of their own after the runtime stage, the last of which is the image), and its
     verify checks are registered with `imgbuild.checks.check(..., "<name>")` in its module.
@@ -429,6 +432,7 @@ class Block:
     context: Callable[[Pin, Context], list[tuple[str, bytes, int]]] = lambda pin, ctx: []
     top_level: bool = False
     node_checks: tuple[str, ...] = ()
+    under_os_packages: bool = False
     # what the image holds of the block beyond the lock (the user's code), as a digest the image's tags fold in (None:
     # nothing), and the block's entry in the image's manifest (a field of Manifest named after the block; None: none),
     # given that digest (render reads it once per plan)

@@ -106,6 +106,7 @@ BLOCK = Block(
     requirements=requirements,
     requirements_apart=(UV_SET,),  # installed with pip --target UV_DIR in the builder stage, outside the venv
     template_globals={"uv_installs": uv_installs, "uv_dir": lambda: UV_DIR},
+    under_os_packages=True,  # the venv, before PyTorch's wheels go into it
 )
 
 

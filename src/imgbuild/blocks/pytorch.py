@@ -216,6 +216,7 @@ BLOCK = Block(
     after=("python",),
     tag=(2, "pt"),
     node_checks=("ddp (mpirun)", "ddp (torchrun)"),  # a DistributedDataParallel training across the nodes
+    under_os_packages=True,  # its wheels need only the venv: an OS package or EFA bump leaves their 7 GB cached
 )
 
 

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from imgbuild.blocks import (
     BY_NAME,
@@ -530,11 +530,11 @@ def plan(
     digest = named.lock_digest
     labels = _labels(resolved, digest, provenance or Provenance(), digests)
     manifest = _manifest(resolved, digest, contribs, arch, digests)
-    builder_pkgs, runtime_pkgs = stage_packages(resolved, contribs)
+    packages = stage_packages(resolved, contribs)
     apt: dict[str, set[str]] = {}
-    apt.setdefault(builder_base(resolved), set()).update(builder_pkgs)
-    if runtime_pkgs:
-        apt.setdefault(resolved.base_ref, set()).update(runtime_pkgs)
+    apt.setdefault(builder_base(resolved), set()).update(packages.builder)
+    if packages.runtime_all:
+        apt.setdefault(resolved.base_ref, set()).update(packages.runtime_all)
     try:
         env = environment(offline, frozenset(local_files))
         files = _files(resolved, ctx, contribs, manifest, env)
@@ -610,12 +610,27 @@ def image_env(resolved: Resolved, contribs: dict[str, Contribution]) -> tuple[di
     return env_paths, dict(sorted({**component_env, **interconnect, **r.env}.items()))
 
 
-def stage_packages(resolved: Resolved, contribs: dict[str, Contribution]) -> tuple[list[str], list[str]]:
-    """The distribution packages of the builder stage and of the runtime stage, sorted."""
+class StagePackages(NamedTuple):
+    """The distribution packages of each apt layer, sorted: the builder stage's, the runtime stage's first layer (the
+    packages of the blocks that go under the OS packages: `Block.under_os_packages`) and its OS-package layer (the
+    rest: the recipe's `os.packages` and every other block's)."""
+
+    builder: list[str]
+    runtime_first: list[str]
+    runtime: list[str]
+
+    @property
+    def runtime_all(self) -> list[str]:
+        return sorted({*self.runtime_first, *self.runtime})
+
+
+def stage_packages(resolved: Resolved, contribs: dict[str, Contribution]) -> StagePackages:
+    """The distribution packages of the builder stage and of the runtime stage's two apt layers."""
+    first = set().union(*(c.runtime_packages for name, c in contribs.items() if BY_NAME[name].under_os_packages))
     runtime_pkgs = set(resolved.recipe.os.packages).union(*(c.runtime_packages for c in contribs.values()))
     # The builder installs only what downloads and compiles need; the runtime stage gets the rest.
     builder_pkgs = {"ca-certificates"}.union(*(c.builder_packages for c in contribs.values()))
-    return sorted(builder_pkgs), sorted(runtime_pkgs)
+    return StagePackages(sorted(builder_pkgs), sorted(first), sorted(runtime_pkgs - first))
 
 
 def _dockerfile(
@@ -628,9 +643,13 @@ def _dockerfile(
     r = resolved.recipe
     fragments = _fragments(resolved, ctx, env)
     builder = [f for name in builder_order() if (f := fragments.get(name, {}).get("builder"))]
-    runtime = [f for name in runtime_order() if (f := fragments.get(name, {}).get("runtime"))]
+    first: list[str] = []
+    runtime: list[str] = []
+    for name in runtime_order():
+        if f := fragments.get(name, {}).get("runtime"):
+            (first if BY_NAME[name].under_os_packages else runtime).append(f)
     final = [f for name in runtime_order() if (f := fragments.get(name, {}).get("final"))]
-    builder_pkgs, runtime_pkgs = stage_packages(resolved, contribs)
+    packages = stage_packages(resolved, contribs)
     env_paths, recipe_env = image_env(resolved, contribs)
     return env.get_template("Dockerfile.j2").render(
         resolved=resolved,
@@ -638,10 +657,12 @@ def _dockerfile(
         ctx=ctx,
         builder_base=builder_base(resolved),
         builder=builder,
+        runtime_first=first,
         runtime=runtime,
         final=final,
-        builder_packages=builder_pkgs,
-        runtime_packages=runtime_pkgs,
+        builder_packages=packages.builder,
+        runtime_first_packages=packages.runtime_first,
+        runtime_packages=packages.runtime,
         env_paths=env_paths,
         env=recipe_env,
         labels=dict(sorted(labels.items())),

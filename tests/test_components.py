@@ -445,3 +445,15 @@ def test_the_build_fails_when_configure_left_gdrcopy_out(tmp_path: Path) -> None
     assert (
         "aws-ofi-nccl 1.21.1: configure did not enable GDRCopy (HAVE_GDRCOPY is not 1 in include/config.h" in ran.stderr
     )
+
+
+def test_package_record_written_when_only_python_brings_packages(recipe_dir: Path) -> None:
+    """An image whose only distribution packages are Python's (the layer under the OS packages) still records every
+    installed package for `imgbuild sbom`."""
+    (recipe_dir / "bare.yaml").write_text(
+        "extends: pytorch\nos: {packages: []}\n"
+        "components: {libfabric: null, openmpi: null, mpi4py: null, sshd: null, sagemaker: null}\n"
+    )
+    text = _dockerfile(resolve(recipe.load(recipe_dir / "bare.yaml"), lookup_torch=None))
+    runtime = text.split("AS runtime")[1]
+    assert runtime.index("      python3-venv\n") < runtime.index("torch==2.9.1") < runtime.index("dpkg-sha256.tsv")

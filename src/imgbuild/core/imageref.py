@@ -82,19 +82,19 @@ def parse(ref: str, *, where: str = "image reference", error: type[Exception] = 
     if len(ref) > MAX_REF:
         raise bad(f"longer than {MAX_REF} characters")
     rest, at, digest = ref.partition("@")
-    if at and not re.compile(_DIGEST_RE).fullmatch(digest):
+    if at and not re.fullmatch(_DIGEST_RE, digest):
         raise bad(f"digest {digest!r} is not ALGORITHM:HEX")
     first, slash, remainder = rest.partition("/")
     domain: str | None = None
     if slash and ("." in first or ":" in first or first == "localhost" or first != first.lower()):
-        if not re.compile(_DOMAIN_RE).fullmatch(first):
+        if not re.fullmatch(_DOMAIN_RE, first):
             raise bad(f"registry {first!r} is not a host name with an optional :PORT")
         domain, rest = first, remainder
     path, colon, tag = rest.rpartition(":") if ":" in rest else (rest, "", "")
-    if colon and not re.compile(_TAG_RE).fullmatch(tag):
+    if colon and not re.fullmatch(_TAG_RE, tag):
         raise bad(f"tag {tag!r} is not 1-128 of letters, digits, '_', '.', '-' starting with a letter, digit or '_'")
     for component in path.split("/"):
-        if not re.compile(_PATH_COMPONENT_RE).fullmatch(component):
+        if not re.fullmatch(_PATH_COMPONENT_RE, component):
             raise bad(f"path component {component!r} is not lower-case letters and digits joined by '.', '_', '-'")
     if len(f"{domain}/{path}" if domain else path) > MAX_NAME:
         raise bad(f"the name is longer than {MAX_NAME} characters")

@@ -24,7 +24,7 @@ from imgbuild.core import imageref
 T = TypeVar("T")
 
 # Docker's image reference grammar lives once, in core/imageref.py; `redact` finds digests with it.
-# The `_..._RE` patterns below are strings, flags inline, compiled on first use (`re.compile` keeps them in re's own
+# The `_..._RE` patterns below are strings, flags inline, compiled on first use (re's functions keep them in re's own
 # cache): every command imports this module, and most use none of them.
 _DIGEST = imageref.DIGEST
 
@@ -74,8 +74,8 @@ def redact(text: str) -> str:
             return m.group(0)
         return f"@{REDACTED}:{m['user']}"
 
-    text = re.compile(_USERINFO_REVERSED_RE).sub(hide, text[::-1])[::-1]
-    return re.compile(_TOKEN_RE).sub(lambda m: f"{m['scheme']}{REDACTED}@", text)
+    text = re.sub(_USERINFO_REVERSED_RE, hide, text[::-1])[::-1]
+    return re.sub(_TOKEN_RE, lambda m: f"{m['scheme']}{REDACTED}@", text)
 
 
 def shown(value: str) -> str:
@@ -112,7 +112,7 @@ def image_ref(value: str) -> str:
 
 def instance_type(value: str) -> str:
     """An EC2 instance type (family.size)."""
-    if len(value) > INSTANCE_TYPE_MAX or re.compile(_INSTANCE_TYPE_RE).fullmatch(value) is None:
+    if len(value) > INSTANCE_TYPE_MAX or re.fullmatch(_INSTANCE_TYPE_RE, value) is None:
         raise ValueError(
             f"expected {INSTANCE_TYPE_EXPECTED}, at most {INSTANCE_TYPE_MAX} characters, got {shown(value)}"
         )
@@ -129,7 +129,7 @@ def host(value: str) -> str:
             return value
         except ValueError:
             pass
-    if len(value) > HOST_MAX or re.compile(_HOST_RE).fullmatch(value) is None:
+    if len(value) > HOST_MAX or re.fullmatch(_HOST_RE, value) is None:
         raise ValueError(
             "expected a host name (RFC 1123: letters, digits and '-' in dot-separated labels, not starting or "
             f"ending with '-') or an IP address, got {shown(value)}"
@@ -149,7 +149,7 @@ def hosts(value: str) -> list[str]:
 
 def user_name(value: str) -> str:
     """A user name to log in as (root, ubuntu, ec2-user)."""
-    if re.compile(_USER_RE).fullmatch(value) is None:
+    if re.fullmatch(_USER_RE, value) is None:
         raise ValueError(
             "expected a user name (lowercase letters, digits, '_' and '-', not starting with a digit or '-', at "
             f"most 32 characters), got {shown(value)}"
@@ -159,7 +159,7 @@ def user_name(value: str) -> str:
 
 def dns_label(value: str, max_length: int = 63) -> str:
     """A DNS label (RFC 1123) of at most `max_length` characters, starting with a letter."""
-    if len(value) > max_length or re.compile(_DNS_LABEL_RE).fullmatch(value) is None:
+    if len(value) > max_length or re.fullmatch(_DNS_LABEL_RE, value) is None:
         raise ValueError(
             f"expected a DNS label (a-z, 0-9 and '-', starting with a letter) of at most {max_length} characters, "
             f"got {shown(value)}"
@@ -169,7 +169,7 @@ def dns_label(value: str, max_length: int = 63) -> str:
 
 def quantity(value: str) -> str:
     """A Kubernetes quantity (32Gi, 64000Mi)."""
-    if re.compile(_QUANTITY_RE).fullmatch(value) is None:
+    if re.fullmatch(_QUANTITY_RE, value) is None:
         raise ValueError(f"expected a Kubernetes quantity such as 32Gi or 64000Mi, got {shown(value)}")
     return value
 

@@ -37,11 +37,22 @@ SHIPPED = [
 ]
 
 
+# The caches a test could read from this machine's past (uv's wheels and metadata, pip's, imgbuild's own state and
+# compiled templates under XDG_CACHE_HOME): every test session starts with each of them empty (`_empty_caches`), so a
+# test that passes here passes on a fresh machine, and one that needs a wheel gets it from tests/localindex.py.
+EMPTY_CACHES = {"UV_CACHE_DIR": "uv", "PIP_CACHE_DIR": "pip", "XDG_CACHE_HOME": "xdg-cache"}
+# imgbuild's own folder; unset, it lies under XDG_CACHE_HOME (core.paths.state_dir)
+MACHINE_STATE = ("IMGBUILD_STATE_DIR",)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Under pytest-xdist a worker starts with COLUMNS=80 set for it; the CLI lays its tables out for COLUMNS, so a
-    worker restores the value the controller had (none: a pipe's unwrapped width), as a run without -n sees."""
+    worker restores the value the controller had (none: a pipe's unwrapped width), as a run without -n sees. The
+    controller (or a run without -n) gives the session empty caches before any worker starts: the workers share
+    them."""
     if "PYTEST_XDIST_WORKER" not in os.environ:
         os.environ["IMGBUILD_TEST_COLUMNS"] = os.environ.get("COLUMNS", "")
+        _empty_caches(config)
         _compile_the_package()
     elif "IMGBUILD_TEST_COLUMNS" in os.environ:
         columns = os.environ["IMGBUILD_TEST_COLUMNS"]
@@ -49,6 +60,31 @@ def pytest_configure(config: pytest.Config) -> None:
             os.environ["COLUMNS"] = columns
         else:
             os.environ.pop("COLUMNS", None)
+
+
+def _empty_caches(config: pytest.Config) -> None:
+    """Point every cache in EMPTY_CACHES at a new empty folder of this session's (removed at its end) and forget
+    IMGBUILD_STATE_DIR: what a test finds there, this session put there."""
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="imgbuild-test-caches-"))
+    for variable, folder in EMPTY_CACHES.items():
+        (root / folder).mkdir()
+        os.environ[variable] = str(root / folder)
+    for variable in MACHINE_STATE:
+        os.environ.pop(variable, None)
+    config.add_cleanup(lambda: shutil.rmtree(root, ignore_errors=True))
+
+
+@pytest.fixture(autouse=True)
+def _no_engine_unless_marked(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A test not marked `docker` finds no Docker engine (DOCKER_HOST names a socket nobody listens on): the fast
+    lane cuts the network to loopback, but a unix socket crosses that cut, so a test that reads the engine's state
+    without the mark would pass on a machine whose engine has it and fail on a fresh one."""
+    if request.node.get_closest_marker("docker") is None:
+        monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
+        for variable in ("DOCKER_CONTEXT", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH"):
+            monkeypatch.delenv(variable, raising=False)
 
 
 def _compile_the_package() -> None:
@@ -112,6 +148,24 @@ def index_env(index: localindex.Index, monkeypatch: pytest.MonkeyPatch, tmp_path
     filename = "uv-0.13.9-py3-none-any.whl"
     index.add_wheel("uv", filename, localindex.make_wheel(tmp_path, filename, [], junk=1000))
     return index
+
+
+@pytest.fixture
+def cpu_wheels(index_env: localindex.Index, tmp_path: Path) -> localindex.Index:
+    """`index_env` serving a stand-in wheel (localindex.make_wheel, no dependencies) for every Python distribution
+    the shipped cpu lock pins, at its version: a copy of the cpu recipe without its lock locks against it, with no
+    network and no cache (its hashes are the stand-ins', not the real wheels': nothing builds from that lock)."""
+    data = json.loads((REPO / "recipes" / "cpu.lock.json").read_text())
+    served = set(index_env.pages)
+    for requirements in data["content"]["python"].values():
+        for req in requirements:
+            project = req["name"]
+            if project in served:
+                continue
+            served.add(project)
+            filename = f"{project.replace('-', '_')}-{req['version']}-py3-none-any.whl"
+            index_env.add_wheel(project, filename, localindex.make_wheel(tmp_path, filename, [], junk=1000))
+    return index_env
 
 
 @pytest.fixture
@@ -307,8 +361,8 @@ def sagemaker_job(docker_client: Any, tmp_path: Path, request: pytest.FixtureReq
 
 def locked_user_recipe(path: Path, text: str) -> Path:
     """A user's recipe written at `path` and locked as a user locks one before building or running it (`imgbuild
-    lock --offline`: its wheels' metadata from uv's cache, which the shipped recipes' locks fill): what builds and
-    runs on a lock need."""
+    lock --offline`: the requirement sets it shares with the recipe it extends come from that recipe's lock, with no
+    cache and no network): what builds and runs on a lock need."""
     from typer.testing import CliRunner
 
     from imgbuild.cli import app

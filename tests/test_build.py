@@ -177,7 +177,9 @@ def test_ctrl_c_leaves_no_container(tmp_path: Path, docker_client, cpu_image) ->
     p = user_recipe(tmp_path, "extends: cpu\nos: {packages: [ca-certificates, iproute2, procps, less]}\n")
     before = {c.id for c in docker_client.containers.list(all=True)}
     tags = recipe_tags(docker_client, p)
-    logdir = Path.home() / ".cache" / "imgbuild" / "logs"
+    from imgbuild.core import paths
+
+    logdir = paths.state_dir() / "logs"
     proc, seen = build_until_its_apt_step(p, {**os.environ, "CI": "1"})
     proc.send_signal(signal.SIGINT)
     rest, _ = proc.communicate(timeout=60)

@@ -124,7 +124,8 @@ def test_lock_turns_sigterm_into_its_cleanup_and_puts_the_handler_back(tmp_path:
         seen.append(signal.getsignal(signal.SIGTERM))
         return original(*a, **k)
 
-    shutil.copy(REPO / "recipes" / "cpu.yaml", tmp_path / "cpu.yaml")
+    for name in ("cpu.yaml", "cpu.lock.json"):  # relocked offline: its requirement sets from its own lock
+        shutil.copy(REPO / "recipes" / name, tmp_path / name)
     monkeypatch.setattr(lock, "write", write)
     result = runner.invoke(app, ["lock", str(tmp_path / "cpu.yaml"), "--offline"])
     assert result.exit_code == 0, result.output

@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 from conftest import REPO, SHIPPED
 from imgbuild import recipe
 from imgbuild.cli import app
+from imgbuild.core.errors import LockError
 from imgbuild.pin import lock
 from localindex import Index, make_wheel
 
@@ -261,3 +262,58 @@ def test_upgrade_package_names_a_component_or_a_locked_distribution(mine: Path, 
         assert "its components: " in result.stderr
         assert "the lock's distributions: dep-lib, nvidia-nccl-cu12, top-lib" in result.stderr
     assert mine.with_name("mine.lock.json").read_text() == before
+
+
+# ---- offline, a requirement set resolved from the same inputs is taken from the lock at hand
+
+
+def test_an_offline_lock_takes_the_parents_sets_with_no_cache_and_no_network(recipe_dir: Path) -> None:
+    """A user's recipe that extends cpu and changes none of its requirement sets locks --offline on a fresh machine
+    (this session's uv cache is empty and the fast lane has loopback only): each set is the parent lock's, hashes
+    included, and `lock` says where it took them; relocked, they come from its own lock."""
+    path = recipe_dir / "mine.yaml"
+    path.write_text("extends: cpu\nos: {packages: [less]}\n")
+    result = run("lock", str(path), "--offline")
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.stdout.split())
+    assert "python python/uv, nccl, sagemaker: from " in said and "cpu.lock.json (--offline:" in said, said
+    mine, cpu = lock.read(recipe.load(str(path)).concrete()), lock.read(recipe.load("cpu"))
+    assert mine is not None and cpu is not None and mine.content is not None and cpu.content is not None
+    assert mine.content.python == cpu.content.python
+    again = run("lock", str(path), "--offline")
+    assert again.exit_code == 0 and "mine.lock.json (--offline:" in " ".join(again.stdout.split()), again.output
+
+
+def test_an_offline_lock_asks_uv_for_a_set_whose_requirements_changed(recipe_dir: Path) -> None:
+    """A set whose inputs differ from the parent's (the nccl wheel moved) is not taken: uv is asked, offline, and with
+    nothing cached it fails naming that set and the version; the set resolved before it was taken, and no lock is
+    written."""
+    path = recipe_dir / "moved.yaml"
+    path.write_text("extends: cpu\ncomponents: {nccl: {version: 2.28.9}}\n")
+    result = run("lock", str(path), "--offline")
+    assert result.exit_code == 5, result.output
+    assert "python python/uv: from " in " ".join(result.stdout.split()), result.output
+    stderr = " ".join(result.stderr.split())
+    assert "requirement set nccl (nvidia-nccl-cu12==2.28.9)" in stderr and "not found in the cache" in stderr
+    assert not path.with_name("moved.lock.json").exists()
+
+
+def test_an_offline_lock_takes_nothing_from_an_edited_lock(recipe_dir: Path) -> None:
+    """Only a lock that vouches for its content is taken from: the same parent (by path), once a hash in its lock
+    was edited by hand, gives nothing, and uv is asked."""
+    (recipe_dir / "base").mkdir()
+    for name in ("cpu.yaml", "cpu.lock.json"):
+        shutil.copy(REPO / "recipes" / name, recipe_dir / "base" / name)
+    child = recipe_dir / "child.yaml"
+    child.write_text("extends: base/cpu.yaml\n")
+    taken = run("lock", str(child), "--offline")
+    assert taken.exit_code == 0 and "base/cpu.lock.json (--offline:" in " ".join(taken.stdout.split()), taken.output
+    child.with_name("child.lock.json").unlink()
+    data = json.loads((recipe_dir / "base" / "cpu.lock.json").read_text())
+    data["content"]["python"]["nccl"][0]["hashes"] = ["sha256:" + "0" * 64]  # content_digest no longer agrees
+    (recipe_dir / "base" / "cpu.lock.json").write_text(json.dumps(data))
+    with pytest.raises(LockError, match="edited by hand"):
+        lock.read(recipe.load(str(recipe_dir / "base" / "cpu.yaml")))
+    result = run("lock", str(child), "--offline")
+    assert result.exit_code == 5 and "not found in the cache" in result.stderr, result.output
+    assert "from " not in result.stdout

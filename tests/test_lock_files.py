@@ -1,6 +1,7 @@
 """Lock files are written atomically through a temporary file no one can predict: parallel `imgbuild lock` runs of
 one recipe all succeed and leave a valid lock, a symlink planted at a predictable name is never followed, and the
-lock has a plain file's mode."""
+lock has a plain file's mode. The copies of the cpu recipe have no lock: they lock against the local index
+(conftest's `cpu_wheels`)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from imgbuild import recipe
 from imgbuild.cli import app
 from imgbuild.core.errors import LockError
 from imgbuild.pin import lock
+from localindex import Index
 
 
 @pytest.fixture
@@ -30,9 +32,9 @@ def cpu_copy(tmp_path: Path) -> Path:
     return folder / "cpu.yaml"
 
 
-def test_parallel_lock_runs_all_succeed_and_leave_a_valid_lock(cpu_copy: Path) -> None:
+def test_parallel_lock_runs_all_succeed_and_leave_a_valid_lock(cpu_copy: Path, cpu_wheels: Index) -> None:
     """N real `imgbuild lock` processes of one recipe at once (each also rewrites the lock a few times)."""
-    script = f"for i in 1 2 3; do {sys.executable} -m imgbuild.cli lock {cpu_copy} --offline || exit $?; done"
+    script = f"for i in 1 2 3; do {sys.executable} -m imgbuild.cli lock {cpu_copy} || exit $?; done"
     procs = [
         subprocess.Popen(["sh", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for _ in range(6)
@@ -46,7 +48,7 @@ def test_parallel_lock_runs_all_succeed_and_leave_a_valid_lock(cpu_copy: Path) -
 PREDICTABLE = ["cpu.lock.json.tmp", ".cpu.lock.json.tmp", "cpu.lock.json~", "cpu.lock.json.new", ".cpu.lock.json"]
 
 
-def test_planted_symlinks_are_not_followed(cpu_copy: Path, tmp_path: Path) -> None:
+def test_planted_symlinks_are_not_followed(cpu_copy: Path, tmp_path: Path, cpu_wheels: Index) -> None:
     folder = cpu_copy.parent
     victims = {}
     for name in [*PREDICTABLE, "cpu.lock.json"]:
@@ -54,7 +56,7 @@ def test_planted_symlinks_are_not_followed(cpu_copy: Path, tmp_path: Path) -> No
         victim.write_text("precious\n")
         (folder / name).symlink_to(victim)
         victims[name] = victim
-    result = CliRunner().invoke(app, ["lock", str(cpu_copy), "--offline"])
+    result = CliRunner().invoke(app, ["lock", str(cpu_copy)])
     assert result.exit_code == 0, result.output
     assert all(v.read_text() == "precious\n" for v in victims.values())
     written = folder / "cpu.lock.json"
@@ -64,24 +66,24 @@ def test_planted_symlinks_are_not_followed(cpu_copy: Path, tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o027, 0o640), (0o002, 0o664)])
-def test_the_lock_has_a_plain_files_mode(cpu_copy: Path, umask: int, mode: int) -> None:
+def test_the_lock_has_a_plain_files_mode(cpu_copy: Path, umask: int, mode: int, cpu_wheels: Index) -> None:
     old = os.umask(umask)
     try:
-        result = CliRunner().invoke(app, ["lock", str(cpu_copy), "--offline"])
+        result = CliRunner().invoke(app, ["lock", str(cpu_copy)])
     finally:
         os.umask(old)
     assert result.exit_code == 0, result.output
     assert stat.S_IMODE((cpu_copy.parent / "cpu.lock.json").stat().st_mode) == mode
 
 
-def test_an_unwritable_folder_is_a_lock_error_not_a_crash(cpu_copy: Path) -> None:
+def test_an_unwritable_folder_is_a_lock_error_not_a_crash(cpu_copy: Path, cpu_wheels: Index) -> None:
     if os.geteuid() == 0:
         # root writes anywhere: make the lock's path a folder instead
         (cpu_copy.parent / "cpu.lock.json").mkdir()
     else:
         cpu_copy.parent.chmod(0o555)
     try:
-        result = CliRunner().invoke(app, ["lock", str(cpu_copy), "--offline"])
+        result = CliRunner().invoke(app, ["lock", str(cpu_copy)])
     finally:
         cpu_copy.parent.chmod(0o755)
     assert result.exit_code == 4, result.output
@@ -139,7 +141,7 @@ def test_a_shipped_recipe_without_its_lock_is_named_by_its_name(
     assert "cpu.lock.json: no such lock" in result.stderr and "hint: imgbuild lock cpu\n" in result.stderr
 
 
-def test_show_resolves_a_recipe_without_a_lock_and_says_so(cpu_copy: Path) -> None:
+def test_show_resolves_a_recipe_without_a_lock_and_says_so(cpu_copy: Path, cpu_wheels: Index) -> None:
     """`show` only shows: without a lock it resolves afresh, says the pins are a fresh resolution, and tags nothing
     `lock-`; once locked it shows the lock and render takes it."""
     runner = CliRunner()
@@ -151,7 +153,7 @@ def test_show_resolves_a_recipe_without_a_lock_and_says_so(cpu_copy: Path) -> No
     data = json.loads(runner.invoke(app, ["show", str(cpu_copy), "--json"]).stdout)
     assert data["from"] == "resolved" and data["image"][0].startswith("imgbuild/cpu:unlocked-")
     assert sorted(p.name for p in cpu_copy.parent.iterdir()) == ["cpu.yaml"]
-    assert runner.invoke(app, ["lock", str(cpu_copy), "--offline"]).exit_code == 0
+    assert runner.invoke(app, ["lock", str(cpu_copy)]).exit_code == 0
     data = json.loads(runner.invoke(app, ["show", str(cpu_copy), "--json"]).stdout)
     assert data["from"] == "lock" and data["image"][0].startswith("imgbuild/cpu:lock-")
     rendered = runner.invoke(app, ["render", str(cpu_copy)])

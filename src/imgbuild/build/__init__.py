@@ -147,7 +147,8 @@ def log_folder(log_dir: Path | None) -> Path:
     if why:
         raise UsageError(
             f"{paths.state_dir_named()}: cannot keep the build log in {folder}: {why}",
-            hint="set IMGBUILD_STATE_DIR to a folder you can write (default ~/.cache/imgbuild)",
+            hint="set IMGBUILD_STATE_DIR to a folder you can write (default $XDG_CACHE_HOME/imgbuild, else "
+            "~/.cache/imgbuild)",
         )
     return folder
 

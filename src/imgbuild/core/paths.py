@@ -41,8 +41,13 @@ def images_dir() -> Path:
 
 
 def state_dir() -> Path:
-    """Build logs and compiled templates of this user (IMGBUILD_STATE_DIR, default ~/.cache/imgbuild)."""
-    return Path(os.environ.get("IMGBUILD_STATE_DIR") or Path.home() / ".cache" / "imgbuild")
+    """Build logs and compiled templates of this user: IMGBUILD_STATE_DIR, else `imgbuild` in the XDG cache folder
+    (XDG_CACHE_HOME when it is an absolute path, as the XDG base directory rules say; else ~/.cache), as pip and uv
+    keep theirs."""
+    if os.environ.get("IMGBUILD_STATE_DIR"):
+        return Path(os.environ["IMGBUILD_STATE_DIR"])
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    return (Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache") / "imgbuild"
 
 
 def state_dir_named() -> str:

@@ -221,6 +221,24 @@ def preferences(loaded: LoadedRecipe) -> dict[str, str]:
     return out
 
 
+def at_hand(loaded: LoadedRecipe) -> list[tuple[str, Resolved]]:
+    """The locks an offline relock may take requirement sets from (`record.record`'s `at_hand`), each with its file's
+    name: the recipe's own lock where it is fresh, then each parent's that has one (nearest first). One that cannot
+    be read, is stale or was edited is left out: it vouches for nothing."""
+    out: list[tuple[str, Resolved]] = []
+    for path in loaded.chain:
+        try:
+            owner = loaded if path == loaded.path else load(str(path))
+            if owner.recipe.abstract:
+                continue
+            locked = read(owner)
+        except ImgbuildError:
+            continue
+        if locked is not None:
+            out.append((display(lock_path(owner)), locked))
+    return out
+
+
 class _Recorded:
     """The publishers' artifacts as a lock recorded them when it was written (releases.Artifacts): what its pins are
     checked against, with no network (None where the lock recorded none: the release files were used)."""

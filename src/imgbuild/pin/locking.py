@@ -201,7 +201,8 @@ def relock(
     """Resolve `loaded` and read its content: the Python distributions at the versions in `keep` where they still
     resolve, base digests through `engine` (None: recorded as unestablished), the downloads `files` holds hashed
     from there; no network with `offline`. Says where the EFA installer's and the plugin's pins came from, notes
-    the resolution's warnings and what could not be pinned by content."""
+    the resolution's warnings and what could not be pinned by content. Offline, a requirement set whose inputs are
+    those the recipe's own lock or a parent's resolved it from is taken from that lock (`lock.at_hand`), and said."""
     from imgbuild.pin import artifacts, record
     from imgbuild.pin.resolver import index_lookup, resolve
 
@@ -215,10 +216,15 @@ def relock(
     for warning in res.warnings:
         note(f"warning: {warning}")
     yanked: list[Yank] = []
-    content = record.record(
-        res, engine=engine, offline=offline, preferences=keep, yanked=yanked, files=files,
-        established=read.downloaded,
-    )  # fmt: skip
+    taken: list[str] = []
+    try:
+        content = record.record(
+            res, engine=engine, offline=offline, preferences=keep, yanked=yanked, files=files,
+            established=read.downloaded, at_hand=lock.at_hand(loaded) if offline else (), taken=taken,
+        )  # fmt: skip
+    finally:  # which requirement sets came from a lock at hand, also when a later one could not be resolved
+        for line in taken:
+            say(line)
     for item in content.unestablished():
         note(f"not pinned by content: {item}")
     now = datetime.datetime.now(datetime.UTC).replace(microsecond=0).isoformat()

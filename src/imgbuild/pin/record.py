@@ -5,7 +5,7 @@ pin floor: each part is imported only when asked for.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -81,6 +81,8 @@ def record(
     preferences: Mapping[str, str] | None = None,
     yanked: list[Yank] | None = None,
     established: Mapping[str, Download] | None = None,
+    at_hand: Sequence[tuple[str, Resolved]] = (),
+    taken: list[str] | None = None,
 ) -> Content:
     """The content of `resolved`'s build, read from the world now. `engine`: a docker client to ask for base digests
     (None: they are recorded as unestablished). `offline`: no network (checksums from the shipped table, wheel
@@ -88,15 +90,23 @@ def record(
     release is not taken unless asked: `wheels.compile_sets`); `yanked` receives the yanked releases resolved to.
     `files`: a folder consulted before the network for every download (`imgbuild lock --files`, `local_copy`).
     `established`: checksums already computed this run, by URL (archives `imgbuild.pin.artifacts` downloaded to read
-    them), not fetched again.
+    them), not fetched again. `at_hand`: locks read already (their file's name, their resolution), whose requirement
+    sets an offline lock takes where their inputs are the same (`wheels.reusable`; `taken` receives what it took).
     Digests and checksums are read for the exact tag and URL the pins name: the same version read again."""
     from imgbuild.pin import digests, wheels
 
     sets: Mapping[str, list[str]] = requirement_sets(resolved)
+    recorded = [
+        rec
+        for where, locked in (at_hand if offline else ())
+        if (rec := wheels.recorded_in(where, locked, requirement_sets(locked))) is not None
+    ]
     return Content(
         bases={ref: digests.establish(ref, resolved, engine=engine) for ref in bases(resolved)},
         downloads={url: (established or {}).get(url) or _checksum(url, offline, files) for url in downloads(resolved)},
-        python=wheels.compile_sets(sets, resolved, offline=offline, preferences=preferences, yanked=yanked)
+        python=wheels.compile_sets(
+            sets, resolved, offline=offline, preferences=preferences, yanked=yanked, recorded=recorded, taken=taken
+        )
         if sets
         else {},
     )

@@ -177,6 +177,71 @@ def apart(name: str) -> bool:
     return block is not None and name in block.requirements_apart
 
 
+def resolution_order(names: Sequence[str]) -> list[str]:
+    """Requirement set names in the order they resolve: the sets installed apart from the venv (`apart`) first, then
+    the others, each group in install order (`install_order`)."""
+    ordered = install_order(list(names))
+    return [n for n in ordered if apart(n)] + [n for n in ordered if not apart(n)]
+
+
+def set_inputs(sets: Mapping[str, Sequence[str]], resolved: Resolved) -> dict[str, tuple[object, ...]]:
+    """For each requirement set, all that its closure follows from besides the index: the targets (Python and
+    platform of each architecture), the distributions blocks bring outside pip (`provided`), and its specifiers with
+    those of every set resolved before it (`resolution_order`: their pins constrain it). Two resolutions that give a
+    set equal inputs resolve it to the same closure from the same index."""
+    targets = tuple(target(resolved, arch) for arch in resolved.recipe.platform.arch)
+    given = tuple(sorted((name, version) for name, (version, _) in provided(resolved).items()))
+    out: dict[str, tuple[object, ...]] = {}
+    before: list[tuple[str, tuple[str, ...]]] = []
+    for name in resolution_order(list(sets)):
+        before.append((name, tuple(sets[name])))
+        out[name] = (targets, given, tuple(before))
+    return out
+
+
+class Recorded(NamedTuple):
+    """A lock's requirement sets as it recorded them (`python`), with the inputs they were resolved from
+    (`set_inputs`) and the lock file's name (`where`): closures an offline lock may take instead of asking uv."""
+
+    where: str
+    inputs: Mapping[str, tuple[object, ...]]
+    python: Mapping[str, tuple[Requirement, ...]]
+
+
+def recorded_in(where: str, locked: Resolved, sets: Mapping[str, Sequence[str]]) -> Recorded | None:
+    """A lock's closures with their inputs (`Recorded`); None when it records no requirement set."""
+    if locked.content is None or not locked.content.python or not sets:
+        return None
+    return Recorded(where, set_inputs(sets, locked), dict(locked.content.python))
+
+
+def reusable(
+    sets: Mapping[str, Sequence[str]],
+    resolved: Resolved,
+    recorded: Sequence[Recorded],
+    preferences: Mapping[str, str],
+) -> tuple[dict[str, tuple[Requirement, ...]], str | None]:
+    """The closures an offline lock takes from a lock at hand (the first of `recorded` that has any) and that lock's
+    name: each set, in resolution order, whose inputs equal the ones the lock resolved it from, up to the first that
+    differs (a later set's pins follow from the earlier ones'). A set whose recorded versions contradict
+    `preferences` (the recipe's own lock's) is not taken, nor any after it."""
+    if not recorded or not sets:
+        return {}, None
+    mine = set_inputs(sets, resolved)
+    for rec in recorded:
+        taken: dict[str, tuple[Requirement, ...]] = {}
+        for name in resolution_order(list(sets)):
+            closure = rec.python.get(name)
+            if closure is None or rec.inputs.get(name) != mine[name]:
+                break
+            if any(preferences.get(r.name, r.version) != r.version for r in closure):
+                break
+            taken[name] = tuple(closure)
+        if taken:
+            return taken, rec.where
+    return {}, None
+
+
 def compile_sets(
     sets: Mapping[str, Sequence[str]],
     resolved: Resolved,
@@ -184,10 +249,14 @@ def compile_sets(
     offline: bool = False,
     preferences: Mapping[str, str] | None = None,
     yanked: list[Yank] | None = None,
+    recorded: Sequence[Recorded] = (),
+    taken: list[str] | None = None,
 ) -> dict[str, tuple[Requirement, ...]]:
     """Each requirement set's closure with hashes, in install order (`install_order`): a set holds only what the
     sets before it do not (they constrain its versions). Resolved for each of the recipe's architectures; the
-    versions must agree, and each requirement holds every architecture's hashes. `offline`: no network, uv answers
+    versions must agree, and each requirement holds every architecture's hashes. `offline`: no network: a set whose
+    inputs equal those a lock at hand (`recorded`: the recipe's own, its parents') resolved it from takes that lock's
+    closure (`reusable`; `taken`, when given, receives a line naming the sets and the lock), and uv answers the rest
     from its cache (uv's --offline; what it has not cached fails the set, naming it). `preferences`: normalized name ->
     version, the existing lock's pins, kept where they still resolve (`preference_file`). `yanked`, when given,
     receives each distribution resolved to a yanked release. Raises `ResolveError` when a set
@@ -195,8 +264,12 @@ def compile_sets(
     and `IndexLookupError` when uv cannot run or reach the index."""
     prefer = dict(preferences or {})
     found: set[Yank] = set()
+    reuse, where = reusable(sets, resolved, recorded, prefer) if offline else ({}, None)
+    if reuse and taken is not None:
+        taken.append(f"python {', '.join(reuse)}: from {where} (--offline: the same requirements for the same targets)")
     per_arch = {
-        arch: _compile_arch(sets, resolved, arch, offline, prefer, found) for arch in resolved.recipe.platform.arch
+        arch: _compile_arch(sets, resolved, arch, offline, prefer, found, reuse)
+        for arch in resolved.recipe.platform.arch
     }
     if yanked is not None:
         yanked.extend(sorted(found))
@@ -228,9 +301,9 @@ def _compile_arch(
     offline: bool,
     preferences: Mapping[str, str],
     yanked: set[Yank],
+    reuse: Mapping[str, tuple[Requirement, ...]],
 ) -> dict[str, tuple[Requirement, ...]]:
     python, platform = target(resolved, arch)
-    uv = uv_bin()
     out: dict[str, tuple[Requirement, ...]] = {}
     # name -> (version, what pins it): the distributions blocks bring outside pip, then every earlier set's
     pinned: dict[str, tuple[str, str]] = dict(provided(resolved))
@@ -241,10 +314,18 @@ def _compile_arch(
     constraints = dict(pinned)
     with tempfile.TemporaryDirectory(prefix="imgbuild-wheels-") as tmp:
         folder = Path(tmp)
-        ordered = install_order(list(sets))
-        for name in [n for n in ordered if apart(n)] + [n for n in ordered if not apart(n)]:
-            versions = {n: v for n, (v, _) in constraints.items()}
+        for name in resolution_order(list(sets)):
             found: dict[str, tuple[str, str]] = {}
+            if name in reuse:  # a lock at hand resolved this set from the same inputs: its closure, as recorded
+                out[name] = reuse[name]
+                for r in reuse[name]:
+                    if apart(name):
+                        constraints.setdefault(r.name, (r.version, f"requirement set {name}"))
+                    else:
+                        pinned[r.name] = constraints[r.name] = (r.version, f"requirement set {name}")
+                continue
+            uv = uv_bin()
+            versions = {n: v for n, (v, _) in constraints.items()}
             try:
                 closure = _compile(
                     uv, folder, resolved.name, name, sets[name], versions, python, platform, offline,

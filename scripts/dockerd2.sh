@@ -33,7 +33,8 @@
 #   DOCKERD2_POOL     its address pool, a /16 given as A.B.0.0/16 (default 10.213.0.0/16); the bridge takes A.B.0.1/24
 #                     and user networks the /24s after it
 #   DOCKERD2_IMAGES   images copied from the main engine when this one lacks them (default: $IMGBUILD_BASE_IMAGES,
-#                     else debian:bookworm-slim); nothing can be pulled on an offline machine
+#                     else debian:bookworm-slim; set and empty: none, an engine that starts empty, as
+#                     scripts/fresh-ci.sh's does); nothing can be pulled on an offline machine
 #   DOCKERD2_LOG      its log (default /var/log/$DOCKERD2_NAME.log)
 set -Eeuo pipefail
 
@@ -43,7 +44,7 @@ SOCKET="${DOCKERD2_SOCKET:-/run/${NAME}.sock}"
 TCP="${DOCKERD2_TCP-127.0.0.1:2385}"
 DATA="${DOCKERD2_DATA:-/var/lib/${NAME}}"
 POOL="${DOCKERD2_POOL:-10.213.0.0/16}"
-IMAGES="${DOCKERD2_IMAGES:-${IMGBUILD_BASE_IMAGES:-debian:bookworm-slim}}"
+IMAGES="${DOCKERD2_IMAGES-${IMGBUILD_BASE_IMAGES:-debian:bookworm-slim}}"
 LOG="${DOCKERD2_LOG:-/var/log/${NAME}.log}"
 RUN_DIR="/run/${NAME}"
 PID_FILE="${RUN_DIR}/dockerd.pid"

@@ -13,6 +13,30 @@
 set -Eeuo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
+# Each phase's time, printed at the end whatever happens (the phase that failed says so).
+PHASES=()
+PHASE=""
+PHASE_T0=${SECONDS}
+phase_end() {
+    [[ -z "${PHASE}" ]] || PHASES+=("$(printf '%6ss  %s%s' "$((SECONDS - PHASE_T0))" "${PHASE}" "${1:-}")")
+    PHASE=""
+}
+phase() {
+    phase_end
+    PHASE="$1"
+    PHASE_T0=${SECONDS}
+    echo "==> $1"
+}
+summary() {
+    local rc=$?
+    phase_end "$( ((rc == 0)) || echo " (failed: exit ${rc})")"
+    echo "==> test.sh phases"
+    printf '%s\n' "${PHASES[@]}"
+    printf '%6ss  in all (exit %s)\n' "${SECONDS}" "${rc}"
+    exit "${rc}"
+}
+trap summary EXIT
+
 fast_only=0
 if [[ ${1:-} == --fast ]]; then
     fast_only=1
@@ -20,6 +44,7 @@ if [[ ${1:-} == --fast ]]; then
 fi
 PYTHON="${PYTHON:-python3}"
 if ((!fast_only)); then
+    phase "setup (scripts/setup.sh)"
     bash scripts/setup.sh
     source scripts/ca-env.sh
 fi
@@ -35,16 +60,16 @@ offline() {
     fi
 }
 
-echo "==> ruff"
+phase "ruff"
 "${PYTHON}" -m ruff check src tests benchmarks
 "${PYTHON}" -m ruff format --check src tests benchmarks
-echo "==> mypy"
+phase "mypy"
 "${PYTHON}" -m mypy
-echo "==> pytest: fast lane (not docker, not network; loopback only)"
+phase "pytest: fast lane (not docker, not network; loopback only)"
 offline "${PYTHON}" -m pytest -p no:cacheprovider -n "${IMGBUILD_TEST_WORKERS:-auto}" --dist worksteal --durations=10 \
     -m "not docker and not network" "$@"
 if ((fast_only)); then
     exit 0
 fi
-echo "==> pytest: docker and network lane"
+phase "pytest: docker and network lane"
 "${PYTHON}" -m pytest -p no:cacheprovider --durations=15 -m "docker or network" "$@"

@@ -442,12 +442,19 @@ class SecondEngine:
 
 
 # The tests' own instance of scripts/dockerd2.sh, beside its default one (imgbuild-docker2), which
-# benchmarks/build_bench.py prunes as its own: the two never share an engine, a build cache or a network.
+# benchmarks/build_bench.py prunes as its own: the two never share an engine, a build cache or a network. Each
+# setting may be given as IMGBUILD_TEST_<NAME> (IMGBUILD_TEST_DOCKERD2_DATA: its data root): scripts/fresh-ci.sh
+# starts the tests' instance afresh, with an empty data root, beside a warm one.
 SECOND_ENGINE = {
-    "DOCKERD2_NAME": "imgbuild-docker-test",
-    "DOCKERD2_BRIDGE": "imgbuild-brt",
-    "DOCKERD2_POOL": "10.214.0.0/16",
-    "DOCKERD2_TCP": "127.0.0.1:2386",
+    key: os.environ.get(f"IMGBUILD_TEST_{key}", default)
+    for key, default in {
+        "DOCKERD2_NAME": "imgbuild-docker-test",
+        "DOCKERD2_BRIDGE": "imgbuild-brt",
+        "DOCKERD2_POOL": "10.214.0.0/16",
+        "DOCKERD2_TCP": "127.0.0.1:2386",
+        "DOCKERD2_DATA": "",
+        "DOCKERD2_LOG": "",
+    }.items()
 }
 
 
@@ -467,15 +474,18 @@ def second_engine(docker_client: Any) -> Any:
         unavailable("the second engine (scripts/dockerd2.sh) starts dockerd: run the tests as root")
     if shutil.which("dockerd") is None:
         unavailable("no dockerd to start a second engine with: apt-get install docker.io")
-    env = {k: v for k, v in os.environ.items() if k != "DOCKER_HOST" and not k.startswith("DOCKERD2_")}
-    env.update(SECOND_ENGINE)
+    # DOCKER_HOST stays: the base images are copied from the engine this session tests (dockerd2.sh's main engine)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKERD2_")}
+    env.update({key: value for key, value in SECOND_ENGINE.items() if value})
     was_running = subprocess.run(["bash", str(script), "status"], env=env, capture_output=True, check=False)
     proc = subprocess.run(["bash", str(script), "start"], env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         unavailable(f"scripts/dockerd2.sh start failed ({proc.returncode}): {proc.stderr[-2000:]}")
     name = SECOND_ENGINE["DOCKERD2_NAME"]
     yield SecondEngine(
-        unix=f"unix:///run/{name}.sock", tcp=f"tcp://{SECOND_ENGINE['DOCKERD2_TCP']}", data_root=f"/var/lib/{name}"
+        unix=f"unix:///run/{name}.sock",
+        tcp=f"tcp://{SECOND_ENGINE['DOCKERD2_TCP']}",
+        data_root=SECOND_ENGINE["DOCKERD2_DATA"] or f"/var/lib/{name}",
     )
     if was_running.returncode != 0:
         subprocess.run(["bash", str(script), "stop"], env=env, capture_output=True, check=False)

@@ -65,6 +65,9 @@ phase "ruff"
 "${PYTHON}" -m ruff format --check src tests benchmarks
 phase "mypy"
 "${PYTHON}" -m mypy
+# pytest keeps each test module's rewritten bytecode beside it (tests/__pycache__, ignored by git) unless
+# PYTHONDONTWRITEBYTECODE is set, which then costs every worker the rewrite of every module at each run: unset here.
+unset PYTHONDONTWRITEBYTECODE
 phase "pytest: fast lane (not docker, not network; loopback only)"
 offline "${PYTHON}" -m pytest -p no:cacheprovider -n "${IMGBUILD_TEST_WORKERS:-auto}" --dist worksteal --durations=10 \
     -m "not docker and not network" "$@"

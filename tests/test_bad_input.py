@@ -1,12 +1,15 @@
 """Bad input through the real command line: exit 3, a message naming the file, the line and the key, never a
 traceback, never text from the recipe that breaks a line, and nothing unsafe in what is rendered.
 
-Every case runs `python -m imgbuild.cli render FILE` (or `lock FILE`) in a subprocess, as a user would.
+Every case runs `imgbuild render FILE` (or `lock FILE`) as a user would: the CLI's app in this process (typer's
+runner, stdout and stderr apart), or `python -m imgbuild.cli` in a subprocess where the process is what a case
+judges (an address-space limit).
 """
 
 from __future__ import annotations
 
 import io
+import os
 import resource
 import subprocess
 import sys
@@ -14,7 +17,9 @@ import time
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from imgbuild.cli import app
 from imgbuild.core.errors import RenderError
 from imgbuild.image import render
 
@@ -23,14 +28,23 @@ GIB = 1 << 30
 
 
 def cli(*args: str | Path, limit_bytes: int | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """`imgbuild ARGS` in a subprocess (optionally under an address-space limit)."""
+    """`imgbuild ARGS` run from the repository's folder: in this process, or with `limit_bytes` in a subprocess under
+    that address-space limit (and `timeout`)."""
+    argv = [str(a) for a in args]
+    if limit_bytes is None:
+        here = os.getcwd()
+        os.chdir(REPO)
+        try:
+            result = CliRunner().invoke(app, argv)
+        finally:
+            os.chdir(here)
+        return subprocess.CompletedProcess(argv, result.exit_code, result.stdout, result.stderr)
 
     def limit() -> None:
-        if limit_bytes is not None:
-            resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
+        resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
 
     return subprocess.run(
-        [sys.executable, "-m", "imgbuild.cli", *map(str, args)],
+        [sys.executable, "-m", "imgbuild.cli", *argv],
         capture_output=True,
         text=True,
         timeout=timeout,

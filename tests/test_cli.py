@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -303,10 +304,16 @@ def _rows(stdout: str) -> dict[str, str]:
     return {line.split()[0]: line for line in stdout.splitlines() if line.strip()}
 
 
+@functools.cache
+def json_of(*args: str) -> Any:
+    """What `imgbuild ARGS --json` prints, read once per process (no colour setting changes JSON: the test above)."""
+    return json.loads(imgbuild(*args, "--json").stdout)
+
+
 @pytest.mark.parametrize("env", [{"FORCE_COLOR": "0"}, {"FORCE_COLOR": "1", "TERM": "dumb"}, {}])
 def test_tables_in_a_pipe_are_not_wrapped(env: dict[str, str]) -> None:
     """A table written to a pipe or a CI log keeps each row on one line (no 80-column cells)."""
-    descriptions = {r["name"]: r["description"] for r in json.loads(imgbuild("list", "--json").stdout)}
+    descriptions = {r["name"]: r["description"] for r in json_of("list")}
     assert max(len(d) for d in descriptions.values()) > 50, "a description long enough to be wrapped at 80"
     proc = imgbuild("list", **env)
     assert proc.returncode == 0, proc.stderr
@@ -315,7 +322,7 @@ def test_tables_in_a_pipe_are_not_wrapped(env: dict[str, str]) -> None:
         assert description in rows[name], f"row {name} wrapped:\n{proc.stdout}"
     assert "\x1b" not in proc.stdout or env.get("FORCE_COLOR") == "1"
 
-    pins = json.loads(imgbuild("show", "pytorch", "--json").stdout)["components"]
+    pins = json_of("show", "pytorch")["components"]
     proc = imgbuild("show", "pytorch", **env)
     rows = _rows(proc.stdout)
     for name, pin in pins.items():

@@ -65,6 +65,13 @@ def k8s_file(name: str) -> Path:
 
 
 @cache
+def k8s_doc(name: str) -> Any:
+    """An upstream file's YAML, read once per process, with libyaml where PyYAML has it (the CRDs are up to a few
+    MB: the pure-Python loader took seconds for each); callers copy what they change."""
+    return yaml.load(k8s_file(name).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
+@cache
 def resolved(name: str) -> Any:
     return lock.resolved_for(recipe.load(name))
 
@@ -116,7 +123,7 @@ def _strict(schema: Any) -> Any:
 
 @cache
 def crd_schema(file: str, version: str) -> dict[str, Any]:
-    doc = yaml.safe_load(k8s_file(file).read_text())
+    doc = k8s_doc(file)
     for v in doc["spec"]["versions"]:
         if v["name"] == version:
             return dict(v["schema"]["openAPIV3Schema"])
@@ -127,8 +134,16 @@ def crd(engine: jobs.Engine) -> dict[str, Any]:
     return crd_schema(*CRDS[engine])
 
 
+_VALIDATORS: dict[int, tuple[dict[str, Any], Any]] = {}  # id(schema) -> (schema, its strict validator)
+
+
 def _validate(schema: dict[str, Any], instance: dict[str, Any]) -> None:
-    errors = sorted(jsonschema.Draft4Validator(_strict(schema)).iter_errors(instance), key=lambda e: list(e.path))
+    """`instance` against `schema` made strict (`_strict`), its validator made once per schema (the CRDs' schemas
+    are cached objects)."""
+    known = _VALIDATORS.get(id(schema))
+    if known is None or known[0] is not schema:
+        known = _VALIDATORS[id(schema)] = (schema, jsonschema.Draft4Validator(_strict(schema)))
+    errors = sorted(known[1].iter_errors(instance), key=lambda e: list(e.path))
     assert not errors, "\n".join(f"{'/'.join(map(str, e.path))}: {e.message}" for e in errors[:10])
 
 
@@ -139,7 +154,7 @@ def validate_crd(engine: jobs.Engine, instance: dict[str, Any]) -> None:
 def validate_kind(instance: dict[str, Any]) -> None:
     """An object other than the job against its kind's CRD (KIND_CRDS), apiVersion included."""
     file, version = KIND_CRDS[instance["kind"]]
-    group = yaml.safe_load(k8s_file(file).read_text())["spec"]["group"]
+    group = k8s_doc(file)["spec"]["group"]
     assert instance["apiVersion"] == f"{group}/{version}"
     _validate(crd_schema(file, version), instance)
 
@@ -166,7 +181,7 @@ def trainer_pod(job: dict[str, Any], runtime: dict[str, Any] | None = None) -> d
     ref = job["spec"]["runtimeRef"]
     if runtime is None:
         assert ref["kind"] == "ClusterTrainingRuntime", "a TrainingRuntime of the job's own comes with it"
-        runtime = yaml.safe_load(k8s_file(TORCH_RUNTIME).read_text())
+        runtime = k8s_doc(TORCH_RUNTIME)
     runtime = json.loads(json.dumps(runtime))  # a copy: the patches below change it
     assert (ref["kind"], ref["name"]) == (runtime["kind"], runtime["metadata"]["name"])
     node = next(j for j in runtime["spec"]["template"]["spec"]["replicatedJobs"] if j["name"] == "node")

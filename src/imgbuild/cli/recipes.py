@@ -173,7 +173,8 @@ def lock_(
         typer.Option(
             "--offline",
             help="No network: PyPI-free pins from the shipped tables; content from the engine, the shipped checksum "
-            "table and uv's cache (a download nobody here can vouch for offline is recorded as unestablished).",
+            "table, the requirement sets the recipe's own or a parent's lock resolved from the same inputs, and uv's "
+            "cache (a download nobody here can vouch for offline is recorded as unestablished).",
         ),
     ] = False,
     check: Annotated[

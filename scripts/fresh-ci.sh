@@ -51,20 +51,10 @@ TEST_ENGINE=(IMGBUILD_TEST_DOCKERD2_NAME=imgbuild-fresh-test IMGBUILD_TEST_DOCKE
     IMGBUILD_TEST_DOCKERD2_POOL=10.218.0.0/16 IMGBUILD_TEST_DOCKERD2_TCP=127.0.0.1:2388
     "IMGBUILD_TEST_DOCKERD2_DATA=${WORK}/engine-test" "IMGBUILD_TEST_DOCKERD2_LOG=${WORK}/dockerd-test.log")
 
-PHASES=()
 T0=${SECONDS}
-PHASE=""
-PHASE_T0=${SECONDS}
-phase_end() {
-    [[ -z "${PHASE}" ]] || PHASES+=("$(printf '%6ss  %s%s' "$((SECONDS - PHASE_T0))" "${PHASE}" "${1:-}")")
-    PHASE=""
-}
-phase() {
-    phase_end
-    PHASE="$1"
-    PHASE_T0=${SECONDS}
-    echo "==> fresh-ci: $1"
-}
+PHASE_PREFIX="fresh-ci: "
+# shellcheck source=scripts/phases.sh
+source "${REPO}/scripts/phases.sh"
 
 stop_engines() {
     env "${TEST_ENGINE[@]/#IMGBUILD_TEST_/}" bash "${REPO}/scripts/dockerd2.sh" stop >/dev/null 2>&1 || true

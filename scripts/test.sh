@@ -14,19 +14,8 @@ set -Eeuo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 # Each phase's time, printed at the end whatever happens (the phase that failed says so).
-PHASES=()
-PHASE=""
-PHASE_T0=${SECONDS}
-phase_end() {
-    [[ -z "${PHASE}" ]] || PHASES+=("$(printf '%6ss  %s%s' "$((SECONDS - PHASE_T0))" "${PHASE}" "${1:-}")")
-    PHASE=""
-}
-phase() {
-    phase_end
-    PHASE="$1"
-    PHASE_T0=${SECONDS}
-    echo "==> $1"
-}
+# shellcheck source=scripts/phases.sh
+source scripts/phases.sh
 summary() {
     local rc=$?
     phase_end "$( ((rc == 0)) || echo " (failed: exit ${rc})")"

@@ -84,6 +84,8 @@ finish() {
     exit "${rc}"
 }
 trap finish EXIT
+trap 'exit 130' INT  # the EXIT trap then says so, and cleans up
+trap 'exit 143' TERM
 
 phase "clone"
 HEAD="$(git -C "${REPO}" rev-parse --short HEAD)"

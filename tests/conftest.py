@@ -50,6 +50,7 @@ def pytest_configure(config: pytest.Config) -> None:
     worker restores the value the controller had (none: a pipe's unwrapped width), as a run without -n sees. The
     controller (or a run without -n) gives the session empty caches before any worker starts: the workers share
     them."""
+    _build_each_cli_once()
     if "PYTEST_XDIST_WORKER" not in os.environ:
         os.environ["IMGBUILD_TEST_COLUMNS"] = os.environ.get("COLUMNS", "")
         _empty_caches(config)
@@ -60,6 +61,28 @@ def pytest_configure(config: pytest.Config) -> None:
             os.environ["COLUMNS"] = columns
         else:
             os.environ.pop("COLUMNS", None)
+
+
+def _build_each_cli_once() -> None:
+    """typer's CliRunner builds the click command of the app it is given at every invoke (every command's signature
+    read again: about 11 ms, some thousand times a session); a process of the product builds it once. Here it is
+    built once per app object and process too, and each invoke runs it afresh (click makes a new context each
+    time). Where typer's testing module has no `_get_command` to wrap, the runner builds it each time, as before."""
+    import typer.testing
+
+    real = getattr(typer.testing, "_get_command", None)
+    if real is None or getattr(real, "built_once", False):
+        return
+    built: dict[int, tuple[Any, Any]] = {}
+
+    def get_command(typer_instance: Any) -> Any:
+        hit = built.get(id(typer_instance))
+        if hit is None or hit[0] is not typer_instance:
+            hit = built[id(typer_instance)] = (typer_instance, real(typer_instance))
+        return hit[1]
+
+    get_command.built_once = True  # type: ignore[attr-defined]
+    typer.testing._get_command = get_command  # type: ignore[attr-defined]
 
 
 def _empty_caches(config: pytest.Config) -> None:

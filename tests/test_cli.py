@@ -256,13 +256,28 @@ COLOUR_SETTINGS = [
 ]
 
 
+def with_env(args: list[str], **env: str) -> Any:
+    """`imgbuild ARGS` through typer's runner in this process with the colour variables set to `env` alone, its
+    consoles made afresh (they read the environment when made, once per process: as a new process would)."""
+    from imgbuild.cli import console
+
+    console.out.cache_clear()
+    console.err.cache_clear()
+    try:
+        return runner.invoke(app, args, env={**dict.fromkeys(COLOUR_VARS), **env})
+    finally:
+        console.out.cache_clear()
+        console.err.cache_clear()
+
+
 @pytest.mark.parametrize("env", COLOUR_SETTINGS, ids=lambda e: " ".join(f"{k}={v}" for k, v in e.items()) or "plain")
 @pytest.mark.parametrize("args", [["list", "--json"], ["show", "cpu", "--json"]])
 def test_json_is_plain_json_whatever_the_colour_settings(args: list[str], env: dict[str, str]) -> None:
-    proc = imgbuild(*args, **env)
-    assert proc.returncode == 0, proc.stderr
-    assert "\x1b" not in proc.stdout, proc.stdout[:200]
-    json.loads(proc.stdout)
+    """In this process, for each setting (a subprocess: test_python_dash_m_imgbuild above, the terminal's below)."""
+    result = with_env(args, **env)
+    assert result.exit_code == 0, result.output
+    assert "\x1b" not in result.stdout, result.stdout[:200]
+    json.loads(result.stdout)
 
 
 def _on_a_tty(args: list[str], columns: int, **env: str) -> str:

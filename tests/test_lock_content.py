@@ -317,3 +317,20 @@ def test_an_offline_lock_takes_nothing_from_an_edited_lock(recipe_dir: Path) -> 
     result = run("lock", str(child), "--offline")
     assert result.exit_code == 5 and "not found in the cache" in result.stderr, result.output
     assert "from " not in result.stdout
+
+
+def test_a_set_is_taken_only_up_to_one_whose_versions_the_recipes_own_lock_contradicts() -> None:
+    """`wheels.reusable` on the cpu lock itself: every set, in resolution order; with a preference (the recipe's own
+    lock's version) that a set's recorded closure contradicts, the sets before it and not that one."""
+    from imgbuild.pin import record, wheels
+
+    cpu = lock.read(recipe.load("cpu"))
+    assert cpu is not None
+    sets = record.requirement_sets(cpu)
+    rec = wheels.recorded_in("cpu.lock.json", cpu, sets)
+    assert rec is not None
+    order = wheels.resolution_order(list(sets))
+    assert order == ["python/uv", "nccl", "sagemaker"]
+    assert wheels.reusable(sets, cpu, [rec], {}) == ({name: rec.python[name] for name in order}, "cpu.lock.json")
+    taken, _ = wheels.reusable(sets, cpu, [rec], {"botocore": "0.1"})
+    assert list(taken) == ["python/uv", "nccl"]

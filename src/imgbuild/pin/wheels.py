@@ -209,10 +209,15 @@ class Recorded(NamedTuple):
 
 
 def recorded_in(where: str, locked: Resolved, sets: Mapping[str, Sequence[str]]) -> Recorded | None:
-    """A lock's closures with their inputs (`Recorded`); None when it records no requirement set."""
+    """A lock's closures with their inputs (`Recorded`); None when it records no requirement set, or when its inputs
+    cannot be told (no target known for it): it vouches for nothing then."""
     if locked.content is None or not locked.content.python or not sets:
         return None
-    return Recorded(where, set_inputs(sets, locked), dict(locked.content.python))
+    try:
+        inputs = set_inputs(sets, locked)
+    except ResolveError:
+        return None
+    return Recorded(where, inputs, dict(locked.content.python))
 
 
 def reusable(

@@ -232,10 +232,10 @@ def reusable(
     `preferences` (the recipe's own lock's) is not taken, nor any after it."""
     if not recorded or not sets:
         return {}, None
-    mine = set_inputs(sets, resolved)
+    mine = set_inputs(sets, resolved)  # in resolution order
     for rec in recorded:
         taken: dict[str, tuple[Requirement, ...]] = {}
-        for name in resolution_order(list(sets)):
+        for name in mine:
             closure = rec.python.get(name)
             if closure is None or rec.inputs.get(name) != mine[name]:
                 break
@@ -322,24 +322,10 @@ def _compile_arch(
         for name in resolution_order(list(sets)):
             found: dict[str, tuple[str, str]] = {}
             if name in reuse:  # a lock at hand resolved this set from the same inputs: its closure, as recorded
-                out[name] = reuse[name]
-                for r in reuse[name]:
-                    if apart(name):
-                        constraints.setdefault(r.name, (r.version, f"requirement set {name}"))
-                    else:
-                        pinned[r.name] = constraints[r.name] = (r.version, f"requirement set {name}")
-                continue
-            uv = uv_bin()
-            versions = {n: v for n, (v, _) in constraints.items()}
-            try:
-                closure = _compile(
-                    uv, folder, resolved.name, name, sets[name], versions, python, platform, offline,
-                    preferences=preferences, yanked=found,
-                )  # fmt: skip
-            except ResolveError as exc:
-                raise _replaced(
-                    exc, uv, folder, resolved.name, name, sets[name], constraints, python, platform, offline
-                ) from exc
+                closure = list(reuse[name])
+            else:
+                closure = _resolve_set(folder, resolved.name, name, sets[name], constraints, python, platform,
+                                       offline, preferences, found)  # fmt: skip
             if apart(name):  # installed apart from the venv: its whole closure, constraining the venv's versions
                 mine = tuple(closure)
                 for r in mine:
@@ -351,6 +337,31 @@ def _compile_arch(
             yanked.update(Yank(name, r.name, r.version, found[r.name][1]) for r in mine if r.name in found)
             out[name] = mine
     return out
+
+
+def _resolve_set(
+    folder: Path,
+    recipe: str,
+    name: str,
+    specifiers: Sequence[str],
+    constraints: Mapping[str, tuple[str, str]],
+    python: str,
+    platform: str,
+    offline: bool,
+    preferences: Mapping[str, str],
+    yanked: dict[str, tuple[str, str]],
+) -> list[Requirement]:
+    """Set `name`'s closure from uv, with `constraints`' versions pinned (`_compile`); when it has no solution, the
+    error says which pinned distributions it would replace (`_replaced`)."""
+    uv = uv_bin()
+    versions = {n: v for n, (v, _) in constraints.items()}
+    try:
+        return _compile(
+            uv, folder, recipe, name, specifiers, versions, python, platform, offline,
+            preferences=preferences, yanked=yanked,
+        )  # fmt: skip
+    except ResolveError as exc:
+        raise _replaced(exc, uv, folder, recipe, name, specifiers, constraints, python, platform, offline) from exc
 
 
 def provided(resolved: Resolved) -> dict[str, tuple[str, str]]:

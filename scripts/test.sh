@@ -64,4 +64,4 @@ if ((fast_only)); then
     exit 0
 fi
 phase "pytest: docker and network lane"
-"${PYTHON}" -m pytest -p no:cacheprovider --durations=15 -m "docker or network" "$@"
+"${PYTHON}" -m pytest -p no:cacheprovider --durations=40 -m "docker or network" "$@"

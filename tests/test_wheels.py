@@ -9,6 +9,7 @@ import hashlib
 import os
 import re
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -135,6 +136,25 @@ def test_uv_and_the_page_reader_read_the_one_configured_index(
     (req,) = sets["onedex"]
     assert (req.name, req.version, req.hashes) == ("onedex", "1.0", (f"sha256:{hashlib.sha256(data).hexdigest()}",))
     assert any(path == "/files/onedex-1.0-py3-none-any.whl" for _, path, _ in index_env.wheel_requests())
+
+
+def test_uv_runs_no_interpreter_from_path(index_env: Index, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The target is given (--python-version, --python-platform); the interpreter that runs imgbuild is the one uv
+    may build metadata with. Left to find one, uv ran every python on PATH that might be the target's version (about
+    a second per set with pyenv's shims): here, a python3.11 and a python3 on PATH that record being run."""
+    data = make_wheel(tmp_path, "onedex-1.0-py3-none-any.whl", [], junk=0)
+    index_env.add_wheel("onedex", "onedex-1.0-py3-none-any.whl", data)
+    bin_dir, ran = tmp_path / "bin", tmp_path / "ran"
+    bin_dir.mkdir()
+    for name in ("python3.11", "python3", "python"):
+        (bin_dir / name).write_text(f'#!/bin/sh\necho "$0" >> {ran}\nexec {sys.executable} "$@"\n')
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.delenv("VIRTUAL_ENV", raising=False)
+    monkeypatch.delenv("UV_PYTHON", raising=False)
+    sets = wheels.compile_sets({"onedex": ["onedex==1.0"]}, resolved_of("cpu"))
+    assert [r.name for r in sets["onedex"]] == ["onedex"]
+    assert not ran.exists(), f"uv ran {ran.read_text()}"
 
 
 def test_no_uv_is_an_error_that_says_so(monkeypatch: pytest.MonkeyPatch) -> None:

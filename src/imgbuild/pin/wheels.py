@@ -450,8 +450,11 @@ def _compile(
     lock.parent.mkdir()
     if preferences:
         lock.write_text(preference_file(preferences))
+    # --python: the interpreter that runs imgbuild builds a source distribution's metadata where one is needed (the
+    # target is --python-version and --python-platform). Left to find one, uv queries every python on PATH that might
+    # be the target's version (about 1 s with pyenv's shims, at every set of every lock).
     argv = [  # not --quiet: uv's warnings name the yanked releases it resolved to
-        uv, "pip", "compile", "--no-config", "--no-python-downloads", "--generate-hashes",
+        uv, "pip", "compile", "--no-config", "--no-python-downloads", "--generate-hashes", "--python", sys.executable,
         "--python-version", python, "--python-platform", platform,
         "--constraints", str(folder / f"{slug}.constraints.txt"),
         *(f"--no-binary={n}" for n in sources),  # `=`: a name is never read as an option of uv

@@ -1,7 +1,8 @@
 """The shipped `debian-cuda` recipe for real: the GPU stack's compile steps run here. Built once with
 `--files tests/data/upstream/sources` (the three source archives: aws-ofi-nccl from GitHub's archive of its tag, with
 autogen.sh; nccl-tests with MPI=1; GDRCopy's library), CUDA 13's toolkit from the cuda-toolkit wheels in the builder,
-mpi4py compiled against Debian's Open MPI 5. Then `imgbuild verify` in one container and across 2, through the CLI.
+mpi4py compiled from its sdist against Debian's Open MPI 5 (the docker lane's one compile of a pip mpi4py). Then
+`imgbuild verify` in one container and across 2, through the CLI.
 
 With no GPU here, the GPU checks skip with their reason; everything that needs no GPU must pass: the plugin's
 libraries resolve and it exports a net-plugin API the image's NCCL loads, nccl-tests link the image's one NCCL and its
@@ -22,6 +23,7 @@ from typer.testing import CliRunner
 
 from conftest import REPO
 from imgbuild.cli import app
+from imgbuild.pin import lock
 
 pytestmark = pytest.mark.docker
 
@@ -52,7 +54,6 @@ def debian_cuda_image(docker_client: Any) -> Any:
     """`imgbuild build debian-cuda --files tests/data/upstream/sources`, the way CI and users without GitHub build it
     (the engine's cache makes a rebuild seconds)."""
     from imgbuild import build
-    from imgbuild.pin import lock
 
     return build.build(*lock.for_ref("debian-cuda"), ca_bundle=build.ca_bundle_from(None), files=FILES)
 
@@ -75,6 +76,10 @@ def test_verify_passes_the_gpu_stack_checks_and_skips_the_gpu_ones(debian_cuda_i
     # no GPU here: skipped, with the reason, never passed
     for name in GPU_CHECKS:
         assert results[name]["status"] == "skip" and results[name]["reason"], results[name]
+    # mpi4py from pip (`mpi4py: {source: pip}`: its sdist by hash, compiled against the image's Open MPI) is the
+    # lock's version (the one compile of a pip mpi4py the docker lane runs; its lock is test_wheels' network test)
+    _, resolved = lock.for_ref("debian-cuda")
+    assert results["mpi4py-version"]["found"] == resolved.pins["mpi4py"].version == "4.1.2", results["mpi4py-version"]
     # `fi_info -l` lists Debian's efa provider (no device needed to list it)
     assert "efa" in results["libfabric-providers"]["details"]["listed"]
     assert data["image"] == str(debian_cuda_image.refs[0])

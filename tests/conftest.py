@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -36,6 +37,11 @@ SHIPPED = [
     "v100",
 ]
 
+
+# jsonschema checks the "iri" formats with rfc3987-syntax wherever that package happens to be installed (an optional
+# extra nothing here asks for; a fresh venv lacks it, this machine's system Python has it), and importing it builds 38
+# lark parsers: 2 s in every test process. No test reads those formats; jsonschema is the one a fresh venv has.
+sys.modules.setdefault("rfc3987_syntax", None)
 
 # The caches a test could read from this machine's past (uv's wheels and metadata, pip's, imgbuild's own state and
 # compiled templates under XDG_CACHE_HOME): every test session starts with each of them empty (`_empty_caches`), so a

@@ -101,6 +101,34 @@ def test_extends_cycle(recipe_dir: Path) -> None:
     assert "extends: cycle:" in msg and "a.yaml -> " in msg and msg.rstrip().endswith("a.yaml")
 
 
+def _chain(recipe_dir: Path, length: int) -> Path:
+    """r0.yaml extends r1.yaml ... extends the shipped cpu: `length` recipe files, then cpu's own chain (one file)."""
+    for i in range(length):
+        write(recipe_dir, f"r{i}.yaml", f"extends: ./r{i + 1}.yaml\n" if i + 1 < length else "extends: cpu\n")
+    return recipe_dir / "r0.yaml"
+
+
+def test_a_chain_at_the_limit_loads(recipe_dir: Path) -> None:
+    loaded = recipe.load(_chain(recipe_dir, recipe.MAX_CHAIN - 1))
+    assert len(loaded.chain) == recipe.MAX_CHAIN and loaded.recipe.name == "r0"
+
+
+@pytest.mark.parametrize("length", [recipe.MAX_CHAIN, 1500])
+def test_a_chain_past_the_limit_is_refused_naming_the_file_and_the_limit(recipe_dir: Path, length: int) -> None:
+    """A deep chain is a recipe error (exit 3) naming the file that extends once too far and the limit, through the
+    CLI; 1500 recipes crashed the recursive walk with RecursionError (exit 1) after 26 s."""
+    from typer.testing import CliRunner
+
+    from imgbuild.cli import app
+
+    result = CliRunner().invoke(app, ["show", str(_chain(recipe_dir, length))])
+    assert result.exit_code == RecipeError.exit_code == 3, result.output
+    text = " ".join(result.output.split())
+    last = recipe.MAX_CHAIN - 1 if length > recipe.MAX_CHAIN else length - 1  # the one whose parent is one too many
+    assert f"r{last}.yaml:1: extends" in text and f"longer than {recipe.MAX_CHAIN} recipes" in text, text
+    assert "Traceback" not in result.output and "RecursionError" not in result.output
+
+
 def test_missing_required_key(recipe_dir: Path) -> None:
     p = write(recipe_dir, "bare.yaml", "description: nothing\n")
     msg = error_of(p)

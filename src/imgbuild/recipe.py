@@ -550,25 +550,42 @@ def _parse(path: Path, label: str) -> tuple[dict[str, Any], dict[tuple[str, ...]
     return doc, _line_map(node)
 
 
+# How many recipes one `extends:` chain may hold, the recipe itself included. The shipped chains are 3 deep at most
+# (a child of a100 -> a100 -> _cuda); a chain longer than this is a generated or runaway one, refused with this limit
+# named rather than walked (each link opens and parses a file).
+MAX_CHAIN = 64
+
+
 def _read_chain(
     path: Path,
     chain: list[Path],
     docs: list[tuple[Path, dict[str, Any], dict[tuple[str, ...], int]]],
     label: str,
 ) -> None:
-    resolved = path.resolve()
-    if resolved in [p.resolve() for p in chain]:
-        cycle = " -> ".join(display(p) for p in [*chain, path])
-        raise RecipeError(f"{display(chain[-1])}: extends: cycle: {cycle}")
-    chain.append(path)
-    doc, lines = _parse(path, label)
-    parent = doc.pop("extends", None)
-    docs.append((path, doc, lines))
-    if parent is None:
-        return
-    key = f"{display(path)}:{lines.get(('extends',), 1)}: extends"
-    parent_path = _parent(path, parent, key)
-    _read_chain(parent_path, chain, docs, f"{key}: {display(parent_path)}")
+    """Read `path` and each parent its `extends:` names, child first, into `chain` (the paths) and `docs` (each
+    document without its `extends:` key, and its lines). A loop: no recursion, whatever the chain's length; a cycle or
+    a chain of more than MAX_CHAIN recipes is a RecipeError naming the file that extends once too far."""
+    seen: set[Path] = set()
+    while True:
+        resolved = path.resolve()
+        if resolved in seen:
+            cycle = " -> ".join(display(p) for p in [*chain, path])
+            raise RecipeError(f"{display(chain[-1])}: extends: cycle: {cycle}")
+        if len(chain) >= MAX_CHAIN:
+            raise RecipeError(
+                f"{label}: the extends: chain from {display(chain[0])} is longer than {MAX_CHAIN} recipes",
+                hint=f"a recipe extends at most {MAX_CHAIN - 1} others in a row: merge some of them",
+            )
+        seen.add(resolved)
+        chain.append(path)
+        doc, lines = _parse(path, label)
+        parent = doc.pop("extends", None)
+        docs.append((path, doc, lines))
+        if parent is None:
+            return
+        key = f"{display(path)}:{lines.get(('extends',), 1)}: extends"
+        path = _parent(path, parent, key)
+        label = f"{key}: {display(path)}"
 
 
 def _parent(path: Path, parent: object, key: str) -> Path:

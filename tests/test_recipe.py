@@ -204,3 +204,35 @@ def test_libyaml_reads_the_tricky_scalars_as_the_guarded_loader_does(tmp_path: P
 )
 def test_documents_libyaml_must_not_compose_go_to_the_guarded_loader(text: str) -> None:
     assert not recipe._plain(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        ("extends: a100\ncomponents:\n  sshd: {ports: [22]}\n", 3),  # the GPU targets' run profile: the host's network
+        ("extends: cpu\nruntime:\n  network: host\ncomponents:\n  sshd:\n    ports: [3022, 22]\n", 6),
+    ],
+)
+@pytest.mark.parametrize("command", ["show", "render", "lock"])
+def test_sshd_on_port_22_with_the_hosts_network_is_refused_by_every_command(
+    recipe_dir: Path, tmp_path: Path, text: str, line: int, command: str
+) -> None:
+    """The host's own sshd has port 22 on every node of a host-network job: each command that reads such a recipe
+    refuses it (exit 3) naming the file, the line and the key. `lock` accepted it (exit 0) after issue 28."""
+    from typer.testing import CliRunner
+
+    from imgbuild.cli import app
+
+    path = write(recipe_dir, "mine.yaml", text)
+    args = [command, str(path), *(["-o", str(tmp_path / "out")] if command == "render" else [])]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == RecipeError.exit_code == 3, result.output
+    text = " ".join(result.output.split())
+    assert f"mine.yaml:{line}: components.sshd.ports: port 22 is the host's own sshd's" in text, text
+    assert "runtime.network: host" in text and not (recipe_dir / "mine.lock.json").exists()
+
+
+def test_sshd_on_port_22_without_the_hosts_network_loads(recipe_dir: Path) -> None:
+    """On a bridge network (cpu's run profile) the container's port 22 is its own."""
+    loaded = recipe.load(write(recipe_dir, "mine.yaml", "extends: cpu\ncomponents:\n  sshd: {ports: [22]}\n"))
+    assert loaded.recipe.components.sshd.ports == (22,) and loaded.recipe.runtime.network is None

@@ -302,9 +302,23 @@ def load(ref: str | Path) -> LoadedRecipe:
         recipe = Recipe.model_validate(merged)
     except ValidationError as exc:
         raise RecipeError(_format_errors(exc, docs)) from None
+    _keep_block_rules(recipe, docs)
     if recipe.app is not None and recipe.app.code is not None:
         _place_code(recipe.app.code, docs)
     return LoadedRecipe(recipe=recipe, path=path, chain=tuple(chain), merged=merged)
+
+
+def _keep_block_rules(recipe: Recipe, docs: list[tuple[Path, dict[str, Any], dict[tuple[str, ...], int]]]) -> None:
+    """Each block's rule with the rest of the recipe (`Block.recipe_rule`), for every command that loads it: a
+    RecipeError naming the file and line that set the key a rule names."""
+    from imgbuild.blocks import REGISTRY
+
+    broken = [found for block in REGISTRY if (found := block.recipe_rule(recipe)) is not None]
+    if broken:
+        raise RecipeError(
+            "invalid recipe:\n  "
+            + "\n  ".join(f"{_where(loc, docs)}: {'.'.join(loc)}: {why}" for loc, why in broken)
+        )
 
 
 def _inside(doc_path: Path, name: str, key: str) -> Path:

@@ -419,6 +419,10 @@ class Block:
     build_after: tuple[str, ...] = ()
     tag: tuple[int, str] | None = None
     required: Callable[[Recipe], str | None] = lambda recipe: None
+    # a rule its options keep with the rest of the recipe (sshd: not the host's port 22 under the host's network):
+    # None, or the key it breaks (a path in the recipe) and why; recipe.load refuses such a recipe (a RecipeError
+    # naming the file and line that set the key), whatever command reads it
+    recipe_rule: Callable[[Recipe], tuple[tuple[str, ...], str] | None] = lambda recipe: None
     files: tuple[tuple[str, str, int], ...] = ()
     data: Callable[[Pin, Any], Mapping[str, str]] = lambda pin, manifest: {}
     downloads: Callable[[Pin, Context], list[str]] = lambda pin, ctx: []

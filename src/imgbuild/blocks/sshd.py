@@ -10,7 +10,7 @@ the container starts.
 from __future__ import annotations
 
 import time
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import field_validator
 
@@ -19,6 +19,9 @@ from imgbuild.checks import CONTAINER, CheckContext, check, fail, passed
 from imgbuild.checks.results import CheckResult
 from imgbuild.core.paths import SSH_KEY_DIR, SSHD_LOG
 from imgbuild.spec.schema import Port, Strict
+
+if TYPE_CHECKING:
+    from imgbuild.recipe import Recipe
 
 SSHD_WAIT_S = 10
 
@@ -49,6 +52,24 @@ class SshdDetails(Details):
     permit_root_login: Literal["prohibit-password", "no"]
 
 
+# The host's own sshd listens here: a container on the host's network cannot take it.
+HOST_SSH_PORT = 22
+
+
+def recipe_rule(recipe: Recipe) -> tuple[tuple[str, ...], str] | None:
+    """sshd on port 22 in a recipe whose containers use the host's network (runtime.network: host, as the GPU
+    targets' do): the host's own sshd has that port on every node, so the image's sshd could not listen there."""
+    sshd = recipe.components.sshd
+    if sshd is None or recipe.runtime.network != "host" or HOST_SSH_PORT not in sshd.ports:
+        return None
+    return (
+        ("components", "sshd", "ports"),
+        f"port {HOST_SSH_PORT} is the host's own sshd's, and this recipe's containers use the host's network "
+        f"(runtime.network: host): the image's sshd would clash with it on every node; expected another port "
+        f"(the default is 3022)",
+    )
+
+
 def resolve(s: Sshd, rs: Resolution) -> Pin:
     return Pin(
         version=None,
@@ -71,6 +92,7 @@ BLOCK = Block(
     modes={"distro": "fragment"},
     resolve=resolve,
     contribute=contribute,
+    recipe_rule=recipe_rule,
     details=SshdDetails,
     files=(
         ("imgbuild/sshd_config", "files/sshd_config.j2", 0o644),

@@ -501,6 +501,11 @@ BROKEN = {
         {"nccl-runtime-version", "nccl-header-version"},
     ),
     "baked-key": ("RUN ssh-keygen -q -t ed25519 -N '' -f /root/.ssh/id_ed25519", {"no-keys-in-image"}),
+    # package documentation with AWS's example access key, as boto3's CloudFront example had it
+    "baked-token": (
+        "RUN printf '%s\\n' \"key_id = 'AKIAIOSFODNN7EXAMPLE'\" > /opt/venv/lib/python3.11/site-packages/example.rst",
+        {"no-keys-in-image"},
+    ),
     # the entrypoint's `sshd -t` refuses the config and the container exits: the image-level checks still run
     "sshd-invalid": ("RUN echo 'NoSuchOption yes' >> /etc/ssh/sshd_config", {"container-start"}),
 }
@@ -537,6 +542,7 @@ def broken_image(request: pytest.FixtureRequest, cpu_image: Any, docker_client: 
         "sshd-port",
         pytest.param("other-nccl", marks=pytest.mark.network),
         "baked-key",
+        "baked-token",
         "sshd-invalid",
     ],
     indirect=True,
@@ -653,3 +659,39 @@ def test_imex_channel_check() -> None:
     assert bad.status == "fail" and "read and write" in bad.reason
     lost = gpuchecks.imex_channel(ctx_for({"channel*": Out(0, "done\n")}, devices=(channel,)))
     assert lost.status == "fail" and "passed to the container but not in it" in lost.reason
+
+
+def _scan(root: Path) -> set[str]:
+    """verify's image scan (SCAN_SCRIPT, run by /bin/sh as in the image) over `root` instead of /."""
+    ran = subprocess.run(["sh", "-c", verify.SCAN_SCRIPT, "sh", str(root)], capture_output=True, text=True, check=True)
+    assert ran.stdout.rstrip().endswith("IMGBUILD-SCAN-DONE"), ran.stdout
+    return {str(Path(p).relative_to(root)) for p in verify.scan_findings(ran.stdout)}
+
+
+def test_the_image_scan_finds_credential_shaped_text_anywhere_in_a_line(tmp_path: Path) -> None:
+    """What AWS's deep-learning-containers sanity scan flagged in the cpu image's venv (boto3's CloudFront example:
+    an access key ID; botocore's IAM examples: a private-key header inside a JSON string) is what verify's scan flags
+    too; key files by name as before; prose, longer tokens and binary files are not findings."""
+    files = {
+        "site/boto3/examples/cloudfront.rst": "    key_id = 'AKIAIOSFODNN7EXAMPLE'\n",
+        "site/botocore/data/iam/examples-1.json": '{"PrivateKey": "-----BEGIN DSA PRIVATE KEY-----<a key>"}\n',
+        "etc/credentials": "[default]\naws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY\n",
+        "etc/pem": "-----BEGIN OPENSSH PRIVATE KEY-----\nb3Blbg==\n-----END OPENSSH PRIVATE KEY-----\n",
+        "root/.ssh/id_ed25519": "",
+        # not findings
+        "doc/prose.txt": "An access key ID starts with AKIA; a PEM private key with a BEGIN line.\n",
+        "doc/longer.txt": "XAKIAIOSFODNN7EXAMPLEX and AKIAIOSFODNN7EXAMPLE0123 are other tokens\n",
+        "doc/public.pem": "-----BEGIN PUBLIC KEY-----\nMIIB\n-----END PUBLIC KEY-----\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    (tmp_path / "lib" / "binary.so").parent.mkdir()
+    (tmp_path / "lib" / "binary.so").write_bytes(b"\0\x7fELF -----BEGIN RSA PRIVATE KEY----- AKIAIOSFODNN7EXAMPLE\0")
+    assert _scan(tmp_path) == {
+        "site/boto3/examples/cloudfront.rst",
+        "site/botocore/data/iam/examples-1.json",
+        "etc/credentials",
+        "etc/pem",
+        "root/.ssh/id_ed25519",
+    }

@@ -22,7 +22,7 @@ from imgbuild.blocks import context_for
 from imgbuild.blocks import python as python_block
 from imgbuild.core.errors import BuildError, IndexLookupError, ResolveError
 from imgbuild.image import render
-from imgbuild.pin import pypi, record, resolver, wheels
+from imgbuild.pin import lock, pypi, record, resolver, wheels
 from imgbuild.pin.content import Content, Download, Requirement
 from localindex import Index, make_wheel
 
@@ -209,6 +209,24 @@ def pip_runs(dockerfile: str) -> list[str]:
         elif runs and runs[-1].endswith("\\") and (line.startswith("    ") or line.startswith(" &&")):
             runs[-1] += "\n" + line
     return [r for r in runs if "/bin/pip " in r or "/bin/uv pip " in r]
+
+
+@pytest.mark.parametrize("name", ["cpu", "a100", "debian-cuda"])
+def test_the_run_installing_boto3_removes_its_credential_shaped_docs(name: str) -> None:
+    """boto3's examples and botocore's examples-1.json (AWS's example access key, a private-key header) go in the
+    RUN that installs them, so no layer holds them; the shipped lock's closure says which set that is, and no other
+    set's RUN removes anything."""
+    _, resolved = lock.for_ref(name)  # the shipped lock, its content
+    assert resolved.content is not None
+    holding = {n for n, reqs in resolved.content.python.items() if {"boto3", "botocore"} & {r.name for r in reqs}}
+    plan = render.plan(resolved)
+    assert holding == {"sagemaker"}
+    for run in pip_runs(plan.dockerfile):
+        removes = 'rm -rf -- "$site"/boto3/examples "$site"/botocore/data/*/*/examples-1.json'
+        if "/requirements/sagemaker.txt" in run:
+            assert run.endswith(removes) and 'site="$(/opt/venv/bin/python -c' in run, run
+        else:
+            assert "rm -rf" not in run, run
 
 
 @pytest.mark.parametrize("name", ["a100", "pytorch", "cpu"])

@@ -316,8 +316,7 @@ def _keep_block_rules(recipe: Recipe, docs: list[tuple[Path, dict[str, Any], dic
     broken = [found for block in REGISTRY if (found := block.recipe_rule(recipe)) is not None]
     if broken:
         raise RecipeError(
-            "invalid recipe:\n  "
-            + "\n  ".join(f"{_where(loc, docs)}: {'.'.join(loc)}: {why}" for loc, why in broken)
+            "invalid recipe:\n  " + "\n  ".join(f"{_where(loc, docs)}: {'.'.join(loc)}: {why}" for loc, why in broken)
         )
 
 

@@ -246,7 +246,8 @@ RUN --mount=type=secret,id=imgbuild-ca,target=/run/secrets/imgbuild-ca.pem,requi
     --mount=type=cache,id=imgbuild-uv,target=/root/.cache/uv,sharing=locked \
     --mount=type=bind,source=imgbuild/requirements/sagemaker.txt,target=/tmp/imgbuild-requirements/sagemaker.txt \
     --mount=type=bind,from=builder,source=/tmp/imgbuild-uv,target=/tmp/imgbuild-uv \
-    SSL_CERT_FILE=/run/secrets/imgbuild-ca.pem /tmp/imgbuild-uv/bin/uv pip install --python /opt/venv/bin/python --link-mode=copy --compile-bytecode --require-hashes --no-deps -r /tmp/imgbuild-requirements/sagemaker.txt
+    SSL_CERT_FILE=/run/secrets/imgbuild-ca.pem /tmp/imgbuild-uv/bin/uv pip install --python /opt/venv/bin/python --link-mode=copy --compile-bytecode --require-hashes --no-deps -r /tmp/imgbuild-requirements/sagemaker.txt \
+ && site="$(/opt/venv/bin/python -c "import sysconfig; print(sysconfig.get_path('purelib'))")" && rm -rf -- "$site"/boto3/examples "$site"/botocore/data/*/*/examples-1.json
 
 # SageMaker training contract: the /opt/ml tree and `train` on PATH (`docker run IMAGE train`). train, the code
 # fetcher it runs on every host and its entrypoint hook are static scripts; what differs between images is the data

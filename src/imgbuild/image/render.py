@@ -129,6 +129,40 @@ def set_file(ctx: Context, name: str) -> tuple[str, str]:
     return f"--mount=type=bind,source={requirements_path(name)},target={file}", file
 
 
+# Files of Python distributions that are documentation and hold credential-shaped examples (boto3's CloudFront
+# example has AWS's documented example access key; botocore's IAM examples a PEM private-key header): secret scanners
+# flag them (verify's no-keys-in-image among them) and nothing imports them. The RUN that installs such a distribution
+# removes them, so no layer holds them. Distribution -> globs under the environment's site-packages.
+PRUNED_DOCS: dict[str, tuple[str, ...]] = {
+    "boto3": ("boto3/examples",),
+    "botocore": ("botocore/data/*/*/examples-1.json",),
+}
+
+
+def prune_docs(ctx: Context, name: str, pip: str, target: str | None) -> str:
+    """What the RUN installing requirement set `name` runs after its install (`" \\\n && ..."`, or nothing): the
+    PRUNED_DOCS globs of the distributions it installs (its lock closure; without lock content, whose closure is not
+    known, all of them when the set names any), under the site-packages of `pip`'s Python, or under `target`."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    from imgbuild.pin.wheels import requirement_lines
+
+    names: set[str]
+    if ctx.content is None:
+        named = {canonicalize_name(Requirement(line).name) for line in requirement_lines(requirement_set(ctx, name))}
+        names = set(PRUNED_DOCS) if named & set(PRUNED_DOCS) else set()
+    else:
+        names = {str(canonicalize_name(r.name)) for r in ctx.content.python.get(name, ())} & set(PRUNED_DOCS)
+    globs = [glob for dist in sorted(names) for glob in PRUNED_DOCS[dist]]
+    if not globs:
+        return ""
+    purelib = "import sysconfig; print(sysconfig.get_path('purelib'))"
+    site = shlex.quote(target) if target else f'"$({python_of(pip)} -c "{purelib}")"'
+    paths = " ".join('"$site"/' + glob for glob in globs)
+    return f" \\\n && site={site} && rm -rf -- {paths}"
+
+
 def pip_install(
     context: Any,
     pip: str,
@@ -158,6 +192,7 @@ def pip_install(
     into = f" --target {target}" if target is not None else ""  # install's alone: pip download has no --target
     run_, sources_dir = context["run"], context.get("sources_dir")
     download_env, install_env = (f"{e} " if e else "" for e in (env, build_env))
+    prune = prune_docs(ctx, name, pip, target)
     if ctx.content is None:  # each requirement a shell word, one to a line when there are more than two
         words = [shlex.quote(r) for r in requirement_lines(specifiers)]
         head = f"# No lock content: requirement set {name} installs unhashed (`imgbuild lock` records its hashes).\n"
@@ -165,21 +200,22 @@ def pip_install(
         install = f"{install_env}{pip} install --no-index --find-links {WHEELHOUSE}{options}{into}"
         if len(words) <= 2:
             reqs = " ".join(words)
-            return f"{head}{run_(CA_MOUNT, PIP_CACHE_MOUNT, *mounts)}{download} {reqs} \\\n && {install} {reqs}"
+            return f"{head}{run_(CA_MOUNT, PIP_CACHE_MOUNT, *mounts)}{download} {reqs} \\\n && {install} {reqs}{prune}"
         listed = " \\\n".join(f"      {w}" for w in words)
-        command = f'set -- \\\n{listed} \\\n && {download} "$@" \\\n && {install} "$@"'
+        command = f'set -- \\\n{listed} \\\n && {download} "$@" \\\n && {install} "$@"{prune}'
         return f"{head}{run_(CA_MOUNT, PIP_CACHE_MOUNT, *mounts)}{command}"
     bind, file = set_file(ctx, name)
     hashed = f"--require-hashes --no-deps{options} -r {file}"
     if not sources and name != UV_SET and uv_installs(ctx):
-        return uv_install(context, pip, ctx, name, bind, file, build_env=build_env, mounts=mounts, target=target)
+        installs = uv_install(context, pip, ctx, name, bind, file, build_env=build_env, mounts=mounts, target=target)
+        return f"{installs}{prune}"
     if sources_dir:
         install = f"{install_env}{pip} install --no-index --find-links {sources_dir}/wheels{into} {hashed}"
-        return f"{run_(CA_MOUNT, PIP_CACHE_MOUNT, bind, *mounts)}{install}"
+        return f"{run_(CA_MOUNT, PIP_CACHE_MOUNT, bind, *mounts)}{install}{prune}"
     return (
         f"{run_(CA_MOUNT, PIP_CACHE_MOUNT, bind, *mounts)}"
         f"{download_env}{pip} download --dest {WHEELHOUSE} {hashed} \\\n"
-        f" && {install_env}{pip} install --no-index --find-links {WHEELHOUSE}{into} {hashed}"
+        f" && {install_env}{pip} install --no-index --find-links {WHEELHOUSE}{into} {hashed}{prune}"
     )
 
 

@@ -120,7 +120,8 @@ RUN mkdir -p /run/sshd /root/.ssh \
 RUN --mount=type=secret,id=imgbuild-ca,target=/run/secrets/imgbuild-ca.pem,required=true \
     --mount=type=cache,id=imgbuild-pip,target=/root/.cache/pip,sharing=locked \
     PIP_CERT=/run/secrets/imgbuild-ca.pem PIP_DISABLE_PIP_VERSION_CHECK=1 /opt/venv/bin/pip download --dest /root/.cache/pip/imgbuild-wheelhouse boto3==1.44.5 \
- && /opt/venv/bin/pip install --no-index --find-links /root/.cache/pip/imgbuild-wheelhouse boto3==1.44.5
+ && /opt/venv/bin/pip install --no-index --find-links /root/.cache/pip/imgbuild-wheelhouse boto3==1.44.5 \
+ && site="$(/opt/venv/bin/python -c "import sysconfig; print(sysconfig.get_path('purelib'))")" && rm -rf -- "$site"/boto3/examples "$site"/botocore/data/*/*/examples-1.json
 
 # SageMaker training contract: the /opt/ml tree and `train` on PATH (`docker run IMAGE train`). train, the code
 # fetcher it runs on every host and its entrypoint hook are static scripts; what differs between images is the data

@@ -143,13 +143,14 @@ def prune_docs(ctx: Context, name: str, pip: str, target: str | None) -> str:
     """What the RUN installing requirement set `name` runs after its install (`" \\\n && ..."`, or nothing): the
     PRUNED_DOCS globs of the distributions it installs (its lock closure; without lock content, whose closure is not
     known, all of them when the set names any), under the site-packages of `pip`'s Python, or under `target`."""
-    from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
 
-    from imgbuild.pin.wheels import requirement_lines
-
     names: set[str]
-    if ctx.content is None:
+    if ctx.content is None:  # (a rendering without lock content only: packaging.requirements costs an import)
+        from packaging.requirements import Requirement
+
+        from imgbuild.pin.wheels import requirement_lines
+
         named = {canonicalize_name(Requirement(line).name) for line in requirement_lines(requirement_set(ctx, name))}
         names = set(PRUNED_DOCS) if named & set(PRUNED_DOCS) else set()
     else:

@@ -27,6 +27,7 @@ from imgbuild.engine.rootfs import (
     spec_for,
     split_name,
 )
+from trees import write_tree
 
 
 @pytest.fixture
@@ -166,9 +167,7 @@ def _fake_rootfs(root: Path) -> None:
         "etc/hostname": "buildhost",
         "dev/null": "",
     }
-    for rel, text in files.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
+    write_tree(root, files)
     (root / "proc").mkdir()
 
 

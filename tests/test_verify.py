@@ -32,6 +32,7 @@ from imgbuild.core.errors import Interrupted, VerifyError
 from imgbuild.image import identity
 from imgbuild.image.manifest import MANIFEST_PATH, Manifest, read_entry
 from imgbuild.verify import gpuchecks
+from trees import write_tree
 
 runner = CliRunner()
 
@@ -672,7 +673,7 @@ def test_the_image_scan_finds_credential_shaped_text_anywhere_in_a_line(tmp_path
     """What AWS's deep-learning-containers sanity scan flagged in the cpu image's venv (boto3's CloudFront example:
     an access key ID; botocore's IAM examples: a private-key header inside a JSON string) is what verify's scan flags
     too; key files by name as before; prose, longer tokens and binary files are not findings."""
-    files = {
+    files: dict[str, str | bytes] = {
         "site/boto3/examples/cloudfront.rst": "    key_id = 'AKIAIOSFODNN7EXAMPLE'\n",
         "site/botocore/data/iam/examples-1.json": '{"PrivateKey": "-----BEGIN DSA PRIVATE KEY-----<a key>"}\n',
         "etc/credentials": "[default]\naws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY\n",
@@ -682,12 +683,9 @@ def test_the_image_scan_finds_credential_shaped_text_anywhere_in_a_line(tmp_path
         "doc/prose.txt": "An access key ID starts with AKIA; a PEM private key with a BEGIN line.\n",
         "doc/longer.txt": "XAKIAIOSFODNN7EXAMPLEX and AKIAIOSFODNN7EXAMPLE0123 are other tokens\n",
         "doc/public.pem": "-----BEGIN PUBLIC KEY-----\nMIIB\n-----END PUBLIC KEY-----\n",
+        "lib/binary.so": b"\0\x7fELF -----BEGIN RSA PRIVATE KEY----- AKIAIOSFODNN7EXAMPLE\0",
     }
-    for name, text in files.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
-    (tmp_path / "lib" / "binary.so").parent.mkdir()
-    (tmp_path / "lib" / "binary.so").write_bytes(b"\0\x7fELF -----BEGIN RSA PRIVATE KEY----- AKIAIOSFODNN7EXAMPLE\0")
+    write_tree(tmp_path, files)
     assert _scan(tmp_path) == {
         "site/boto3/examples/cloudfront.rst",
         "site/botocore/data/iam/examples-1.json",

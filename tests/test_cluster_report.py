@@ -43,6 +43,7 @@ class Case:
     options: dict[str, object] = field(default_factory=dict)
 
 
+ONE_RANK = "gpu-host_1x-h200_nccl-2.28.9_one-rank_no-plugin.log"
 CASES: dict[str, Case] = {
     # Table-only README excerpts: the figures match, but nothing in them proves EFA: WARN, not PASS.
     "awsome-dt-readme_2x-p4de.24xlarge_slurm_table-only.log": Case(
@@ -113,6 +114,26 @@ CASES: dict[str, Case] = {
         "FAIL",
         {"network": "FAIL", "results": "FAIL"},
         {"network": ("No eligible providers were found", "initialization failed", "fell back to Socket")},
+    ),
+    # One rank on one H200 (a GPU host without EFA or the plugin): nothing crossed a network, and one rank has no bus
+    # bandwidth. Judged is what the log shows: NCCL's version, the results, the plugin where the nodes have EFA.
+    ONE_RANK: Case(
+        "PASS",
+        {"network": "SKIP", "network plugin": "SKIP", "NCCL version": "PASS", "results": "PASS", "bandwidth": "SKIP"},
+        {
+            "network": ("one rank on one node", "moved nothing over a network", "network Socket"),
+            "network plugin": ("Could not find: libnccl-net.so", "the instance type is unknown"),
+            "bandwidth": ("one rank", "0 by its formula"),
+        },
+        {"nccl_version": "2.28.9"},
+    ),
+    # The same host's broadcast (its "Avg bus bandwidth" 269094 is the GPU's copy rate), claimed to be a p5en, which
+    # has EFA: a node whose NCCL finds no plugin would use sockets between nodes.
+    "gpu-host_1x-h200_nccl-2.28.9_one-rank_broadcast.log": Case(
+        "FAIL",
+        {"network": "SKIP", "network plugin": "FAIL", "results": "PASS", "bandwidth": "SKIP"},
+        {"network plugin": ("p5en.48xlarge has EFA", "would use Socket")},
+        {"instance_type": "p5en.48xlarge", "efa": True},
     ),
     "slurm-pcluster_2x-g7e.8xlarge_nccl-2.29.2_ofi-1.18.0_efa.log": Case(
         "PASS",
@@ -886,3 +907,24 @@ def test_findings_from_a_long_line_are_clipped() -> None:
     log = parse("h:1:1 [0] NCCL INFO Using network " + "x" * 1_000_000 + "\n")
     (used,) = log.network.used
     assert used.startswith("xxx") and used.endswith("(999700 more characters)") and len(used) < 400
+
+
+def test_cli_one_rank_log_says_what_it_judged() -> None:
+    """The single-GPU smoke test from a GPU host: exit 0, and the report says why (one rank on one node: the network
+    and bus bandwidth are not judged); told an instance type with EFA (p5en, from the table `cluster job` uses), the
+    missing plugin fails it, and a type without EFA devices in that table leaves the plugin unjudged."""
+    result = runner.invoke(app, ["report", str(DATA / ONE_RANK)])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "1 node (log: 1 hosts in the Rank lines); 1 ranks; NCCL 2.28.9" in text
+    assert "One rank on one node: a smoke test of the GPUs and NCCL, not of the network" in text
+    assert text.endswith("PASS: 1 passed, 0 failed, 0 to check, 4 not judged"), text[-200:]
+
+    result = runner.invoke(app, ["report", str(DATA / ONE_RANK), "--instance-type", "p5en.48xlarge"])
+    assert result.exit_code == VerifyError.exit_code, result.output
+    assert f"imgbuild: error: {DATA / ONE_RANK}: FAIL (network plugin)" in result.output
+
+    result = runner.invoke(app, ["report", str(DATA / ONE_RANK), "--instance-type", "g6.xlarge", "--json", "-"])
+    assert result.exit_code == 0, result.output
+    plugin = next(c for c in json.loads(result.stdout)["criteria"] if c["name"] == "network plugin")
+    assert plugin["status"] == "SKIP" and "whether g6.xlarge has EFA is not known" in plugin["reason"]

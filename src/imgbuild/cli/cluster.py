@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Annotated, BinaryIO
 import typer
 
 from imgbuild.cli.console import handled
-from imgbuild.cluster.jobplan import EFA_MAX, NAME_MAX, NODES_MAX, Engine, program_words
+from imgbuild.cluster.jobplan import EFA_MAX, NAME_MAX, NODES_MAX, Engine, efa_devices, program_words
 from imgbuild.core import validate
 from imgbuild.core.errors import OutputError, VerifyError
 from imgbuild.core.outputs import write_file
@@ -331,7 +331,10 @@ def _report(
 
     text, source = _read(log)
     try:
-        expect = verdict.Expect(instance_type=instance_type, nodes=nodes, nccl_version=nccl_version)
+        efa = None if instance_type is None else efa_devices(instance_type)
+        expect = verdict.Expect(
+            instance_type=instance_type, nodes=nodes, nccl_version=nccl_version, efa=None if efa is None else efa > 0
+        )
     except ValidationError as exc:
         first = exc.errors()[0]
         field = str(first["loc"][0]) if first["loc"] else ""
@@ -483,7 +486,7 @@ def render(rep: "Report", console: "Console") -> None:
     console.print(Text(f"nccl-tests report: {rep.source}", style="bold"))
     shape = [
         f"instance type {rep.instance_type or 'unknown'} ({rep.instance_type_from})",
-        f"{rep.nodes if rep.nodes is not None else '?'} nodes ({rep.nodes_from})",
+        f"{rep.nodes if rep.nodes is not None else '?'} node{'' if rep.nodes == 1 else 's'} ({rep.nodes_from})",
     ]
     if parsed.ranks:
         shape.append(f"{parsed.ranks} ranks")

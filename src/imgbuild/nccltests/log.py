@@ -201,6 +201,7 @@ _MISSING: tuple[tuple[re.Pattern[str], re.Pattern[str] | None], ...] = (
     (re.compile(_PLUGIN_AT + r"dlerror="), re.compile(r"No plugin found \([^)]{0,256}\)")),
     (re.compile(_PLUGIN_AT + r"No plugin found \([^)]{0,256}\)"), re.compile("")),
     (re.compile(_PLUGIN_AT + r"Could not find: ?"), re.compile(r"\. Using internal net plugin")),
+    (re.compile(_PLUGIN_AT + r"Could not find: ?\S"), None),  # NCCL 2.28: the line ends at the file's name
     (re.compile(_PLUGIN_AT + r"Plugin load returned \d+ ?: ?"), None),
     (re.compile(_PLUGIN_AT + r"\S{1,256}: (?:cannot open shared object file|undefined symbol)"), None),
     (re.compile(r"Failed to open \S{0,256}libnccl-net\S{0,256}"), re.compile("")),

@@ -32,6 +32,9 @@ class Expect(Frozen):
     nodes: int | None = Field(None, ge=1)
     nccl_version: str | None = Field(None, pattern=r"^\d+\.\d+\.\d+$")
     aws_ofi_nccl_version: str | None = Field(None, pattern=r"^\d+\.\d+\.\d+\S*$")
+    efa: bool | None = Field(
+        None, description="whether the nodes have EFA devices (None: unknown); judges the plugin of a one-node run"
+    )
 
     @classmethod
     def from_resolved(cls, resolved: Resolved, *, instance_type: str | None = None, nodes: int | None = None) -> Expect:
@@ -183,6 +186,72 @@ def _network(net: Network) -> Criterion:
     return crit(
         "WARN",
         "the log names no network (no NCCL INFO lines): run with NCCL_DEBUG=INFO to prove EFA was used",
+    )
+
+
+def _one_node_scope(ranks: int | None) -> str:
+    """'one rank on one node', '8 ranks on one node' (or 'one node' when the log does not count its ranks)."""
+    if ranks == 1:
+        return "one rank on one node"
+    return f"{ranks} ranks on one node" if ranks else "one node"
+
+
+def _one_node(log: ParsedLog, scope: str, instance_type: str | None, efa: bool | None) -> list[Criterion]:
+    """A run on one node: NCCL moves its data inside the node (NVLink, PCIe, shared memory), so the network it
+    would use between nodes is not judged. What the log does show: whether NCCL loaded aws-ofi-nccl, judged where
+    the nodes have EFA (`efa`, from the instance type); a plugin that failed to start fails as on any node count."""
+    net = log.network
+    judged = _network(net)
+    if net.failures:  # a plugin that failed to start fails on any node count
+        return [judged]
+    found = judged.found
+    network = Criterion(
+        name="network",
+        status="SKIP",
+        found=found,
+        reason=f"not judged: {scope}, so NCCL moved nothing over a network (inside a node it uses NVLink, PCIe or "
+        "shared memory); which network it would use between nodes is proven by a run across nodes",
+    )
+    loaded = bool(net.plugin_version or net.providers or any(_is_libfabric(u) for u in net.used))
+    said = (
+        f"aws-ofi-nccl{f' {net.plugin_version}' if net.plugin_version else ''} loaded"
+        if loaded
+        else "aws-ofi-nccl not loaded" + (f" ({net.missing[0]})" if net.missing else "")
+    )
+    base = {"name": "network plugin", "expected": "aws-ofi-nccl loaded" if efa else "", "found": said}
+    if efa is None and not loaded:
+        where = f"whether {instance_type} has EFA is not known" if instance_type else "the instance type is unknown"
+        status: Status = "SKIP"
+        reason = f"not judged: {where} (--instance-type names one with EFA): NCCL loads the plugin only to use EFA"
+    elif efa is False:
+        status, reason = "SKIP", f"not judged: {instance_type or 'this instance type'} has no EFA devices"
+    elif loaded:
+        status, reason = "PASS", "NCCL loaded the EFA plugin: between nodes it can use EFA"
+    else:
+        status = "FAIL"
+        reason = (
+            f"{f'{instance_type} has' if instance_type else 'the nodes have'} EFA, but NCCL did not load "
+            f"aws-ofi-nccl: across nodes this setup would use {', '.join(net.used) or 'its internal network'}, not EFA"
+        )
+    return [network, Criterion(**base, status=status, reason=reason)]
+
+
+def _one_node_bandwidth(log: ParsedLog, scope: str) -> Criterion:
+    """Bus bandwidth on one node is not the network's: with one rank nothing moves between ranks (nccl-tests prints
+    0, or the GPU's own copy rate for broadcast, reduce and sendrecv), with several it is the node's NVLink."""
+    if not any(t.rows for t in log.tables):
+        return Criterion(name="bandwidth", status="SKIP", reason="no results to judge")
+    if log.ranks == 1:
+        why = (
+            "with one rank no data moves between ranks: nccl-tests' bus bandwidth is 0 by its formula, or for "
+            "broadcast, reduce and sendrecv the GPU's own copy rate"
+        )
+    else:
+        why = "bus bandwidth inside one node is NVLink's or PCIe's, not the network's"
+    return Criterion(
+        name="bandwidth",
+        status="SKIP",
+        reason=f"not judged: {scope}: {why}; the published figures are for runs across nodes",
     )
 
 
@@ -486,7 +555,7 @@ def judge(
     looks off, else PASS. `figures` defaults to the shipped table of published bus bandwidth."""
     expect = expect or Expect()
     table = figures or expected.shipped()
-    criteria: list[Criterion] = [_network(log.network), _nccl_version(log.nccl_versions, expect.nccl_version)]
+    criteria: list[Criterion] = [_nccl_version(log.nccl_versions, expect.nccl_version)]
     plugin = _plugin_version(log.network.plugin_version, expect.aws_ofi_nccl_version)
     if plugin:
         criteria.append(plugin)
@@ -531,7 +600,18 @@ def judge(
     )
     criteria += [nodes_crit] if nodes_crit else []
     criteria += _results(log.tables)
-    bw_criteria, checks, bw_notes = _bandwidth(log, table, instance_type, nodes)
+    if nodes == 1:  # nothing crossed a network: judged is what the log can show (one_node says which)
+        scope = _one_node_scope(log.ranks)
+        criteria[:0] = _one_node(log, scope, instance_type, expect.efa)
+        bw_criteria: list[Criterion] = [_one_node_bandwidth(log, scope)]
+        checks: list[BandwidthCheck] = []
+        bw_notes = [
+            f"{scope[0].upper()}{scope[1:]}: a smoke test of the GPUs and NCCL, not of the network. The network and "
+            "the bus bandwidth are judged on runs across nodes (imgbuild cluster job)."
+        ]
+    else:
+        criteria.insert(0, _network(log.network))
+        bw_criteria, checks, bw_notes = _bandwidth(log, table, instance_type, nodes)
     criteria += bw_criteria
     statuses = {c.status for c in criteria}
     verdict: Verdict = "FAIL" if "FAIL" in statuses else "WARN" if "WARN" in statuses else "PASS"

@@ -58,11 +58,15 @@ phase "mypy"
 # pytest keeps each test module's rewritten bytecode beside it (tests/__pycache__, ignored by git) unless
 # PYTHONDONTWRITEBYTECODE is set, which then costs every worker the rewrite of every module at each run: unset here.
 unset PYTHONDONTWRITEBYTECODE
-phase "pytest: fast lane (not docker, not network; loopback only)"
-offline "${PYTHON}" -m pytest -p no:cacheprovider -n "${IMGBUILD_TEST_WORKERS:-$(($(nproc) + 1))}" --dist worksteal --durations=10 \
-    -m "not docker and not network" "$@"
+# The gpu lane (tests/test_gpu.py: an NVIDIA GPU and its driver) is deselected in both lanes: scripts/gpu-lane.sh
+# runs it on a GPU host.
+echo "==> the gpu lane (pytest -m gpu, tests/test_gpu.py) is deselected here: it needs an NVIDIA GPU (scripts/gpu-lane.sh)"
+phase "pytest: fast lane (not docker, not network, not gpu; loopback only)"
+workers="${IMGBUILD_TEST_WORKERS:-$(($(nproc) + 1))}"
+offline "${PYTHON}" -m pytest -p no:cacheprovider -n "${workers}" --dist worksteal --durations=10 \
+    -m "not docker and not network and not gpu" "$@"
 if ((fast_only)); then
     exit 0
 fi
-phase "pytest: docker and network lane"
-"${PYTHON}" -m pytest -p no:cacheprovider --durations=40 -m "docker or network" "$@"
+phase "pytest: docker and network lane (not gpu)"
+"${PYTHON}" -m pytest -p no:cacheprovider --durations=40 -m "(docker or network) and not gpu" "$@"

@@ -71,7 +71,7 @@ def test_ci_jobs() -> None:
     assert "check-jsonschema --builtin-schema vendor.github-workflows" in lint
     assert "actionlint" in lint
     unit = "\n".join(str(s.get("run", "")) for s in steps(jobs["unit"]))
-    assert 'pytest -p no:cacheprovider -n auto -m "not docker and not network"' in unit
+    assert 'pytest -p no:cacheprovider -n auto -m "not docker and not network and not gpu"' in unit
     render = "\n".join(str(s.get("run", "")) for s in steps(jobs["render"]))
     assert "imgbuild render" in render and "hadolint --config .hadolint.yaml" in render
     cpu = jobs["cpu"]
@@ -265,7 +265,8 @@ def test_ci_run_passes_its_arguments_to_pytest(tmp_path: Path) -> None:
     pytest_calls = [c for c in map(json.loads, calls.read_text().splitlines()) if c[:2] == ["-m", "pytest"]]
     assert len(pytest_calls) == 2
     fast, rest = pytest_calls
-    assert fast[fast.index("-m", 2) + 1 :][:1] == ["not docker and not network"] and "-n" in fast
-    assert rest[rest.index("-m", 2) + 1 :][:1] == ["docker or network"]
+    assert fast[fast.index("-m", 2) + 1 :][:1] == ["not docker and not network and not gpu"] and "-n" in fast
+    assert rest[rest.index("-m", 2) + 1 :][:1] == ["(docker or network) and not gpu"]
+    assert "the gpu lane (pytest -m gpu, tests/test_gpu.py) is deselected here" in proc.stdout
     for call in pytest_calls:
         assert call[-len(args) :] == args, f"pytest got {call}, ci.yml gave {args}"

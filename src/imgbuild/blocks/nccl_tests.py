@@ -42,6 +42,31 @@ def source_url(version: str) -> str:
     return f"https://github.com/NVIDIA/nccl-tests/archive/refs/tags/v{version}.tar.gz"
 
 
+def make_variables(ctx: Context) -> dict[str, str]:
+    """nccl-tests' make variables for the image (the one place they are written): MPI=1 against its Open MPI, its
+    CUDA and NCCL, nvcc's -gencode flags for the recipe's GPU architecture. The template renders them; the GPU lane
+    (tests/test_gpu.py) builds with them on a GPU host, putting that host's homes in place of the image's."""
+    wanted = {
+        "MPI_HOME": ctx.prefix("openmpi"),
+        "CUDA_HOME": ctx.cuda_home,
+        "NCCL_HOME": ctx.prefix("nccl"),
+        "NVCC_GENCODE": ctx.gencode,
+    }
+    if missing := [k for k, v in wanted.items() if not v]:
+        raise ValueError(f"nccl-tests: the recipe gives no {', '.join(missing)}")  # resolve() refuses such a recipe
+    return {"MPI": "1", **{k: str(v) for k, v in wanted.items()}}
+
+
+def make_line(src: str, ctx: Context) -> str:
+    """The builder's make command, its variables from `make_variables` (paths the schema checked; the -gencode
+    flags, several words, in double quotes), one shell line continued once."""
+    v = make_variables(ctx)
+    return (
+        f'make -C {src} -j"$(nproc)" MPI={v["MPI"]} MPI_HOME={v["MPI_HOME"]} \\\n'
+        f'      CUDA_HOME={v["CUDA_HOME"]} NCCL_HOME={v["NCCL_HOME"]} NVCC_GENCODE="{v["NVCC_GENCODE"]}"'
+    )
+
+
 def downloads(pin: Pin, ctx: Context) -> list[str]:
     return [source_url(str(pin.version))]
 
@@ -63,7 +88,7 @@ BLOCK = Block(
     after=("nccl", "openmpi"),
     build_after=("cuda", "efa", "openmpi", "nccl"),
     downloads=downloads,
-    template_globals={"nccl_tests_source_url": source_url},
+    template_globals={"nccl_tests_source_url": source_url, "nccl_tests_make": make_line},
     node_checks=("nccl-tests all_reduce_perf",),  # its all_reduce_perf across the nodes
 )
 

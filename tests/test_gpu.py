@@ -15,6 +15,8 @@ that names what is missing.
   `imgbuild cluster report`;
 - the DDP probe on CUDA (nccl backend) under the recipe's torchrun line and under its mpirun line, with the host's
   Python in place of the image's (`spec.launch.launch_for`).
+- where the host has them (a DLAMI on an EFA instance), the EFA plugin and GDRCopy's device as verify judges them;
+  a skip naming what the host lacks elsewhere.
 
 The recipe is the shipped one whose -gencode flags carry the GPU's architecture, the one named after the GPU first
 (h200 on an H200), or IMGBUILD_GPU_RECIPE. Logs go to IMGBUILD_GPU_OUT when set (the runner's output folder), else
@@ -321,3 +323,37 @@ def test_ddp_on_cuda_under_torchrun_and_mpirun(gpus: list[Gpu], gpu_recipe: str,
         assert data["world_size"] == n and data["nccl"] == facts["nccl"], (launcher, data)
     if "mpirun" not in runs:
         pytest.skip("torchrun passed; the mpirun line needs mpirun on PATH and mpi4py in this Python")
+
+
+# --- what the host may lack: the EFA plugin's libfabric, GDRCopy's kernel module ---------------------------------
+
+
+def host_libfabric() -> str | None:
+    """Where this host's libfabric is (the EFA installer's /opt/amazon/efa, else a distribution's), None without."""
+    for prefix in ("/opt/amazon/efa", "/usr"):
+        if (Path(prefix) / "include" / "rdma" / "fabric.h").is_file() or list(Path(prefix).glob("lib*/libfabric.so*")):
+            return prefix
+    return None
+
+
+def test_the_hosts_efa_plugin_and_gdrcopy_as_verify_judges_them(
+    gpus: list[Gpu], gpu_recipe: str, tmp_path: Path
+) -> None:
+    """Where the host has libfabric (an EFA instance's DLAMI: the EFA installer, its aws-ofi-nccl) and GDRCopy's
+    gdrdrv module, `verify --host local` finds the plugin with the API the recipe's NCCL looks for, and the device;
+    elsewhere a skip says which of them the host lacks (the project's GPU machine has neither: no EFA, no module)."""
+    lacks = []
+    if host_libfabric() is None:
+        lacks.append("libfabric (no /opt/amazon/efa, no libfabric.so): the EFA plugin cannot load or be built here")
+    if not Path("/dev/gdrdrv").exists():
+        lacks.append("/dev/gdrdrv (GDRCopy's gdrdrv kernel module is not loaded)")
+    if lacks:
+        pytest.skip("this host lacks " + "; ".join(lacks))
+    report_path = out_dir(tmp_path) / f"verify-{gpu_recipe}-host.json"
+    ran = imgbuild("verify", gpu_recipe, "--host", "local", "--json", str(report_path))
+    assert ran.returncode in (0, 11), ran.stdout[-2000:] + ran.stderr[-2000:]
+    checks = {c["name"]: c for c in json.loads(report_path.read_text())["results"]}
+    wanted = [n for n in ("aws-ofi-nccl-plugin", "aws-ofi-nccl-api", "gdrcopy-device") if n in checks]
+    for name in wanted:
+        print(f"{name}: {checks[name]['status']}: {checks[name].get('found', '')}")
+    assert wanted and all(checks[n]["status"] == "pass" for n in wanted), {n: checks[n] for n in wanted}

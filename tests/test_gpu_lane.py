@@ -15,7 +15,7 @@ import pytest
 from conftest import REPO
 
 SCRIPT = REPO / "scripts" / "gpu-lane.sh"
-GPU_TESTS = 4  # tests/test_gpu.py's tests
+GPU_TESTS = 5  # tests/test_gpu.py's tests
 
 
 def lane(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:

@@ -179,6 +179,7 @@ class HostHomes:
     nccl: str
     mpi: str | None  # None: no MPI with headers on the host (MPI=0)
     why_no_mpi: str = ""
+    mpirun: str = ""  # the mpirun of that MPI
 
 
 def host_homes(tmp_path: Path, nccl_dir: str) -> HostHomes:
@@ -197,10 +198,22 @@ def host_homes(tmp_path: Path, nccl_dir: str) -> HostHomes:
     (nccl / "include").symlink_to(Path(nccl_dir) / "include")
     for name in ("libnccl.so", "libnccl.so.2"):
         (nccl / "lib" / name).symlink_to(Path(nccl_dir) / "lib" / "libnccl.so.2")
-    mpicc = shutil.which("mpicc")
-    if mpicc is None:
-        return HostHomes(cuda, str(nccl), None, "no mpicc (Open MPI's headers) on this host")
-    return HostHomes(cuda, str(nccl), str(Path(mpicc).resolve().parent.parent))
+    # Open MPI as its compiler wrapper places it (a distribution's headers are not under PREFIX/include): a home of
+    # links, as for NCCL, since nccl-tests reads MPI_HOME/include and MPI_HOME/lib.
+    mpicc, mpirun = shutil.which("mpicc"), shutil.which("mpirun")
+    if mpicc is None or mpirun is None:
+        return HostHomes(cuda, str(nccl), None, "no mpicc and mpirun (Open MPI's headers) on this host")
+    dirs = {}
+    for what in ("incdirs", "libdirs"):
+        ran = subprocess.run([mpicc, f"--showme:{what}"], capture_output=True, text=True, timeout=60, check=False)
+        if ran.returncode != 0 or not ran.stdout.split():
+            return HostHomes(cuda, str(nccl), None, f"mpicc --showme:{what} says nothing (not Open MPI's wrapper?)")
+        dirs[what] = ran.stdout.split()[0]
+    mpi = tmp_path / "mpi-home"
+    mpi.mkdir()
+    (mpi / "include").symlink_to(dirs["incdirs"])
+    (mpi / "lib").symlink_to(dirs["libdirs"])
+    return HostHomes(cuda, str(nccl), str(mpi), mpirun=mpirun)
 
 
 def archive(url: str, sha256: str | None) -> Path:
@@ -257,7 +270,7 @@ def test_nccl_tests_built_with_the_recipes_make_variables_run_and_report(
         args[args.index("-g") + 1] = str(len(gpus))
         argv = [str(binary), *args]
     else:  # one rank per GPU, as the jobs run it
-        argv = [f"{homes.mpi}/bin/mpirun", "--allow-run-as-root", "-np", str(len(gpus)), "-x", "NCCL_DEBUG",
+        argv = [homes.mpirun, "--allow-run-as-root", "-np", str(len(gpus)), "-x", "NCCL_DEBUG",
                 "-x", "LD_LIBRARY_PATH", str(binary), *args]  # fmt: skip
     ran = subprocess.run(argv, capture_output=True, text=True, timeout=NCCL_TESTS_TIMEOUT_S, env=env, check=False)
     log = out / "all_reduce_perf.log"

@@ -139,10 +139,11 @@ PRUNED_DOCS: dict[str, tuple[str, ...]] = {
 }
 
 
-def prune_docs(ctx: Context, name: str, pip: str, target: str | None) -> str:
-    """What the RUN installing requirement set `name` runs after its install (`" \\\n && ..."`, or nothing): the
-    PRUNED_DOCS globs of the distributions it installs (its lock closure; without lock content, whose closure is not
-    known, all of them when the set names any), under the site-packages of `pip`'s Python, or under `target`."""
+def prune_docs(ctx: Context, name: str, specifiers: Sequence[str], pip: str, target: str | None) -> str:
+    """What the RUN installing requirement set `name` (its `specifiers`) runs after its install (`" \\\n && ..."`, or
+    nothing): the PRUNED_DOCS globs of the distributions it installs (its lock closure; without lock content, whose
+    closure is not known, all of them when the specifiers name any), under the site-packages of `pip`'s Python, or
+    under `target`."""
     from packaging.utils import canonicalize_name
 
     names: set[str]
@@ -151,7 +152,7 @@ def prune_docs(ctx: Context, name: str, pip: str, target: str | None) -> str:
 
         from imgbuild.pin.wheels import requirement_lines
 
-        named = {canonicalize_name(Requirement(line).name) for line in requirement_lines(requirement_set(ctx, name))}
+        named = {canonicalize_name(Requirement(line).name) for line in requirement_lines(specifiers)}
         names = set(PRUNED_DOCS) if named & set(PRUNED_DOCS) else set()
     else:
         names = {str(canonicalize_name(r.name)) for r in ctx.content.python.get(name, ())} & set(PRUNED_DOCS)
@@ -193,7 +194,7 @@ def pip_install(
     into = f" --target {target}" if target is not None else ""  # install's alone: pip download has no --target
     run_, sources_dir = context["run"], context.get("sources_dir")
     download_env, install_env = (f"{e} " if e else "" for e in (env, build_env))
-    prune = prune_docs(ctx, name, pip, target)
+    step: str
     if ctx.content is None:  # each requirement a shell word, one to a line when there are more than two
         words = [shlex.quote(r) for r in requirement_lines(specifiers)]
         head = f"# No lock content: requirement set {name} installs unhashed (`imgbuild lock` records its hashes).\n"
@@ -201,23 +202,26 @@ def pip_install(
         install = f"{install_env}{pip} install --no-index --find-links {WHEELHOUSE}{options}{into}"
         if len(words) <= 2:
             reqs = " ".join(words)
-            return f"{head}{run_(CA_MOUNT, PIP_CACHE_MOUNT, *mounts)}{download} {reqs} \\\n && {install} {reqs}{prune}"
-        listed = " \\\n".join(f"      {w}" for w in words)
-        command = f'set -- \\\n{listed} \\\n && {download} "$@" \\\n && {install} "$@"{prune}'
-        return f"{head}{run_(CA_MOUNT, PIP_CACHE_MOUNT, *mounts)}{command}"
-    bind, file = set_file(ctx, name)
-    hashed = f"--require-hashes --no-deps{options} -r {file}"
-    if not sources and name != UV_SET and uv_installs(ctx):
-        installs = uv_install(context, pip, ctx, name, bind, file, build_env=build_env, mounts=mounts, target=target)
-        return f"{installs}{prune}"
-    if sources_dir:
-        install = f"{install_env}{pip} install --no-index --find-links {sources_dir}/wheels{into} {hashed}"
-        return f"{run_(CA_MOUNT, PIP_CACHE_MOUNT, bind, *mounts)}{install}{prune}"
-    return (
-        f"{run_(CA_MOUNT, PIP_CACHE_MOUNT, bind, *mounts)}"
-        f"{download_env}{pip} download --dest {WHEELHOUSE} {hashed} \\\n"
-        f" && {install_env}{pip} install --no-index --find-links {WHEELHOUSE}{into} {hashed}{prune}"
-    )
+            step = f"{head}{run_(CA_MOUNT, PIP_CACHE_MOUNT, *mounts)}{download} {reqs} \\\n && {install} {reqs}"
+        else:
+            listed = " \\\n".join(f"      {w}" for w in words)
+            command = f'set -- \\\n{listed} \\\n && {download} "$@" \\\n && {install} "$@"'
+            step = f"{head}{run_(CA_MOUNT, PIP_CACHE_MOUNT, *mounts)}{command}"
+    else:
+        bind, file = set_file(ctx, name)
+        hashed = f"--require-hashes --no-deps{options} -r {file}"
+        if not sources and name != UV_SET and uv_installs(ctx):
+            step = uv_install(context, pip, ctx, name, bind, file, build_env=build_env, mounts=mounts, target=target)
+        elif sources_dir:
+            install = f"{install_env}{pip} install --no-index --find-links {sources_dir}/wheels{into} {hashed}"
+            step = f"{run_(CA_MOUNT, PIP_CACHE_MOUNT, bind, *mounts)}{install}"
+        else:
+            step = (
+                f"{run_(CA_MOUNT, PIP_CACHE_MOUNT, bind, *mounts)}"
+                f"{download_env}{pip} download --dest {WHEELHOUSE} {hashed} \\\n"
+                f" && {install_env}{pip} install --no-index --find-links {WHEELHOUSE}{into} {hashed}"
+            )
+    return step + prune_docs(ctx, name, specifiers, pip, target)  # in the same RUN: no layer holds them
 
 
 def python_of(pip: str) -> str:

@@ -22,6 +22,26 @@ import localindex
 REPO = Path(__file__).resolve().parent.parent
 # Public upstream data the tests check against (CRDs, real nccl-tests logs), each with its source.
 UPSTREAM = REPO / "tests" / "data" / "upstream"
+# A two-node nccl-tests run over EFA (aws-ofi-nccl 1.18.0 on g7e.8xlarge): its first host's lines stand for a run on
+# one EFA node (`one_host_log`), since NCCL selects its network, and logs it, when it starts, on any node count.
+EFA_TWO_NODE_LOG = UPSTREAM / "nccl-tests" / "slurm-pcluster_2x-g7e.8xlarge_nccl-2.29.2_ofi-1.18.0_efa.log"
+
+
+def one_host_log(path: Path, host: str) -> str:
+    """A multi-node nccl-tests log without the lines the other hosts printed (NCCL's `host:pid:tid` lines, their Rank
+    lines): the log as the run on `host` alone would print it, nccl-tests' table included."""
+    import re
+
+    from imgbuild.nccltests.log import parse
+
+    text = path.read_text(encoding="utf-8")
+    hosts = parse(text).hosts
+    others = [h for h in hosts if h != host]
+    assert host in hosts and others, f"{path.name} has no host {host} beside others"
+    other = re.compile(r"(?<![\w.-])(?:" + "|".join(map(re.escape, others)) + r")(?![\w.-])")
+    return "".join(line for line in text.splitlines(keepends=True) if not other.search(line))
+
+
 SHIPPED = [
     "a100",
     "b200",

@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 from typer.testing import CliRunner
 
-from conftest import UPSTREAM
+from conftest import EFA_TWO_NODE_LOG, UPSTREAM, one_host_log
 from imgbuild.cli.cluster import app
 from imgbuild.core.errors import OutputError, VerifyError
 from imgbuild.nccltests import expected
@@ -928,3 +928,26 @@ def test_cli_one_rank_log_says_what_it_judged() -> None:
     assert result.exit_code == 0, result.output
     plugin = next(c for c in json.loads(result.stdout)["criteria"] if c["name"] == "network plugin")
     assert plugin["status"] == "SKIP" and "whether g6.xlarge has EFA is not known" in plugin["reason"]
+
+
+def test_one_efa_node_judges_the_plugin_and_the_network_nccl_chose() -> None:
+    """One node with EFA devices (the first host's lines of a two-node EFA run): NCCL loaded aws-ofi-nccl and chose
+    it, a PASS; NCCL loading the plugin but choosing sockets (as with NCCL_NET=Socket) fails where the nodes have EFA,
+    is not judged where that is unknown, nor where they have none. The network itself is not judged on one node."""
+    text = one_host_log(EFA_TWO_NODE_LOG, "gpu-st-ml-1")
+    sockets = "".join(
+        line if "NET/OFI" in line else line.replace("Libfabric", "Socket") for line in text.splitlines(keepends=True)
+    )
+
+    def plugin(log: str, efa: bool | None) -> tuple[str, str, str]:
+        rep = judge(parse(log), Expect.of_pins(lambda component: None, nodes=1, efa=efa))
+        crit = {c.name: c for c in rep.criteria}
+        assert rep.nodes == 1 and crit["network"].status == "SKIP", crit["network"]
+        return rep.verdict, crit["network plugin"].status, crit["network plugin"].reason
+
+    assert plugin(text, True) == ("PASS", "PASS", "NCCL loaded the EFA plugin: between nodes it can use EFA")
+    verdict_, status, reason = plugin(sockets, True)
+    assert (verdict_, status) == ("FAIL", "FAIL") and "aws-ofi-nccl 1.18.0 loaded, yet NCCL used Socket" in reason
+    verdict_, status, reason = plugin(sockets, None)
+    assert (verdict_, status) == ("PASS", "SKIP") and reason.startswith("not judged: whether g7e.8xlarge has EFA")
+    assert plugin(sockets, False) == ("PASS", "SKIP", "not judged: the nodes have no EFA devices")

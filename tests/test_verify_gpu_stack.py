@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from conftest import UPSTREAM
+from conftest import EFA_TWO_NODE_LOG, UPSTREAM, one_host_log
 from imgbuild import checks
 from imgbuild.blocks import Pin, aws_ofi_nccl, libfabric, nccl_tests
 from imgbuild.image.manifest import read_entry
@@ -123,13 +123,9 @@ def test_the_plugin_loaded_check_reads_nccl_logs(
     log: str, nccl: str | None, plugin: str, efa: bool, status: str, why: str
 ) -> None:
     text = (UPSTREAM / "nccl-tests" / log).read_text(encoding="utf-8", errors="replace")
-    components = {**CPU, "nccl": {**CPU["nccl"], "version": nccl}, "aws_ofi_nccl": {**PLUGIN, "version": plugin},
-                  "nccl_tests": TESTS}  # fmt: skip
+    components = _plugin_components(nccl, plugin)
     host = _Host(text, gpus=2)
-    ctx = checks.CheckContext(host=host, scope="container", components=pins(components), gpu=True,
-                              manifest=manifest_of("cpu").as_data(),
-                              efa_devices=("/dev/infiniband/uverbs0",) if efa else ())  # fmt: skip
-    res = gpuchecks.aws_ofi_nccl_loaded(ctx)
+    res = gpuchecks.aws_ofi_nccl_loaded(_plugin_context(host, components, efa))
     assert res.status == status, res.reason
     assert why in res.reason
     # the image's mpirun line, on every GPU, with NCCL_DEBUG=INFO, nccl-tests from the pin's prefix
@@ -137,9 +133,38 @@ def test_the_plugin_loaded_check_reads_nccl_logs(
     assert "mpirun --allow-run-as-root" in run and "-np 2" in run and "NCCL_DEBUG=INFO" in run
     assert "/opt/nccl-tests/all_reduce_perf -b 8" in run and "localhost slots=2" in run
     # a run that failed is a failure whatever the log says
-    broken = checks.CheckContext(host=_Host(text, rc=1), scope="container", components=pins(components), gpu=True,
-                                 manifest=manifest_of("cpu").as_data())  # fmt: skip
-    assert gpuchecks.aws_ofi_nccl_loaded(broken).status == "fail"
+    assert gpuchecks.aws_ofi_nccl_loaded(_plugin_context(_Host(text, rc=1), components, False)).status == "fail"
+
+
+def _plugin_components(nccl: str | None, plugin: str) -> dict[str, Any]:
+    return {**CPU, "nccl": {**CPU["nccl"], "version": nccl}, "aws_ofi_nccl": {**PLUGIN, "version": plugin},
+            "nccl_tests": TESTS}  # fmt: skip
+
+
+def _plugin_context(host: _Host, components: dict[str, Any], efa: bool) -> checks.CheckContext:
+    """The check's context in a container of the cpu image on a GPU host, with an EFA device passed in or not."""
+    return checks.CheckContext(host=host, scope="container", components=pins(components), gpu=True,
+                               manifest=manifest_of("cpu").as_data(),
+                               efa_devices=("/dev/infiniband/uverbs0",) if efa else ())  # fmt: skip
+
+
+def test_the_plugin_loaded_check_on_one_efa_node() -> None:
+    """verify in the image on one host with an EFA device (the run's ranks all on that node): NCCL loaded the plugin
+    and selected EFA, which the check judges although a report on one node leaves the network unjudged; the same
+    host where NCCL loaded the plugin but chose sockets (NCCL_NET=Socket) fails, and without EFA it is a skip."""
+    text = one_host_log(EFA_TWO_NODE_LOG, "gpu-st-ml-1")
+    components = _plugin_components("2.29.2", "1.18.0")
+    res = gpuchecks.aws_ofi_nccl_loaded(_plugin_context(_Host(text), components, True))
+    assert res.status == "pass", res.reason
+    assert res.reason == "NCCL used Libfabric with provider efa"
+    # as with NCCL_NET=Socket: NCCL's own lines name Socket where they named Libfabric, the plugin's lines stay
+    sockets = "".join(
+        line if "NET/OFI" in line else line.replace("Libfabric", "Socket") for line in text.splitlines(keepends=True)
+    )
+    res = gpuchecks.aws_ofi_nccl_loaded(_plugin_context(_Host(sockets), components, True))
+    assert res.status == "fail" and "aws-ofi-nccl 1.18.0 loaded, yet NCCL used Socket" in res.reason, res.reason
+    res = gpuchecks.aws_ofi_nccl_loaded(_plugin_context(_Host(sockets), components, False))
+    assert res.status == "skip" and res.reason.startswith("no EFA device here: aws-ofi-nccl 1.18.0 loaded"), res.reason
 
 
 def test_the_gpu_check_skips_without_a_gpu_with_the_reason() -> None:

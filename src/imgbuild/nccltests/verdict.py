@@ -53,14 +53,16 @@ class Expect(Frozen):
         instance_type: str | None = None,
         nodes: int | None = None,
         plugin: bool = True,
+        efa: bool | None = None,
     ) -> Expect:
         """The expectations of an image from its pins (`version(component)`: a lock's, a manifest's): its NCCL and,
-        where `plugin` (the run must use it), its aws-ofi-nccl."""
+        where `plugin` (the run must use it), its aws-ofi-nccl; `efa`: whether the nodes have EFA devices."""
         return cls(
             instance_type=instance_type,
             nodes=nodes,
             nccl_version=version("nccl"),
             aws_ofi_nccl_version=version("aws_ofi_nccl") if plugin else None,
+            efa=efa,
         )
 
 
@@ -130,7 +132,10 @@ def _is_libfabric(name: str) -> bool:
     return "libfabric" in name.lower() or name.lower().startswith("ofi")
 
 
-def _network(net: Network) -> Criterion:
+def network_used(net: Network) -> Criterion:
+    """The network NCCL selected, judged against EFA (criterion "network"): aws-ofi-nccl loaded, NCCL using it, the
+    efa provider. NCCL selects its network when it starts, so the log shows it on any node count: the verdict judges
+    it for a run across nodes (on one node it only says which plugin loaded), verify's aws-ofi-nccl-loaded on one."""
     parts: list[str] = []
     if net.used:
         parts.append("network " + ", ".join(net.used))
@@ -201,7 +206,7 @@ def _one_node(log: ParsedLog, scope: str, instance_type: str | None, efa: bool |
     would use between nodes is not judged. What the log does show: whether NCCL loaded aws-ofi-nccl, judged where
     the nodes have EFA (`efa`, from the instance type); a plugin that failed to start fails as on any node count."""
     net = log.network
-    judged = _network(net)
+    judged = network_used(net)
     if net.failures:  # a plugin that failed to start fails on any node count
         return [judged]
     found = judged.found
@@ -219,20 +224,24 @@ def _one_node(log: ParsedLog, scope: str, instance_type: str | None, efa: bool |
         else "aws-ofi-nccl not loaded" + (f" ({net.missing[0]})" if net.missing else "")
     )
     base = {"name": "network plugin", "expected": "aws-ofi-nccl loaded" if efa else "", "found": said}
-    if efa is None and not loaded:
-        where = f"whether {instance_type} has EFA is not known" if instance_type else "the instance type is unknown"
-        status: Status = "SKIP"
+    where = f"whether {instance_type} has EFA is not known" if instance_type else "the instance type is unknown"
+    nodes_have = f"{instance_type} has" if instance_type else "the nodes have"
+    status: Status
+    if efa is False:
+        status, reason = "SKIP", "not judged: the nodes have no EFA devices"
+    elif not loaded and efa is None:
+        status = "SKIP"
         reason = f"not judged: {where} (--instance-type names one with EFA): NCCL loads the plugin only to use EFA"
-    elif efa is False:
-        status, reason = "SKIP", f"not judged: {instance_type or 'this instance type'} has no EFA devices"
-    elif loaded:
-        status, reason = "PASS", "NCCL loaded the EFA plugin: between nodes it can use EFA"
-    else:
+    elif not loaded:
         status = "FAIL"
         reason = (
-            f"{f'{instance_type} has' if instance_type else 'the nodes have'} EFA, but NCCL did not load "
-            f"aws-ofi-nccl: across nodes this setup would use {', '.join(net.used) or 'its internal network'}, not EFA"
+            f"{nodes_have} EFA, but NCCL did not load aws-ofi-nccl: across nodes this setup would use "
+            f"{', '.join(net.used) or 'its internal network'}, not EFA"
         )
+    elif judged.status == "FAIL":  # loaded, but NCCL chose another network (sockets): across nodes too
+        status, reason = ("FAIL", judged.reason) if efa else ("SKIP", f"not judged: {where}: {judged.reason}")
+    else:
+        status, reason = "PASS", "NCCL loaded the EFA plugin: between nodes it can use EFA"
     return [network, Criterion(**base, status=status, reason=reason)]
 
 
@@ -610,7 +619,7 @@ def judge(
             "the bus bandwidth are judged on runs across nodes (imgbuild cluster job)."
         ]
     else:
-        criteria.insert(0, _network(log.network))
+        criteria.insert(0, network_used(log.network))
         bw_criteria, checks, bw_notes = _bandwidth(log, table, instance_type, nodes)
     criteria += bw_criteria
     statuses = {c.status for c in criteria}

@@ -701,7 +701,9 @@ def _nccl_tests(s: Session, *, sshd_down: list[str]) -> CheckResult:
     limit = s.left(NCCL_TESTS_TIMEOUT_S)
     res = s.nodes.run(0, f"exec {shlex.join(with_defaults(s, argv))}", timeout_s=limit, label="nccl-tests")
     s.timings["nccl_tests_s"] = round(res.duration_s, 3)
-    expect = verdict.Expect.of_pins(s.version, instance_type=instance_type, nodes=s.n, plugin=s.expect_efa)
+    expect = verdict.Expect.of_pins(
+        s.version, instance_type=instance_type, nodes=s.n, plugin=s.expect_efa, efa=s.expect_efa
+    )
     rep = verdict.judge(parse(res.output), expect, source=f"all_reduce_perf on {', '.join(s.nodes.names)}")
     return nccl_tests_result(name, rep, res, expect_efa=s.expect_efa, command=shlex.join(argv))
 

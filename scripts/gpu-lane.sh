@@ -65,12 +65,14 @@ pack() {
     "${PYTHON}" -m pip download -q "${args[@]}" -c "${tmp}/constraints.txt" -d "${tmp}/all" "${own}" pytest \
         pytest-testinfra
     cp "${own}" "${dir}/wheels/"
+    # the names the GPU host has, normalized once
+    if [[ "${have}" == none ]]; then : >"${tmp}/have"; else grep -v '^#' "${have}" | normalize >"${tmp}/have"; fi
     local skipped=()
     for whl in "${tmp}"/all/*.whl; do
         local name
         name="$(basename "${whl}" | cut -d- -f1 | normalize)"
         [[ "${name}" == imgbuild ]] && continue
-        if [[ "${have}" != none ]] && grep -v '^#' "${have}" | normalize | grep -qx -- "${name}"; then
+        if grep -qx -- "${name}" "${tmp}/have"; then
             skipped+=("${name}")
         else
             cp "${whl}" "${dir}/wheels/"

@@ -36,6 +36,7 @@ import tarfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -52,6 +53,7 @@ pytestmark = pytest.mark.gpu
 
 NCCL_TESTS_TIMEOUT_S = 600
 RUN_TIMEOUT_S = 300
+Checks = dict[str, dict[str, Any]]  # verify's results by check name (its --json report)
 DDP_RE = re.compile(r'^(\{"ddp": .*\})\s*$', re.MULTILINE)  # the probe's one line on rank 0
 
 
@@ -120,6 +122,7 @@ def gpu_recipe(gpus: list[Gpu]) -> str:
     pytest.fail(f"no shipped recipe builds for {sm} ({gpus[0].name}): name one with IMGBUILD_GPU_RECIPE")
 
 
+@pytest.fixture(scope="module")
 def torch_facts() -> dict[str, str]:
     """The host's PyTorch: version, CUDA, the NCCL it loads and the NCCL wheel's folder (a skip without torch)."""
     probe = (
@@ -156,18 +159,27 @@ def test_doctor_reads_the_driver_from_nvidia_smi(gpus: list[Gpu]) -> None:
     assert judged and set(judged.values()) <= {"ok", "behind"}, driver
 
 
-def test_verify_host_local_passes_its_gpu_checks(gpus: list[Gpu], gpu_recipe: str, tmp_path: Path) -> None:
-    report_path = out_dir(tmp_path) / f"verify-{gpu_recipe}.json"
+@pytest.fixture(scope="module")
+def host_checks(gpus: list[Gpu], gpu_recipe: str, tmp_path_factory: pytest.TempPathFactory) -> Checks:
+    """`imgbuild verify RECIPE --host local --json`, run once: its results by check name. It exits 11 where a check
+    fails, as its version checks do on a host that is not the image."""
+    report_path = out_dir(tmp_path_factory.mktemp("verify")) / f"verify-{gpu_recipe}.json"
     ran = imgbuild("verify", gpu_recipe, "--host", "local", "--json", str(report_path))
     assert ran.returncode in (0, 11), ran.stdout[-2000:] + ran.stderr[-2000:]
-    checks = {c["name"]: c for c in json.loads(report_path.read_text())["results"]}
-    for name in ("gpu-nvidia-smi", "gpu-torch-cuda", "gpu-nccl-allreduce", "gpu-driver"):
+    return {c["name"]: c for c in json.loads(report_path.read_text())["results"]}
+
+
+def print_checks(checks: Checks, names: list[str] | tuple[str, ...]) -> None:
+    for name in names:
         print(f"{name}: {checks[name]['status']}: {checks[name].get('found', '')}")
-    statuses = {
-        n: checks[n]["status"] for n in ("gpu-nvidia-smi", "gpu-torch-cuda", "gpu-nccl-allreduce", "gpu-driver")
-    }
-    assert statuses == dict.fromkeys(statuses, "pass"), {n: checks[n] for n in statuses}
-    assert f"{len(gpus)} GPU(s)" in checks["gpu-nvidia-smi"]["found"]
+
+
+def test_verify_host_local_passes_its_gpu_checks(gpus: list[Gpu], host_checks: Checks) -> None:
+    names = ("gpu-nvidia-smi", "gpu-torch-cuda", "gpu-nccl-allreduce", "gpu-driver")
+    print_checks(host_checks, names)
+    statuses = {n: host_checks[n]["status"] for n in names}
+    assert statuses == dict.fromkeys(statuses, "pass"), {n: host_checks[n] for n in statuses}
+    assert f"{len(gpus)} GPU(s)" in host_checks["gpu-nvidia-smi"]["found"]
 
 
 # --- nccl-tests: the recipe's archive and make variables, the host's homes --------------------------------------
@@ -228,9 +240,9 @@ def archive(url: str, sha256: str | None) -> Path:
 
 
 def test_nccl_tests_built_with_the_recipes_make_variables_run_and_report(
-    gpus: list[Gpu], gpu_recipe: str, tmp_path: Path
+    gpus: list[Gpu], gpu_recipe: str, torch_facts: dict[str, str], tmp_path: Path
 ) -> None:
-    facts = torch_facts()
+    facts = torch_facts
     _, resolved = lock.for_ref(gpu_recipe)
     ctx, _ = render.contributions(resolved)
     pin = resolved.pins["nccl_tests"]
@@ -293,8 +305,10 @@ def test_nccl_tests_built_with_the_recipes_make_variables_run_and_report(
 # --- the DDP probe on CUDA under the recipe's launch lines --------------------------------------------------------
 
 
-def test_ddp_on_cuda_under_torchrun_and_mpirun(gpus: list[Gpu], gpu_recipe: str, tmp_path: Path) -> None:
-    facts = torch_facts()
+def test_ddp_on_cuda_under_torchrun_and_mpirun(
+    gpus: list[Gpu], gpu_recipe: str, torch_facts: dict[str, str], tmp_path: Path
+) -> None:
+    facts = torch_facts
     _, resolved = lock.for_ref(gpu_recipe)
     manifest = render.manifest(resolved)
     launch = launch_for(manifest.mpirun, manifest.rank_env, sys.executable)
@@ -350,7 +364,7 @@ def host_libfabric() -> str | None:
 
 
 def test_the_hosts_efa_plugin_and_gdrcopy_as_verify_judges_them(
-    gpus: list[Gpu], gpu_recipe: str, tmp_path: Path
+    gpus: list[Gpu], request: pytest.FixtureRequest
 ) -> None:
     """Where the host has libfabric (an EFA instance's DLAMI: the EFA installer, its aws-ofi-nccl) and GDRCopy's
     gdrdrv module, `verify --host local` finds the plugin with the API the recipe's NCCL looks for, and the device;
@@ -362,11 +376,7 @@ def test_the_hosts_efa_plugin_and_gdrcopy_as_verify_judges_them(
         lacks.append("/dev/gdrdrv (GDRCopy's gdrdrv kernel module is not loaded)")
     if lacks:
         pytest.skip("this host lacks " + "; ".join(lacks))
-    report_path = out_dir(tmp_path) / f"verify-{gpu_recipe}-host.json"
-    ran = imgbuild("verify", gpu_recipe, "--host", "local", "--json", str(report_path))
-    assert ran.returncode in (0, 11), ran.stdout[-2000:] + ran.stderr[-2000:]
-    checks = {c["name"]: c for c in json.loads(report_path.read_text())["results"]}
+    checks: Checks = request.getfixturevalue("host_checks")  # verify's run, once the host has both
     wanted = [n for n in ("aws-ofi-nccl-plugin", "aws-ofi-nccl-api", "gdrcopy-device") if n in checks]
-    for name in wanted:
-        print(f"{name}: {checks[name]['status']}: {checks[name].get('found', '')}")
+    print_checks(checks, wanted)
     assert wanted and all(checks[n]["status"] == "pass" for n in wanted), {n: checks[n] for n in wanted}

@@ -26,7 +26,8 @@ def lane(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> 
 
 
 def test_usage_errors_name_what_is_wrong(tmp_path: Path) -> None:
-    assert lane().returncode == 2 and "usage: gpu-lane.sh pack|run [DIR]" in lane().stderr
+    ran = lane()
+    assert ran.returncode == 2 and "usage: gpu-lane.sh pack|run [DIR]" in ran.stderr
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("x")
     ran = lane("pack", str(tmp_path / "full"))

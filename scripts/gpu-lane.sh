@@ -30,6 +30,17 @@ set -Eeuo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${PYTHON:-python3}"
+# What a run leaves only while it runs: its temporary folder, and a pack folder it made until the pack is whole (on
+# any exit, an error or a signal included, the EXIT trap removes them).
+SCRATCH=""
+PARTIAL=()
+cleanup() {
+    [[ -z "${SCRATCH}" ]] || rm -rf "${SCRATCH}"
+    ((${#PARTIAL[@]} == 0)) || rm -rf "${PARTIAL[@]}"
+}
+trap cleanup EXIT
+trap 'exit 143' TERM
+trap 'exit 130' INT
 die() {
     echo "gpu-lane.sh: error: $*" >&2
     exit 1
@@ -48,10 +59,10 @@ pack() {
     local platforms="${GPU_LANE_PLATFORMS:-manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_26_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux_2_5_x86_64 manylinux1_x86_64}"
     [[ ! -e "${dir}" || -z "$(ls -A "${dir}")" ]] || die "${dir} is not empty: give a new folder (or remove it)"
     [[ "${have}" == none || -f "${have}" ]] || die "GPU_LANE_HAVE=${have}: no such file"
+    if [[ -e "${dir}" ]]; then PARTIAL=("${dir}/wheels" "${dir}/files"); else PARTIAL=("${dir}"); fi
     mkdir -p "${dir}/wheels" "${dir}/files"
-    local tmp
-    tmp="$(mktemp -d)"
-    trap 'rm -rf "${tmp}"' RETURN
+    SCRATCH="$(mktemp -d)"
+    local tmp="${SCRATCH}"
     echo "==> imgbuild's wheel (from ${REPO_ROOT})"
     "${PYTHON}" -m pip wheel -q --no-deps -w "${tmp}/own" "${REPO_ROOT}"
     local own
@@ -90,7 +101,8 @@ pack() {
     printf '==> %s: %s wheels, %s archives, %s MiB (budget %s MiB)\n' "${dir}" \
         "$(find "${dir}/wheels" -name '*.whl' | wc -l)" "$(find "${dir}/files" -name '*.tar.gz' | wc -l)" \
         "$((bytes / 1048576))" "${budget}"
-    ((bytes <= budget * 1048576)) || die "${dir} holds more than GPU_LANE_BUDGET_MIB=${budget} MiB"
+    ((bytes <= budget * 1048576)) || die "${dir} would hold more than GPU_LANE_BUDGET_MIB=${budget} MiB (removed)"
+    PARTIAL=()
 }
 
 run() {
@@ -100,7 +112,8 @@ run() {
     out="${OUT:-${dir}/out}"
     mkdir -p "${out}"
     out="$(cd "${out}" && pwd)"
-    venv="$(mktemp -d)/venv"
+    SCRATCH="$(mktemp -d)"
+    venv="${SCRATCH}/venv"
     unset PYTHONPATH # the lane runs the packed imgbuild, not a checkout's src/ that the caller's environment names
     echo "==> a virtual environment over this host's packages: ${venv}"
     "${PYTHON}" -m venv --system-site-packages "${venv}"
@@ -116,7 +129,6 @@ run() {
     IMGBUILD_GPU_OUT="${out}" IMGBUILD_GPU_FILES="${dir}/files" PYTHONUNBUFFERED=1 \
         "${venv}/bin/python" -m pytest -p no:cacheprovider -m gpu -v -s -rA --junitxml "${out}/gpu-lane.xml" \
         tests/test_gpu.py 2>&1 | tee "${out}/gpu-lane.log" || rc=$?
-    rm -rf "$(dirname "${venv}")"
     return "${rc}"
 }
 

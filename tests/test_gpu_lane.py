@@ -39,6 +39,30 @@ def test_usage_errors_name_what_is_wrong(tmp_path: Path) -> None:
     assert ran.returncode == 1 and "is no pack (no wheels/ or files/)" in ran.stderr
 
 
+def test_a_failed_pack_or_run_leaves_nothing_behind(tmp_path: Path) -> None:
+    """A pack that fails (here its Python does) removes the folder it made, or what it put in an empty one it was
+    given, and its temporary folder; a run that fails (a pack without imgbuild's wheel) removes its venv."""
+    scratch = tmp_path / "scratch"  # TMPDIR: where mktemp makes their temporary folders
+    scratch.mkdir()
+    failing = tmp_path / "failing-python"
+    failing.write_text("#!/bin/sh\necho 'no Python here' >&2\nexit 3\n")
+    failing.chmod(0o755)
+    given = tmp_path / "given"
+    given.mkdir()
+    for folder in (tmp_path / "new", given):
+        ran = lane("pack", str(folder), env={"PYTHON": str(failing), "TMPDIR": str(scratch)})
+        assert ran.returncode != 0 and "no Python here" in ran.stderr, ran.stderr
+        assert not list(scratch.iterdir())
+    assert not (tmp_path / "new").exists() and given.is_dir() and not list(given.iterdir())
+
+    pack = tmp_path / "pack"
+    for sub in ("wheels", "files"):
+        (pack / sub).mkdir(parents=True)
+    ran = lane("run", str(pack), env={"TMPDIR": str(scratch), "OUT": str(tmp_path / "out")}, timeout=300)
+    assert ran.returncode != 0 and "a virtual environment over this host's packages" in ran.stdout, ran.stderr
+    assert not list(scratch.iterdir())
+
+
 def test_the_have_list_names_distributions() -> None:
     names = [line for line in (REPO / "scripts" / "gpu-lane.have").read_text().splitlines() if line[:1] != "#"]
     assert "torch" in names and "numpy" in names and "imgbuild" not in names

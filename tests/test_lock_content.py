@@ -10,8 +10,10 @@ hold whatever it publishes next."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -334,3 +336,45 @@ def test_a_set_is_taken_only_up_to_one_whose_versions_the_recipes_own_lock_contr
     assert wheels.reusable(sets, cpu, [rec], {}) == ({name: rec.python[name] for name in order}, "cpu.lock.json")
     taken, _ = wheels.reusable(sets, cpu, [rec], {"botocore": "0.1"})
     assert list(taken) == ["python/uv", "nccl"]
+
+
+def _redigest(data: dict) -> None:
+    """content_digest recomputed as Content.digest computes it, as a careful hand would after editing content (the
+    file holds the model's JSON dump: the same text)."""
+    text = json.dumps(data["content"], sort_keys=True, separators=(",", ":"))
+    data["content_digest"] = hashlib.sha256(text.encode()).hexdigest()
+
+
+@pytest.mark.parametrize(
+    ("edit", "words"),
+    [
+        (lambda d: d.update(base_ref="evil.example/x:latest"), "base_ref: lock 'evil.example/x:latest', the recipe"),
+        (lambda d: d.update(base_ref="-oevil"), "base_ref: lock '-oevil', the recipe gives 'debian:bookworm-slim'"),
+        (
+            lambda d: (d["content"]["bases"].update(other={**d["content"]["bases"][d["base_ref"]], "ref": "other"}),
+                       _redigest(d)),
+            "content.bases: 'other' not among what the recipe's blocks need",
+        ),
+        (
+            lambda d: (d["content"]["python"]["app"][0].update(version="1.0\n--index-url http://evil.example/simple"),
+                       _redigest(d)),
+            "expected a PEP 440 version, got '1.0\\n--index-url",
+        ),
+        (lambda d: d.update(locked_at="2026-11-27T00:40:41+00:00\nLABEL x=y"), "locked_at: Value error, expected"),
+    ],
+    ids=["base_ref-registry", "base_ref-option", "content-extra-base", "requirement-version-newline", "locked_at"],
+)  # fmt: skip
+def test_a_lock_edited_by_hand_beyond_its_pins_is_refused(
+    mine: Path, edit: Callable[[dict], object], words: str
+) -> None:
+    """Everything in a lock that reaches a build is checked: what the recipe decides (FROM's base_ref, the keys of
+    its content) against the recipe, the recorded values against their formats, whatever content_digest says.
+    render refuses (exit 4, naming the field) and writes no Dockerfile; lock --check says so (exit 15)."""
+    lock_file = mine.with_name("mine.lock.json")
+    _rewrite(lock_file, edit)
+    result = run("render", str(mine))
+    assert result.exit_code == 4, result.output
+    assert words in result.output and "FROM " not in result.output
+    check = run("lock", str(mine), "--check")
+    assert check.exit_code == 15, check.output
+    assert words in check.output

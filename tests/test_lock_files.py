@@ -208,7 +208,7 @@ def test_a_lock_is_checked_once_per_process_and_again_when_it_changes(
     data = json.loads(path.read_text())
     data["pins"]["nccl"]["version"] = "2.26.2"
     path.write_text(json.dumps(data))
-    with pytest.raises(LockError, match=r"pins were edited by hand .*nccl.version: lock '2.26.2'"):
+    with pytest.raises(LockError, match=r"was edited by hand .*nccl.version: lock '2.26.2'"):
         lock.read(loaded)
     assert lock_reads["resolve"] == 2
     shutil.copy(REPO / "recipes" / "cpu.lock.json", path)

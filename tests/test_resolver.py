@@ -338,7 +338,7 @@ def test_a_lock_edited_by_hand_is_refused(recipe_dir: Path) -> None:
     data["pins"]["nccl"]["version"] = "2.26.2"
     path.write_text(json.dumps(data))
     with pytest.raises(
-        LockError, match=r"pins were edited by hand .*nccl.version: lock '2.26.2', the recipe gives '2.27.5'"
+        LockError, match=r"was edited by hand .*nccl.version: lock '2.26.2', the recipe gives '2.27.5'"
     ) as err:
         lock.read(loaded)
     assert err.value.exit_code == 4 and "mine.lock.json" in str(err.value)

@@ -25,6 +25,7 @@ from imgbuild.core import imageref
 from imgbuild.core.errors import RecipeError
 
 SHA256 = re.compile(r"[0-9a-f]{64}")
+NORMALIZED_NAME = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")  # PEP 503
 
 
 class _Frozen(BaseModel):
@@ -111,6 +112,22 @@ class Requirement(_Frozen):
     name: str
     version: str
     hashes: tuple[str, ...]
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not NORMALIZED_NAME.fullmatch(value):
+            raise ValueError(f"expected a normalized distribution name (lower case, '-' between parts), got {value!r}")
+        return value
+
+    @field_validator("version")
+    @classmethod
+    def _version(cls, value: str) -> str:
+        from packaging.version import VERSION_PATTERN
+
+        if not re.fullmatch(VERSION_PATTERN, value, re.VERBOSE | re.IGNORECASE):
+            raise ValueError(f"expected a PEP 440 version, got {value!r}")
+        return value
 
     @field_validator("hashes")
     @classmethod

@@ -20,6 +20,7 @@ from imgbuild.blocks.pytorch import PyTorchDetails
 from imgbuild.blocks.releases import EfaBundle, PluginNotes, TagComponent, TagRead
 from imgbuild.core.errors import ImgbuildError, LockError
 from imgbuild.core.outputs import write_atomic  # the lock is written whole or not at all
+from imgbuild.pin import record
 from imgbuild.pin.content import Content, Requirement
 from imgbuild.pin.resolver import Pin, Pinned, Resolved, TorchLookup, index_lookup, resolve
 from imgbuild.recipe import LoadedRecipe, display, load
@@ -304,12 +305,39 @@ def _check_not_edited(loaded: LoadedRecipe, locked: Resolved, path: Path, hint: 
             for key in sorted(set(a) | set(b))
             if a.get(key) != b.get(key)
         ]
+    diffs += _content_diffs(locked, fresh)
     if diffs:
         raise LockError(
-            f"{display(path)}: pins were edited by hand (they don't follow from {display(loaded.path)}): "
+            f"{display(path)} was edited by hand (it does not follow from {display(loaded.path)}): "
             + "; ".join(diffs),
             hint=hint,
         )
+
+
+def _content_diffs(locked: Resolved, fresh: Resolved) -> list[str]:
+    """What the recipe decides beyond the pins, as the lock has it: the base image reference (FROM), and the keys of
+    its content: the bases the build starts from, the URLs its blocks download, the requirement sets they install
+    (each record under its own key). Content's values (digests, checksums, hashes) come from the world; their digest
+    (`content_digest`) and their formats are checked on read."""
+    diffs = []
+    if locked.base_ref != fresh.base_ref:
+        diffs.append(f"base_ref: lock {locked.base_ref!r}, the recipe gives {fresh.base_ref!r}")
+    content = locked.content
+    if content is None:
+        return diffs
+    wanted = {
+        "content.bases": (set(content.bases), set(record.bases(fresh))),
+        "content.downloads": (set(content.downloads), set(record.downloads(fresh))),
+        "content.python": (set(content.python), set(record.requirement_sets(fresh))),
+    }
+    for field, (have, want) in wanted.items():
+        if extra := sorted(have - want):
+            diffs.append(f"{field}: {', '.join(map(repr, extra))} not among what the recipe's blocks need")
+        if missing := sorted(want - have):
+            diffs.append(f"{field}: {', '.join(map(repr, missing))} missing from the lock")
+    diffs += [f"content.bases[{k!r}].ref: {d.ref!r}" for k, d in content.bases.items() if d.ref != k]
+    diffs += [f"content.downloads[{k!r}].url: {d.url!r}" for k, d in content.downloads.items() if d.url != k]
+    return diffs
 
 
 def for_ref(ref: str) -> tuple[LoadedRecipe, Resolved]:

@@ -8,6 +8,8 @@ index, through range requests on the wheel's METADATA).
 
 from __future__ import annotations
 
+import re
+
 from collections.abc import Callable
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
@@ -48,6 +50,9 @@ def read_details(name: str, data: object, where: str) -> Details:
         ) from None
 
 
+LOCKED_AT = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00")
+
+
 class Pinned(BaseModel):
     """What a resolution decides: the merged recipe's digest, the base image reference, every pin, warnings."""
 
@@ -63,6 +68,14 @@ class Pinned(BaseModel):
     # When the content was read (ISO 8601, UTC): the image's org.opencontainers.image.created, so a rebuild from one
     # lock makes the same image. Kept by `imgbuild lock` when nothing else changed.
     locked_at: str | None = None
+
+    @field_validator("locked_at")
+    @classmethod
+    def _timestamp(cls, value: str | None) -> str | None:
+        """`imgbuild lock`'s UTC time to the second (it becomes the image's created label)."""
+        if value is not None and not LOCKED_AT.fullmatch(value):
+            raise ValueError(f"expected YYYY-MM-DDTHH:MM:SS+00:00 (UTC, as imgbuild lock writes it), got {value!r}")
+        return value
 
     @field_validator("pins", mode="before")
     @classmethod

@@ -176,10 +176,19 @@ def test_a_held_component_is_shown_with_its_reason_and_not_moved(
     path.write_text("extends: cpu\nhold:\n  torch: no reason\n")
     bad = run("outdated", str(path))
     assert bad.exit_code == RecipeError.exit_code
-    assert "mine.yaml: hold.torch: expected a component `imgbuild outdated` tracks for this recipe" in bad.stderr
+    assert "mine.yaml:3: hold.torch: expected a component `imgbuild outdated` tracks for this recipe" in bad.stderr
     path.write_text("extends: cpu\nhold:\n  nccl: ''\n")
     empty = run("outdated", str(path))
     assert empty.exit_code == RecipeError.exit_code and "hold.nccl" in empty.stderr
+    # The parent holds a component the child removes: the key is in the parent's file, the way out in the child's.
+    path.write_text("extends: cpu\ncomponents: {nccl: null}\n")
+    parent = run("outdated", str(path))
+    assert parent.exit_code == RecipeError.exit_code, parent.output
+    text = " ".join(parent.stderr.split())
+    assert f"cpu.yaml:{recipe.where_set(recipe.load('cpu'), 'hold', 'nccl')[1].rsplit(':', 1)[1]}: hold.nccl:" in text
+    assert "mine.yaml inherits this hold from" in text and "hint: in " in text and "hold: {nccl: null}" in text
+    path.write_text("extends: cpu\ncomponents: {nccl: null}\nhold: {nccl: null}\n")
+    assert run("outdated", str(path)).exit_code != RecipeError.exit_code
 
 
 def test_outdated_and_fits(index_env: Index, gpu: Path, tmp_path: Path) -> None:

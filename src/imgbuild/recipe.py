@@ -698,6 +698,17 @@ def _format_errors(exc: ValidationError, docs: list[tuple[Path, dict[str, Any], 
     return "invalid recipe:\n  " + "\n  ".join(lines)
 
 
+def where_set(loaded: LoadedRecipe, *loc: str) -> tuple[Path, str]:
+    """The recipe file (the recipe itself first, then its parents) that sets key `loc`, and 'file:line' of that key:
+    for an error about a merged value, naming the file where it is written (read again: errors only)."""
+    docs = [(path, *_parse(path, display(path))) for path in loaded.chain]
+    for depth in range(len(loc), 0, -1):
+        for path, _, lines in docs:
+            if loc[:depth] in lines:
+                return path, f"{display(path)}:{lines[loc[:depth]]}"
+    return loaded.path, display(loaded.path)
+
+
 def _where(loc: tuple[str, ...], docs: list[tuple[Path, dict[str, Any], dict[tuple[str, ...], int]]]) -> str:
     """The file (child first) that sets the longest prefix of `loc`, with the line of that key."""
     for depth in range(len(loc), 0, -1):

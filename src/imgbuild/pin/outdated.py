@@ -31,7 +31,7 @@ from imgbuild.blocks import releases, resolve_order
 from imgbuild.core.errors import ImgbuildError, IndexLookupError, RecipeError, ResolveError
 from imgbuild.core.paths import display
 from imgbuild.pin.resolver import Resolved, resolve
-from imgbuild.recipe import LoadedRecipe, Recipe, load
+from imgbuild.recipe import LoadedRecipe, Recipe, load, where_set
 from imgbuild.spec import compat, edit
 
 Kind = Literal["index", "table", "follows", "base", "none"]
@@ -349,9 +349,15 @@ def _holds(loaded: LoadedRecipe, all_tracks: Sequence[Track]) -> Mapping[str, st
     known = [t.component for t in all_tracks]
     for name in holds:
         if name not in known:
+            path, where = where_set(loaded, "hold", name)
+            inherited = path != loaded.path
             raise RecipeError(
-                f"{display(loaded.path)}: hold.{name}: expected a component `imgbuild outdated` tracks for this "
-                f"recipe ({', '.join(known)})"
+                f"{where}: hold.{name}: expected a component `imgbuild outdated` tracks for "
+                f"{display(loaded.path) if inherited else 'this recipe'} ({', '.join(known)})"
+                + (f"; {display(loaded.path)} inherits this hold from {display(path)}" if inherited else ""),
+                hint=f"in {display(loaded.path)}: hold: {{{name}: null}} (null removes an inherited key)"
+                if inherited
+                else f"remove hold.{name}, or name one of {', '.join(known)}",
             )
     return holds
 

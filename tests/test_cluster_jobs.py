@@ -924,6 +924,21 @@ def test_gb200_jobs_claim_a_compute_domain_and_keep_to_one_nvlink_domain(engine:
         assert len(objects) == 2
 
 
+@pytest.mark.parametrize("nodes", [19, 10000])
+@pytest.mark.parametrize("engine", [*jobs.ENGINES])
+def test_a_gb200_job_larger_than_one_nvlink_domain_is_refused(engine: str, nodes: int) -> None:
+    """Every pod of a gb200 job keeps to one NVLink domain, which holds at most 18 trays (an NVL72 UltraServer): a job
+    of more nodes never schedules, so it is refused (exit 3) saying why and what to do; 18 nodes are written."""
+    from imgbuild.cli import app
+
+    res = CliRunner().invoke(app, ["cluster", "job", "gb200", "-e", engine, "--nodes", str(nodes)])
+    assert res.exit_code == RecipeError.exit_code, res.output
+    text = " ".join(res.output.split())
+    assert f"--nodes {nodes}: every node of a p6e-gb200.36xlarge job must be in one NVLink domain" in text
+    assert "at most 18 instances" in text and "hint: --nodes 18 or fewer, or one job per NVLink domain" in text
+    assert CliRunner().invoke(app, ["cluster", "job", "gb200", "-e", engine, "--nodes", "18"]).exit_code == 0
+
+
 @pytest.mark.parametrize("name", [n for n in SHIPPED if n != "gb200"])
 def test_jobs_without_nvlink_across_instances_claim_nothing(name: str) -> None:
     for engine in (e for n, e in K8S_COMBOS if n == name):

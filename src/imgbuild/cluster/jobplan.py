@@ -122,6 +122,7 @@ INSTANCE_ARCH: dict[str, str] = {"p6e-gb200": "arm64"}
 NAME_MAX = 40  # room for the operators' suffixes (`-launcher`, `-worker-N`, `-node-0-N`) in a 63-character name
 # Kubernetes counts replicas in int32 and Open MPI ranks (-np nodes x slots) in a C int: with at most 64 slots per
 # node (platform.devices_per_node), this many nodes keeps both in range. Slurm's node count is 32 bits too.
+CLIQUE_LABEL = "nvidia.com/gpu.clique"  # GPU Feature Discovery's label: nodes of one NVLink domain share its value
 NODES_MAX = (2**31 - 1) // 64
 
 _PROGRAMS = Path(__file__).with_name("templates")
@@ -341,9 +342,17 @@ def plan_job(
     env = dict(_device_plugin_free(spec.env))
     if r.platform.accelerator == "nvidia":
         env["NCCL_DEBUG"] = "INFO"  # `imgbuild cluster report` reads which network NCCL picked from it
-    from imgbuild.spec.compat import instance_env, mnnvl  # packaging's version parser: not at every command's start
+    from imgbuild.spec.compat import instance_env, mnnvl, mnnvl_domain_nodes  # (packaging: not at every start)
 
     nvlink = r.platform.accelerator == "nvidia" and mnnvl(instance_type)
+    domain = mnnvl_domain_nodes(instance_type) if nvlink else None
+    if domain is not None and nodes > domain:
+        raise RecipeError(
+            f"{where}: --nodes {nodes}: every node of a {instance_type} job must be in one NVLink domain (the pods'"
+            f" podAffinity on {CLIQUE_LABEL}, the job's IMEX channel), and one holds at most {domain} instances (the"
+            " largest UltraServer): the job would never be scheduled",
+            hint=f"--nodes {domain} or fewer, or one job per NVLink domain",
+        )
     if nvlink:  # as the image does (render.image_env), the recipe's own value of a variable wins
         env.update({k: manifest.env.get(k, v) for k, v in instance_env(filter(None, [instance_type])).items()})
     env.update(launch.env_defaults)

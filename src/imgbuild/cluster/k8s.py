@@ -49,7 +49,7 @@ from collections.abc import Sequence
 from functools import cache
 from typing import Any
 
-from imgbuild.cluster.jobplan import Engine, JobPlan
+from imgbuild.cluster.jobplan import CLIQUE_LABEL, Engine, JobPlan
 from imgbuild.core.paths import SSHD_LOG
 
 # The image (images/Dockerfile.j2, images/files/entrypoint.sh.j2).
@@ -81,7 +81,6 @@ JOB_LABEL = "imgbuild-job"  # on the pods that run the image with GPUs: what the
 COMPUTE_DOMAIN_API = "resource.nvidia.com/v1beta1"
 CHANNEL_CLAIM = "compute-domain-channel"  # the pods' name for their claim
 CHANNEL_TEMPLATE_SUFFIX = "-channel"  # the ResourceClaimTemplate the driver makes: <ComputeDomain>-channel
-CLIQUE_LABEL = "nvidia.com/gpu.clique"  # GPU Feature Discovery's label: nodes of one NVLink domain share its value
 TRAINER_FRAMEWORK_LABEL = ("trainer.kubeflow.org/framework", "torch")  # as torch-distributed's metadata
 TRAINER_ANCESTOR_LABEL = ("trainer.kubeflow.org/trainjob-ancestor-step", "trainer")  # where Trainer puts the trainer
 

@@ -529,12 +529,21 @@ TABLES: dict[str, TableSource] = {
 #   podAffinity on the label NVIDIA's GPU Feature Discovery puts on each node, `nvidia.com/gpu.clique` (the EKS guide's
 #   nvbandwidth MPIJob and the sample).
 MNNVL_FAMILIES = frozenset({"p6e-gb200"})
+# The most instances one NVLink domain holds, per MNNVL family: a job keeps every node in one domain (the pods'
+# podAffinity on nvidia.com/gpu.clique; on Slurm, one UltraServer for IMEX), so a job of more nodes never runs.
+# p6e-gb200: the largest UltraServer, u-p6e-gb200x72, is 18 instances (AWS's EKS user guide, as above; x36 is 9).
+MNNVL_DOMAIN_NODES = {"p6e-gb200": 18}
 MNNVL_ENV = {"NCCL_MNNVL_ENABLE": "1", "NCCL_NVLS_ENABLE": "1"}
 
 
 def mnnvl(instance_type: str | None) -> bool:
     """Whether an instance type's GPUs share NVLink with other instances' (MNNVL_FAMILIES)."""
     return instance_type is not None and instance_type.split(".", 1)[0] in MNNVL_FAMILIES
+
+
+def mnnvl_domain_nodes(instance_type: str | None) -> int | None:
+    """The most instances of `instance_type` one NVLink domain holds (MNNVL_DOMAIN_NODES; None: not MNNVL)."""
+    return MNNVL_DOMAIN_NODES.get(instance_type.split(".", 1)[0]) if instance_type else None
 
 
 def instance_env(instance_types: Iterable[str]) -> dict[str, str]:

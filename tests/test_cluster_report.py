@@ -951,3 +951,28 @@ def test_one_efa_node_judges_the_plugin_and_the_network_nccl_chose() -> None:
     verdict_, status, reason = plugin(sockets, None)
     assert (verdict_, status) == ("PASS", "SKIP") and reason.startswith("not judged: whether g7e.8xlarge has EFA")
     assert plugin(sockets, False) == ("PASS", "SKIP", "not judged: the nodes have no EFA devices")
+
+
+def test_a_table_with_every_size_twice_is_judged_by_its_worst_rows(tmp_path: Path) -> None:
+    """One header, then a slow run's rows (a third of the bandwidth), then a good run's: the last row alone passed
+    it. Each size is judged by its worst row, and the repeated sizes are a finding."""
+    lines = shared_log(G7E).splitlines()
+    rows = [k for k, line in enumerate(lines) if len(line.split()) == 13 and line.split()[0].isdigit()]
+
+    def slow(line: str) -> str:
+        cols = line.split()
+        for i in (6, 7, 10, 11):  # algbw, busbw out-of-place and in-place
+            cols[i] = f"{float(cols[i]) / 3:.2f}"
+        return "  ".join(cols)
+
+    text = "\n".join([*lines[: rows[0]], *(slow(lines[k]) for k in rows), *lines[rows[0] :]]) + "\n"
+    log = tmp_path / "twice.log"
+    log.write_text(text)
+    result = runner.invoke(app, ["report", str(log), "--json", "-"])
+    assert result.exit_code == VerifyError.exit_code, result.output
+    criteria = {c["name"]: c for c in json.loads(result.stdout)["criteria"]}
+    assert criteria["bandwidth 1 GiB"]["status"] == "FAIL" and "33%" in criteria["bandwidth 1 GiB"]["reason"]
+    repeated = criteria["repeated sizes"]
+    assert repeated["status"] == "WARN" and "1 GiB x2" in repeated["found"]
+    assert f"the table lists {len(rows)} sizes more than once" in repeated["reason"]
+    assert "repeated sizes" not in {c.name for c in report(shared_log(G7E)).criteria}

@@ -106,8 +106,30 @@ class ResultTable(Frozen):
     max_bytes: int | None = None
 
     def at(self, size: int) -> Row | None:
+        """The row of `size`; where the table lists it more than once (two runs in one log), the worst of them: an
+        unsound one first, else the one of least bus bandwidth."""
         found = [r for r in self.rows if r.size == size]
-        return found[-1] if found else None
+        if not found:
+            return None
+        unsound = [r for r in found if not r.sound]
+        return unsound[0] if unsound else min(found, key=lambda r: r.busbw)
+
+    @property
+    def repeated(self) -> dict[int, int]:
+        """Sizes the table lists more than once for one data type, reduction and root -> how many times (a run
+        appended to another under one header; `-d all` and `-o all` list a size once per type and operation; size 0 is
+        left out)."""
+        counts: dict[tuple[int, str, str | None, int | None], int] = {}
+        for r in self.rows:
+            if r.size == 0:  # -b 0: nccl-tests prints the empty size twice as it steps past it
+                continue
+            key = (r.size, r.type, r.redop, r.root)
+            counts[key] = counts.get(key, 0) + 1
+        out: dict[int, int] = {}
+        for (size, *_), n in counts.items():
+            if n > 1:
+                out[size] = max(out.get(size, 0), n)
+        return out
 
     @property
     def sizes(self) -> tuple[int, int] | None:

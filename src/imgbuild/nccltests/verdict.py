@@ -312,6 +312,28 @@ def _pick(what: str, from_log: T | None, given: T | None, evidence: str) -> tupl
     return from_log, f"log: {evidence}", crit
 
 
+def _repeated(tables: tuple[ResultTable, ...]) -> list[Criterion]:
+    """A table that lists a size more than once holds more than one run: a finding, and every size is judged by its
+    worst row (`ResultTable.at`), never by the last alone. The largest sizes are shown first."""
+    out = []
+    for k, t in enumerate(tables, 1):
+        if not (rep := t.repeated):
+            continue
+        shown = ", ".join(f"{human_size(size)} x{n}" for size, n in sorted(rep.items(), reverse=True)[:6])
+        more = f" and {len(rep) - 6} more" if len(rep) > 6 else ""
+        out.append(
+            Criterion(
+                name="repeated sizes" if len(tables) == 1 else f"repeated sizes (table {k})",
+                status="WARN",
+                expected="each size once",
+                found=f"{shown}{more}",
+                reason=f"the table lists {len(rep)} size{'s' if len(rep) != 1 else ''} more than once: more than one "
+                "run under one header (a log appended to?); each size is judged by its worst row",
+            )
+        )
+    return out
+
+
 def _results(tables: tuple[ResultTable, ...]) -> list[Criterion]:
     if not tables:
         return [
@@ -609,6 +631,7 @@ def judge(
     )
     criteria += [nodes_crit] if nodes_crit else []
     criteria += _results(log.tables)
+    criteria += _repeated(log.tables)
     if nodes == 1:  # nothing crossed a network: judged is what the log can show (one_node says which)
         scope = _one_node_scope(log.ranks)
         criteria[:0] = _one_node(log, scope, instance_type, expect.efa)

@@ -8,6 +8,8 @@ import os
 import re
 import subprocess
 import sys
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -502,3 +504,61 @@ def test_imex_row_says_what_nvlink_across_nodes_needs(monkeypatch):
         "imex channels"
     ]
     assert row.status == "info" and row.detail.startswith("1 IMEX channel(s): /dev/nvidia-caps-imex-channels/channel0")
+
+
+def _smi_printing(folder: Any, script: str) -> dict[str, str]:
+    """The environment of a host whose nvidia-smi runs `script` (sh), an engine that does not answer."""
+    folder.mkdir()
+    smi = folder / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\n{script}\n")
+    smi.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "NO_COLOR", "DOCKER_CONTEXT")}
+    return {**env, "PATH": f"{folder}:{os.environ['PATH']}", "DOCKER_HOST": f"unix://{folder}/no.sock"}
+
+
+@pytest.mark.parametrize(
+    ("script", "words"),
+    [
+        ("printf '580.\\377\\376.04\\n'", "printed '580.\ufffd\ufffd.04', which holds no driver version"),
+        (f"printf '{'5' * 5000}\\n'", "(5000 characters)', which holds no driver version"),
+        ("printf '\\000\\033[31m580\\n'", "which holds no driver version"),
+    ],
+    ids=["invalid-utf8", "5000-digits", "control-bytes"],
+)
+def test_doctor_reports_whatever_nvidia_smi_prints_as_a_finding(tmp_path, script: str, words: str) -> None:
+    """Whatever the host's nvidia-smi prints, `doctor --json` writes its JSON (exit 13 here: no engine) with the
+    driver as a finding (unknown, saying what it printed, shortened), never "no driver" and never exit 1."""
+    env = _smi_printing(tmp_path / "bin", script)
+    proc = subprocess.run([sys.executable, "-m", "imgbuild", "doctor", "h100", "--json"],
+                          capture_output=True, text=True, env=env, check=False)  # fmt: skip
+    assert proc.returncode == DoctorError.exit_code, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["driver"]["status"] == "unknown" and words in data["driver"]["printed"], data["driver"]
+    assert {i["status"] for i in data["driver"]["images"]} == {"unknown"}
+    assert len(proc.stdout) < 20_000
+
+
+def test_a_slow_nvidia_smi_is_ended_and_reported(tmp_path, monkeypatch) -> None:
+    """nvidia-smi that does not answer: ended with its shell when the wait is over (nothing left running), and the
+    driver finding says so instead of "no driver"."""
+    from imgbuild.spec import driver
+
+    pidfile = tmp_path / "smi.pid"
+    env = _smi_printing(tmp_path / "bin", f"echo $$ > {pidfile}\nexec sleep 300")
+    monkeypatch.setenv("PATH", env["PATH"])
+    printed = driver.read_here(timeout_s=1)
+    assert printed == driver.NO_ANSWER.format(seconds="1")
+    stat = Path(f"/proc/{int(pidfile.read_text())}/stat")
+
+    def running() -> bool:  # gone, or a zombie its new parent has not reaped yet: not running either way
+        try:
+            return stat.read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+        except (FileNotFoundError, ProcessLookupError):
+            return False
+
+    deadline = time.monotonic() + 5  # SIGKILL is delivered at once; its exit finishes a moment later
+    while running() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not running()
+    finding = driver.judge(driver.parse(printed), "13.2.2", printed)
+    assert finding.status == "unknown" and "within 1 s: it was ended" in finding.advice

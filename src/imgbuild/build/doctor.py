@@ -253,16 +253,25 @@ def _platform_checks(platforms_needed: Mapping[str, Iterable[str]]) -> list[Chec
     return checks
 
 
+def images_of(groups: Iterable[tuple[Any, tuple[str, ...]]]) -> list[dict[str, Any]]:
+    """doctor --json's `driver.images`: each finding with the recipes it is for."""
+    return [{**f.to_json(), "recipes": list(r)} for f, r in groups]
+
+
 def _driver_check(cuda_needed: Mapping[str, Iterable[str]], read_driver: Callable[[], str]) -> Check:
     """The host's NVIDIA driver against the CUDA of each wanted recipe's image (spec.driver, NVIDIA's table): ok,
     behind (missing for the recipes whose CUDA needs a newer one, with what to do), or no driver here (info: a build
     host needs none). `data` is doctor --json's `driver`."""
     from imgbuild.spec import driver
 
-    read = driver.parse(read_driver())
-    groups = [(driver.judge(read, cuda), tuple(sorted(set(r)))) for cuda, r in sorted(cuda_needed.items())]
+    printed = read_driver()
+    read = driver.parse(printed)
+    groups = [(driver.judge(read, cuda, printed), tuple(sorted(set(r)))) for cuda, r in sorted(cuda_needed.items())]
     version, source = read if read is not None else (None, None)
-    images = [{**f.to_json(), "recipes": list(r)} for f, r in groups]
+    if version is None and (why := driver.unreadable(printed)) is not None:
+        data = {"status": "unknown", "version": None, "source": None, "images": images_of(groups), "printed": why}
+        return Check(DRIVER_CHECK, "warn", f"NVIDIA driver not read: {why}", data=data)
+    images = images_of(groups)
     behind = [(f, r) for f, r in groups if f.status == "behind"]
     unknown = [f"{', '.join(r)}: {f.advice}" for f, r in groups if f.status == "unknown"]
     if version is None:

@@ -46,16 +46,19 @@ def junit_xml(
     `<testsuite name="SUITE TARGET">` with `properties` (in their order) and one testcase per result, named
     `NAME [NODE]` when it ran on a node, of class `CLASSNAME.COMPONENT` (`CLASSNAME.image` without a component).
     fail -> `<failure type=FAILURE_TYPE>`, skip -> `<skipped>` with the reason, pass -> the evidence in
-    `<system-out>`. `time_s` defaults to the sum of the results' durations."""
+    `<system-out>`. `time_s` defaults to the sum of the results' durations. Every text is `xml_safe`: what a check
+    found (a C string's NUL, invalid UTF-8) cannot make the document unreadable."""
     import xml.etree.ElementTree as ET
+
+    from imgbuild.core.text import xml_safe as x
 
     counts = {s: sum(1 for r in results if r.status == s) for s in ("fail", "skip")}
     total = sum(r.duration_s for r in results) if time_s is None else time_s
-    suites = ET.Element("testsuites", name=suite)
+    suites = ET.Element("testsuites", name=x(suite))
     tests = ET.SubElement(
         suites,
         "testsuite",
-        name=f"{suite} {target}",
+        name=x(f"{suite} {target}"),
         tests=str(len(results)),
         failures=str(counts["fail"]),
         errors="0",
@@ -64,17 +67,22 @@ def junit_xml(
     )
     props = ET.SubElement(tests, "properties")
     for key, value in properties:
-        ET.SubElement(props, "property", name=key, value=value)
+        ET.SubElement(props, "property", name=x(key), value=x(value))
     for r in results:
         name = f"{r.name} [{r.node}]" if r.node else r.name
         case = ET.SubElement(
-            tests, "testcase", classname=f"{classname}.{r.component or 'image'}", name=name, time=f"{r.duration_s:.3f}"
+            tests,
+            "testcase",
+            classname=x(f"{classname}.{r.component or 'image'}"),
+            name=x(name),
+            time=f"{r.duration_s:.3f}",
         )
-        text = f"expected: {r.expected}\nfound: {r.found}\n{r.reason}".strip()
+        text = x(f"expected: {r.expected}\nfound: {r.found}\n{r.reason}".strip())
+        message = x(r.reason)
         if r.status == "fail":
-            ET.SubElement(case, "failure", message=r.reason or "failed", type=failure_type).text = text
+            ET.SubElement(case, "failure", message=message or "failed", type=failure_type).text = text
         elif r.status == "skip":
-            ET.SubElement(case, "skipped", message=r.reason or "skipped")
+            ET.SubElement(case, "skipped", message=message or "skipped")
         else:
             ET.SubElement(case, "system-out").text = text
     ET.indent(suites)

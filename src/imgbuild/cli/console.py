@@ -129,7 +129,12 @@ def err() -> "Console":
 def print_json(data: Any) -> None:
     """`data` as JSON on stdout, indented, exactly as json.dumps writes it: no colour, no escape sequences and no
     wrapping whatever FORCE_COLOR, NO_COLOR, TERM or the terminal say (a program reads it)."""
-    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    text = json.dumps(data, indent=2, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate (invalid UTF-8 a program printed, read as text): \u-escaped
+        text = json.dumps(data, indent=2)
+    sys.stdout.write(text + "\n")
     sys.stdout.flush()
 
 

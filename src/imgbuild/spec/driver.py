@@ -40,8 +40,11 @@ READ_TIMEOUT_S = 30
 
 Status = Literal["ok", "behind", "no driver", "unknown"]
 
-_NVRM = re.compile(r"^NVRM version:.*?Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)?)\s", re.MULTILINE)
-_SMI = re.compile(r"^\s*(\d+\.\d+(?:\.\d+)?)\s*$", re.MULTILINE)
+_NVRM = re.compile(r"^NVRM version:.*?Kernel Module(?: for \S+)?\s+(\d{1,6}\.\d{1,6}(?:\.\d{1,6})?)\s", re.MULTILINE)
+_SMI = re.compile(r"^\s*(\d{1,6}\.\d{1,6}(?:\.\d{1,6})?)\s*$", re.MULTILINE)
+# What READ_COMMAND's output becomes when it did not finish: no version, and the reason in its place.
+NO_ANSWER = f"(no answer from `{SMI_QUERY}` within {{seconds}} s: it was ended)"
+SHOWN = 120  # characters of an unreadable answer shown in a finding
 
 
 def parse(text: str) -> tuple[str, str] | None:
@@ -56,13 +59,38 @@ def parse(text: str) -> tuple[str, str] | None:
     return None
 
 
-def read_here(timeout_s: int = READ_TIMEOUT_S) -> str:
-    """READ_COMMAND's output on this machine ("" when neither nvidia-smi nor the kernel module answers)."""
+def read_here(timeout_s: float = READ_TIMEOUT_S) -> str:
+    """READ_COMMAND's output on this machine ("" when neither nvidia-smi nor the kernel module answers), as text
+    whatever its bytes (invalid UTF-8 replaced). One that does not finish in `timeout_s` is ended, its whole process
+    group (the shell and nvidia-smi), and the output is NO_ANSWER."""
+    import os
+    import signal
+
     try:
-        ran = subprocess.run(["sh", "-c", READ_COMMAND], capture_output=True, text=True, timeout=timeout_s, check=False)
-    except (OSError, subprocess.TimeoutExpired):
+        proc = subprocess.Popen(
+            ["sh", "-c", READ_COMMAND], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True
+        )
+    except OSError:
         return ""
-    return ran.stdout
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return NO_ANSWER.format(seconds=f"{timeout_s:g}")
+    return out.decode("utf-8", "replace")
+
+
+def unreadable(text: str) -> str | None:
+    """Why READ_COMMAND's non-empty output gave no version (`parse` None): what it printed, shortened; None when it
+    printed nothing (no driver)."""
+    printed = text.strip()
+    if not printed:
+        return None
+    if printed.startswith("(no answer from"):
+        return printed
+    shown = printed if len(printed) <= SHOWN else f"{printed[:SHOWN]}... ({len(printed)} characters)"
+    return f"the host's driver tools printed {shown!r}, which holds no driver version"
 
 
 def image_cuda(components: Mapping[str, Pin]) -> str | None:
@@ -123,8 +151,9 @@ class Finding:
 TABLE_SOURCE = "NVIDIA's CUDA minor-version compatibility table"
 
 
-def judge(read: tuple[str, str] | None, cuda: str | None) -> Finding:
-    """The finding for an image of CUDA `cuda` on a host whose driver `read` (parse's result) is."""
+def judge(read: tuple[str, str] | None, cuda: str | None, printed: str = "") -> Finding:
+    """The finding for an image of CUDA `cuda` on a host whose driver `read` (parse's result) is; `printed`: what
+    READ_COMMAND printed, so that output with no version in it is a finding of its own ("unknown"), not "no driver"."""
     driver, source = read if read is not None else (None, None)
     floor = needs(cuda) if cuda else None
     if cuda is None:
@@ -132,6 +161,9 @@ def judge(read: tuple[str, str] | None, cuda: str | None) -> Finding:
     if floor is None:
         why = f"CUDA {cuda} is not in {TABLE_SOURCE} (compat.CUDA_DRIVER)"
         return Finding(driver, source, cuda, None, "unknown", why)
+    if driver is None and (printed_why := unreadable(printed)) is not None:
+        advice = f"{printed_why}: the driver could not be judged (CUDA {cuda} needs >= {floor})"
+        return Finding(None, None, cuda, floor, "unknown", advice)
     if driver is None:
         return Finding(
             None, None, cuda, floor, "no driver",

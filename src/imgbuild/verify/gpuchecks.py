@@ -87,7 +87,7 @@ def gpu_driver(ctx: CheckContext) -> CheckResult:
     if cuda is None:
         return skip("the image has no CUDA (no cuda pin, no PyTorch CUDA wheel): any driver will do")
     ran = ctx.run(driver.READ_COMMAND)
-    finding = driver.judge(driver.parse(ran.out), cuda)
+    finding = driver.judge(driver.parse(ran.out), cuda, ran.out)
     expected = f"driver >= {finding.needs} (CUDA {cuda})" if finding.needs else f"a driver for CUDA {cuda}"
     details = finding.to_json()
     if finding.status == "ok":

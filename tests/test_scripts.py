@@ -211,6 +211,12 @@ def test_topology_orders_the_hosts_by_capacity_unit(tmp_path: Path) -> None:
         ([{"hostName": "algo-1"}], 'topology: expected a list of {"hostName": HOST, "capacityUnitId": UNIT}'),
         ({"algo-1": "cu-a"}, 'topology: expected a list of {"hostName": HOST, "capacityUnitId": UNIT}'),
         ([TOPOLOGY[0], {"hostName": "algo-1", "capacityUnitId": "cu-b"}], "puts host 'algo-1' in two capacity units"),
+        # a line break in a unit's name once shifted the lines train reads back: hosts in the hostfile, SM_TOPOLOGY
+        (
+            [{"hostName": "algo-1", "capacityUnitId": "cu-a\nalgo-9\n-oProxyCommand=touch /tmp/pwned"}],
+            'topology: capacityUnitId "cu-a\\nalgo-9\\n-oProxyCommand=touch /tmp/pwned" is not an identifier',
+        ),
+        ([{"hostName": "algo-1", "capacityUnitId": "cu a"}], 'capacityUnitId "cu a" is not an identifier'),
     ],
 )
 def test_a_bad_topology_is_the_jobs_reason(tmp_path: Path, topology: Any, message: str) -> None:
@@ -221,6 +227,29 @@ def test_a_bad_topology_is_the_jobs_reason(tmp_path: Path, topology: Any, messag
     assert ran.returncode == 1
     reason = job.failure.read_text()
     assert reason.startswith(f"cannot read {config}: ") and message in reason, reason
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"current_host": "algo-1\n", "hosts": ["algo-1\n", "algo-2"]},  # `$` matches before a final newline
+        {"current_host": "algo-1", "hosts": ["algo-1", "algo-2\n-oProxyCommand=touch /tmp/pwned"]},
+        {"current_host": "algo-1", "hosts": ["algo-1", "algo-2"], "network_interface_name": "eth0\n"},
+    ],
+    ids=["current-host-newline", "host-with-a-second-line", "interface-newline"],
+)
+def test_a_value_with_a_line_break_is_the_jobs_reason(tmp_path: Path, config: dict[str, Any]) -> None:
+    """No value of resourceconfig.json reaches a line of train's own parser (or the hostfile) with a line break in
+    it: the job ends, saying why, before any host is written."""
+    job = Job(tmp_path)
+    path = Path(job.conf["RESOURCECONFIG"])
+    path.write_text(json.dumps(config))
+    (job.code / "t.py").write_text("")
+    ran = job.run("t.py", IMGBUILD_SSHD="0")
+    assert ran.returncode == 1
+    reason = job.failure.read_text()
+    assert reason.startswith(f"cannot read {path}: expected current_host among a non-empty list of host names"), reason
+    assert not Path(job.conf["HOSTFILE"]).exists() or "ProxyCommand" not in Path(job.conf["HOSTFILE"]).read_text()
 
 
 def test_torchrun_gets_its_placeholders_filled(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from imgbuild.image.render import Provenance
 from imgbuild.recipe import LoadedRecipe
 
 GIT_TIMEOUT_S = 10.0
-_SCP_LIKE = re.compile(r"^(?:[^@/]+@)?(?P<host>[A-Za-z0-9.-]+):(?P<path>(?!/)[^\s]+)$")  # git@github.com:org/repo.git
+_SCP_LIKE = re.compile(r"^(?:[^@/]+@)?(?P<host>[A-Za-z0-9.-]+):(?P<path>(?!/)[^\s]+)\Z")  # git@github.com:org/repo.git
 _PROJECT_URL_NAMES = ("source", "repository", "source code", "code")
 
 

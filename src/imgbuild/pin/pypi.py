@@ -67,11 +67,11 @@ DEADLINE_ENV = "IMGBUILD_INDEX_DEADLINE"
 MAX_PAGE = 64 * 1024 * 1024
 MAX_METADATA = 16 * 1024 * 1024
 
-_HASH_FRAGMENT = re.compile(r"^(?P<algo>sha256|sha384|sha512|sha224|sha1|md5)=(?P<digest>[0-9a-fA-F]+)$")
-_MANYLINUX = re.compile(r"^(?:manylinux\d*|manylinux_\d+_\d+)_(?P<machine>x86_64|aarch64)$")
+_HASH_FRAGMENT = re.compile(r"^(?P<algo>sha256|sha384|sha512|sha224|sha1|md5)=(?P<digest>[0-9a-fA-F]+)\Z")
+_MANYLINUX = re.compile(r"^(?:manylinux\d*|manylinux_\d+_\d+)_(?P<machine>x86_64|aarch64)\Z")
 _METADATA_MEMBER = re.compile(r"[^/]+\.dist-info/METADATA")
-_NCCL = re.compile(r"^nvidia-nccl-cu\d+$")
-_CUDA_RUNTIME = re.compile(r"^nvidia-cuda-runtime(-cu\d+)?$")
+_NCCL = re.compile(r"^nvidia-nccl-cu\d+\Z")
+_CUDA_RUNTIME = re.compile(r"^nvidia-cuda-runtime(-cu\d+)?\Z")
 _CUDA_TOOLKIT = "cuda-toolkit"  # torch 2.11+: cuda-toolkit[cudart,...]==13.0.2
 #: The machines (``uname -m``) wheels are picked for: the images' CPU architectures (compat.MACHINE).
 MACHINES = ("x86_64", "aarch64")

@@ -43,7 +43,7 @@ CREDENTIALS_HINT = (
 )
 
 # <account>.dkr.ecr[-fips].<region>.amazonaws.com[.cn]
-_HOST_RE = re.compile(r"^(?P<account>\d{12})\.dkr\.ecr(?:-fips)?\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(?:\.cn)?$")
+_HOST_RE = re.compile(r"^(?P<account>\d{12})\.dkr\.ecr(?:-fips)?\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(?:\.cn)?\Z")
 
 Clock = Callable[[], dt.datetime]
 

@@ -56,10 +56,10 @@ MANIFEST_TYPES = ", ".join(
 
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 
-_DOMAIN_RE = re.compile(r"^(?:localhost|[^/]*[.:][^/]*)(?::\d+)?$")
+_DOMAIN_RE = re.compile(r"^(?:localhost|[^/]*[.:][^/]*)(?::\d+)?\Z")
 # What parse_registry takes as a host: DNS letters, digits, dots and dashes (or a bracketed IPv6 address), a port.
-_HOST_RE = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?)(?::\d{1,5})?$")
-_PATH_COMPONENT_RE = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*$")
+_HOST_RE = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?)(?::\d{1,5})?\Z")
+_PATH_COMPONENT_RE = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*\Z")
 
 
 class TransientError(Exception):

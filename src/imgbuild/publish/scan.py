@@ -66,7 +66,7 @@ SCAN_HINT = (
 # CVE-2024-1234, GHSA-xxxx-xxxx-xxxx, ALAS2-2024-1234, DSA-5555-1, RHSA-2024:1234, PYSEC-2024-1 ...
 # An allow file lists a few IDs, each with its reason: a larger file is refused before it is read.
 MAX_ALLOW_FILE_BYTES = 1 << 20
-_ID_RE = re.compile(r"^[A-Za-z][A-Za-z0-9]*(?:[-:_.][A-Za-z0-9]+)+$")
+_ID_RE = re.compile(r"^[A-Za-z][A-Za-z0-9]*(?:[-:_.][A-Za-z0-9]+)+\Z")
 
 Sleep = Callable[[float], None]
 Clock = Callable[[], float]

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from imgbuild.pin.resolver import Resolved
     from imgbuild.recipe import LoadedRecipe
 
-_IMAGE_ID_RE = re.compile(r"^(?:sha256:)?[0-9a-f]{12,64}$")
+_IMAGE_ID_RE = re.compile(r"^(?:sha256:)?[0-9a-f]{12,64}\Z")
 
 
 def split_ref(ref: str) -> tuple[str, str]:

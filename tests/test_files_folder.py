@@ -14,6 +14,8 @@ import hashlib
 import io
 import json
 import shutil
+import subprocess
+import sys
 import tarfile
 import tempfile
 import uuid
@@ -197,7 +199,7 @@ def test_a_file_that_disagrees_with_the_well_known_checksum_is_not_trusted(
 
 
 def test_a_files_option_that_is_no_folder_is_a_usage_error(offline_recipe: Path, tmp_path: Path) -> None:
-    for bad in (tmp_path / "missing", SOURCES / "SHA256SUMS"):
+    for bad in (tmp_path / "missing", SOURCES / "SHA256SUMS", Path("/dev/null")):
         result = run("lock", str(offline_recipe), "--files", str(bad))
         assert result.exit_code == UsageError.exit_code, result.output
         assert "--files" in result.output
@@ -265,6 +267,50 @@ def test_build_refuses_a_file_that_is_not_the_locks_before_building(
     # render checks the same way
     rendered = run("render", str(locked), "--files", str(folder))
     assert rendered.exit_code == ContentError.exit_code, rendered.output
+
+
+def test_links_in_the_folder_stay_in_it_and_their_bytes_are_copied(locked: Path, tmp_path: Path) -> None:
+    """A link in the folder to a file in the folder is that file: its bytes are checked, and copied into the build
+    context as a file (a link there would make the build copy whatever it names inside the container). A link that
+    leads out of the folder (to the right archive elsewhere, or to /etc/shadow) is refused, by render and by lock,
+    before anything reads it."""
+    folder = tmp_path / "mirror"
+    folder.mkdir()
+    (folder / "store").mkdir()
+    shutil.copy(SOURCES / "gdrcopy-2.5.1.tar.gz", folder / "store" / "gdrcopy.tgz")
+    (folder / "gdrcopy-2.5.1.tar.gz").symlink_to("store/gdrcopy.tgz")
+    out = tmp_path / "context"
+    result = run("render", str(locked), "-o", str(out), "--files", str(folder))
+    assert result.exit_code == 0, result.output
+    staged = out / render.SOURCES_CONTEXT / "files" / "gdrcopy-2.5.1.tar.gz"
+    assert not staged.is_symlink() and sha256_file(staged) == SUMS["gdrcopy-2.5.1.tar.gz"]
+
+    for target in (SOURCES / "nccl-tests-2.18.3.tar.gz", Path("/etc/shadow")):
+        outside = tmp_path / f"out-{target.name}"
+        outside.mkdir()
+        (outside / "nccl-tests-2.18.3.tar.gz").symlink_to(target)
+        for args in (["render", str(locked)], ["lock", str(locked)]):
+            result = run(*args, "--files", str(outside))
+            assert result.exit_code == ContentError.exit_code, result.output
+            text = " ".join(result.output.split())
+            assert f"nccl-tests-2.18.3.tar.gz (for {URLS['nccl-tests-2.18.3.tar.gz']})" in text
+            assert f"resolves to {target}, outside {outside}" in text
+
+
+def test_a_sparse_terabyte_is_refused_before_it_is_hashed(locked: Path, tmp_path: Path) -> None:
+    """A 1 TiB sparse file under an archive's name: its size is looked at first, and it is refused unread (hashing
+    it took 70 minutes)."""
+    folder = tmp_path / "sparse"
+    folder.mkdir()
+    with (folder / "gdrcopy-2.5.1.tar.gz").open("wb") as f:
+        f.truncate(1 << 40)
+    for args in (["render", str(locked)], ["lock", str(locked)]):
+        # a process of its own, ended if it reads the file after all (as it did: a hang, not a failure, in-process)
+        ran = subprocess.run([sys.executable, "-m", "imgbuild", *args, "--files", str(folder)], capture_output=True,
+                             text=True, timeout=300, check=False)  # fmt: skip
+        assert ran.returncode == ContentError.exit_code, ran.stderr
+        text = " ".join(ran.stderr.split())
+        assert "gdrcopy-2.5.1.tar.gz" in text and "1024 GiB, over the 2 GiB a download may be" in text
 
 
 def test_a_name_in_the_folder_that_is_not_a_file_is_refused(locked: Path, tmp_path: Path) -> None:

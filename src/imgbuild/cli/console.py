@@ -27,6 +27,13 @@ F = TypeVar("F", bound=Callable[..., Any])
 RecipeArg = Annotated[str, typer.Argument(help="A shipped recipe's name (see `imgbuild list`) or a YAML file.")]
 # --files DIR of `build`, `lock` and `render`: a local folder of downloads (a corporate mirror, CI's copy), consulted
 # before the network; a DIR that is not a readable folder is a usage error (exit 2) naming the option.
+def _files_folder(value: Path | None) -> Path | None:
+    """--files: a folder (click's dir_okay/file_okay pass a device or FIFO, which is neither a file nor a folder)."""
+    if value is not None and not value.is_dir():
+        raise typer.BadParameter(f"{value}: not a folder (a device, a FIFO or a socket)")
+    return value
+
+
 FilesOption = Annotated[
     Path | None,
     typer.Option(
@@ -36,6 +43,7 @@ FilesOption = Annotated[
         file_okay=False,
         dir_okay=True,
         readable=True,
+        callback=_files_folder,
         help="A local folder consulted before the network for every file the recipe downloads (tarballs, not "
         "wheels or packages), found by its file name (GitHub's archive of tag vX.Y as REPO-X.Y.tar.gz): `lock` "
         "hashes it from the file; `build` checks it against the lock's sha256 first (a mismatch is exit 16) and "

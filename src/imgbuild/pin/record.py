@@ -57,19 +57,29 @@ def _checksum(url: str, offline: bool, files: Path | None = None) -> Download:
 
 def local_copy(folder: Path, url: str) -> Path | None:
     """THE lookup of `--files DIR` (lock and build): download `url`'s file in `folder`, found by its file name
-    (`download_name`); None when the folder has no such file. A name that is there but is no regular file (a folder,
-    a FIFO, a broken link) is a ContentError naming it, never read. A link is followed: what counts is the sha256."""
+    (`download_name`), as the path of the file itself (links resolved, so its bytes are what is hashed and copied);
+    None when the folder has no such name. A ContentError naming it, before anything reads it, for a name that is no
+    regular file (a folder, a device, a FIFO, a broken link or a loop), a link that leads out of `folder` (what the
+    folder names never reaches another part of the machine), or a file over checksums.MAX_BYTES (2 GiB: the bound
+    of the downloads a lock hashes; a sparse file of a terabyte is refused at once)."""
     from imgbuild.core import files as userfiles
     from imgbuild.core.errors import ContentError
+    from imgbuild.pin.checksums import MAX_BYTES
 
     path = folder / download_name(url)
     if not path.exists() and not path.is_symlink():
         return None
     try:
-        userfiles.regular(path)
+        real = userfiles.inside(folder, path)
+        st = userfiles.regular(real)
     except userfiles.Refused as exc:
         raise ContentError(f"--files {folder}: {path.name} (for {url}): {exc}") from None
-    return path
+    if st.st_size > MAX_BYTES:
+        raise ContentError(
+            f"--files {folder}: {path.name} (for {url}): {userfiles.size(st.st_size)}, over the "
+            f"{userfiles.size(MAX_BYTES)} a download may be"
+        )
+    return real
 
 
 def record(

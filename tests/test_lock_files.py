@@ -213,3 +213,25 @@ def test_a_lock_is_checked_once_per_process_and_again_when_it_changes(
     assert lock_reads["resolve"] == 2
     shutil.copy(REPO / "recipes" / "cpu.lock.json", path)
     assert lock.read(loaded) is not None and lock_reads["resolve"] == 2  # the lock checked before, as it was
+
+
+@pytest.mark.parametrize("kind", ["fifo", "loop", "folder"])
+def test_a_lock_path_that_is_no_file_is_a_lock_error(cpu_copy: Path, kind: str) -> None:
+    """A lock path that is a FIFO (reading it would wait for a writer: render and build hung), a link loop (exit 1,
+    RuntimeError) or a folder: refused unread by the one rule for reading files (core/files), exit 4 naming it."""
+    path = cpu_copy.with_name("cpu.lock.json")
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "loop":
+        path.symlink_to(path.name)
+    else:
+        path.mkdir()
+    for command in ("render", "build"):
+        # a process of its own, ended if it waits after all
+        ran = subprocess.run(
+            [sys.executable, "-m", "imgbuild", command, str(cpu_copy)], capture_output=True, text=True, timeout=120,
+            env={**os.environ, "DOCKER_HOST": f"unix://{cpu_copy.parent}/no-engine.sock"}, check=False,
+        )  # fmt: skip
+        assert ran.returncode == LockError.exit_code, (command, ran.stderr)
+        assert f"{path}: unreadable lock file" in ran.stderr or "cpu.lock.json: unreadable lock file" in ran.stderr
+        assert "unexpected error" not in ran.stderr

@@ -57,8 +57,9 @@ def state_dir_named() -> str:
 
 
 def display(path: Path) -> str:
-    """A path as the user would type it: relative to the working directory when it is below it."""
+    """A path as the user would type it: relative to the working directory when it is below it (a path that cannot
+    be resolved, a link loop, as given)."""
     try:
         return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
+    except (ValueError, OSError, RuntimeError):  # RuntimeError: Python < 3.13's "Symlink loop"
         return str(path)

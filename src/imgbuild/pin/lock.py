@@ -134,7 +134,7 @@ def write(loaded: LoadedRecipe, resolved: Resolved) -> Path:
 def read(loaded: LoadedRecipe) -> Resolved | None:
     """The recipe's lock as a Resolved, None when there is none; LockError when unreadable, stale or edited."""
     path = lock_path(loaded)
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():  # a broken link or a loop is read, and refused, below
         return None
     hint = f"imgbuild lock {command_ref(loaded)}"
     data = _json(path, hint)
@@ -183,14 +183,13 @@ def read(loaded: LoadedRecipe) -> Resolved | None:
 
 def _json(path: Path, hint: str) -> object:
     """A lock file's JSON, read bounded (MAX_LOCK_BYTES); a LockError naming the file when it cannot be read."""
+    from imgbuild.core import files as userfiles
+
     try:
-        with path.open("rb") as f:
-            raw = f.read(MAX_LOCK_BYTES + 1)
-        if len(raw) > MAX_LOCK_BYTES:
-            raise LockError(f"{display(path)}: larger than {MAX_LOCK_BYTES >> 20} MiB: not a lock file", hint=hint)
+        raw = userfiles.read_bounded(path, MAX_LOCK_BYTES)  # a FIFO, a device or a loop refused unopened
         return json.loads(raw.decode("utf-8"))
-    except OSError as exc:
-        raise LockError(f"{display(path)}: unreadable lock file: {exc.strerror or exc}", hint=hint) from None
+    except userfiles.Refused as exc:
+        raise LockError(f"{display(path)}: unreadable lock file: {exc}", hint=hint) from None
     except ValueError as exc:  # not UTF-8, not JSON, or a number past Python's 4300-digit limit
         raise LockError(f"{display(path)}: unreadable lock file: {str(exc).split(';')[0]}", hint=hint) from None
     except RecursionError:

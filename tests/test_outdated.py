@@ -487,3 +487,22 @@ def test_h100_against_the_real_index() -> None:
     assert torch["source"] == {"kind": "index", "name": "torch"}
     behind = json.loads(result.stdout)["outdated"]
     assert result.exit_code == (18 if behind else 0), result.output
+
+
+def test_a_stalled_index_costs_the_run_one_deadline(index_env: Index, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`outdated --json` over every shipped recipe against an index that never answers in time: each project's page
+    is asked for once in the whole run (it was asked again for every recipe: 27 waits of the full deadline), and the
+    projects not asked before the run's one deadline passed say so. The JSON is whole; exit 7 (the index could not
+    say)."""
+    index_env.server.slow_prefix = "/simple/"
+    index_env.server.stall_before = 30.0
+    monkeypatch.setenv("IMGBUILD_INDEX_DEADLINE", "2")
+    result = run("outdated", "--json")
+    assert result.exit_code == 7, result.output
+    data = json.loads(result.stdout)
+    asked = [path for method, path, _ in index_env.server.log if path.startswith("/simple/")]
+    assert asked and len(asked) == len(set(asked)), asked
+    unknown = [f for r in data["recipes"] for f in r["components"] if f["status"] == "unknown"]
+    assert len(unknown) > len(asked)  # the same projects, for many recipes, asked once
+    reasons = " ".join(json.dumps(f) for f in unknown)
+    assert "this run's deadline for the index (2 s, IMGBUILD_INDEX_DEADLINE) had passed" in reasons

@@ -303,9 +303,10 @@ def outdated_(
         refs = [name for name in recipe.shipped_names() if not recipe.load(name).recipe.abstract]
     reports: list[Report] = []
     failed: list[tuple[str, ImgbuildError]] = []
+    releases = outdated.IndexReleases()  # each project asked once, one deadline for the whole run
     for name in refs:
         try:
-            reports.append(outdated.report(recipe.load(name).concrete()))
+            reports.append(outdated.report(recipe.load(name).concrete(), releases))
         except ImgbuildError as error:
             if ref is not None:
                 raise

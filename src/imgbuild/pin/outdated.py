@@ -189,6 +189,46 @@ def index_releases(project: str) -> list[str]:
     return pypi.releases(project)
 
 
+class IndexReleases:
+    """`index_releases` for one run (`imgbuild outdated` over every recipe, `lock --upgrade`): each project's page is
+    asked for once, its answer or its failure kept for the rest of the run, and the whole run has one deadline
+    (IMGBUILD_INDEX_DEADLINE, else the index's default): a stalled index costs the run one deadline, not one per
+    project and recipe. A project not yet asked when the deadline has passed is an IndexLookupError saying so."""
+
+    def __init__(self, deadline: float | None = None) -> None:
+        import time
+
+        from imgbuild.pin import pypi  # network edge
+
+        self._clock = time.monotonic
+        self.seconds = pypi.deadline_seconds(deadline)
+        self.ends = self._clock() + self.seconds
+        self.answers: dict[str, list[str] | IndexLookupError] = {}
+
+    def __call__(self, project: str) -> list[str]:
+        from packaging.utils import canonicalize_name
+
+        from imgbuild.pin import pypi
+
+        key = canonicalize_name(project)
+        if key not in self.answers:
+            left = self.ends - self._clock()
+            if left <= 0:
+                self.answers[key] = IndexLookupError(
+                    f"{project} releases: not asked: this run's deadline for the index ({self.seconds:g} s, "
+                    f"{pypi.DEADLINE_ENV}) had passed"
+                )
+            else:
+                try:
+                    self.answers[key] = pypi.releases(project, deadline=left)
+                except IndexLookupError as exc:
+                    self.answers[key] = exc
+        answer = self.answers[key]
+        if isinstance(answer, IndexLookupError):
+            raise answer
+        return list(answer)
+
+
 def available(track: Track, releases: Releases = index_releases) -> list[str]:
     """The releases `track`'s source offers, oldest first (empty for a pin that follows another or the base's)."""
     if track.source.kind == "index":
@@ -362,10 +402,12 @@ def _holds(loaded: LoadedRecipe, all_tracks: Sequence[Track]) -> Mapping[str, st
     return holds
 
 
-def report(loaded: LoadedRecipe, releases: Releases = index_releases) -> Report:
+def report(loaded: LoadedRecipe, releases: Releases | None = None) -> Report:
     """Every pinned version of the recipe against its source's newest release (the recipe freshly resolved, not its
     lock: the lock may be stale). A component the recipe holds (`hold:`) that has a newer release is "held", with
-    the recipe's reason, instead of "outdated"."""
+    the recipe's reason, instead of "outdated". `releases`: the run's (`IndexReleases`, shared by the recipes of one
+    run), else one of this report's own."""
+    releases = releases or IndexReleases()
     resolved = resolve(loaded)
     all_tracks = tracks(resolved)
     holds = _holds(loaded, all_tracks)
@@ -426,7 +468,7 @@ def parse_wanted(items: Sequence[str]) -> dict[str, str | None]:
 
 
 def upgrade(
-    loaded: LoadedRecipe, wanted: Mapping[str, str | None] | None = None, releases: Releases = index_releases
+    loaded: LoadedRecipe, wanted: Mapping[str, str | None] | None = None, releases: Releases | None = None
 ) -> Upgrade:
     """The newest releases that fit: for each component (`wanted`'s, else every one `lock --upgrade` may move), its
     newer releases newest first, each resolved with the moves made before it; the first the resolver accepts is kept.
@@ -434,6 +476,7 @@ def upgrade(
     newest (or asked-for) release the resolver refuses."""
     from imgbuild.core.errors import UsageError
 
+    releases = releases or IndexReleases()
     resolved = resolve(loaded)
     all_tracks = tracks(resolved)
     by_name = {t.component: t for t in all_tracks}

@@ -9,7 +9,6 @@ index, through range requests on the wheel's METADATA).
 from __future__ import annotations
 
 import re
-
 from collections.abc import Callable
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator

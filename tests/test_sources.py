@@ -6,6 +6,7 @@ another lock is refused before anything is built or tagged (exit 16), naming the
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -22,10 +23,17 @@ pytestmark = pytest.mark.docker
 
 @pytest.fixture(scope="module")
 def fetched(docker_client: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("sources") / "cpu"
-    result = CliRunner().invoke(app, ["sources", "fetch", "cpu", "-o", str(folder)])
+    """`sources fetch cpu -o cpu`: a relative folder, as users type it (the fetch container's bind mount once got the
+    relative path, and the engine answered 400 Client Error)."""
+    parent = tmp_path_factory.mktemp("sources")
+    here = os.getcwd()
+    os.chdir(parent)
+    try:
+        result = CliRunner().invoke(app, ["sources", "fetch", "cpu", "-o", "cpu"])
+    finally:
+        os.chdir(here)
     assert result.exit_code == 0, result.output
-    return folder
+    return parent / "cpu"
 
 
 def _copy(fetched: Path, tmp_path: Path) -> Path:

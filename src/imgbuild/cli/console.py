@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 
 RecipeArg = Annotated[str, typer.Argument(help="A shipped recipe's name (see `imgbuild list`) or a YAML file.")]
+
+
 # --files DIR of `build`, `lock` and `render`: a local folder of downloads (a corporate mirror, CI's copy), consulted
 # before the network; a DIR that is not a readable folder is a usage error (exit 2) naming the option.
 def _files_folder(value: Path | None) -> Path | None:

@@ -72,7 +72,7 @@ def new_folder(path: Path, *, what: str) -> Iterator[Path]:
         raise UsageError(f"{path}: exists and is not an empty folder", hint="name a new folder")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)).absolute()
     except OSError as exc:
         raise OutputError(f"{path}: cannot write {what}: {exc.strerror or exc}") from None
     try:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import io
 import math
+import os
 import re
 import secrets
 import shlex
@@ -94,8 +95,12 @@ class Containers:
         return self.prefix
 
     def create(self, image: str, command: list[str], role: str, *, spec: RunSpec | None = None, **options: Any) -> Any:
-        """Create (not start) the container for `role` with the run profile `spec` and docker-py `options`."""
+        """Create (not start) the container for `role` with the run profile `spec` and docker-py `options`. A bind
+        mount's host path is made absolute here, where it leaves the process: the engine resolves nothing against our
+        working directory (a relative one was its `400 Client Error`)."""
         kwargs = {**(spec.docker_py() if spec is not None else {}), **options}
+        if isinstance(kwargs.get("volumes"), dict):
+            kwargs["volumes"] = {os.path.abspath(host): bind for host, bind in kwargs["volumes"].items()}
         name = self.name(role)
         with self._lock:
             self._pending.add(name)

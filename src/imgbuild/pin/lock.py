@@ -307,8 +307,7 @@ def _check_not_edited(loaded: LoadedRecipe, locked: Resolved, path: Path, hint: 
     diffs += _content_diffs(locked, fresh)
     if diffs:
         raise LockError(
-            f"{display(path)} was edited by hand (it does not follow from {display(loaded.path)}): "
-            + "; ".join(diffs),
+            f"{display(path)} was edited by hand (it does not follow from {display(loaded.path)}): " + "; ".join(diffs),
             hint=hint,
         )
 

@@ -693,3 +693,15 @@ def test_the_image_scan_finds_credential_shaped_text_anywhere_in_a_line(tmp_path
         "etc/pem",
         "root/.ssh/id_ed25519",
     }
+
+
+def test_verify_host_over_ssh_that_does_not_answer_is_a_verify_error(tmp_path: Path) -> None:
+    """`verify RECIPE --host ssh://...` to a host whose sshd does not answer (a closed port on loopback): exit 11,
+    naming the host and ssh's words, never testinfra's RuntimeError (exit 1)."""
+    ran = subprocess.run(
+        [sys.executable, "-m", "imgbuild", "verify", "cpu", "--host", "ssh://root@127.0.0.1:1"],
+        capture_output=True, text=True, timeout=120, check=False, env={**os.environ, "HOME": str(tmp_path)},
+    )  # fmt: skip
+    assert ran.returncode == VerifyError.exit_code, ran.stderr
+    assert "--host 'ssh://root@127.0.0.1:1': ssh could not reach the host" in ran.stderr
+    assert "port 1" in ran.stderr and "unexpected error" not in ran.stderr

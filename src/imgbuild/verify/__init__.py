@@ -306,6 +306,8 @@ def _verify_host(
         raise VerifyError(f"{target.ref}: --host checks need a recipe with a lock ({target.note})")
     timings["resolve_s"] = round(time.monotonic() - t, 3)
     th = testinfra.get_host(spec)
+    if spec != "local://":
+        _reach(th, spec)
     probe = checks.CheckContext(host=th, scope="host", components={})
     # The host's Python: this interpreter on local:// (a DLAMI's torch lives in it), python3 over ssh.
     python = sys.executable if spec == "local://" else "python3"
@@ -331,6 +333,20 @@ def _verify_host(
     results = checks.run_checks(ctx, selected, workers=workers)
     timings["checks_s"] = round(time.monotonic() - t, 3)
     return VerifyReport(target.ref, target.image, target.recipe, spec, target.note, results, timings)
+
+
+def _reach(th: Any, spec: str) -> None:
+    """The ssh host answers a command; else VerifyError (exit 11) naming it and ssh's own words (testinfra raises
+    RuntimeError for ssh's exit 255: the connection, not the command, failed)."""
+    try:
+        th.run("true")
+    except RuntimeError as exc:
+        result = exc.args[0] if exc.args else None
+        said = str(getattr(result, "stderr", "") or exc).strip().splitlines()
+        raise VerifyError(
+            f"--host {validate.shown(spec)}: ssh could not reach the host: {validate.shown(said[-1] if said else '')}",
+            hint="check the name, the port (ssh://USER@HOST:PORT), that the host runs sshd and accepts your key",
+        ) from None
 
 
 def _host_manifest(ctx: checks.CheckContext) -> dict[str, Any] | None:

@@ -81,3 +81,25 @@ def test_cluster_report_writes_parseable_junit_and_json_from_a_hostile_log(tmp_p
         check=False,
     )  # fmt: skip
     assert json.loads(stdout.stdout.decode("utf-8"))["source"] == str(log)
+
+
+def test_verify_json_and_junit_parse_whatever_the_checks_found() -> None:
+    """verify's --json and --junit (one writer each, for verify, verify --nodes and cluster test) from results whose
+    every field holds hostile text and whose details hold nan and inf (a log's unreadable bandwidth)."""
+    from imgbuild import verify
+
+    details = {"busbw": float("nan"), "peak": float("inf"), "low": float("-inf"), "text": HOSTILE["surrogates"]}
+    results = [
+        CheckResult(name=f"multinode: {value}", status=status, expected=value, found=value, reason=value,  # type: ignore[arg-type]
+                    node=value, details=details)
+        for value in HOSTILE.values()
+        for status in ("pass", "fail", "skip")
+    ]  # fmt: skip
+    report = verify.VerifyReport(
+        HOSTILE["nul"], HOSTILE["controls"], HOSTILE["surrogates"], "container", HOSTILE["cdata-end"], results, {}
+    )
+    data = json.loads(verify.report_json(report))
+    assert data["results"][0]["details"]["busbw"] == "NaN" and data["results"][0]["details"]["low"] == "-Infinity"
+    assert data["image"] == HOSTILE["controls"]
+    root = ET.fromstring(verify.junit_xml(report).encode("utf-8"))
+    assert len(root.findall(".//testcase")) == len(results)

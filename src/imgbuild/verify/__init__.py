@@ -18,6 +18,7 @@ This is an edge module: it talks to the Docker engine (docker-py) and to contain
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import sys
@@ -586,8 +587,21 @@ def _verify_container(
 
 
 def report_json(report: VerifyReport) -> str:
-    """The report as `--json` writes it."""
-    return json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n"
+    """The report as `--json` writes it: strict JSON (RFC 8259) whatever a check found. A non-finite number (a log's
+    nan or inf) is the string "NaN", "Infinity" or "-Infinity", as `cluster report` writes it; text is \\u-escaped
+    outside ASCII, so invalid UTF-8 a program printed (read as lone surrogates) stays valid too."""
+    return json.dumps(_finite(report.to_json()), indent=2, sort_keys=True, allow_nan=False) + "\n"
+
+
+def _finite(value: Any) -> Any:
+    """`value` with every float that JSON cannot hold (nan, inf) as the string JavaScript's JSON would print."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+    if isinstance(value, dict):
+        return {key: _finite(v) for key, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def junit_xml(report: VerifyReport) -> str:

@@ -448,11 +448,19 @@ def test_hwloc_version_is_checked_against_the_distribution(tmp_path: Path) -> No
 
 
 def _contented(resolved):
-    """A resolution with an (empty) content record: these tests are about the pins a lock holds, not its content
-    (tests/test_lock_content.py is)."""
-    from imgbuild.pin.content import Content
+    """A resolution with a content record that establishes nothing (every base, download and requirement set the
+    blocks need, none pinned): these tests are about the pins a lock holds, not its content (test_lock_content.py
+    is); a lock read back must still name each of them (lock._content_diffs)."""
+    from imgbuild.pin import record
+    from imgbuild.pin.content import Content, Download, ImageDigest
 
-    return resolved.model_copy(update={"content": Content()})
+    why = "unestablished: a test's lock"
+    content = Content(
+        bases={ref: ImageDigest(ref=ref, digest=None, origin=why) for ref in record.bases(resolved)},
+        downloads={url: Download(url=url, sha256=None, origin=why) for url in record.downloads(resolved)},
+        python=dict.fromkeys(record.requirement_sets(resolved), ()),
+    )
+    return resolved.model_copy(update={"content": content})
 
 
 def test_a_release_build_takes_libfabric_from_components_libfabric(recipe_dir: Path) -> None:

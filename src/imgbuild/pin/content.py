@@ -25,7 +25,7 @@ from imgbuild.core import imageref
 from imgbuild.core.errors import RecipeError
 
 SHA256 = re.compile(r"[0-9a-f]{64}")
-NORMALIZED_NAME = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")  # PEP 503
+DIST_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")  # PEP 508's name
 
 
 class _Frozen(BaseModel):
@@ -116,8 +116,8 @@ class Requirement(_Frozen):
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        if not NORMALIZED_NAME.fullmatch(value):
-            raise ValueError(f"expected a normalized distribution name (lower case, '-' between parts), got {value!r}")
+        if not DIST_NAME.fullmatch(value):
+            raise ValueError(f"expected a distribution name (letters, digits and ._- between them), got {value!r}")
         return value
 
     @field_validator("version")

@@ -49,7 +49,7 @@ def read_details(name: str, data: object, where: str) -> Details:
         ) from None
 
 
-LOCKED_AT = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00")
+LOCKED_AT = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,6})?(?:Z|\+00:00)")  # ISO 8601, UTC
 
 
 class Pinned(BaseModel):
@@ -73,7 +73,10 @@ class Pinned(BaseModel):
     def _timestamp(cls, value: str | None) -> str | None:
         """`imgbuild lock`'s UTC time to the second (it becomes the image's created label)."""
         if value is not None and not LOCKED_AT.fullmatch(value):
-            raise ValueError(f"expected YYYY-MM-DDTHH:MM:SS+00:00 (UTC, as imgbuild lock writes it), got {value!r}")
+            raise ValueError(
+                f"expected an ISO 8601 time in UTC (YYYY-MM-DDTHH:MM:SS+00:00, as imgbuild lock writes it), "
+                f"got {value!r}"
+            )
         return value
 
     @field_validator("pins", mode="before")

@@ -147,7 +147,7 @@ def test_version_imports_neither_pydantic_nor_rich() -> None:
 # is printed as a table, and the release files' models (built when a release file is read, not at import).
 UNUSED = (
     RUN_COMMAND
-    + """releases = sys.modules.get("imgbuild.blocks.releases")
+    + """releases = sys.modules.get("imgbuild.blocks._releases")
 built = [] if releases is None else [
     name for name, model in vars(releases).items()
     if isinstance(model, type) and model.__module__ == releases.__name__

@@ -4,6 +4,7 @@ something else; a mode that should render and renders nothing is an error, never
 from __future__ import annotations
 
 import re
+import shutil
 import typing
 from pathlib import Path
 
@@ -114,8 +115,8 @@ def test_mpi4py_never_reuses_a_wheel_built_for_another_mpi(recipe_dir: Path) -> 
 def test_a_fragment_mode_that_renders_nothing_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     resolved = _resolved("cpu")
     empty = tmp_path / "components"
-    empty.mkdir()
-    (empty / "nccl.j2").write_text("{% macro builder(pin, ctx, r, pins) %}{% endmacro %}\n")
+    shutil.copytree(render.TEMPLATE_DIR, empty)
+    (empty / "nccl" / "nccl.j2").write_text("{% macro builder(pin, ctx, r, pins) %}{% endmacro %}\n")
     import jinja2
 
     render.environment.cache_clear()
@@ -153,7 +154,7 @@ def test_orders_follow_the_registry_and_dependencies() -> None:
 def test_each_block_has_its_template_next_to_its_module() -> None:
     for block in REGISTRY:
         if any(how == "fragment" for how in block.modes.values()):
-            assert (Path(render.TEMPLATE_DIR) / f"{block.name}.j2").is_file(), block.name
+            assert (Path(render.TEMPLATE_DIR) / block.name / f"{block.name}.j2").is_file(), block.name
 
 
 # ---- blocks that own everything about themselves: offers, post-install lines, shared build steps -------------------
@@ -331,8 +332,7 @@ def test_only_the_hwloc_block_and_the_registry_name_hwloc() -> None:
     distribution table is data: the versions each release ships)."""
     src = REPO / "src" / "imgbuild"
     allowed = {
-        src / "blocks" / "hwloc.py",
-        src / "blocks" / "hwloc.j2",
+        src / "blocks" / "hwloc" / "__init__.py",
         src / "blocks" / "__init__.py",
         src / "spec" / "compat.py",
     }

@@ -1,6 +1,6 @@
 """`imgbuild lock` reads what the EFA installer tarball bundles from the tarball itself (imgbuild.pin.artifacts,
 issue 30): libfabric, Open MPI and aws-ofi-nccl from its package file names, so an installer release that
-blocks/releases/efa.yaml does not list yet locks; where the tarball can't be read it falls back to the shipped data
+blocks/efa/releases.yaml does not list yet locks; where the tarball can't be read it falls back to the shipped data
 and says so.
 
 The tarballs here are made in tmp_path with the installer's layout. Member names follow real ones:
@@ -110,17 +110,17 @@ def test_without_the_tarball_the_shipped_data_is_used_and_said(mine: Path, tmp_p
     result = run("lock", str(mine))
     assert result.exit_code == 5, result.output
     assert (
-        f"efa {NEW}: bundle from the shipped data (releases/efa.yaml): the installer tarball was not read: "
+        f"efa {NEW}: bundle from the shipped data (blocks/efa/releases.yaml): the installer tarball was not read: "
         f"download https://efa-installer.amazonaws.com/aws-efa-installer-{NEW}.tar.gz: " in result.stdout
     )
-    assert f"the aws-ofi-nccl version bundled with EFA installer {NEW} is not in releases/efa.yaml" in result.stderr
+    assert f"the aws-ofi-nccl version bundled with EFA installer {NEW} is not in blocks/efa/releases.yaml" in result.stderr
     assert not mine.with_suffix(".lock.json").exists()
     # a listed release falls back to its row and locks, the lock recording no bundle (it reads as before)
     mine.write_text(mine.read_text().replace(NEW, "1.51.0"))
     result = run("lock", str(mine))
     assert result.exit_code == 0, result.output
     assert (
-        "efa 1.51.0: bundle from the shipped data (releases/efa.yaml): the installer tarball was not read: "
+        "efa 1.51.0: bundle from the shipped data (blocks/efa/releases.yaml): the installer tarball was not read: "
         "download https://efa-installer.amazonaws.com/aws-efa-installer-1.51.0.tar.gz: " in result.stdout
     )
     locked = json.loads(mine.with_suffix(".lock.json").read_text())["pins"]
@@ -142,6 +142,6 @@ def test_a_tarball_without_the_targets_folder_is_not_guessed_from(mine: Path, tm
     result = run("lock", str(mine), "--files", str(folder))
     assert result.exit_code == 5, result.output
     assert (
-        f"efa {NEW}: bundle from the shipped data (releases/efa.yaml): the installer tarball was not read: "
+        f"efa {NEW}: bundle from the shipped data (blocks/efa/releases.yaml): the installer tarball was not read: "
         "not a readable tar archive" in result.stdout
     )

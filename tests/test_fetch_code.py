@@ -18,7 +18,7 @@ import pytest
 from imgbuild.blocks import TEMPLATE_DIR
 from sm_code import BAD_REQUIREMENTS, HOSTILE, S3, member, s3_server, sourcedir, tar_gz, write
 
-FETCH_CODE = TEMPLATE_DIR / "files" / "sagemaker" / "fetch-code"
+FETCH_CODE = TEMPLATE_DIR / "sagemaker" / "files" / "fetch-code"
 # The exit statuses of its header.
 BAD_VALUE, NO_PATH, NO_KEY, NO_BUCKET, DENIED, S3_ERROR, NO_BOTO3, NOT_TAR, UNSAFE, CANNOT_WRITE, PIP = range(80, 91)
 

@@ -26,7 +26,7 @@ from typer.testing import CliRunner
 
 from conftest import REPO
 from imgbuild import recipe
-from imgbuild.blocks import releases
+from imgbuild.blocks import _releases as releases
 from imgbuild.cli import app
 from imgbuild.core.errors import ContentError, UsageError
 from imgbuild.image import render
@@ -44,7 +44,7 @@ URLS = {
     "nccl-tests-2.18.3.tar.gz": "https://github.com/NVIDIA/nccl-tests/archive/refs/tags/v2.18.3.tar.gz",
 }
 
-# Newer releases the folder holds too (blocks/releases/nccl_tests.yaml and gdrcopy.yaml list them), for a recipe that
+# Newer releases the folder holds too (blocks/nccl_tests/releases.yaml and gdrcopy.yaml list them), for a recipe that
 # moves to them.
 NEWER = {
     "gdrcopy-2.6.tar.gz": "https://github.com/NVIDIA/gdrcopy/archive/refs/tags/v2.6.tar.gz",
@@ -155,7 +155,7 @@ def test_an_archive_of_another_commit_than_the_tags_is_refused(offline_recipe: P
     assert result.exit_code == 5, result.output
     assert (
         f"components.nccl_tests.version: nccl-tests-2.18.3.tar.gz (--files) was made from commit {other}, but "
-        "releases/nccl_tests.yaml records tag v2.18.3 at f727aa2a540fef911de9d7bfd8852bc5d2c69815"
+        "blocks/nccl_tests/releases.yaml records tag v2.18.3 at f727aa2a540fef911de9d7bfd8852bc5d2c69815"
     ) in result.stderr
     assert not offline_recipe.with_suffix(".lock.json").exists()
 
@@ -173,7 +173,7 @@ def test_without_the_folder_the_same_lock_cannot_hash_them(offline_recipe: Path)
     assert "not pinned by content" in result.output
     # nor read the plugin's release notes: the shipped data's tested versions, said so, and none recorded
     assert (
-        "aws_ofi_nccl 1.21.1: tested versions from the shipped data (releases/aws_ofi_nccl.yaml): its release notes "
+        "aws_ofi_nccl 1.21.1: tested versions from the shipped data (blocks/aws_ofi_nccl/releases.yaml): its release notes "
         "were not read: download https://github.com/aws/aws-ofi-nccl/archive/refs/tags/v1.21.1.tar.gz: "
     ) in result.stdout
     pins = json.loads(offline_recipe.with_suffix(".lock.json").read_text())["pins"]

@@ -208,14 +208,14 @@ def test_outdated_and_fits(index_env: Index, gpu: Path, tmp_path: Path) -> None:
     # a table's newest, said to come from a table read on a date
     efa = found["efa"]
     about = "the AWS EFA installer changelog (efa-changelog in the EC2 user guide)"
-    assert efa["source"] == {"kind": "table", "name": "releases/efa.yaml", "about": about, "read_on": "2026-11-26"}
+    assert efa["source"] == {"kind": "table", "name": "blocks/efa/releases.yaml", "about": about, "read_on": "2026-11-26"}
     assert efa["newest"] == "1.51.0" and efa["fits"] is True  # its plugin 1.22.0 has a row (issue 30)
     assert found["nccl_tests"]["newest"] == "2.19.6" and found["nccl_tests"]["fits"] is True
     assert gpu.read_text() == before  # outdated writes nothing
 
     text = run("outdated", str(gpu))
     assert text.exit_code == 18
-    assert "releases/efa.yaml, read 2026-11-26" in text.stdout and "index: torch" in text.stdout
+    assert "blocks/efa/releases.yaml, read 2026-11-26" in text.stdout and "index: torch" in text.stdout
     assert "yes: nccl 2.29.7 -> 2.30.7" in text.stdout
 
 

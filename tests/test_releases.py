@@ -1,4 +1,4 @@
-"""Each component's releases as data with sources (src/imgbuild/blocks/releases/*.yaml, issue 30): the shipped files
+"""Each component's releases as data with sources (src/imgbuild/blocks/*/releases.yaml, issue 30): the shipped files
 load and say where each row was read, a bad file is refused naming the file and the key, and a new EFA installer
 resolves from its row alone."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from imgbuild.blocks import releases
+from imgbuild.blocks import _releases as releases
 from imgbuild.cli import app
 from imgbuild.core.errors import ResolveError
 

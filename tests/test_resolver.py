@@ -9,7 +9,7 @@ import pytest
 
 from conftest import REPO
 from imgbuild import recipe
-from imgbuild.blocks import releases
+from imgbuild.blocks import _releases as releases
 from imgbuild.core.errors import ImgbuildError, ResolveError
 from imgbuild.pin.resolver import resolve
 from imgbuild.spec import compat
@@ -169,7 +169,7 @@ def test_plugin_older_than_nccl(recipe_dir: Path) -> None:
 
 def test_plugin_bundle_unknown(recipe_dir: Path) -> None:
     msg = resolve_error(recipe_dir, "extends: a100\ncomponents: {efa: {version: 1.47.0}}\n")
-    assert "bundled with EFA installer 1.47.0 is not in releases/efa.yaml" in msg
+    assert "bundled with EFA installer 1.47.0 is not in blocks/efa/releases.yaml" in msg
 
 
 def test_efa_vs_os(recipe_dir: Path) -> None:
@@ -290,11 +290,11 @@ def test_gaudi_121_base_efa_is_vouched_for_by_the_gaudi_table(recipe_dir: Path) 
     """EFA 1.34.0 is in no EFA table row: on gaudi-1.21 the Gaudi table records it (no 'unchecked' warning); the same
     installer asked for by a non-Gaudi recipe is still warned about."""
     warned = resolve(recipe.load("gaudi-1.21"), lookup_torch=None).warnings
-    assert not any("not in releases/efa.yaml" in w for w in warned), warned
+    assert not any("not in blocks/efa/releases.yaml" in w for w in warned), warned
     assert releases.efa_release("1.34.0") is None, "efa.yaml lists 1.34.0: test the vouching with a release it lacks"
     (recipe_dir / "c.yaml").write_text("extends: cpu\ncomponents: {efa: {version: 1.34.0}}\n")
     warned = resolve(recipe.load(recipe_dir / "c.yaml"), lookup_torch=None).warnings
-    assert any("EFA installer 1.34.0 is not in releases/efa.yaml" in w for w in warned), warned
+    assert any("EFA installer 1.34.0 is not in blocks/efa/releases.yaml" in w for w in warned), warned
 
 
 def test_a_child_of_gaudi_121_may_pin_its_newest_patch(recipe_dir: Path) -> None:
@@ -423,7 +423,7 @@ def test_built_plugin_older_than_the_installers_libfabric(recipe_dir: Path) -> N
     assert "aws-ofi-nccl 1.14.2 was tested with libfabric up to 2.1.0; EFA installer 1.51.0 brings libfabric " in msg
     assert "use source: efa" in msg
     old_v100 = resolve_text(recipe_dir, built + "  efa: {version: 1.47.0}\n")  # what v100 shipped before
-    assert any("EFA installer 1.47.0's libfabric is not in releases/efa.yaml" in w for w in old_v100.warnings)
+    assert any("EFA installer 1.47.0's libfabric is not in blocks/efa/releases.yaml" in w for w in old_v100.warnings)
     same = resolve_text(
         recipe_dir,
         "extends: a100\ncomponents:\n  efa: {version: 1.43.2}\n  aws_ofi_nccl: {source: release, version: 1.16.3}\n",

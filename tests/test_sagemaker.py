@@ -35,9 +35,9 @@ def context_files(ref: str | Path) -> dict[str, str]:
 
 STATIC = {  # context path -> the static script it is (tests/test_scripts.py lints and runs them)
     "imgbuild/imgbuild-entrypoint": paths.images_dir() / "files" / "imgbuild-entrypoint",
-    "imgbuild/sshd/50-sshd.sh": TEMPLATE_DIR / "files" / "sshd" / "50-sshd.sh",
-    "imgbuild/sagemaker/train": TEMPLATE_DIR / "files" / "sagemaker" / "train",
-    "imgbuild/sagemaker/40-sagemaker.sh": TEMPLATE_DIR / "files" / "sagemaker" / "40-sagemaker.sh",
+    "imgbuild/sshd/50-sshd.sh": TEMPLATE_DIR / "sshd" / "files" / "50-sshd.sh",
+    "imgbuild/sagemaker/train": TEMPLATE_DIR / "sagemaker" / "files" / "train",
+    "imgbuild/sagemaker/40-sagemaker.sh": TEMPLATE_DIR / "sagemaker" / "files" / "40-sagemaker.sh",
 }
 
 

@@ -20,11 +20,11 @@ from imgbuild.image import render
 from imgbuild.pin.lock import resolved_for
 from imgbuild.spec import launch
 
-SCRIPTS = sorted([paths.images_dir() / "files" / "imgbuild-entrypoint", *(TEMPLATE_DIR / "files").glob("*/*")], key=str)
+SCRIPTS = sorted([paths.images_dir() / "files" / "imgbuild-entrypoint", *TEMPLATE_DIR.glob("*/files/*")], key=str)
 # The Python ones (fetch-code): ruff lints them instead of shellcheck.
 PYTHON_SCRIPTS = [p for p in SCRIPTS if "python" in p.read_text().partition("\n")[0]]
 SHELL_SCRIPTS = [p for p in SCRIPTS if p not in PYTHON_SCRIPTS]
-FETCH_CODE = TEMPLATE_DIR / "files" / "sagemaker" / "fetch-code"
+FETCH_CODE = TEMPLATE_DIR / "sagemaker" / "files" / "fetch-code"
 
 
 def test_every_static_script_is_shellcheck_clean() -> None:
@@ -92,7 +92,7 @@ class Job:
 
     def run(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
         environ = {"PATH": f"{self.bin}:{os.environ['PATH']}", "IMGBUILD_ETC": str(self.etc), **env}
-        train = TEMPLATE_DIR / "files" / "sagemaker" / "train"
+        train = TEMPLATE_DIR / "sagemaker" / "files" / "train"
         return subprocess.run(["bash", str(train), *args], capture_output=True, text=True, env=environ, timeout=60)
 
 
@@ -293,7 +293,7 @@ def test_the_sagemaker_hook_adds_its_port_for_train_and_clears_the_markers(tmp_p
     for marker in ("LEADER_SEEN", "JOB_DONE", "WORKER_READY"):
         Path(job.conf[marker]).parent.mkdir(parents=True, exist_ok=True)
         Path(job.conf[marker]).write_text("1\n")
-    hook = TEMPLATE_DIR / "files" / "sagemaker" / "40-sagemaker.sh"
+    hook = TEMPLATE_DIR / "sagemaker" / "files" / "40-sagemaker.sh"
     show = 'source "$0" "$@"; echo "ports=${IMGBUILD_SSHD_PORTS:-} keys=${IMGBUILD_SSH_DIR:-}"'
     env = {"PATH": os.environ["PATH"], "IMGBUILD_ETC": str(job.etc), "IMGBUILD_SSHD_PORTS": "2200"}
     ran = subprocess.run(["bash", "-euc", show, str(hook), "echo"], capture_output=True, text=True, env=env)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, SerializeAsAny, SerializerFunctionWrapHandler, model_serializer
 
-import imgbuild.blocks.releases as releases
+import imgbuild.blocks._releases as releases
 from imgbuild.core.errors import LockError, ResolveError
 from imgbuild.core.paths import display
 from imgbuild.spec import compat
@@ -266,7 +266,7 @@ class Resolution:
         self.lookup_torch = lookup_torch
         # What the publishers' artifacts say (the EFA installer tarball's bundle, the plugin's RELEASENOTES.md):
         # `imgbuild lock` reads them where it can, a lock's own record when its pins are checked; None, or a None
-        # answer: the release files (blocks/releases/).
+        # answer: the release files (blocks/*/releases.yaml).
         self.artifacts = artifacts
         self._efa_bundles: dict[str, releases.EfaBundle | None] = {}
         self._plugin_notes: dict[tuple[str, str], releases.PluginNotes | None] = {}
@@ -342,7 +342,7 @@ class Resolution:
 
     def efa_bundled(self, version: str, what: releases.Bundled) -> str | None:
         """THE version of `what` that EFA installer `version` bundles: its tarball's where it was read and holds one,
-        else releases/efa.yaml's row (None: neither says)."""
+        else blocks/efa/releases.yaml's row (None: neither says)."""
         bundle = self.efa_bundle(version)
         read: str | None = getattr(bundle, what) if bundle is not None else None
         row = releases.efa_release(version)
@@ -446,7 +446,7 @@ class Block:
 
     @property
     def template(self) -> str:
-        return f"blocks/{self.name}.j2"
+        return f"blocks/{self.name}/{self.name}.j2"
 
     def contribution(self, pin: Pin, ctx: Context) -> Contribution:
         """The block's contribution, under its name."""

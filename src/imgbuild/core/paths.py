@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-# Paths inside the images. The scripts that run there (static files: blocks/files/<block>/) get
+# Paths inside the images. The scripts that run there (static files: blocks/<block>/files/) get
 # them from the data files render writes (a block's `data`), never typed again in bash; tests and verify use these.
 IMAGE_ETC = "/etc/imgbuild"  # render's data files in every image (the scripts' IMGBUILD_ETC default)
 MANIFEST_PATH = f"{IMAGE_ETC}/manifest.json"  # in every image: what render wrote and verify reads

@@ -47,7 +47,7 @@ from imgbuild.spec import compat
 if TYPE_CHECKING:
     import jinja2
 
-BLOCK_DIR = TEMPLATE_DIR  # the blocks' modules; their static files (scripts) are under files/<block>/
+BLOCK_DIR = TEMPLATE_DIR  # the blocks' modules; their static files (scripts) are under <block>/files/
 BASE_BUILD_DISK_GB = 2.0  # an image without big blocks: the base, OS packages, small downloads
 # The CA bundle downloads during a build trust travels as a BuildKit build secret (never a file of the context,
 # never in a layer): `RUN --mount=type=secret,id=CA_SECRET_ID,target=CA_SECRET_PATH` on every step that downloads.

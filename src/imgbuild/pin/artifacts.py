@@ -14,7 +14,7 @@ names the NCCL and libfabric it was tested with.
 
 An archive is taken from a `--files` folder (by its download name) or downloaded once (not with --offline; its
 sha256 then serves the checksum step too); where it can't be had or read, the release files
-(blocks/releases/) answer, and `imgbuild lock` says which, and why.
+(blocks/*/releases.yaml) answer, and `imgbuild lock` says which, and why.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from imgbuild.blocks import releases
+from imgbuild.blocks import _releases as releases
 from imgbuild.blocks.efa import installer_urls
 from imgbuild.pin.content import Download, download_name
 from imgbuild.spec import compat

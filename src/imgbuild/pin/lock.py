@@ -17,7 +17,7 @@ from typing import Literal
 from pydantic import ValidationError
 
 from imgbuild.blocks.pytorch import PyTorchDetails
-from imgbuild.blocks.releases import EfaBundle, PluginNotes, TagComponent, TagRead
+from imgbuild.blocks._releases import EfaBundle, PluginNotes, TagComponent, TagRead
 from imgbuild.core.errors import ImgbuildError, LockError
 from imgbuild.core.outputs import write_atomic  # the lock is written whole or not at all
 from imgbuild.pin import record

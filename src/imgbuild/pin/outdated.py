@@ -4,7 +4,7 @@ Each pinned component's newer releases come from one source (`tracks`):
 
 - the package index for what pip installs (torch, numpy, mpi4py from pip, an nvidia-nccl wheel that no PyTorch pins):
   its final releases, yanked and pre-releases left out (`pypi.releases`);
-- a shipped list for the rest: a component's release file (blocks/releases/: efa, aws_ofi_nccl, nccl_tests,
+- a shipped list for the rest: a component's release file (blocks/*/releases.yaml: efa, aws_ofi_nccl, nccl_tests,
   gdrcopy) or a compat table (GAUDI, the CUDA PyTorch wheels are built for, a distribution's packages), named with
   when it was read (the file's `read_on`, compat.TABLES): a release published since is not in it;
 - none where another pin decides the version (NCCL = PyTorch's pin, a plugin or libfabric bundled with the EFA
@@ -27,7 +27,7 @@ from typing import Any, Literal
 from packaging.version import InvalidVersion, Version
 from pydantic import ValidationError
 
-from imgbuild.blocks import releases, resolve_order
+from imgbuild.blocks import _releases as releases, resolve_order
 from imgbuild.core.errors import ImgbuildError, IndexLookupError, RecipeError, ResolveError
 from imgbuild.core.paths import display
 from imgbuild.pin.resolver import Resolved, resolve

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from imgbuild.blocks import BY_NAME, Details, Pin, Resolution, resolve_order
-from imgbuild.blocks.releases import Artifacts
+from imgbuild.blocks._releases import Artifacts
 from imgbuild.pin.content import Content
 from imgbuild.recipe import LoadedRecipe, Recipe
 from imgbuild.spec import compat
@@ -130,7 +130,7 @@ def resolve(
 ) -> Resolved:
     """Pin and check a loaded recipe. Raises ResolveError naming the file, the keys and the conflict. `artifacts`:
     what the publishers' artifacts say (`imgbuild lock`: imgbuild.pin.artifacts, the EFA installer's bundle and the
-    plugin's release notes); without it, or where it answers None, the shipped release files (blocks/releases/)."""
+    plugin's release notes); without it, or where it answers None, the shipped release files (blocks/*/releases.yaml)."""
     rs = Resolution(loaded.recipe, loaded.path, lookup_torch, artifacts)
     base_ref = _base(rs)
     for name in resolve_order():

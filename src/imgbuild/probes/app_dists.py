@@ -1,5 +1,5 @@
 """The installed version of each distribution named in argv[1] (a JSON list), None where it is missing; one JSON
-line (blocks/app.py's app-distributions check)."""
+line (blocks/app/'s app-distributions check)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Imports each module of the distributions in argv[1] (their top-level modules, from their metadata) and those in
 argv[2] (the recipe's `imports`), then reads this process's memory map: every libnccl and libmpi it loaded, resolved;
-and the extension modules of the distributions built from source in argv[3]. One JSON line (blocks/app.py)."""
+and the extension modules of the distributions built from source in argv[3]. One JSON line (blocks/app/)."""
 
 from __future__ import annotations
 

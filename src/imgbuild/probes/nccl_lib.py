@@ -1,5 +1,5 @@
 """Finds libnccl.so.2 in the usual places and the globs of argv[1] (a JSON list), loads it and asks ncclGetVersion
-(no GPU needed), and reads the version macros of the nccl.h next to it; stdlib only. One JSON line (blocks/nccl.py)."""
+(no GPU needed), and reads the version macros of the nccl.h next to it; stdlib only. One JSON line (blocks/nccl/)."""
 
 from __future__ import annotations
 

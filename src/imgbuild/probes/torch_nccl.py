@@ -1,6 +1,6 @@
 """Imports torch (without a GPU too), asks which NCCL it was built with, finds the libnccl this very process loaded
 from its own memory map (not by guessing a path), then asks that library its version. One JSON line
-(blocks/pytorch.py)."""
+(blocks/pytorch/)."""
 
 from __future__ import annotations
 

@@ -256,7 +256,7 @@ def torch_wheel_has_arch(torch: str, cuda: str, arch: str) -> bool:
 
 
 # aws-ofi-nccl keeps backward compatibility down to this NCCL from 1.10.0 on (its RELEASENOTES.md); what each release
-# was tested with is in blocks/releases/aws_ofi_nccl.yaml.
+# was tested with is in blocks/aws_ofi_nccl/releases.yaml.
 PLUGIN_OLDEST_NCCL = "2.17.1"
 
 # NCCL series -> the net-plugin API versions it looks for in a net plugin (libnccl-net*.so), newest first as NCCL tries
@@ -307,7 +307,7 @@ def plugin_tag(version: str) -> str:
     return f"v{version}-aws" if Version(version) < Version("1.14.0") else f"v{version}"
 
 
-# The EFA installer's releases (what each bundles, the OS releases it installs on) are in blocks/releases/efa.yaml.
+# The EFA installer's releases (what each bundles, the OS releases it installs on) are in blocks/efa/releases.yaml.
 EFA_KEY_FINGERPRINT = "4E9091BCBB97A96B26B15E59A05480B1DD2D3CCC"
 EFA_CONTAINER_FLAGS = ("-y", "--skip-kmod", "--skip-limit-conf", "--no-verify")
 

@@ -3,7 +3,7 @@
 Recipe options (`components.sshd`):
     ports               [3022] (default): where sshd listens (not 22: the host's own sshd has it under --net=host)
     permit_root_login   prohibit-password (default) | no
-Host keys are generated and the run's authorized key installed by its entrypoint hook (files/sshd/50-sshd.sh) when
+Host keys are generated and the run's authorized key installed by its entrypoint hook (sshd/files/50-sshd.sh) when
 the container starts.
 """
 
@@ -95,9 +95,9 @@ BLOCK = Block(
     recipe_rule=recipe_rule,
     details=SshdDetails,
     files=(
-        ("imgbuild/sshd_config", "files/sshd_config.j2", 0o644),
-        ("imgbuild/ssh_config", "files/ssh_config.j2", 0o644),
-        ("imgbuild/sshd/50-sshd.sh", "files/sshd/50-sshd.sh", 0o644),
+        ("imgbuild/sshd_config", "blocks/sshd/sshd_config.j2", 0o644),
+        ("imgbuild/ssh_config", "blocks/sshd/ssh_config.j2", 0o644),
+        ("imgbuild/sshd/50-sshd.sh", "sshd/files/50-sshd.sh", 0o644),
     ),
     # the entrypoint hook's data: where the run's keys are mounted and where sshd logs
     data=lambda pin, manifest: {"imgbuild/sshd/sshd.conf": f"SSH_KEY_DIR={SSH_KEY_DIR}\nSSHD_LOG={SSHD_LOG}\n"},

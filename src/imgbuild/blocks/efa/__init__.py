@@ -1,7 +1,7 @@
 """efa: the AWS EFA installer (libfabric with the efa provider, Open MPI, and since about 1.39 aws-ofi-nccl).
 
 Recipe options (`components.efa`):
-    version   the installer release, e.g. 1.43.2 (releases/efa.yaml says which OS releases it supports and what it
+    version   the installer release, e.g. 1.43.2 (blocks/efa/releases.yaml says which OS releases it supports and what it
               bundles)
     source    installer (default): downloaded in the builder, checked, run in the runtime stage;
               base: the base image already has it (Gaudi's images)
@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 
-import imgbuild.blocks.releases as releases
+import imgbuild.blocks._releases as releases
 from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution, with_prefix
 from imgbuild.blocks.gaudi import check_base
 from imgbuild.checks import CheckContext, check, compare, fail
@@ -52,7 +52,7 @@ class EfaDetails(Details):
     sha256: str | None = None
     key_fingerprint: str | None = None
     # What the installer tarball itself says it bundles, where `imgbuild lock` read it (releases.EfaBundle); left out
-    # of the lock when it was not read (the bundle then is releases/efa.yaml's row), so such locks read as before.
+    # of the lock when it was not read (the bundle then is blocks/efa/releases.yaml's row), so such locks read as before.
     bundle: releases.EfaBundle | None = None
 
     @model_serializer(mode="wrap")

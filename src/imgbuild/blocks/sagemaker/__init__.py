@@ -7,9 +7,9 @@ Recipe options (`components.sagemaker`):
     boto3      1.44.5 (default): the boto3 release pip-installs into the venv (runtime stage, requirement set
                `sagemaker`), which fetch-code needs to download `sagemaker_submit_directory` from S3; null for none.
                An image whose python block has no venv (gaudi) gets none whatever this says (the pin records None)
-`train` (files/sagemaker/train), the code fetcher it runs on every host (files/sagemaker/fetch-code: script mode's
+`train` (sagemaker/files/train), the code fetcher it runs on every host (sagemaker/files/fetch-code: script mode's
 source_dir from S3, a local path or the `code` channel, then requirements.txt) and its entrypoint hook
-(files/sagemaker/40-sagemaker.sh) are static scripts; what differs between images is data `config` writes into
+(sagemaker/files/40-sagemaker.sh) are static scripts; what differs between images is data `config` writes into
 /etc/imgbuild: sagemaker.conf (KEY=VALUE), and the launch lines of imgbuild.spec.launch (mpirun.args,
 torchrun.args: one argument per line; launch-env.conf: NAME=VALUE).
 """
@@ -155,9 +155,9 @@ BLOCK = Block(
     resolve=resolve,
     details=SageMakerDetails,
     files=(
-        ("imgbuild/sagemaker/train", "files/sagemaker/train", 0o755),
-        ("imgbuild/sagemaker/fetch-code", "files/sagemaker/fetch-code", 0o755),
-        ("imgbuild/sagemaker/40-sagemaker.sh", "files/sagemaker/40-sagemaker.sh", 0o644),
+        ("imgbuild/sagemaker/train", "sagemaker/files/train", 0o755),
+        ("imgbuild/sagemaker/fetch-code", "sagemaker/files/fetch-code", 0o755),
+        ("imgbuild/sagemaker/40-sagemaker.sh", "sagemaker/files/40-sagemaker.sh", 0o644),
     ),
     data=config,
     requirements=requirements,

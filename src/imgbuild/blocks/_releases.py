@@ -190,17 +190,17 @@ def load(path: Path, model: type[F]) -> F:
 
 @functools.cache
 def efa_file() -> EfaFile:
-    return load(HERE / "efa.yaml", EfaFile)
+    return load(HERE / "efa" / "releases.yaml", EfaFile)
 
 
 @functools.cache
 def plugin_file() -> PluginFile:
-    return load(HERE / "aws_ofi_nccl.yaml", PluginFile)
+    return load(HERE / "aws_ofi_nccl" / "releases.yaml", PluginFile)
 
 
 @functools.cache
 def tag_file(component: Literal["nccl_tests", "gdrcopy"]) -> TagFile:
-    return load(HERE / f"{component}.yaml", TagFile)
+    return load(HERE / component / "releases.yaml", TagFile)
 
 
 def by_version(rows: tuple[R, ...]) -> dict[str, R]:
@@ -255,5 +255,5 @@ def listing(name: ListName) -> _File:
 
 
 def file_name(name: ListName) -> str:
-    """How a release file is named to users: releases/<component>.yaml (inside imgbuild's blocks package)."""
-    return f"releases/{name}.yaml"
+    """How a release file is named to users: blocks/<component>/releases.yaml (inside imgbuild's package)."""
+    return f"blocks/{name}/releases.yaml"

@@ -3,14 +3,14 @@
 Recipe options (`components.aws_ofi_nccl`):
     source    efa: the one the EFA installer bundles (/opt/amazon/ofi-nccl) | release: built from its release
     version   efa: checked against the bundle (the installer tarball's, where `imgbuild lock` read it, else
-              releases/efa.yaml's row); release: required
+              blocks/efa/releases.yaml's row); release: required
     prefix    /opt/aws-ofi-nccl (release)
     archive   release (default): the release tarball (`make dist`'s, with configure) | tag: GitHub's archive of the
               release's tag (no configure: autogen.sh runs first; what ../shared/data/sources and Spack hold)
-Its pin rule checks the plugin release against the NCCL it was tested with (releases/aws_ofi_nccl.yaml). A release
+Its pin rule checks the plugin release against the NCCL it was tested with (blocks/aws_ofi_nccl/releases.yaml). A release
 build needs libfabric: the EFA installer's (components.efa) or components.libfabric's (Debian's, with the efa
 provider), whichever the image has; the plugin's tested libfabric is checked against it
-(releases/aws_ofi_nccl.yaml).
+(blocks/aws_ofi_nccl/releases.yaml).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any, Literal
 from packaging.version import Version
 from pydantic import SerializerFunctionWrapHandler, model_serializer
 
-import imgbuild.blocks.releases as releases
+import imgbuild.blocks._releases as releases
 from imgbuild import probes
 from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution
 from imgbuild.checks import CheckContext, check, fail, ldd_missing, passed, skip
@@ -50,7 +50,7 @@ class PluginDetails(Details):
     archive of the release it builds from (`archive`: left out of the lock when it is the release tarball, so the
     locks of recipes that do not set it read as they did), and what that archive's own RELEASENOTES.md said where
     `imgbuild lock` read it (`notes`: left out when it was not read; the tested versions then are
-    releases/aws_ofi_nccl.yaml's)."""
+    blocks/aws_ofi_nccl/releases.yaml's)."""
 
     prefix: str
     tag: str | None = None
@@ -146,7 +146,7 @@ def _libfabric_built_against(rs: Resolution) -> tuple[str | None, str, str]:
 
 def _libfabric_rule(version: str, built_against: tuple[str | None, str, str], rs: Resolution, url: str) -> None:
     """A plugin built from its release runs on the libfabric it was built against (`_libfabric_built_against`):
-    refused when that libfabric is newer than any the release was tested with (releases/aws_ofi_nccl.yaml); a
+    refused when that libfabric is newer than any the release was tested with (blocks/aws_ofi_nccl/releases.yaml); a
     warning when either is unknown."""
     libfabric, what, lf_key = built_against
     tested = rs.plugin_tested(version, "tested_libfabric", url)
@@ -166,7 +166,7 @@ def _libfabric_rule(version: str, built_against: tuple[str | None, str, str], rs
 
 
 def _gdrcopy_rule(version: str, rs: Resolution) -> None:
-    """Plugin releases whose GPU-initiated path needs a minimum GDRCopy (releases/aws_ofi_nccl.yaml, gdrcopy_min)."""
+    """Plugin releases whose GPU-initiated path needs a minimum GDRCopy (blocks/aws_ofi_nccl/releases.yaml, gdrcopy_min)."""
     needed = releases.plugin_fact(version, "gdrcopy_min")
     if needed is None:
         return

@@ -363,7 +363,7 @@ def test_doctor_json_has_the_builder_and_fails_without_one():
     assert "--builder team names a buildx builder" in json.loads(named.stdout)["builder"]["error"]
 
 
-# --- the host's NVIDIA driver against the images' CUDA (spec.driver), and IMEX channels ---------------------------
+# --- the host's NVIDIA driver against the images' CUDA (blocks.cuda.driver), and IMEX channels ---------------------------
 
 # /proc/driver/nvidia/version as hosts print it: the proprietary module's line, then the open module's (arm64's too).
 PROC_PROPRIETARY = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.144.03  Mon Dec 30 17:44:08 UTC 2024\n"
@@ -374,7 +374,7 @@ PROC_OPEN = (
 
 
 def test_the_driver_is_read_as_nvidia_smi_and_the_kernel_module_print_it():
-    from imgbuild.spec import driver
+    from imgbuild.blocks.cuda import driver
 
     assert driver.parse("580.95.05\n580.95.05\n") == ("580.95.05", "nvidia-smi")  # one line per GPU
     assert driver.parse(PROC_PROPRIETARY) == ("550.144.03", driver.PROC_VERSION)
@@ -387,10 +387,10 @@ def test_the_driver_is_read_as_nvidia_smi_and_the_kernel_module_print_it():
 
 
 def test_the_driver_a_cuda_needs_is_nvidias_minor_version_table():
-    from imgbuild.spec import compat, driver
+    from imgbuild.blocks.cuda import driver, driver_floors, release_file
 
-    assert compat.CUDA_DRIVER == {11: "450.80.02", 12: "525.60.13", 13: "580"}
-    assert "CUDA_DRIVER" in compat.TABLES
+    assert driver_floors() == {11: "450.80.02", 12: "525.60.13", 13: "580"}
+    assert all(row.source for row in release_file().releases)
     smi = ("580.95.05", "nvidia-smi")
     ok = driver.judge(smi, "13.0.1")
     assert (ok.status, ok.needs) == ("ok", "580")
@@ -414,7 +414,7 @@ def test_the_driver_a_cuda_needs_is_nvidias_minor_version_table():
 def test_image_cuda_is_the_cuda_pin_else_torchs_wheel():
     from imgbuild import recipe
     from imgbuild.pin.lock import lock_or_fresh
-    from imgbuild.spec import driver
+    from imgbuild.blocks.cuda import driver
 
     def cuda_of(name: str) -> str | None:
         return driver.image_cuda(lock_or_fresh(recipe.load(name).concrete())[0].pins)
@@ -541,7 +541,7 @@ def test_doctor_reports_whatever_nvidia_smi_prints_as_a_finding(tmp_path, script
 def test_a_slow_nvidia_smi_is_ended_and_reported(tmp_path, monkeypatch) -> None:
     """nvidia-smi that does not answer: ended with its shell when the wait is over (nothing left running), and the
     driver finding says so instead of "no driver"."""
-    from imgbuild.spec import driver
+    from imgbuild.blocks.cuda import driver
 
     pidfile = tmp_path / "smi.pid"
     env = _smi_printing(tmp_path / "bin", f"echo $$ > {pidfile}\nexec sleep 300")

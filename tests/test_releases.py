@@ -30,7 +30,7 @@ def test_every_shipped_row_names_its_source_and_inferred_rows_say_why() -> None:
 
 @pytest.mark.parametrize(
     ("version", "plugin", "libfabric"),
-    [("1.51.0", "1.22.0", "2.7.0amzn2.0"), ("1.49.0", "1.20.0", "2.4.0amzn5.0"), ("1.48.0", None, None)],
+    [("1.51.0", "1.22.0", "2.7.0amzn2.0"), ("1.49.0", "1.20.0", "2.4.0amzn5.0"), ("1.48.0", "1.19.0", None)],
 )
 def test_efa_rows_read_from_the_changelog(version: str, plugin: str | None, libfabric: str | None) -> None:
     row = releases.efa_release(version)

@@ -138,7 +138,8 @@ def test_gaudi_with_digest_pins_by_digest(recipe_dir: Path) -> None:
 
 def test_v100_with_cuda_13(recipe_dir: Path) -> None:
     msg = resolve_error(recipe_dir, "extends: v100\ncuda: {version: 13.0.1}\n")
-    assert "cuda.version / platform.gpu_arch: sm_70 (V100) needs CUDA <= 12.x, got 13.0.1" in msg
+    assert "r.yaml: cuda.version: cuda 13.0.1 with cuda.gpu_arch sm_70 is known bad: CUDA 13 builds for Turing" in msg
+    assert "https://docs.nvidia.com/cuda/cuda-features-archive/index.html" in msg
 
 
 def test_v100_with_a_pytorch_that_has_no_sm70(recipe_dir: Path) -> None:
@@ -168,8 +169,8 @@ def test_plugin_older_than_nccl(recipe_dir: Path) -> None:
 
 
 def test_plugin_bundle_unknown(recipe_dir: Path) -> None:
-    msg = resolve_error(recipe_dir, "extends: a100\ncomponents: {efa: {version: 1.47.0}}\n")
-    assert "bundled with EFA installer 1.47.0 is not in blocks/efa/releases.yaml" in msg
+    msg = resolve_error(recipe_dir, "extends: a100\ncomponents: {efa: {version: 1.44.0}}\n")
+    assert "bundled with EFA installer 1.44.0 is not in blocks/efa/releases.yaml" in msg
 
 
 def test_efa_vs_os(recipe_dir: Path) -> None:

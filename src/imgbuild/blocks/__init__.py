@@ -11,11 +11,14 @@ in REGISTRY where its runtime layer belongs.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import replace
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any
 
+from imgbuild.blocks import (
+    _releases as releases,
+)
 from imgbuild.blocks import (
     app,
     aws_ofi_nccl,
@@ -131,6 +134,51 @@ def feeding(check: str) -> tuple[str, ...]:
     return tuple(dedupe([*declared, *(b.name for b in REGISTRY if set(b.provides) & set(declared))]))
 
 
+@dataclass(frozen=True)
+class KnownBad:
+    """A pinned release, or a combination of pins, that a block's release file marks bad (`Row.bad`, `known_bad`)."""
+
+    what: str  # "aws_ofi_nccl 1.18.0", "cuda 13.0.2 with cuda.gpu_arch sm_70"
+    names: tuple[str, ...]  # the components it is about: the first is where a recipe sets it
+    bad: releases.Bad
+    listed_in: str  # the release file that says so
+
+    def message(self) -> str:
+        good = f"; the nearest good release: {self.bad.good}" if self.bad.good else ""
+        known = "known bad" if self.bad.level == "refuse" else "a known risk"
+        return f"{self.what} is {known}: {self.bad.why} ({', '.join(self.bad.links)}){good}"
+
+
+def known_bad(pins: Mapping[str, Pin]) -> list[KnownBad]:
+    """What the release files say is bad among `pins`: each pinned release whose row (or its series' row) is marked
+    `bad`, then each `known_bad` combination whose every `when` entry holds, in registry order."""
+    found: list[KnownBad] = []
+    for block in REGISTRY:
+        if block.release_file is None:
+            continue
+        listed = block.release_file()
+        where = releases.file_name(block.name)
+        pin = pins.get(block.name)
+        if pin is not None and pin.version is not None:
+            for row in releases.row_for(listed.releases, pin.version):
+                if row.bad is not None:
+                    origin = f" ({pin.origin})" if pin.origin != "recipe" else ""
+                    found.append(KnownBad(f"{block.name} {pin.version}{origin}", (block.name,), row.bad, where))
+                    break
+        for combo in listed.known_bad:
+            names = tuple(dedupe(key.split(".", 1)[0] for key in combo.when))
+            if all(
+                name in pins and releases.holds(pins[name].version, pins[name].details, key, value)
+                for key, value in combo.when.items()
+                for name in [key.split(".", 1)[0]]
+            ):
+                parts = [
+                    f"{key} {value}" if "." in key else f"{key} {pins[key].version}" for key, value in combo.when.items()
+                ]
+                found.append(KnownBad(" with ".join(parts), names, combo, where))
+    return found
+
+
 def dedupe(items: Iterable[str]) -> list[str]:
     """Keep the first occurrence of each item, in order."""
     return list(dict.fromkeys(items))
@@ -145,6 +193,7 @@ __all__ = [
     "Contribution",
     "Details",
     "Installed",
+    "KnownBad",
     "Pin",
     "Provides",
     "Resolution",
@@ -153,6 +202,7 @@ __all__ = [
     "context_for",
     "dedupe",
     "feeding",
+    "known_bad",
     "python_of",
     "resolve_order",
     "runtime_order",

@@ -443,6 +443,10 @@ class Block:
     image_digest: Callable[[Pin, Any], str | None] = lambda pin, resolved: None
     manifest_entry: Callable[[Pin, Any, str | None], Any] = lambda pin, resolved, image_digest: None
     template_globals: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
+    # its release rows (blocks/<name>/releases.yaml, read once): each release's date, sha256, what it bundles or was
+    # tested with, where that was read, and which releases and combinations with other components are known bad
+    # (the resolver refuses or warns: `imgbuild.blocks.known_bad`); None: the block has no release file
+    release_file: Callable[[], releases.ReleaseFile] | None = None
 
     @property
     def template(self) -> str:

@@ -14,9 +14,12 @@ row's); these rows are the fallback.
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 from typing import Annotated, Literal, Protocol, TypeVar
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from imgbuild.core import datafile
@@ -29,25 +32,49 @@ Text = Annotated[str, StringConstraints(strict=True, min_length=1)]
 When = Annotated[str, StringConstraints(strict=True, pattern=r"^\d{4}(-\d{2}(-\d{2})?)?$")]
 
 
-class Row(BaseModel):
-    """One release (or one release series, where a file allows it)."""
+# A page upstream: an issue, a pull request, release notes.
+Link = Annotated[str, StringConstraints(strict=True, pattern=r"^https://[^\s/]+/\S+$")]
+Level = Literal["refuse", "warn"]
+
+
+class Bad(BaseModel):
+    """Why a release (or a combination of releases) is known to be bad, as upstream says it: `level` refuse where it
+    fails (a hang, a build that aborts), warn where upstream calls it a risk; `links` the upstream pages that say so
+    (read before the row was written); `good` the nearest release without it, where one is known."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
-    version: Text
-    date: When | None = None
-    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
+    level: Level
+    why: Text
+    links: tuple[Link, ...] = Field(min_length=1)
+    good: Text | None = None
+
+
+class Fact(BaseModel):
+    """A fact read somewhere: `source` says where; `inferred: true` with `why` where nobody read it in a source."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+
     source: Text
     inferred: bool = False
     why: Text | None = None
 
     @model_validator(mode="after")
-    def _inferred_says_why(self) -> Row:
+    def _inferred_says_why(self) -> Fact:
         if self.inferred and self.why is None:
             raise ValueError("inferred: true needs `why` (what was not read, and what the value rests on)")
         if self.why is not None and not self.inferred:
             raise ValueError("`why` is for an inferred row: set inferred: true, or drop why")
         return self
+
+
+class Row(Fact):
+    """One release (or one release series, where a file allows it: its `bad` then marks every release of it)."""
+
+    version: Text
+    date: When | None = None
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
+    bad: Bad | None = None
 
 
 class EfaRow(Row):
@@ -148,44 +175,81 @@ class Artifacts(Protocol):
 R = TypeVar("R", bound=Row)
 
 
-class _File(BaseModel):
+def _condition(key: str, value: str) -> str:
+    """A `when` entry checked: `<component>` or `<component>.<detail>` -> a PEP 440 specifier (`>=13`, `==1.18.*`)
+    or, for a detail, a value it must equal (`sm_70`)."""
+    if not re.fullmatch(r"[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)?", key):
+        raise ValueError(f"when: {key!r}: expected a component's name, or <component>.<detail>")
+    if value[:1] in "<>=!~":
+        try:
+            SpecifierSet(value)
+        except InvalidSpecifier:
+            raise ValueError(f"when.{key}: {value!r} is not a PEP 440 version specifier (>=13, ==1.18.*)") from None
+    elif "." not in key:
+        raise ValueError(f"when.{key}: expected a version specifier (>=13, ==1.18.0), got {value!r}")
+    return value
+
+
+class Combination(Bad):
+    """A combination of releases known to be bad: every entry of `when` holds (a component's pinned version in a
+    specifier, or one of its pin's details equal to a value), and `source` says where it was read."""
+
+    when: dict[str, Text] = Field(min_length=1)
+    source: Text
+
+    @model_validator(mode="after")
+    def _conditions(self) -> Combination:
+        for key, value in self.when.items():
+            _condition(key, value)
+        return self
+
+
+class ReleaseFile(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     component: Text
     about: Text  # what the list was read from (imgbuild outdated says it)
     read_on: When | None  # when the list was last read against it (None: not recorded)
+    releases: tuple[Row, ...] = Field(min_length=1)
+    known_bad: tuple[Combination, ...] = ()  # combinations with other components known to be bad
 
     @model_validator(mode="after")
-    def _one_row_per_version(self) -> _File:
+    def _one_row_per_version(self) -> ReleaseFile:
         seen: set[str] = set()
-        for i, row in enumerate(getattr(self, "releases", ())):
+        for i, row in enumerate(self.releases):
             if row.version in seen:
                 raise ValueError(f"releases.{i}: version {row.version} is listed twice")
             seen.add(row.version)
         return self
 
 
-class EfaFile(_File):
+class EfaFile(ReleaseFile):
     component: Literal["efa"]
     releases: tuple[EfaRow, ...] = Field(min_length=1)
 
 
-class PluginFile(_File):
+class PluginFile(ReleaseFile):
     component: Literal["aws_ofi_nccl"]
     releases: tuple[PluginRow, ...] = Field(min_length=1)
 
 
-class TagFile(_File):
+class TagFile(ReleaseFile):
     component: Literal["nccl_tests", "gdrcopy"]
     releases: tuple[TagRow, ...] = Field(min_length=1)
 
 
-F = TypeVar("F", bound=_File)
+F = TypeVar("F", bound=ReleaseFile)
 
 
 def load(path: Path, model: type[F]) -> F:
     """Read and check one release file; ResolveError naming the file, the key and what was expected."""
     return datafile.load(path, model, ResolveError, "the release list")
+
+
+@functools.cache
+def component_file(name: str, model: type[F]) -> F:
+    """Block `name`'s release file (blocks/<name>/releases.yaml) as its model, read once."""
+    return load(HERE / name / "releases.yaml", model)
 
 
 @functools.cache
@@ -245,7 +309,7 @@ def tag_releases(component: Literal["nccl_tests", "gdrcopy"]) -> dict[str, TagRo
 ListName = Literal["efa", "aws_ofi_nccl", "nccl_tests", "gdrcopy"]
 
 
-def listing(name: ListName) -> _File:
+def listing(name: ListName) -> ReleaseFile:
     """A component's release file (its `about` and `read_on`: what `imgbuild outdated` names as the source)."""
     if name == "efa":
         return efa_file()
@@ -257,3 +321,24 @@ def listing(name: ListName) -> _File:
 def file_name(name: ListName) -> str:
     """How a release file is named to users: blocks/<component>/releases.yaml (inside imgbuild's package)."""
     return f"blocks/{name}/releases.yaml"
+
+
+def row_for(rows: tuple[R, ...], version: str) -> list[R]:
+    """The rows that speak for release `version`: its own, then its series' (major.minor) where the file has one."""
+    series = ".".join(version.split(".")[:2])
+    return [r for r in rows if r.version == version] + [r for r in rows if r.version == series != version]
+
+
+def holds(version: str | None, details: object, key: str, value: str) -> bool:
+    """Whether one `when` entry holds for a pin (its version, its details): `<component>` -> the version is in the
+    specifier; `<component>.<detail>` -> the detail is in it (a specifier) or equals it. A version that is not PEP
+    440 matches no specifier."""
+    got = version if "." not in key else getattr(details, key.split(".", 1)[1], None)
+    if got is None:
+        return False
+    if value[:1] not in "<>=!~":
+        return str(got) == value
+    try:
+        return SpecifierSet(value).contains(str(got), prereleases=True)
+    except InvalidVersion:
+        return False

@@ -259,10 +259,10 @@ def images_of(groups: Iterable[tuple[Any, tuple[str, ...]]]) -> list[dict[str, A
 
 
 def _driver_check(cuda_needed: Mapping[str, Iterable[str]], read_driver: Callable[[], str]) -> Check:
-    """The host's NVIDIA driver against the CUDA of each wanted recipe's image (spec.driver, NVIDIA's table): ok,
+    """The host's NVIDIA driver against the CUDA of each wanted recipe's image (blocks.cuda.driver, NVIDIA's table): ok,
     behind (missing for the recipes whose CUDA needs a newer one, with what to do), or no driver here (info: a build
     host needs none). `data` is doctor --json's `driver`."""
-    from imgbuild.spec import driver
+    from imgbuild.blocks.cuda import driver
 
     printed = read_driver()
     read = driver.parse(printed)
@@ -294,7 +294,7 @@ def _driver_check(cuda_needed: Mapping[str, Iterable[str]], read_driver: Callabl
 def _imex_check(imex_needed: Iterable[str]) -> Check:
     """The host's IMEX channels: what NVLink across nodes (GB200 NVL72 across trays) needs, created per job (info
     either way: a build or login host has none, and a job's nodes get them when it starts)."""
-    from imgbuild.spec.driver import IMEX_CHANNEL_DIR, IMEX_CHANNEL_GLOB
+    from imgbuild.blocks.cuda.driver import IMEX_CHANNEL_DIR, IMEX_CHANNEL_GLOB
 
     needers = tuple(sorted(set(imex_needed)))
     found = sorted(glob.glob(IMEX_CHANNEL_GLOB))
@@ -329,11 +329,11 @@ def run_checks(
     devices are needed by the recipes needing the nvidia runtime, Gaudi devices by those needing habana.
     `platforms_needed` (architecture -> recipes listing it): a row for each one this machine emulates.
     `cuda_needed` (the CUDA of an image -> its recipes): the host driver row judges the driver `read_driver` returns
-    (default: nvidia-smi, else /proc/driver/nvidia/version, spec.driver.read_here) against each. `imex_needed`: the
+    (default: nvidia-smi, else /proc/driver/nvidia/version, blocks.cuda.driver.read_here) against each. `imex_needed`: the
     recipes whose jobs span an NVLink domain (the IMEX row names them).
     """
     from imgbuild.build import builders
-    from imgbuild.spec import driver
+    from imgbuild.blocks.cuda import driver
 
     client, info, checks = _engine_checks(client_factory)
     checks += _builder_checks(builder_select or builders.select)

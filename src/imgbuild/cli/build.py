@@ -246,7 +246,7 @@ def doctor(
     from imgbuild.build import doctor as doc
     from imgbuild.core.errors import DoctorError
     from imgbuild.pin import lock
-    from imgbuild.spec import driver
+    from imgbuild.blocks.cuda import driver
 
     names = refs or recipe.shipped_names()
     bases: dict[str, list[str]] = {}

@@ -287,6 +287,8 @@ def outdated_(
     shown with when it was read: a release published since is not in it.
 
     A component the recipe holds (`hold: {COMPONENT: REASON}`) is shown as held, with that reason, not as behind.
+    A pinned release (or a combination of them) that a component's release file marks bad is shown with why and the
+    upstream links: a risk, or a known-bad release a hold keeps (citing a link); one that is refused fails the recipe.
 
     Exit codes: 0 when every component is at its source's newest release or held; 18 when one is not, whether or
     not the newer release fits (as `npm outdated` exits 1); 7 when the index could not say (the report is
@@ -373,6 +375,8 @@ def _outdated_table(reports: "list[Report]") -> None:
                 fits += f" (not moved by lock --upgrade: {f.track.fixed})"
             if f.status == "held":
                 fits = f"held by the recipe: {f.held} (would it fit: {fits})"
+            if f.bad:
+                fits = f"{f.bad}; {fits}"
             newest = f.newest or {"follows": "-", "untracked": "?"}.get(f.status, "?")
             newest = f"[bold]{escape(newest)}[/bold]" if f.status == "outdated" else escape(newest)
             table.add_row(escape(f.track.component), escape(f.track.current), newest,

@@ -30,7 +30,7 @@ import shlex
 from typing import TYPE_CHECKING
 
 from imgbuild.core import imageref
-from imgbuild.spec.driver import IMEX_CHANNEL_DIR
+from imgbuild.blocks.cuda.driver import IMEX_CHANNEL_DIR
 
 if TYPE_CHECKING:
     from imgbuild.cluster.jobplan import JobPlan

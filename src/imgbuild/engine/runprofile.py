@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from imgbuild.spec.driver import IMEX_CHANNEL_GLOB
+from imgbuild.blocks.cuda.driver import IMEX_CHANNEL_GLOB
 
 if TYPE_CHECKING:
     from imgbuild.pin.resolver import Resolved

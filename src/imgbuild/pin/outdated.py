@@ -27,7 +27,8 @@ from typing import Any, Literal
 from packaging.version import InvalidVersion, Version
 from pydantic import ValidationError
 
-from imgbuild.blocks import _releases as releases, resolve_order
+from imgbuild.blocks import _releases as releases
+from imgbuild.blocks import known_bad, resolve_order
 from imgbuild.core.errors import ImgbuildError, IndexLookupError, RecipeError, ResolveError
 from imgbuild.core.paths import display
 from imgbuild.pin.resolver import Resolved, resolve
@@ -327,13 +328,16 @@ class Finding:
     blocked_by: str | None = None
     error: str | None = None
     held: str | None = None  # the recipe's reason to stay behind (`hold:`), when status is "held"
+    # what a release file says is bad about the pinned release or a combination it is in (blocks.KnownBad.message):
+    # a risk the resolver warned of, or a known-bad release the recipe keeps with a `hold:` that cites its link
+    bad: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         t = self.track
         return {
             "component": t.component, "key": t.key, "pinned": t.current, "newest": self.newest,
             "status": self.status, "source": t.source.as_json(), "fits": self.fits, "changes": list(self.changes),
-            "blocked_by": self.blocked_by, "fixed": t.fixed, "error": self.error, "held": self.held,
+            "blocked_by": self.blocked_by, "fixed": t.fixed, "error": self.error, "held": self.held, "bad": self.bad,
         }  # fmt: skip
 
 
@@ -411,12 +415,14 @@ def report(loaded: LoadedRecipe, releases: Releases | None = None) -> Report:
     resolved = resolve(loaded)
     all_tracks = tracks(resolved)
     holds = _holds(loaded, all_tracks)
+    bad = known_bad(resolved.pins)
     findings = []
     for t in all_tracks:
         found = check(loaded, resolved, t, releases)
         if found.status == "outdated" and t.component in holds:
             found = replace(found, status="held", held=holds[t.component])
-        findings.append(found)
+        said = [b.message() for b in bad if t.pin in b.names]
+        findings.append(replace(found, bad="; ".join(said)) if said else found)
     return Report(loaded, resolved, tuple(findings))
 
 

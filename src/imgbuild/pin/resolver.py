@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-from imgbuild.blocks import BY_NAME, Details, Pin, Resolution, resolve_order
+from imgbuild.blocks import BY_NAME, Details, Pin, Resolution, known_bad, resolve_order
 from imgbuild.blocks._releases import Artifacts
 from imgbuild.pin.content import Content
 from imgbuild.recipe import LoadedRecipe, Recipe
@@ -133,6 +133,7 @@ def resolve(
     plugin's release notes); without it, or where it answers None, the shipped release files (blocks/*/releases.yaml)."""
     rs = Resolution(loaded.recipe, loaded.path, lookup_torch, artifacts)
     base_ref = _base(rs)
+    seen: set[str] = set()
     for name in resolve_order():
         block = BY_NAME[name]
         options = rs.options(name)
@@ -142,6 +143,7 @@ def resolve(
                 raise rs.fail(f"components.{name}", why)
             continue
         rs.pins[name] = block.resolve(options, rs)
+        _known_bad(rs, seen)  # as soon as its pins are made: the first refusal names the cause, not what follows
     return Resolved(
         recipe=rs.recipe,
         recipe_digest=loaded.digest,
@@ -149,6 +151,30 @@ def resolve(
         pins=dict(sorted(rs.pins.items())),
         warnings=tuple(rs.warnings),
     )
+
+
+def _known_bad(rs: Resolution, seen: set[str]) -> None:
+    """THE rule for what the release files mark bad (`imgbuild.blocks.known_bad`) among the pins made so far (`seen`:
+    what was said already): a `refuse` is a ResolveError naming the recipe's key, the upstream links and the nearest
+    good release; a `warn` is a warning. `hold:` keeps a refused one only where its reason cites one of the links (the
+    recipe then says why it keeps it): a warning again."""
+    for found in known_bad(rs.pins):
+        if found.what in seen:
+            continue
+        seen.add(found.what)
+        name = found.names[0]
+        key = f"{'components.' if name in type(rs.recipe.components).model_fields else ''}{name}.version"
+        held = [n for n in found.names if any(link in rs.recipe.hold.get(n, "") for link in found.bad.links)]
+        if found.bad.level == "warn" or held:
+            kept = f" (kept: hold.{held[0]} cites it)" if held else ""
+            rs.warnings.append(f"{found.message()}{kept} [{found.listed_in}]")
+            continue
+        good = f"use {found.bad.good}, or " if found.bad.good else ""
+        raise rs.fail(
+            key,
+            f"{found.message()} [{found.listed_in}]",
+            hint=f"{good}keep it with hold.{name}: a reason that cites one of those links",
+        )
 
 
 def _base(rs: Resolution) -> str:

@@ -441,55 +441,6 @@ def parse_platform(text: str) -> str:
 
 
 @dataclass(frozen=True)
-class Arch:
-    """A GPU architecture and the CUDA major versions that can target it."""
-
-    gpu: str
-    min_cuda: str
-    max_cuda_major: int | None
-
-
-ARCH: dict[str, Arch] = {
-    "sm_70": Arch("V100", "9.0", 12),  # CUDA 13 dropped sm_70 (and everything below sm_75)
-    "sm_75": Arch("T4", "10.0", None),
-    "sm_80": Arch("A100", "11.0", None),
-    "sm_86": Arch("A10G", "11.1", None),
-    "sm_89": Arch("L4/L40S", "11.8", None),
-    "sm_90": Arch("H100", "11.8", None),
-    # B200 (p6-b200) and GB200 (p6e-gb200): compute capability 10.0; SASS for it needs CUDA 12.8 or later (CUDA's
-    # Blackwell compatibility guide, "Building Applications Using CUDA Toolkit 12.8",
-    # https://docs.nvidia.com/cuda/blackwell-compatibility-guide). That GB200's GPUs are 10.0 like B200 is inferred.
-    "sm_100": Arch("B200", "12.8", None),
-    # B300 (p6-b300): compute capability 10.3; CUDA 12.9 is the first toolkit that targets it (CUDA Features Archive,
-    # "CUDA 12.9 Features": "adds compiler target support for SM architecture 10.3 (sm_103, sm_103f, sm_103a)",
-    # https://docs.nvidia.com/cuda/archive/12.9.1/cuda-features-archive/index.html).
-    "sm_103": Arch("B300", "12.9", None),
-}
-
-
-def gencode(arch: str) -> str:
-    """nvcc -gencode for one architecture (SASS for it, no PTX)."""
-    num = arch.removeprefix("sm_")
-    return f"-gencode=arch=compute_{num},code=sm_{num}"
-
-
-# --------------------------------------------------------------------------------------------------
-# The host's NVIDIA driver an image's CUDA needs: CUDA major -> the oldest Linux driver that runs every minor release
-# of it (minor-version compatibility). NVIDIA's CUDA Compatibility guide, "Minor Version Compatibility", table "CUDA
-# Toolkit 11.x, 12.x, and 13.x Driver Version Ranges" (https://docs.nvidia.com/deploy/cuda-compatibility/
-# minor-version-compatibility.html): 13.x >= 580, 12.x >= 525, 11.x >= 450, and newer drivers run older toolkits
-# (backward compatibility). The guide defers to the CUDA Toolkit Release Notes' table "CUDA Toolkit and Minimum
-# Required Driver Version for CUDA Minor Version Compatibility" for patch levels: 11.x >= 450.80.02 (the guide names
-# it too); 12.x >= 525.60.13 is that table's entry as this issue cites it (the Release Notes page itself was not read
-# here: inferred); 13.x is 580 with no patch level, as the guide gives it. Under minor-version compatibility some
-# features are limited (the guide: "with limited feature-set"); the driver a toolkit release ships with has them all.
-# Forward compatibility (the cuda-compat-<major>-<minor> package: a newer toolkit on an older driver branch) applies
-# only to NVIDIA Data Center GPUs, select NGC Server Ready RTX SKUs and Jetson boards (the guide's "Forward
-# Compatibility" page).
-CUDA_DRIVER: dict[int, str] = {11: "450.80.02", 12: "525.60.13", 13: "580"}
-
-
-@dataclass(frozen=True)
 class TableSource:
     """Where a table's facts were read and when: `read_on` is an ISO date, or a month where the day was not recorded,
     or None where nobody recorded it (the table may then be stale by any amount)."""
@@ -509,17 +460,13 @@ TABLES: dict[str, TableSource] = {
     ),
     "GAUDI": TableSource("HabanaAI/Setup_and_Install tags, Habana's support matrices and release notes", "2026-11-26"),
     "DISTRO": TableSource("the Debian and Ubuntu package archives", None),
-    "CUDA_DRIVER": TableSource(
-        "NVIDIA's CUDA Compatibility guide (Minor Version Compatibility) and the CUDA Toolkit Release Notes",
-        "2026-11-26",
-    ),
 }
 
 
 # Instance families whose GPUs share one NVLink domain across instances (multi-node NVLink, MNNVL): a GB200 NVL72
 # rack is 18 p6e-gb200.36xlarge trays of 4 GPUs joined by NVLink switches (AWS's EKS user guide, cited in
 # cluster/jobplan.py: u-p6e-gb200x72 is 18 instances, u-p6e-gb200x36 9). GPU memory is shared across trays only
-# through IMEX channels (/dev/nvidia-caps-imex-channels/channelN, spec.driver), which are made per job: on Kubernetes
+# through IMEX channels (/dev/nvidia-caps-imex-channels/channelN, blocks.cuda.driver), which are made per job: on Kubernetes
 # by NVIDIA's DRA driver for a ComputeDomain (resource.nvidia.com/v1beta1) that each pod claims (cluster/k8s.py), on
 # Slurm by a prolog (cluster/slurm.py). What AWS's EKS guide and sample jobs do for them, per family:
 # - MNNVL_ENV: the NCCL variables AWS's GB200 nccl-tests MPIJob passes to every rank (awsome-distributed-training's

@@ -12,7 +12,7 @@ from imgbuild.checks.results import CheckResult
 from imgbuild.image.manifest import Manifest
 from imgbuild.nccltests import command, verdict
 from imgbuild.nccltests.log import parse
-from imgbuild.spec import driver
+from imgbuild.blocks.cuda import driver
 from imgbuild.verify.nodechecks import launched, mpirun_argv
 
 LOADED_TIMEOUT_S = 300  # all_reduce_perf on every GPU of the host, sizes to 1 GiB
@@ -80,7 +80,7 @@ def aws_ofi_nccl_loaded(ctx: CheckContext) -> CheckResult:
 @check("gpu-driver", "platform")
 def gpu_driver(ctx: CheckContext) -> CheckResult:
     """The host's NVIDIA driver (nvidia-smi, else /proc/driver/nvidia/version) runs the image's CUDA (NVIDIA's
-    minor-version compatibility table, spec.driver)."""
+    minor-version compatibility table, blocks.cuda.driver)."""
     if not ctx.gpu:
         return skip(ctx.gpu_reason)
     cuda = driver.image_cuda(ctx.components)

@@ -291,6 +291,7 @@ BLOCK = Block(
         "aws_ofi_nccl_configure_args": configure_args,
         "aws_ofi_nccl_configure_checks": configure_checks,
     },
+    release_file=releases.plugin_file,
 )
 
 

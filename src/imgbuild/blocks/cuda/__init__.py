@@ -8,8 +8,9 @@ Recipe options (`cuda:`):
               wheel: the cuda-toolkit wheels (nvcc, cccl, cudart) in the builder only, laid out as `home` the way
               nvcc.profile and the makefiles expect; the runtime libraries are PyTorch's own CUDA wheels
     home      CUDA_HOME in the builder (/usr/local/cuda)
-Its pin rule checks the version against the GPU architecture (compat.ARCH: the oldest CUDA that knows it, the
-newest that still builds for it).
+Its pin rule checks the version against the GPU architecture (releases.yaml's `arches`: the oldest CUDA that builds
+for it; its `known_bad`: CUDA 13 has no sm_70). releases.yaml also holds each CUDA major's oldest driver, which
+`driver` (the host's driver against an image's CUDA) reads.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Literal
 
 from packaging.version import Version
 
+import imgbuild.blocks._releases as releases
 from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution
 from imgbuild.spec import compat
 from imgbuild.spec.schema import AbsPath, Strict, pin_validator
@@ -47,6 +49,50 @@ class CudaDetails(Details):
     gencode: str  # nvcc's -gencode flags for gpu_arch
 
 
+class CudaRow(releases.Row):
+    """A CUDA major release (`version`: 13) and the oldest Linux driver that runs every minor release of it."""
+
+    driver: releases.Text
+
+
+class Arch(releases.Fact):
+    """A GPU architecture: its GPU, and the oldest CUDA whose nvcc builds SASS for it."""
+
+    gpu: releases.Text
+    min_cuda: releases.Text
+
+
+class CudaFile(releases.ReleaseFile):
+    component: Literal["cuda"]
+    releases: tuple[CudaRow, ...]
+    arches: dict[str, Arch]
+
+
+def release_file() -> CudaFile:
+    return releases.component_file("cuda", CudaFile)
+
+
+def arch(gpu_arch: str) -> Arch:
+    """A GPU architecture's row (the recipe schema admits only those the file lists)."""
+    return release_file().arches[gpu_arch]
+
+
+def arches() -> tuple[str, ...]:
+    """The GPU architectures the file lists (platform.gpu_arch's values)."""
+    return tuple(release_file().arches)
+
+
+def gencode(gpu_arch: str) -> str:
+    """nvcc -gencode for one architecture (SASS for it, no PTX)."""
+    num = gpu_arch.removeprefix("sm_")
+    return f"-gencode=arch=compute_{num},code=sm_{num}"
+
+
+def driver_floors() -> dict[int, str]:
+    """CUDA major -> the oldest driver that runs every minor release of it."""
+    return {int(r.version): r.driver for r in release_file().releases}
+
+
 def _major(version: str) -> int:
     return int(version.split(".")[0])
 
@@ -56,15 +102,9 @@ def resolve(cuda: Cuda, rs: Resolution) -> Pin:
     if p.accelerator != "nvidia":
         raise rs.fail("cuda", f"only nvidia platforms take cuda, this one is '{p.accelerator}'")
     assert p.gpu_arch is not None  # the schema guarantees it on nvidia platforms
-    arch = compat.ARCH[p.gpu_arch]
-    if Version(cuda.version) < Version(arch.min_cuda):
-        raise rs.fail("cuda.version", f"{p.gpu_arch} ({arch.gpu}) needs CUDA >= {arch.min_cuda}, got {cuda.version}")
-    if arch.max_cuda_major is not None and _major(cuda.version) > arch.max_cuda_major:
-        raise rs.fail(
-            "cuda.version / platform.gpu_arch",
-            f"{p.gpu_arch} ({arch.gpu}) needs CUDA <= {arch.max_cuda_major}.x, got {cuda.version} "
-            f"(CUDA 13 dropped sm_70 and everything below sm_75)",
-        )
+    row = arch(p.gpu_arch)
+    if Version(cuda.version) < Version(row.min_cuda):
+        raise rs.fail("cuda.version", f"{p.gpu_arch} ({row.gpu}) needs CUDA >= {row.min_cuda}, got {cuda.version}")
     origin = "recipe"
     if cuda.source == "wheel":
         if _major(cuda.version) < int(WHEEL_MIN_CUDA):
@@ -76,7 +116,7 @@ def resolve(cuda: Cuda, rs: Resolution) -> Pin:
             )
         rs.require_venv()
         origin = "cuda-toolkit wheels, builder only"
-    details = CudaDetails(prefix=cuda.home, gpu_arch=p.gpu_arch, gencode=compat.gencode(p.gpu_arch))
+    details = CudaDetails(prefix=cuda.home, gpu_arch=p.gpu_arch, gencode=gencode(p.gpu_arch))
     return Pin(version=cuda.version, source=cuda.source, origin=origin, details=details)
 
 
@@ -145,4 +185,5 @@ BLOCK = Block(
         "cuda_target_dir": template_target,
         "cuda_runtime_lib": runtime_lib,
     },
+    release_file=release_file,
 )

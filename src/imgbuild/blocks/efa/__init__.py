@@ -160,6 +160,7 @@ BLOCK = Block(
     tag=(6, "efa"),
     downloads=downloads,
     template_globals={"efa_flags": efa_flags, "efa_installer_urls": installer_urls},
+    release_file=releases.efa_file,
 )
 
 

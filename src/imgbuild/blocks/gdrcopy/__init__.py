@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import shlex
 
+import imgbuild.blocks._releases as releases
 from imgbuild.blocks._core import Block, Context, Contribution, FromTag, Installed, Pin, Resolution
 from imgbuild.checks import CheckContext, check, fail, ldd_missing, passed, skip
 from imgbuild.checks.results import CheckResult
@@ -73,6 +74,7 @@ BLOCK = Block(
     build_after=("cuda",),
     downloads=downloads,
     template_globals={"gdrcopy_source_url": source_url},
+    release_file=lambda: releases.tag_file("gdrcopy"),
 )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import posixpath
 import shlex
 
+import imgbuild.blocks._releases as releases
 from imgbuild.blocks._core import Block, Context, Contribution, FromTag, Installed, Pin, Resolution
 from imgbuild.blocks.nccl import nccl_probe
 from imgbuild.blocks.openmpi import owns_libmpi
@@ -90,6 +91,7 @@ BLOCK = Block(
     downloads=downloads,
     template_globals={"nccl_tests_source_url": source_url, "nccl_tests_make": make_line},
     node_checks=("nccl-tests all_reduce_perf",),  # its all_reduce_perf across the nodes
+    release_file=lambda: releases.tag_file("nccl_tests"),
 )
 
 

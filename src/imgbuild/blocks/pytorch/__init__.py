@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from imgbuild import probes
 from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution
+from imgbuild.blocks.cuda import arch as cuda_arch
 from imgbuild.checks import CheckContext, Ran, check, compare, fail, passed, skip
 from imgbuild.checks.results import CheckResult
 from imgbuild.core.errors import ImgbuildError, IndexLookupError
@@ -69,7 +70,7 @@ def resolve(t: PyTorch, rs: Resolution) -> Pin:
         if cuda.source == "wheel":
             _toolkit_rule(t.version, wheel, cuda.version, rs)
         if not compat.torch_wheel_has_arch(t.version, wheel.cuda, p.gpu_arch):
-            gpu = compat.ARCH[p.gpu_arch].gpu
+            gpu = cuda_arch(p.gpu_arch).gpu
             raise rs.fail(
                 "components.pytorch.version / platform.gpu_arch",
                 f"torch {t.version} wheels (CUDA {wheel.cuda}) have no {p.gpu_arch} kernels, so they "

@@ -1,4 +1,4 @@
-"""The host's NVIDIA driver against the CUDA an image needs (NVIDIA's table: compat.CUDA_DRIVER): one rule for
+"""The host's NVIDIA driver against the CUDA an image needs (NVIDIA's table: the cuda block's releases.yaml): one rule for
 `imgbuild doctor` (this host) and `imgbuild verify` (the container's or the --host's driver); and where IMEX
 channels are (doctor, verify and the run profile).
 
@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from packaging.version import InvalidVersion, Version
 
-from imgbuild.spec import compat
+from imgbuild.blocks.cuda import driver_floors
+
 
 if TYPE_CHECKING:
     from imgbuild.blocks import Pin
@@ -105,9 +106,9 @@ def image_cuda(components: Mapping[str, Pin]) -> str | None:
 
 
 def needs(cuda: str) -> str | None:
-    """The oldest driver that runs every CUDA `cuda` release of its major (compat.CUDA_DRIVER); None: not in it."""
+    """The oldest driver that runs every CUDA `cuda` release of its major (blocks/cuda/releases.yaml); None: not in it."""
     try:
-        return compat.CUDA_DRIVER.get(int(cuda.split(".")[0]))
+        return driver_floors().get(int(cuda.split(".")[0]))
     except ValueError:
         return None
 
@@ -122,7 +123,7 @@ def _v(version: str) -> Version | None:
 def runs(driver: str) -> int | None:
     """The newest CUDA major the driver runs under minor-version compatibility (None: older than every row)."""
     have = _v(driver)
-    fits = [major for major, floor in compat.CUDA_DRIVER.items() if have is not None and have >= Version(floor)]
+    fits = [major for major, floor in driver_floors().items() if have is not None and have >= Version(floor)]
     return max(fits) if fits else None
 
 
@@ -133,7 +134,7 @@ class Finding:
     driver: str | None  # the host's driver version; None: no NVIDIA driver
     source: str | None  # where it was read: "nvidia-smi" or /proc/driver/nvidia/version
     cuda: str | None  # the image's CUDA
-    needs: str | None  # the oldest driver for it (compat.CUDA_DRIVER)
+    needs: str | None  # the oldest driver for it (blocks/cuda/releases.yaml)
     status: Status
     advice: str
 
@@ -159,7 +160,7 @@ def judge(read: tuple[str, str] | None, cuda: str | None, printed: str = "") -> 
     if cuda is None:
         return Finding(driver, source, None, None, "unknown", "the image has no CUDA: any driver (or none) will do")
     if floor is None:
-        why = f"CUDA {cuda} is not in {TABLE_SOURCE} (compat.CUDA_DRIVER)"
+        why = f"CUDA {cuda} is not in {TABLE_SOURCE} (blocks/cuda/releases.yaml)"
         return Finding(driver, source, cuda, None, "unknown", why)
     if driver is None and (printed_why := unreadable(printed)) is not None:
         advice = f"{printed_why}: the driver could not be judged (CUDA {cuda} needs >= {floor})"

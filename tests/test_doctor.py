@@ -363,7 +363,7 @@ def test_doctor_json_has_the_builder_and_fails_without_one():
     assert "--builder team names a buildx builder" in json.loads(named.stdout)["builder"]["error"]
 
 
-# --- the host's NVIDIA driver against the images' CUDA (blocks.cuda.driver), and IMEX channels ---------------------------
+# --- the host's NVIDIA driver against the images' CUDA (blocks.cuda.driver), and IMEX channels -------------------
 
 # /proc/driver/nvidia/version as hosts print it: the proprietary module's line, then the open module's (arm64's too).
 PROC_PROPRIETARY = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.144.03  Mon Dec 30 17:44:08 UTC 2024\n"
@@ -413,8 +413,8 @@ def test_the_driver_a_cuda_needs_is_nvidias_minor_version_table():
 
 def test_image_cuda_is_the_cuda_pin_else_torchs_wheel():
     from imgbuild import recipe
-    from imgbuild.pin.lock import lock_or_fresh
     from imgbuild.blocks.cuda import driver
+    from imgbuild.pin.lock import lock_or_fresh
 
     def cuda_of(name: str) -> str | None:
         return driver.image_cuda(lock_or_fresh(recipe.load(name).concrete())[0].pins)

@@ -173,8 +173,8 @@ def test_without_the_folder_the_same_lock_cannot_hash_them(offline_recipe: Path)
     assert "not pinned by content" in result.output
     # nor read the plugin's release notes: the shipped data's tested versions, said so, and none recorded
     assert (
-        "aws_ofi_nccl 1.21.1: tested versions from the shipped data (blocks/aws_ofi_nccl/releases.yaml): its release notes "
-        "were not read: download https://github.com/aws/aws-ofi-nccl/archive/refs/tags/v1.21.1.tar.gz: "
+        "aws_ofi_nccl 1.21.1: tested versions from the shipped data (blocks/aws_ofi_nccl/releases.yaml): its release "
+        "notes were not read: download https://github.com/aws/aws-ofi-nccl/archive/refs/tags/v1.21.1.tar.gz: "
     ) in result.stdout
     pins = json.loads(offline_recipe.with_suffix(".lock.json").read_text())["pins"]
     assert "notes" not in pins["aws_ofi_nccl"]["details"] and pins["aws_ofi_nccl"]["details"]["tested_nccl"] == "2.31.2"

@@ -208,7 +208,8 @@ def test_outdated_and_fits(index_env: Index, gpu: Path, tmp_path: Path) -> None:
     # a table's newest, said to come from a table read on a date
     efa = found["efa"]
     about = "the AWS EFA installer changelog (efa-changelog in the EC2 user guide)"
-    assert efa["source"] == {"kind": "table", "name": "blocks/efa/releases.yaml", "about": about, "read_on": "2026-11-26"}
+    listed = {"kind": "table", "name": "blocks/efa/releases.yaml", "about": about, "read_on": "2026-11-26"}
+    assert efa["source"] == listed
     assert efa["newest"] == "1.51.0" and efa["fits"] is True  # its plugin 1.22.0 has a row (issue 30)
     assert found["nccl_tests"]["newest"] == "2.19.6" and found["nccl_tests"]["fits"] is True
     assert gpu.read_text() == before  # outdated writes nothing
@@ -506,3 +507,21 @@ def test_a_stalled_index_costs_the_run_one_deadline(index_env: Index, monkeypatc
     assert len(unknown) > len(asked)  # the same projects, for many recipes, asked once
     reasons = " ".join(json.dumps(f) for f in unknown)
     assert "this run's deadline for the index (2 s, IMGBUILD_INDEX_DEADLINE) had passed" in reasons
+
+
+def test_a_known_risk_is_shown_on_its_row(index_env: Index, recipe_dir: Path, tmp_path: Path) -> None:
+    """A pinned release its component's release file marks bad (here a risk: EFA 1.48.0's aws-ofi-nccl 1.19.0) is on
+    its row, with why and the upstream link, in the JSON and the table."""
+    gpu_index(index_env, tmp_path, ["2.13.0"])
+    path = recipe_dir / "risk.yaml"
+    path.write_text(GPU_RECIPE.replace("efa: {version: 1.50.0}", "efa: {version: 1.48.0}"))
+    result = run("outdated", str(path), "--json")
+    assert result.exit_code == 18, result.output  # EFA 1.48.0 is behind 1.51.0
+    plugin = rows(result.stdout, "risk")["aws_ofi_nccl"]
+    assert plugin["pinned"] == "1.19.0" and plugin["bad"].startswith(
+        "aws_ofi_nccl 1.19.0 (bundled with EFA installer 1.48.0) is a known risk:"
+    )
+    assert "https://github.com/aws/deep-learning-containers/pull/6668" in plugin["bad"]
+    assert rows(result.stdout, "risk")["efa"]["bad"] is None
+    text = run("outdated", str(path))
+    assert "is a known risk" in " ".join(text.stdout.split())

@@ -173,7 +173,8 @@ def known_bad(pins: Mapping[str, Pin]) -> list[KnownBad]:
                 for name in [key.split(".", 1)[0]]
             ):
                 parts = [
-                    f"{key} {value}" if "." in key else f"{key} {pins[key].version}" for key, value in combo.when.items()
+                    f"{key} {value}" if "." in key else f"{key} {pins[key].version}"
+                    for key, value in combo.when.items()
                 ]
                 found.append(KnownBad(" with ".join(parts), names, combo, where))
     return found

@@ -318,7 +318,7 @@ def listing(name: ListName) -> ReleaseFile:
     return tag_file(name)
 
 
-def file_name(name: ListName) -> str:
+def file_name(name: str) -> str:
     """How a release file is named to users: blocks/<component>/releases.yaml (inside imgbuild's package)."""
     return f"blocks/{name}/releases.yaml"
 

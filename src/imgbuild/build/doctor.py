@@ -329,11 +329,11 @@ def run_checks(
     devices are needed by the recipes needing the nvidia runtime, Gaudi devices by those needing habana.
     `platforms_needed` (architecture -> recipes listing it): a row for each one this machine emulates.
     `cuda_needed` (the CUDA of an image -> its recipes): the host driver row judges the driver `read_driver` returns
-    (default: nvidia-smi, else /proc/driver/nvidia/version, blocks.cuda.driver.read_here) against each. `imex_needed`: the
-    recipes whose jobs span an NVLink domain (the IMEX row names them).
+    (default: nvidia-smi, else /proc/driver/nvidia/version, blocks.cuda.driver.read_here) against each.
+    `imex_needed`: the recipes whose jobs span an NVLink domain (the IMEX row names them).
     """
-    from imgbuild.build import builders
     from imgbuild.blocks.cuda import driver
+    from imgbuild.build import builders
 
     client, info, checks = _engine_checks(client_factory)
     checks += _builder_checks(builder_select or builders.select)

@@ -242,11 +242,11 @@ def doctor(
     """Check the engine, the builder (which one `imgbuild build` uses and why), base images, container runtimes and
     host devices the recipes need, the host's NVIDIA driver against their images' CUDA, and IMEX channels."""
     from imgbuild import recipe
+    from imgbuild.blocks.cuda import driver
     from imgbuild.build import builders
     from imgbuild.build import doctor as doc
     from imgbuild.core.errors import DoctorError
     from imgbuild.pin import lock
-    from imgbuild.blocks.cuda import driver
 
     names = refs or recipe.shipped_names()
     bases: dict[str, list[str]] = {}

@@ -29,8 +29,8 @@ from __future__ import annotations
 import shlex
 from typing import TYPE_CHECKING
 
-from imgbuild.core import imageref
 from imgbuild.blocks.cuda.driver import IMEX_CHANNEL_DIR
+from imgbuild.core import imageref
 
 if TYPE_CHECKING:
     from imgbuild.cluster.jobplan import JobPlan

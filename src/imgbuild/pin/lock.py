@@ -16,8 +16,8 @@ from typing import Literal
 
 from pydantic import ValidationError
 
-from imgbuild.blocks.pytorch import PyTorchDetails
 from imgbuild.blocks._releases import EfaBundle, PluginNotes, TagComponent, TagRead
+from imgbuild.blocks.pytorch import PyTorchDetails
 from imgbuild.core.errors import ImgbuildError, LockError
 from imgbuild.core.outputs import write_atomic  # the lock is written whole or not at all
 from imgbuild.pin import record

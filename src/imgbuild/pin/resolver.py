@@ -130,7 +130,8 @@ def resolve(
 ) -> Resolved:
     """Pin and check a loaded recipe. Raises ResolveError naming the file, the keys and the conflict. `artifacts`:
     what the publishers' artifacts say (`imgbuild lock`: imgbuild.pin.artifacts, the EFA installer's bundle and the
-    plugin's release notes); without it, or where it answers None, the shipped release files (blocks/*/releases.yaml)."""
+    plugin's release notes); without it, or where it answers None, the shipped release files
+    (blocks/*/releases.yaml)."""
     rs = Resolution(loaded.recipe, loaded.path, lookup_torch, artifacts)
     base_ref = _base(rs)
     seen: set[str] = set()

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import shlex
 
+from imgbuild.blocks.cuda import driver
 from imgbuild.checks import CONTAINER, CheckContext, check, fail, passed, skip
 from imgbuild.checks.results import CheckResult
 from imgbuild.image.manifest import Manifest
 from imgbuild.nccltests import command, verdict
 from imgbuild.nccltests.log import parse
-from imgbuild.blocks.cuda import driver
 from imgbuild.verify.nodechecks import launched, mpirun_argv
 
 LOADED_TIMEOUT_S = 300  # all_reduce_perf on every GPU of the host, sizes to 1 GiB

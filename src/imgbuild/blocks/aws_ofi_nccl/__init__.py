@@ -7,7 +7,7 @@ Recipe options (`components.aws_ofi_nccl`):
     prefix    /opt/aws-ofi-nccl (release)
     archive   release (default): the release tarball (`make dist`'s, with configure) | tag: GitHub's archive of the
               release's tag (no configure: autogen.sh runs first; what ../shared/data/sources and Spack hold)
-Its pin rule checks the plugin release against the NCCL it was tested with (blocks/aws_ofi_nccl/releases.yaml). A release
+Its pin rule checks the plugin release against the NCCL it was tested with (its releases.yaml). A release
 build needs libfabric: the EFA installer's (components.efa) or components.libfabric's (Debian's, with the efa
 provider), whichever the image has; the plugin's tested libfabric is checked against it
 (blocks/aws_ofi_nccl/releases.yaml).
@@ -166,7 +166,7 @@ def _libfabric_rule(version: str, built_against: tuple[str | None, str, str], rs
 
 
 def _gdrcopy_rule(version: str, rs: Resolution) -> None:
-    """Plugin releases whose GPU-initiated path needs a minimum GDRCopy (blocks/aws_ofi_nccl/releases.yaml, gdrcopy_min)."""
+    """Plugin releases whose GPU-initiated path needs a minimum GDRCopy (releases.yaml, gdrcopy_min)."""
     needed = releases.plugin_fact(version, "gdrcopy_min")
     if needed is None:
         return

@@ -1,4 +1,4 @@
-"""The host's NVIDIA driver against the CUDA an image needs (NVIDIA's table: the cuda block's releases.yaml): one rule for
+"""The host's NVIDIA driver against the CUDA an image needs (NVIDIA's table: cuda's releases.yaml): one rule for
 `imgbuild doctor` (this host) and `imgbuild verify` (the container's or the --host's driver); and where IMEX
 channels are (doctor, verify and the run profile).
 
@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any, Literal
 from packaging.version import InvalidVersion, Version
 
 from imgbuild.blocks.cuda import driver_floors
-
 
 if TYPE_CHECKING:
     from imgbuild.blocks import Pin
@@ -106,7 +105,7 @@ def image_cuda(components: Mapping[str, Pin]) -> str | None:
 
 
 def needs(cuda: str) -> str | None:
-    """The oldest driver that runs every CUDA `cuda` release of its major (blocks/cuda/releases.yaml); None: not in it."""
+    """The oldest driver that runs every CUDA `cuda` release of its major (cuda's releases.yaml); None: not in it."""
     try:
         return driver_floors().get(int(cuda.split(".")[0]))
     except ValueError:

@@ -1,8 +1,8 @@
 """efa: the AWS EFA installer (libfabric with the efa provider, Open MPI, and since about 1.39 aws-ofi-nccl).
 
 Recipe options (`components.efa`):
-    version   the installer release, e.g. 1.43.2 (blocks/efa/releases.yaml says which OS releases it supports and what it
-              bundles)
+    version   the installer release, e.g. 1.43.2 (its releases.yaml says which OS releases it supports and what
+              it bundles)
     source    installer (default): downloaded in the builder, checked, run in the runtime stage;
               base: the base image already has it (Gaudi's images)
     sha256    check the tarball by this digest instead of AWS's GPG signature
@@ -52,7 +52,7 @@ class EfaDetails(Details):
     sha256: str | None = None
     key_fingerprint: str | None = None
     # What the installer tarball itself says it bundles, where `imgbuild lock` read it (releases.EfaBundle); left out
-    # of the lock when it was not read (the bundle then is blocks/efa/releases.yaml's row), so such locks read as before.
+    # of the lock when it was not read (the bundle then is releases.yaml's row), so such locks read as before.
     bundle: releases.EfaBundle | None = None
 
     @model_serializer(mode="wrap")

@@ -468,7 +468,8 @@ TABLES: dict[str, TableSource] = {
 # cluster/jobplan.py: u-p6e-gb200x72 is 18 instances, u-p6e-gb200x36 9). GPU memory is shared across trays only
 # through IMEX channels (/dev/nvidia-caps-imex-channels/channelN, blocks.cuda.driver), which are made per job: on
 # Kubernetes by NVIDIA's DRA driver for a ComputeDomain (resource.nvidia.com/v1beta1) that each pod claims
-# (cluster/k8s.py), on Slurm by a prolog (cluster/slurm.py). What AWS's EKS guide and sample jobs do for them, per family:
+# (cluster/k8s.py), on Slurm by a prolog (cluster/slurm.py). What AWS's EKS guide and sample jobs do for them, per
+# family:
 # - MNNVL_ENV: the NCCL variables AWS's GB200 nccl-tests MPIJob passes to every rank (awsome-distributed-training's
 #   nccl-tests-gb200.yaml: `-x NCCL_NVLS_ENABLE=1 -x NCCL_MNNVL_ENABLE=1`): NCCL uses NVLink across trays and NVLink
 #   SHARP; the image sets them (render.image_env) and so does the job, a recipe's own `env` value winning in both;

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from imgbuild import recipe
+from imgbuild.blocks.pytorch import TorchWheel, shipped
 from imgbuild.core.errors import RecipeError, RenderError, ResolveError
 from imgbuild.image import identity, render
 from imgbuild.pin import digests, lock, pypi
@@ -17,6 +18,8 @@ from imgbuild.pin.content import ImageDigest, local_ref
 from imgbuild.pin.resolver import resolve
 from imgbuild.spec import compat
 from localindex import Index, make_wheel, torch_wheel_name
+
+TORCH = shipped()  # blocks/pytorch/releases.yaml: version -> what its x86_64 wheel pins
 
 
 def test_platform_strings() -> None:
@@ -131,9 +134,9 @@ def test_torch_with_aarch64_cuda_wheels_pins_the_same_nccl_on_both(recipe_dir: P
 def test_a_release_not_in_the_table_is_read_for_the_targets_machine(recipe_dir: Path) -> None:
     seen: list[tuple[str, str]] = []
 
-    def lookup(version: str, machine: str) -> compat.TorchWheel:
+    def lookup(version: str, machine: str) -> TorchWheel:
         seen.append((version, machine))
-        return compat.TORCH["2.13.0"]
+        return TORCH["2.13.0"]
 
     (recipe_dir / "t.yaml").write_text(
         "extends: pytorch\nplatform: {accelerator: none, arch: arm64}\ncomponents: {pytorch: {version: 2.14.0}}\n"

@@ -21,11 +21,13 @@ from pathlib import Path
 import pytest
 import requests
 
+from imgbuild.blocks.pytorch import shipped
 from imgbuild.core.errors import IndexLookupError
 from imgbuild.pin import httprange, pypi
 from imgbuild.pin.pypi import TorchPins, WheelMetadata, cuda_wheels, index_url, read_wheel_metadata, torch_pins
-from imgbuild.spec.compat import TORCH
 from localindex import CP, Index, make_wheel, torch_wheel_name
+
+TORCH = shipped()  # blocks/pytorch/releases.yaml: version -> what its x86_64 wheel pins
 
 TORCH_251_REQUIRES = [
     "filelock",

@@ -17,10 +17,13 @@ from typer.testing import CliRunner
 
 from conftest import REPO, SHIPPED, hadolint
 from imgbuild import recipe
+from imgbuild.blocks.pytorch import shipped
 from imgbuild.cli import app
 from imgbuild.core.errors import LockError
 from imgbuild.image import identity, render
 from imgbuild.pin.lock import resolved_for
+
+TORCH = shipped()  # blocks/pytorch/releases.yaml: version -> what its x86_64 wheel pins
 
 GOLDEN = REPO / "tests" / "golden"
 
@@ -445,9 +448,8 @@ def test_a_torch_bump_that_keeps_its_cuda_pins_changes_only_the_torch_layer(reci
     """torch 2.9.0 and 2.9.1 pin the same CUDA and NCCL wheels: bumping one to the other changes the torch RUN (and the
     labels) and no other instruction, so the layer of CUDA wheels (about 3 GB) is reused and not pushed again."""
     from imgbuild.pin.resolver import resolve
-    from imgbuild.spec import compat
 
-    assert compat.TORCH["2.9.0"].cuda_wheels == compat.TORCH["2.9.1"].cuda_wheels
+    assert TORCH["2.9.0"].cuda_wheels == TORCH["2.9.1"].cuda_wheels
     path = recipe_dir / "older.yaml"
     path.write_text("extends: pytorch\ncomponents: {pytorch: {version: 2.9.0}}\n")
     newer_plan = plan_of("pytorch")
@@ -477,7 +479,7 @@ def test_a_torch_bump_that_keeps_its_cuda_pins_changes_only_the_torch_layer(reci
     assert "source=imgbuild/requirements/pytorch.cuda.txt" in runtime[at + 1]
     cuda = re.findall(r"^(\S+)==(\S+) ", new_files["imgbuild/requirements/pytorch.cuda.txt"].decode(), re.M)
     nccl = [f"{n}=={v}" for r in content.python["nccl"] for n, v in [(r.name, r.version)]]
-    assert sorted([f"{n}=={v}" for n, v in cuda] + nccl) == sorted(compat.TORCH["2.9.1"].cuda_wheels)
+    assert sorted([f"{n}=={v}" for n, v in cuda] + nccl) == sorted(TORCH["2.9.1"].cuda_wheels)
     assert "nvidia-nccl-cu12==2.27.5" in nccl  # the nccl block's set, installed in the builder's venv
     assert "source=imgbuild/requirements/pytorch.torch.txt" in runtime[at + 2]
     assert b"torch==2.9.1 \\" in new_files["imgbuild/requirements/pytorch.torch.txt"]
@@ -494,13 +496,12 @@ def test_torch_cuda_wheels_are_shell_words(recipe_dir: Path) -> None:
     """cuda-toolkit's extras and a range pin (torch 2.12.1's nvidia-cublas<=...,>=...) reach pip as one word each,
     not as a glob or a redirection."""
     from imgbuild.pin.resolver import resolve
-    from imgbuild.spec import compat
 
     path = recipe_dir / "r.yaml"
     path.write_text("extends: h100\ncomponents: {pytorch: {version: 2.12.1}}\n")
     steps = instructions(render.plan(resolve(recipe.load(path), lookup_torch=None)).dockerfile)
     line = next(i for stage, i in steps if stage == "runtime" and "nvidia-nccl-cu13==" in i)
-    assert cuda_wheels_of(line) == list(compat.TORCH["2.12.1"].cuda_wheels)
+    assert cuda_wheels_of(line) == list(TORCH["2.12.1"].cuda_wheels)
     assert "'nvidia-cublas<=13.1.1.3,>=13.1.0.3'" in line and "'cuda-toolkit[cudart," in line
 
 

@@ -10,9 +10,12 @@ import pytest
 from conftest import REPO
 from imgbuild import recipe
 from imgbuild.blocks import _releases as releases
+from imgbuild.blocks.pytorch import TorchWheel, shipped, torch_wheel
 from imgbuild.core.errors import ImgbuildError, ResolveError
 from imgbuild.pin.resolver import resolve
 from imgbuild.spec import compat
+
+TORCH = shipped()  # blocks/pytorch/releases.yaml: version -> what its x86_64 wheel pins
 
 
 def resolve_text(d: Path, text: str, **kwargs):
@@ -54,7 +57,7 @@ def test_shipped_recipes_resolve(name: str, expect: dict[str, str]) -> None:
 def test_nccl_is_pytorchs_and_every_pin_is_exact() -> None:
     for name in ("a100", "v100", "h100"):
         resolved = resolve(recipe.load(name), lookup_torch=None)
-        torch = compat.TORCH[resolved.version("pytorch") or ""]
+        torch = TORCH[resolved.version("pytorch") or ""]
         assert resolved.version("nccl") == torch.nccl
         assert "PyTorch" in resolved.pins["nccl"].origin
 
@@ -69,7 +72,7 @@ def test_the_newest_instances_get_the_nccl_of_their_architectures_torch_wheel(na
     assert r.platform.arch == (("arm64",) if machine == "aarch64" else ("amd64",))
     assert r.platform.gpu_arch == ("sm_90" if name == "h200" else "sm_100")
     resolved = resolve(recipe.load(name), lookup_torch=None)
-    wheel = compat.torch_wheel(resolved.version("pytorch") or "", machine)
+    wheel = torch_wheel(resolved.version("pytorch") or "", machine)
     assert wheel is not None and resolved.version("nccl") == wheel.nccl
     locked = lock.resolved_for(recipe.load(name))
     torch = locked.pins["pytorch"].details
@@ -151,7 +154,7 @@ def test_pytorch_wheel_without_sm70_kernels(recipe_dir: Path) -> None:
     msg = resolve_error(
         recipe_dir,
         "extends: v100\ncomponents: {pytorch: {version: 2.11.1}}\ncuda: {version: 12.8.1}\n",
-        lookup_torch=lambda v, m="x86_64": compat.TorchWheel(
+        lookup_torch=lambda v, m="x86_64": TorchWheel(
             "nvidia-nccl-cu12", "2.28.9", "12.8", ("nvidia-nccl-cu12==2.28.9",)
         ),
     )
@@ -191,22 +194,22 @@ def test_latest_tag_is_unpinned(recipe_dir: Path) -> None:
 def test_torch_not_in_table_uses_index_lookup(recipe_dir: Path) -> None:
     seen: list[str] = []
 
-    def lookup(version: str, machine: str = "x86_64") -> compat.TorchWheel:
+    def lookup(version: str, machine: str = "x86_64") -> TorchWheel:
         seen.append(version)
-        return compat.TorchWheel("nvidia-nccl-cu12", "2.27.5", "12.8", compat.TORCH["2.9.1"].cuda_wheels)
+        return TorchWheel("nvidia-nccl-cu12", "2.27.5", "12.8", TORCH["2.9.1"].cuda_wheels)
 
     resolved = resolve_text(recipe_dir, "extends: a100\ncomponents: {pytorch: {version: 2.9.9}}\n",
                             lookup_torch=lookup)  # fmt: skip
     assert seen == ["2.9.9"]
     assert resolved.version("nccl") == "2.27.5"
     assert "package index" in resolved.pins["pytorch"].origin
-    assert list(resolved.pins["pytorch"].details.cuda_wheels) == list(compat.TORCH["2.9.1"].cuda_wheels)
+    assert list(resolved.pins["pytorch"].details.cuda_wheels) == list(TORCH["2.9.1"].cuda_wheels)
 
 
 def test_the_torch_table_pins_its_nccl_among_its_cuda_wheels() -> None:
     """Each shipped release's CUDA wheels hold its NCCL pin and the CUDA it was built for (the runtime's pin, or
     cuda-toolkit's from 2.11 on)."""
-    for version, wheel in compat.TORCH.items():
+    for version, wheel in TORCH.items():
         assert f"{wheel.nccl_package}=={wheel.nccl}" in wheel.cuda_wheels, version
         assert list(wheel.cuda_wheels) == sorted(wheel.cuda_wheels), version
         cuda = [w for w in wheel.cuda_wheels if w.startswith(("nvidia-cuda-runtime", "cuda-toolkit["))]
@@ -217,19 +220,19 @@ def test_a_lock_of_a_release_from_the_index_keeps_its_cuda_wheels(recipe_dir: Pa
     """A release looked up on the index is locked with its CUDA wheels, and the lock reads back offline."""
     from imgbuild.pin import lock
 
-    def lookup(version: str, machine: str = "x86_64") -> compat.TorchWheel:
-        return compat.TorchWheel("nvidia-nccl-cu12", "2.26.2", "12.6", compat.TORCH["2.7.1"].cuda_wheels)
+    def lookup(version: str, machine: str = "x86_64") -> TorchWheel:
+        return TorchWheel("nvidia-nccl-cu12", "2.26.2", "12.6", TORCH["2.7.1"].cuda_wheels)
 
     (recipe_dir / "t.yaml").write_text("extends: pytorch\ncomponents: {pytorch: {version: 2.7.0}}\n")
     loaded = recipe.load(recipe_dir / "t.yaml")
     lock.write(loaded, _contented(resolve(loaded, lookup_torch=lookup)))
     locked = lock.read(loaded)
     assert locked is not None
-    assert list(locked.pins["pytorch"].details.cuda_wheels) == list(compat.TORCH["2.7.1"].cuda_wheels)
+    assert list(locked.pins["pytorch"].details.cuda_wheels) == list(TORCH["2.7.1"].cuda_wheels)
 
 
 def test_torch_lookup_failure_is_explained(recipe_dir: Path) -> None:
-    def lookup(version: str, machine: str = "x86_64") -> compat.TorchWheel:
+    def lookup(version: str, machine: str = "x86_64") -> TorchWheel:
         raise ImgbuildError("connection refused")
 
     msg = resolve_error(recipe_dir, "extends: a100\ncomponents: {pytorch: {version: 2.9.9}}\n", lookup_torch=lookup)
@@ -373,8 +376,8 @@ def test_a_lock_without_the_cuda_wheels_is_refused(recipe_dir: Path, version: st
     from imgbuild.core.errors import LockError
     from imgbuild.pin import lock
 
-    def lookup(v: str, machine: str = "x86_64") -> compat.TorchWheel:
-        return compat.TorchWheel("nvidia-nccl-cu12", "2.26.2", "12.6", compat.TORCH["2.7.1"].cuda_wheels)
+    def lookup(v: str, machine: str = "x86_64") -> TorchWheel:
+        return TorchWheel("nvidia-nccl-cu12", "2.26.2", "12.6", TORCH["2.7.1"].cuda_wheels)
 
     (recipe_dir / "old.yaml").write_text(f"extends: pytorch\ncomponents: {{pytorch: {{version: {version}}}}}\n")
     loaded = recipe.load(recipe_dir / "old.yaml")
@@ -390,7 +393,7 @@ def test_a_lock_without_the_cuda_wheels_is_refused(recipe_dir: Path, version: st
 def test_an_index_that_cannot_answer_is_exit_7(recipe_dir: Path) -> None:
     from imgbuild.core.errors import IndexLookupError
 
-    def refused(version: str, machine: str = "x86_64") -> compat.TorchWheel:
+    def refused(version: str, machine: str = "x86_64") -> TorchWheel:
         raise IndexLookupError(f"torch {version}: connection refused")
 
     (recipe_dir / "t.yaml").write_text("extends: a100\ncomponents: {pytorch: {version: 2.9.9}}\n")

@@ -154,7 +154,7 @@ def known_bad(pins: Mapping[str, Pin]) -> list[KnownBad]:
     `bad`, then each `known_bad` combination whose every `when` entry holds, in registry order."""
     found: list[KnownBad] = []
     for block in REGISTRY:
-        if block.release_file is None:
+        if block.release_file is None or block.name not in pins:  # a file's combinations name its own component
             continue
         listed = block.release_file()
         where = releases.file_name(block.name)

@@ -258,12 +258,14 @@ class Resolution:
         self,
         recipe: Recipe,
         path: Path,
-        lookup_torch: Callable[[str, str], compat.TorchWheel] | None,
+        lookups: Mapping[str, Callable[..., Any] | None] | None = None,
         artifacts: releases.Artifacts | None = None,
     ) -> None:
         self.recipe = recipe
         self.path = path
-        self.lookup_torch = lookup_torch
+        # Each block's reader of what its publisher says of a release not in its release file (pytorch: a wheel's
+        # METADATA on the package index), by block name; a block without one (or None) reads only its rows.
+        self.lookups = dict(lookups or {})
         # What the publishers' artifacts say (the EFA installer tarball's bundle, the plugin's RELEASENOTES.md):
         # `imgbuild lock` reads them where it can, a lock's own record when its pins are checked; None, or a None
         # answer: the release files (blocks/*/releases.yaml).
@@ -273,7 +275,10 @@ class Resolution:
         self.pins: dict[str, Pin] = {}
         self.warnings: list[str] = []
         self.os_id = f"{recipe.os.family}{recipe.os.version}"
-        self.torch_wheel: compat.TorchWheel | None = None  # what the pytorch block found (nccl reads it)
+
+    def lookup(self, name: str) -> Callable[..., Any] | None:
+        """Block `name`'s reader of its publisher's data (None: off, or the block has none)."""
+        return self.lookups.get(name)
 
     def options(self, name: str) -> Any:
         """A block's options in the recipe (None when the recipe leaves it out): `components.<name>`, or the top-level

@@ -214,6 +214,13 @@ class ReleaseFile(BaseModel):
     known_bad: tuple[Combination, ...] = ()  # combinations with other components known to be bad
 
     @model_validator(mode="after")
+    def _combinations_name_the_component(self) -> ReleaseFile:
+        for i, combo in enumerate(self.known_bad):
+            if self.component not in {key.split(".", 1)[0] for key in combo.when}:
+                raise ValueError(f"known_bad.{i}.when: name {self.component} (a file's combinations are its own)")
+        return self
+
+    @model_validator(mode="after")
     def _one_row_per_version(self) -> ReleaseFile:
         seen: set[str] = set()
         for i, row in enumerate(self.releases):
@@ -304,18 +311,6 @@ def plugin_releases() -> set[str]:
 
 def tag_releases(component: Literal["nccl_tests", "gdrcopy"]) -> dict[str, TagRow]:
     return by_version(tag_file(component).releases)
-
-
-ListName = Literal["efa", "aws_ofi_nccl", "nccl_tests", "gdrcopy"]
-
-
-def listing(name: ListName) -> ReleaseFile:
-    """A component's release file (its `about` and `read_on`: what `imgbuild outdated` names as the source)."""
-    if name == "efa":
-        return efa_file()
-    if name == "aws_ofi_nccl":
-        return plugin_file()
-    return tag_file(name)
 
 
 def file_name(name: str) -> str:

@@ -233,7 +233,7 @@ class Reader:
         self.said.append(f"{label}: {scan.read_from} was made from commit {commit}")
         return releases.TagRead(commit=commit, read_from=scan.read_from)
 
-    def _compared(self, read: releases.EfaBundle | releases.PluginNotes, name: releases.ListName, version: str) -> str:
+    def _compared(self, read: releases.EfaBundle | releases.PluginNotes, name: str, version: str) -> str:
         """What was read, and where the release file says otherwise (what was read is used)."""
         fields = [k for k in type(read).model_fields if k != "read_from"]
         found = ", ".join(f"{k} {v}" for k in fields if (v := getattr(read, k)) is not None) or "none of them"

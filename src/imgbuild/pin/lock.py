@@ -17,14 +17,13 @@ from typing import Literal
 from pydantic import ValidationError
 
 from imgbuild.blocks._releases import EfaBundle, PluginNotes, TagComponent, TagRead
-from imgbuild.blocks.pytorch import PyTorchDetails
+from imgbuild.blocks.pytorch import PyTorchDetails, TorchWheel
 from imgbuild.core.errors import ImgbuildError, LockError
 from imgbuild.core.outputs import write_atomic  # the lock is written whole or not at all
 from imgbuild.pin import record
 from imgbuild.pin.content import Content, Requirement
 from imgbuild.pin.resolver import Pin, Pinned, Resolved, TorchLookup, index_lookup, resolve
 from imgbuild.recipe import LoadedRecipe, display, load
-from imgbuild.spec import compat
 
 LOCK_VERSION: Literal[3] = 3  # 2: typed pin details (each block's own model); 3: content (digests, hashes)
 MAX_LOCK_BYTES = 4 << 20  # the shipped locks are up to about 60 KB (a PyTorch image's wheel hashes)
@@ -266,7 +265,7 @@ def _check_not_edited(loaded: LoadedRecipe, locked: Resolved, path: Path, hint: 
     """The lock's pins must be what the resolver's rules give for the recipe (with the lock's own record of a
     PyTorch wheel's pins, so this needs no network): a pin edited by hand would build something never checked."""
 
-    def from_lock(version: str, machine: str = "x86_64") -> compat.TorchWheel:  # one record for every machine
+    def from_lock(version: str, machine: str = "x86_64") -> TorchWheel:  # one record for every machine
         pin = locked.pins.get("pytorch")
         wheel = pin.typed(PyTorchDetails).wheel() if pin is not None else None
         if wheel is None:

@@ -27,8 +27,10 @@ from typing import Any, Literal
 from packaging.version import InvalidVersion, Version
 from pydantic import ValidationError
 
+from imgbuild.blocks import BY_NAME, known_bad, resolve_order
 from imgbuild.blocks import _releases as releases
-from imgbuild.blocks import known_bad, resolve_order
+from imgbuild.blocks.gaudi import release_file as gaudi_release_file
+from imgbuild.blocks.pytorch import release_file as torch_release_file
 from imgbuild.core.errors import ImgbuildError, IndexLookupError, RecipeError, ResolveError
 from imgbuild.core.paths import display
 from imgbuild.pin.resolver import Resolved, resolve
@@ -90,8 +92,11 @@ def _table(name: str) -> Source:
     return Source("table", name, t.source, t.read_on)
 
 
-def _released(name: releases.ListName) -> Source:
-    listed = releases.listing(name)
+def _released(name: str) -> Source:
+    """A block's release file as a source of its releases: what it was read from and when."""
+    file = BY_NAME[name].release_file
+    assert file is not None, name
+    listed = file()
     return Source("table", releases.file_name(name), listed.about, listed.read_on)
 
 
@@ -126,9 +131,9 @@ def tracks(resolved: Resolved) -> list[Track]:
                 name, Source("follows", "pytorch"), fixed="its toolkit wheels are the cuda-toolkit release PyTorch pins"
             )
         elif name == "cuda":
-            torch_cuda = sorted({w.cuda for w in compat.TORCH.values()}, key=_order)
+            torch_cuda = sorted({w.cuda for w in torch_release_file().releases}, key=_order)
             fixed = "CUDA comes with the base image: change cuda.version, base.tag and base.builder_tag together"
-            add(name, _table("TORCH"), ("cuda", "version"), versions=torch_cuda, fixed=fixed)
+            add(name, _released("pytorch"), ("cuda", "version"), versions=torch_cuda, fixed=fixed)
         elif name == "pytorch":
             if pin.source != "pip":
                 add(name, Source("base", "base"), fixed="comes with the base image")
@@ -155,7 +160,7 @@ def tracks(resolved: Resolved) -> list[Track]:
         elif name == "gdrcopy":
             add(name, _released("gdrcopy"), keys, versions=releases.tag_releases("gdrcopy"))
         elif name == "gaudi":
-            add(name, _table("GAUDI"), keys, versions=compat.GAUDI)
+            add(name, _released("gaudi"), keys, versions=[r.version for r in gaudi_release_file().releases])
         elif pin.source == "distro":
             distro_pin(name)
         elif pin.source == "efa":

@@ -15,9 +15,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from imgbuild.blocks import BY_NAME, Details, Pin, Resolution, known_bad, resolve_order
 from imgbuild.blocks._releases import Artifacts
+from imgbuild.blocks.pytorch import TorchWheel
 from imgbuild.pin.content import Content
 from imgbuild.recipe import LoadedRecipe, Recipe
-from imgbuild.spec import compat
 
 __all__ = ["Artifacts", "Pin", "Resolved", "TorchLookup", "details_model", "index_lookup", "read_details", "resolve"]
 
@@ -110,10 +110,10 @@ class Resolved(Pinned):
 
 
 # (torch version, machine: x86_64 | aarch64) -> what that release's wheel for Linux on that machine pins
-TorchLookup = Callable[[str, str], compat.TorchWheel]
+TorchLookup = Callable[[str, str], TorchWheel]
 
 
-def index_lookup(torch_version: str, machine: str = "x86_64") -> compat.TorchWheel:
+def index_lookup(torch_version: str, machine: str = "x86_64") -> TorchWheel:
     """Read a PyTorch release's NCCL and CUDA pins, and the CUDA wheels it requires, from its wheel for Linux on
     `machine` on the package index (range requests on the wheel's METADATA)."""
     from imgbuild.core.errors import ResolveError
@@ -122,7 +122,7 @@ def index_lookup(torch_version: str, machine: str = "x86_64") -> compat.TorchWhe
     pins = pypi.torch_pins(torch_version, machine=machine)
     if pins.cuda_version is None:
         raise ResolveError(f"torch {torch_version}: its {machine} wheel pins no CUDA runtime (a CPU build?)")
-    return compat.TorchWheel(pins.nccl_package, pins.nccl_version, pins.cuda_version, pins.cuda_wheels)
+    return TorchWheel(pins.nccl_package, pins.nccl_version, pins.cuda_version, pins.cuda_wheels)
 
 
 def resolve(
@@ -132,7 +132,7 @@ def resolve(
     what the publishers' artifacts say (`imgbuild lock`: imgbuild.pin.artifacts, the EFA installer's bundle and the
     plugin's release notes); without it, or where it answers None, the shipped release files
     (blocks/*/releases.yaml)."""
-    rs = Resolution(loaded.recipe, loaded.path, lookup_torch, artifacts)
+    rs = Resolution(loaded.recipe, loaded.path, {"pytorch": lookup_torch}, artifacts)
     base_ref = _base(rs)
     seen: set[str] = set()
     for name in resolve_order():

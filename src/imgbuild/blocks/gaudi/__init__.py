@@ -1,7 +1,7 @@
 """gaudi: the Intel Gaudi software release (SynapseAI) that Habana's PyTorch base image carries.
 
 Recipe options (`components.gaudi`):
-    version   the release, e.g. 1.15.1: compat.GAUDI says which PyTorch, OS, EFA, libfabric and Open MPI its
+    version   the release, e.g. 1.15.1: releases.yaml says which PyTorch, OS, EFA, libfabric and Open MPI its
               image has, and the pin rule holds the recipe to them (base.image must be that release's image)
 """
 
@@ -9,12 +9,35 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
+import imgbuild.blocks._releases as releases
 from imgbuild.blocks._core import Block, Pin, Resolution
-from imgbuild.spec import compat
 from imgbuild.spec.schema import Strict, pin_validator
 
 if TYPE_CHECKING:
     from imgbuild.recipe import Recipe
+
+
+class GaudiRow(releases.Row):
+    """What a Gaudi software release's PyTorch image carries."""
+
+    pytorch: releases.Text
+    openmpi: releases.Text
+    efa: releases.Text
+    libfabric: releases.Text
+    os: tuple[releases.Text, ...]
+
+
+class GaudiFile(releases.ReleaseFile):
+    component: Literal["gaudi"]
+    releases: tuple[GaudiRow, ...]
+
+
+def release_file() -> GaudiFile:
+    return releases.component_file("gaudi", GaudiFile)
+
+
+def gaudi_release(version: str) -> GaudiRow | None:
+    return releases.by_version(release_file().releases).get(version)
 
 
 class Gaudi(Strict):
@@ -25,11 +48,12 @@ class Gaudi(Strict):
 
 
 def resolve(g: Gaudi, rs: Resolution) -> Pin:
-    release = compat.GAUDI.get(g.version)
+    release = gaudi_release(g.version)
     if release is None:
+        known = ", ".join(r.version for r in release_file().releases)
         raise rs.fail(
             "components.gaudi.version",
-            f"Gaudi {g.version} is not in the shipped table (known: {', '.join(compat.GAUDI)})",
+            f"Gaudi {g.version} is not in {releases.file_name('gaudi')} (known: {known})",
         )
     t = rs.options("pytorch")
     if t is None or t.version != release.pytorch:
@@ -56,10 +80,10 @@ _NAMES = {"efa": "EFA", "libfabric": "libfabric", "openmpi": "Open MPI"}
 
 def check_base(rs: Resolution, key: str, what: Literal["efa", "libfabric", "openmpi"], version: str | None) -> bool:
     """For a block that comes with the base image (`what`): on a Gaudi recipe, `version` must be the one that
-    release's image has (compat.GAUDI); a ResolveError naming `key` otherwise. True when the Gaudi table vouched for
+    release's image has (releases.yaml); a ResolveError naming `key` otherwise. True when the Gaudi table vouched for
     it (the image is Habana's build for that release's OS); False off Gaudi, where there is nothing to check."""
     g = rs.options("gaudi")
-    release = compat.GAUDI.get(g.version) if g is not None else None
+    release = gaudi_release(g.version) if g is not None else None
     if release is None:
         return False
     if getattr(release, what) != version:
@@ -78,4 +102,5 @@ BLOCK = Block(
     resolve=resolve,
     tag=(1, "gaudi"),
     required=required,
+    release_file=release_file,
 )

@@ -18,7 +18,7 @@ from pydantic import Field
 from imgbuild import probes
 from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution
 from imgbuild.blocks.python import site_packages
-from imgbuild.blocks.pytorch import torch_probe
+from imgbuild.blocks.pytorch import PyTorchDetails, torch_probe
 from imgbuild.checks import CONTAINER, CheckContext, Ran, check, compare, fail, passed, skip
 from imgbuild.checks.results import CheckResult
 from imgbuild.spec.schema import AbsPath, Strict, pin_validator
@@ -45,7 +45,8 @@ class NcclDetails(Details):
 
 
 def resolve(n: NCCL, rs: Resolution) -> Pin:
-    torch = rs.torch_wheel
+    pinned = rs.pins.get("pytorch")
+    torch = pinned.typed(PyTorchDetails).wheel() if pinned is not None else None  # a pip-installed PyTorch's pins
     t = rs.options("pytorch")
     version = n.version
     origin = "recipe"

@@ -14,9 +14,13 @@ every release that pins the same wheels (2.9.0 and 2.9.1, say): a torch patch bu
 from __future__ import annotations
 
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from packaging.version import Version
+from pydantic import Field
+
+import imgbuild.blocks._releases as releases
 from imgbuild import probes
 from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution
 from imgbuild.blocks.cuda import arch as cuda_arch
@@ -26,6 +30,92 @@ from imgbuild.core.errors import ImgbuildError, IndexLookupError
 from imgbuild.core.paths import display
 from imgbuild.spec import compat
 from imgbuild.spec.schema import Strict, pin_validator
+
+
+@dataclass(frozen=True)
+class TorchWheel:
+    """What the default Linux wheel of a PyTorch release pins on one machine: its NCCL wheel, the CUDA it is built
+    for, and its CUDA and NCCL requirements as its Requires-Dist states them (markers evaluated and dropped, sorted)."""
+
+    nccl_package: str
+    nccl: str
+    cuda: str
+    cuda_wheels: tuple[str, ...]
+
+
+class TorchRow(releases.Row):
+    """A PyTorch release's x86_64 wheel pins; `aarch64`: its aarch64 wheel was read and pins the same (a CUDA build)."""
+
+    nccl_package: releases.Text
+    nccl: releases.Text
+    cuda: releases.Text
+    cuda_wheels: tuple[releases.Text, ...] = Field(min_length=1)
+    aarch64: bool = False
+
+    def wheel(self) -> TorchWheel:
+        return TorchWheel(self.nccl_package, self.nccl, self.cuda, tuple(self.cuda_wheels))
+
+
+class TorchFile(releases.ReleaseFile):
+    component: Literal["pytorch"]
+    aarch64_cuda_from: releases.Text  # the first release whose aarch64 wheel is a CUDA build
+    releases: tuple[TorchRow, ...]
+
+
+def release_file() -> TorchFile:
+    return releases.component_file("pytorch", TorchFile)
+
+
+def torch_wheel(version: str, machine: str) -> TorchWheel | None:
+    """releases.yaml's record of torch `version`'s wheel for Linux on `machine` (None: not listed for it)."""
+    rows = [r for r in release_file().releases if r.version == version and (machine == "x86_64" or r.aarch64)]
+    return rows[0].wheel() if rows else None
+
+
+def listed(machine: str) -> list[str]:
+    """The releases releases.yaml records for `machine`."""
+    return [r.version for r in release_file().releases if machine == "x86_64" or r.aarch64]
+
+
+def shipped() -> dict[str, TorchWheel]:
+    """Every release releases.yaml records, with what its x86_64 wheel pins."""
+    return {r.version: r.wheel() for r in release_file().releases}
+
+
+def torch_cpu_only(version: str, machine: str) -> bool:
+    """Whether torch `version`'s wheel for Linux on `machine` is known to be a CPU build (aarch64 before
+    releases.yaml's aarch64_cuda_from)."""
+    try:
+        return machine == "aarch64" and Version(version) < Version(release_file().aarch64_cuda_from)
+    except ValueError:
+        return False
+
+
+def torch_wheel_has_arch(torch: str, cuda: str, arch: str) -> bool:
+    """Whether the default wheel of `torch` (built for `cuda`) carries kernels for `arch`.
+
+    cu12.1-12.6 wheels include sm_70; cu12.8 wheels dropped it in 2.11; cu13 wheels never had it. sm_103 (B300) is in
+    no wheel's list: PyTorch builds its cu12.8 wheels for "7.0;7.5;8.0;8.6;9.0;10.0;12.0" (pytorch/pytorch
+    .ci/manywheel/build_cuda.sh, read here up to its 12.9 entry, the same list +PTX) and a torch 2.11.0+cu130 wheel
+    reports sm_75/80/86/90/100/120 (a third party's reading of torch.cuda.get_arch_list()). B300 runs them through
+    their sm_100 code: CUDA runs code built for compute capability X.y on X.z with z >= y (accelerator_mismatch in
+    cluster/jobplan.py keeps the same rule), except the arch-specific sm_100a (NVIDIA's blog "Blackwell and CUDA 12.9
+    introduce family-specific architecture features"); an fbgemm-gpu wheel with only sm_100a cubins fails on B300
+    with "no kernel image is available" (pytorch/FBGEMM issue 6151), where torch 2.12.1+cu130's own
+    torch.zeros(..., device="cuda") ran first. So sm_103 is taken as present where sm_100 is (CUDA 12.8 wheels and
+    newer): inferred, not run on a B300 here. Every other architecture is taken as present: that the cu12.8 and cu13
+    wheels carry sm_100 (B200, GB200) is inferred likewise, and so are sm_75 to sm_90 in every wheel listed.
+    """
+    if arch == "sm_103":
+        return Version(cuda) >= Version("12.8")
+    if arch != "sm_70":
+        return True
+    major, minor = (int(x) for x in cuda.split(".")[:2])
+    if major >= 13:
+        return False
+    if (major, minor) >= (12, 8):
+        return Version(torch) < Version("2.11")
+    return True
 
 
 class PyTorch(Strict):
@@ -69,7 +159,7 @@ def resolve(t: PyTorch, rs: Resolution) -> Pin:
             )
         if cuda.source == "wheel":
             _toolkit_rule(t.version, wheel, cuda.version, rs)
-        if not compat.torch_wheel_has_arch(t.version, wheel.cuda, p.gpu_arch):
+        if not torch_wheel_has_arch(t.version, wheel.cuda, p.gpu_arch):
             gpu = cuda_arch(p.gpu_arch).gpu
             raise rs.fail(
                 "components.pytorch.version / platform.gpu_arch",
@@ -79,7 +169,6 @@ def resolve(t: PyTorch, rs: Resolution) -> Pin:
                 if p.gpu_arch == "sm_70"
                 else "use a PyTorch built for CUDA 12.8 or newer",
             )
-    rs.torch_wheel = wheel
     details = PyTorchDetails(
         cuda=wheel.cuda,
         nccl_package=wheel.nccl_package,
@@ -90,7 +179,7 @@ def resolve(t: PyTorch, rs: Resolution) -> Pin:
     return Pin(version=t.version, source="pip", origin=origin, details=details)
 
 
-def _toolkit_rule(version: str, wheel: compat.TorchWheel, toolkit: str, rs: Resolution) -> None:
+def _toolkit_rule(version: str, wheel: TorchWheel, toolkit: str, rs: Resolution) -> None:
     """With CUDA's toolkit from wheels (`cuda.source: wheel`), what compiles in the builder must be the CUDA release the
     image runs: the cuda-toolkit version torch's wheel requires."""
     from packaging.requirements import Requirement
@@ -120,22 +209,23 @@ def _toolkit_rule(version: str, wheel: compat.TorchWheel, toolkit: str, rs: Reso
         )
 
 
-def _wheel(version: str, machine: str, rs: Resolution) -> tuple[compat.TorchWheel, str]:
-    """What torch `version`'s wheel for Linux on `machine` pins, and where that was read: the shipped table, else the
-    index (rs.lookup_torch). A release whose wheel for the machine is a CPU build is refused, naming the first
-    release with a CUDA build there."""
+def _wheel(version: str, machine: str, rs: Resolution) -> tuple[TorchWheel, str]:
+    """What torch `version`'s wheel for Linux on `machine` pins, and where that was read: releases.yaml, else the
+    package index (rs.lookup("pytorch")). A release whose wheel for the machine is a CPU build is refused, naming the
+    first release with a CUDA build there."""
     arch = {m: a for a, m in compat.MACHINE.items()}[machine]
     cpu_only = (
         f"torch {version}'s wheel for linux/{arch} ({machine}) is a CPU build (no CUDA, no NCCL); the first release "
-        f"with a CUDA build for {machine} is {compat.FIRST_AARCH64_CUDA_TORCH}"
+        f"with a CUDA build for {machine} is {release_file().aarch64_cuda_from}"
     )
-    if compat.torch_cpu_only(version, machine):
+    if torch_cpu_only(version, machine):
         raise rs.fail("components.pytorch.version / platform.arch", cpu_only)
-    wheel = compat.torch_wheel(version, machine)
+    wheel = torch_wheel(version, machine)
     if wheel is not None:
         return wheel, f"torch {version} wheel (shipped table)"
-    if rs.lookup_torch is None:
-        known = compat.TORCH if machine == "x86_64" else compat.TORCH_AARCH64
+    lookup = rs.lookup("pytorch")
+    if lookup is None:
+        known = listed(machine)
         raise rs.fail(
             "components.pytorch.version",
             f"torch {version}{'' if machine == 'x86_64' else f' ({machine})'} is not in the shipped table and "
@@ -143,7 +233,7 @@ def _wheel(version: str, machine: str, rs: Resolution) -> tuple[compat.TorchWhee
             hint=f"known releases: {', '.join(known)}",
         )
     try:
-        wheel = rs.lookup_torch(version, machine)
+        wheel = lookup(version, machine)
     except IndexLookupError as exc:
         if "names no nvidia-nccl" in exc.message and machine != "x86_64":
             raise rs.fail("components.pytorch.version / platform.arch", cpu_only) from None
@@ -172,11 +262,11 @@ class PyTorchDetails(Details):
     cuda_wheels: tuple[str, ...] = ()
     numpy: str | None = None
 
-    def wheel(self) -> compat.TorchWheel | None:
+    def wheel(self) -> TorchWheel | None:
         """The wheel's pins as the resolver's table has them (what a lock's pin says, without the network)."""
         if not (self.nccl_package and self.nccl and self.cuda and self.cuda_wheels):
             return None
-        return compat.TorchWheel(self.nccl_package, self.nccl, self.cuda, self.cuda_wheels)
+        return TorchWheel(self.nccl_package, self.nccl, self.cuda, self.cuda_wheels)
 
 
 # Measured for torch 2.9.1 on BuildKit (pip's downloads 4.0 GB, the two runtime layers 4.14 + 2.56 GB): the engine
@@ -218,6 +308,7 @@ BLOCK = Block(
     tag=(2, "pt"),
     node_checks=("ddp (mpirun)", "ddp (torchrun)"),  # a DistributedDataParallel training across the nodes
     under_os_packages=True,  # its wheels need only the venv: an OS package or EFA bump leaves their 7 GB cached
+    release_file=release_file,
 )
 
 

@@ -57,8 +57,8 @@ def test_a_release_row_wins_over_its_series() -> None:
          "aws_ofi_nccl: 1.2}\n", "releases.0.aws_ofi_nccl: Input should be a valid string"),
         ("component: efa\nabout: x\nread_on: 'late 2026'\nreleases:\n- {version: 1.0.0, source: s, os: [debian12]}\n",
          "read_on: String should match pattern"),
-        ("component: efa\nabout: x\nread_on: null\nreleases:\n- {version: 1.0.0, source: s, os: [debian12]}\n"
-         "- {version: 1.0.0, source: t, os: [debian12]}\n", "version 1.0.0 is listed twice"),
+        ("component: efa\nabout: x\nread_on: null\nreleases:\n- {version: 1.0.0, source: s}\n"
+         "- {version: 1.0.0, source: t}\n", "version 1.0.0 is listed twice"),
         ("component: efa\nabout: x\nread_on: null\nreleases: [\n", "not valid YAML"),
     ],
 )  # fmt: skip
@@ -66,7 +66,7 @@ def test_a_bad_release_file_names_the_file_and_the_key(tmp_path: Path, text: str
     path = tmp_path / "efa.yaml"
     path.write_text(text)
     with pytest.raises(ResolveError) as info:
-        releases.load(path, releases.EfaFile)
+        releases.load(path, releases.ReleaseFile if "listed twice" in expected else releases.EfaFile)
     assert str(path) in str(info.value) and expected in str(info.value), str(info.value)
     assert info.value.exit_code == 5
 

@@ -28,7 +28,6 @@ from imgbuild import checks
 from imgbuild.blocks import Pin, aws_ofi_nccl, libfabric, nccl_tests
 from imgbuild.image.manifest import read_entry
 from imgbuild.probes import elfsyms
-from imgbuild.spec import compat
 from imgbuild.verify import gpuchecks
 from test_multinode import manifest_of
 
@@ -53,14 +52,17 @@ def pins(flat: dict[str, dict[str, Any]]) -> dict[str, Pin]:
 
 
 def test_the_net_plugin_api_table_covers_every_series_the_plugin_supports() -> None:
-    oldest = compat.PLUGIN_OLDEST_NCCL.split(".")
+    from imgbuild.blocks import _releases as releases
+    from imgbuild.blocks.nccl import net_plugin_api
+
+    oldest = releases.plugin_file().oldest_nccl.split(".")
     for minor in range(int(oldest[1]), 31):
-        versions = compat.net_plugin_api(f"2.{minor}.1")
+        versions = net_plugin_api(f"2.{minor}.1")
         assert versions and list(versions) == sorted(versions, reverse=True), minor
-    assert compat.net_plugin_api("2.30.7") == (12, 11, 10, 9, 8, 7, 6)  # debian-cuda's (PyTorch 2.15's pin)
-    assert compat.net_plugin_api("2.29.7") == (11, 10, 9, 8, 7, 6)  # PyTorch 2.13's pin
-    assert compat.net_plugin_api("2.27.5") == (10, 9, 8, 7, 6)
-    assert compat.net_plugin_api("2.31.0") is None and "NCCL_NET_PLUGIN_API" in compat.TABLES
+    assert net_plugin_api("2.30.7") == (12, 11, 10, 9, 8, 7, 6)  # debian-cuda's (PyTorch 2.15's pin)
+    assert net_plugin_api("2.29.7") == (11, 10, 9, 8, 7, 6)  # PyTorch 2.13's pin
+    assert net_plugin_api("2.27.5") == (10, 9, 8, 7, 6)
+    assert net_plugin_api("2.31.0") is None
 
 
 @pytest.mark.skipif(shutil.which("nm") is None, reason="binutils' nm is not on this machine to compare with")

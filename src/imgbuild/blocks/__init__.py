@@ -180,6 +180,19 @@ def known_bad(pins: Mapping[str, Pin]) -> list[KnownBad]:
     return found
 
 
+def recorded_checksums() -> dict[str, releases.Checksum]:
+    """Every download's checksum the release files record (their rows' `downloads` and their own), by URL: what a
+    well-known third party published of it, or why nobody could read one (imgbuild.pin.checksums, step c)."""
+    out: dict[str, releases.Checksum] = {}
+    for block in REGISTRY:
+        if block.release_file is not None:
+            listed = block.release_file()
+            out.update(listed.downloads)
+            for row in listed.releases:
+                out.update(row.downloads)
+    return out
+
+
 def dedupe(items: Iterable[str]) -> list[str]:
     """Keep the first occurrence of each item, in order."""
     return list(dict.fromkeys(items))
@@ -205,6 +218,7 @@ __all__ = [
     "feeding",
     "known_bad",
     "python_of",
+    "recorded_checksums",
     "resolve_order",
     "runtime_order",
     "slug",

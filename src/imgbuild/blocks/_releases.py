@@ -68,12 +68,37 @@ class Fact(BaseModel):
         return self
 
 
+UNESTABLISHED = "unestablished: "
+
+
+class Checksum(BaseModel):
+    """The sha256 of one download and where it was read (a well-known third party: Spack's package recipe at a
+    commit); `sha256: null` with an origin starting "unestablished: " that says why nobody could read one. `imgbuild
+    lock` uses it where neither the publisher's own checksum nor the file can be had, and checks a file it downloads
+    against it (imgbuild.pin.checksums). Never invented: a wrong one fails every build, a missing one is listed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None
+    origin: Text
+
+    @model_validator(mode="after")
+    def _none_says_why(self) -> Checksum:
+        if self.sha256 is None and not self.origin.startswith(UNESTABLISHED):
+            raise ValueError(f"a download without a sha256 says why, its origin starting {UNESTABLISHED!r}")
+        return self
+
+
+Url = Annotated[str, StringConstraints(strict=True, pattern=r"^https://[^\s/]+/\S+$")]
+
+
 class Row(Fact):
-    """One release (or one release series, where a file allows it: its `bad` then marks every release of it)."""
+    """One release (or one release series, where a file allows it: its `bad` then marks every release of it), with
+    the checksums of its downloads (URL exactly as the block downloads it -> Checksum)."""
 
     version: Text
     date: When | None = None
-    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
+    downloads: dict[Url, Checksum] = {}
     bad: Bad | None = None
 
 
@@ -212,6 +237,7 @@ class ReleaseFile(BaseModel):
     read_on: When | None  # when the list was last read against it (None: not recorded)
     releases: tuple[Row, ...] = Field(min_length=1)
     known_bad: tuple[Combination, ...] = ()  # combinations with other components known to be bad
+    downloads: dict[Url, Checksum] = {}  # the checksums of the block's downloads that no release names (a key)
 
     @model_validator(mode="after")
     def _combinations_name_the_component(self) -> ReleaseFile:
@@ -233,11 +259,16 @@ class ReleaseFile(BaseModel):
 class EfaFile(ReleaseFile):
     component: Literal["efa"]
     releases: tuple[EfaRow, ...] = Field(min_length=1)
+    key_fingerprint: Annotated[str, Field(pattern=r"^[0-9A-F]{40}$")]
+    container_flags: tuple[Text, ...] = Field(min_length=1)
+    ngc_detection_from: Text
+    ngc_bases: tuple[Text, ...] = Field(min_length=1)  # image names; one ending in "/" is a prefix
 
 
 class PluginFile(ReleaseFile):
     component: Literal["aws_ofi_nccl"]
     releases: tuple[PluginRow, ...] = Field(min_length=1)
+    oldest_nccl: Text
 
 
 class TagFile(ReleaseFile):

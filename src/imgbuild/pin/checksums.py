@@ -9,8 +9,9 @@ a. the publisher's own checksum, where it publishes one (`PUBLISHERS`): Open MPI
    with GPG (the build checks that signature as well) but lists no sha256 for it;
 b. computed: the file downloaded now (streamed, at most `MAX_BYTES`) and hashed. What the publisher served at lock
    time is what every later build must get;
-c. a checksum a well-known third party published for the same file (`checksums.yaml`: Spack's package recipes,
-   each entry naming the repository, path and commit it was read from). Where (b) worked too, the two must agree;
+c. a checksum a well-known third party published for the same file (the release rows' `downloads`,
+   blocks/<name>/releases.yaml: Spack's package recipes, each naming the repository, path and commit it was read
+   from). Where (b) worked too, the two must agree;
 d. else none: sha256 None, `origin` "unestablished: " and why. A build says so; nothing is invented.
 
 `imgbuild lock --files DIR` hashes a download DIR holds (by `download_name`) instead (`from_file`): no network for
@@ -30,18 +31,15 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import yaml
-
 from imgbuild.pin.content import SHA256, Download, download_name, sha256_file
 
 if TYPE_CHECKING:
     import requests
 
-TABLE = Path(__file__).with_name("checksums.yaml")
 MAX_BYTES = 2 << 30  # the largest file computed at lock time (the EFA installer is a few hundred MB)
 TIMEOUT = (10.0, 60.0)  # connect, read (seconds)
 CHUNK = 1 << 20
-UNLOCKED = "unestablished: "
+UNLOCKED = "unestablished: "  # = imgbuild.blocks._releases.UNESTABLISHED
 
 
 @dataclass(frozen=True)
@@ -141,16 +139,12 @@ def checked(url: str, computed: str, where: str, record: Download | None) -> Dow
 
 
 @cache
-def third_party(path: Path = TABLE) -> dict[str, Download]:
-    """The checksums well-known third parties publish (checksums.yaml), by URL, each with where it was read."""
-    data = yaml.safe_load(path.read_text())
-    out: dict[str, Download] = {}
-    for url, entry in data["downloads"].items():
-        d = Download(url=url, sha256=entry["sha256"], origin=entry["origin"])
-        if d.sha256 is None and not d.origin.startswith(UNLOCKED):
-            raise ValueError(f"{path}: {url}: an entry without a sha256 says why, starting {UNLOCKED!r}")
-        out[url] = d
-    return out
+def third_party() -> dict[str, Download]:
+    """The checksums well-known third parties publish, by URL, each with where it was read (the release rows'
+    `downloads`: imgbuild.blocks.recorded_checksums), and the downloads nobody could establish with why."""
+    from imgbuild.blocks import recorded_checksums
+
+    return {url: Download(url=url, sha256=c.sha256, origin=c.origin) for url, c in recorded_checksums().items()}
 
 
 def _published(http: requests.Session, where: str, kind: str, name: str) -> str | None:

@@ -8,42 +8,10 @@ artifacts (EFA installer, aws-ofi-nccl, nccl-tests, GDRCopy) are data files thei
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from packaging.version import InvalidVersion, Version
-
-# aws-ofi-nccl keeps backward compatibility down to this NCCL from 1.10.0 on (its RELEASENOTES.md); what each release
-# was tested with is in blocks/aws_ofi_nccl/releases.yaml.
-PLUGIN_OLDEST_NCCL = "2.17.1"
-
-# NCCL series -> the net-plugin API versions it looks for in a net plugin (libnccl-net*.so), newest first as NCCL tries
-# them: the `ncclNetPlugin_vN` symbols it dlsym()s. Read from NVIDIA/nccl at every release tag from v2.17.1-1 to
-# v2.30.7-1: src/net.cc up to 2.25 (the dlsym chain), src/plugin/net/net_vN.cc from 2.26 (one file per version, listed
-# in src/plugin/net.cc's getNcclNet table). Every release of a series looks for the same versions. A plugin NCCL can
-# load exports at least one of them (aws-ofi-nccl 1.21.1 exports v6 to v12).
-NCCL_NET_PLUGIN_API: dict[str, tuple[int, ...]] = {
-    "2.17": (6, 5, 4),
-    "2.18": (6, 5, 4),
-    "2.19": (7, 6, 5),
-    "2.20": (8, 7, 6, 5),
-    "2.21": (8, 7, 6, 5),
-    "2.22": (8, 7, 6, 5),
-    "2.23": (8, 7, 6, 5),
-    "2.24": (9, 8, 7, 6, 5),
-    "2.25": (9, 8, 7, 6, 5),
-    "2.26": (10, 9, 8, 7, 6),
-    "2.27": (10, 9, 8, 7, 6),
-    "2.28": (11, 10, 9, 8, 7, 6),
-    "2.29": (11, 10, 9, 8, 7, 6),
-    "2.30": (12, 11, 10, 9, 8, 7, 6),
-}
-
-
-def net_plugin_api(nccl: str) -> tuple[int, ...] | None:
-    """The net-plugin API versions NCCL `nccl` looks for, newest first (None: its series is not in the table)."""
-    return NCCL_NET_PLUGIN_API.get(".".join(nccl.split(".")[:2]))
 
 
 def same_version(a: str, b: str) -> bool:
@@ -53,36 +21,6 @@ def same_version(a: str, b: str) -> bool:
         return Version(a) == Version(b)
     except InvalidVersion:
         return a == b
-
-
-def libfabric_release(version: str) -> tuple[int, int, int]:
-    """A libfabric version's release number: 2.6.0amzn1.0 -> (2, 6, 0) (AWS's `amznN` builds of one release)."""
-    parts = [int(p) for p in re.findall(r"\d+", version.split("amzn")[0])[:3]]
-    return (*parts, *[0] * (3 - len(parts)))  # type: ignore[return-value]
-
-
-def plugin_tag(version: str) -> str:
-    """Git tag of an aws-ofi-nccl release: `vX.Y.Z-aws` up to 1.13.2, plain `vX.Y.Z` from 1.14.0."""
-    return f"v{version}-aws" if Version(version) < Version("1.14.0") else f"v{version}"
-
-
-# The EFA installer's releases (what each bundles, the OS releases it installs on) are in blocks/efa/releases.yaml.
-EFA_KEY_FINGERPRINT = "4E9091BCBB97A96B26B15E59A05480B1DD2D3CCC"
-EFA_CONTAINER_FLAGS = ("-y", "--skip-kmod", "--skip-limit-conf", "--no-verify")
-
-# From 1.48.0 the installer takes an nvidia/cuda base (Docker Hub's nvidia/cuda is NGC's nvcr.io/nvidia/cuda) for
-# an "NGC build image": it skips rdma-core, so libfabric1-aws fails its `ibverbs-providers >= 59` dependency
-# (`--disable-build-ngc` turns that off), and it skips its NCCL plugin (`--disable-ngc`). AWS's nccl-tests
-# Dockerfile passes both (awslabs/awsome-distributed-ai PR #1153, micro-benchmarks/nccl-tests). Which bases the
-# installer takes for NGC is inferred from those Dockerfiles (nvidia/cuda and nvcr.io/nvidia/* images), not read
-# in the installer.
-EFA_NGC_DETECTION = "1.48.0"
-NGC_BASE_IMAGES = ("nvidia/cuda", "docker.io/nvidia/cuda", "nvcr.io/nvidia/cuda")
-
-
-def ngc_base(image: str) -> bool:
-    """Whether the EFA installer (1.48+) takes a base image of this name (no tag) for an NGC build image."""
-    return image in NGC_BASE_IMAGES or image.startswith("nvcr.io/nvidia/")
 
 
 @dataclass(frozen=True)
@@ -184,9 +122,6 @@ class TableSource:
 # it. The months come from the project's facts notes, which date what they add by month (git first shows these tables
 # on 2026-11-21). Change a date when you read the source again, not when you edit the table for another reason.
 TABLES: dict[str, TableSource] = {
-    "NCCL_NET_PLUGIN_API": TableSource(
-        "NVIDIA/nccl src/net.cc, src/plugin/net/net_v*.cc at each release tag", "2026-11"
-    ),
     "DISTRO": TableSource("the Debian and Ubuntu package archives", None),
 }
 

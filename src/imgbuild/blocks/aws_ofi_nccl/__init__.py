@@ -27,12 +27,18 @@ from pydantic import SerializerFunctionWrapHandler, model_serializer
 import imgbuild.blocks._releases as releases
 from imgbuild import probes
 from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution
+from imgbuild.blocks.libfabric import libfabric_release
+from imgbuild.blocks.nccl import net_plugin_api
 from imgbuild.checks import CheckContext, check, fail, ldd_missing, passed, skip
 from imgbuild.checks.results import CheckResult
-from imgbuild.spec import compat
 from imgbuild.spec.schema import AbsPath, Strict, pin_validator
 
 PLUGIN_DIRS = ("/opt/amazon/ofi-nccl", "/opt/aws-ofi-nccl")
+
+
+def plugin_tag(version: str) -> str:
+    """Git tag of an aws-ofi-nccl release: `vX.Y.Z-aws` up to 1.13.2, plain `vX.Y.Z` from 1.14.0 (its tags)."""
+    return f"v{version}-aws" if Version(version) < Version("1.14.0") else f"v{version}"
 
 
 class AwsOfiNccl(Strict):
@@ -95,7 +101,7 @@ def resolve(p: AwsOfiNccl, rs: Resolution) -> Pin:
         if p.version is None:
             raise rs.fail(f"{key}.version", "required for source: release")
         version, origin = p.version, "recipe"
-        prefix, tag = p.prefix, compat.plugin_tag(p.version)
+        prefix, tag = p.prefix, plugin_tag(p.version)
     # a release build's archive, whose RELEASENOTES.md `imgbuild lock` reads where it can
     url = (tag_archive_url(version) if p.archive == "tag" else release_url(version)) if p.source == "release" else None
     tested = rs.plugin_tested(version, "tested_nccl", url)
@@ -113,10 +119,11 @@ def resolve(p: AwsOfiNccl, rs: Resolution) -> Pin:
             f"aws-ofi-nccl {version} was tested with NCCL up to {tested}; NCCL {nccl.version} is newer",
             hint="use a newer aws-ofi-nccl release",
         )
-    if nv < Version(compat.PLUGIN_OLDEST_NCCL):
+    oldest = releases.plugin_file().oldest_nccl
+    if nv < Version(oldest):
         raise rs.fail(
             f"{key}.version / components.nccl",
-            f"aws-ofi-nccl {version} supports NCCL {compat.PLUGIN_OLDEST_NCCL} and later, got {nccl.version}",
+            f"aws-ofi-nccl {version} supports NCCL {oldest} and later, got {nccl.version}",
         )
     if url is not None:
         _libfabric_rule(version, _libfabric_built_against(rs), rs, url)
@@ -157,7 +164,7 @@ def _libfabric_rule(version: str, built_against: tuple[str | None, str, str], rs
             f"{releases.file_name('efa' if libfabric is None else 'aws_ofi_nccl')}: unchecked"
         )
         return
-    if compat.libfabric_release(libfabric) > compat.libfabric_release(tested):
+    if libfabric_release(libfabric) > libfabric_release(tested):
         raise rs.fail(
             f"components.aws_ofi_nccl.version / {lf_key}",
             f"aws-ofi-nccl {version} was tested with libfabric up to {tested}; {what} brings libfabric {libfabric}",
@@ -183,14 +190,14 @@ def _gdrcopy_rule(version: str, rs: Resolution) -> None:
 def release_url(version: str) -> str:
     """The plugin's release tarball (`make dist`'s, configure included: not GitHub's archive of the tag), the one
     place its URL is written."""
-    tag = compat.plugin_tag(version)
+    tag = plugin_tag(version)
     return f"https://github.com/aws/aws-ofi-nccl/releases/download/{tag}/aws-ofi-nccl-{tag[1:]}.tar.gz"
 
 
 def tag_archive_url(version: str) -> str:
     """GitHub's archive of the release's tag (`archive: tag`): the tree as tagged, no configure (saved as
     aws-ofi-nccl-X.Y.Z.tar.gz, `download_name`; unpacks to aws-ofi-nccl-X.Y.Z/ as the release tarball does)."""
-    return f"https://github.com/aws/aws-ofi-nccl/archive/refs/tags/{compat.plugin_tag(version)}.tar.gz"
+    return f"https://github.com/aws/aws-ofi-nccl/archive/refs/tags/{plugin_tag(version)}.tar.gz"
 
 
 def source_url(pin: Pin) -> str:
@@ -350,17 +357,17 @@ def _versions(numbers: Sequence[int]) -> str:
 
 @check("aws-ofi-nccl-api", "aws_ofi_nccl")
 def aws_ofi_nccl_api(ctx: CheckContext) -> CheckResult:
-    """Every libnccl-net*.so exports a `ncclNetPlugin_vN` that the image's NCCL looks for (compat.NCCL_NET_PLUGIN_API),
+    """Every libnccl-net*.so exports a `ncclNetPlugin_vN` that the image's NCCL looks for (nccl's releases.yaml),
     read from the libraries' ELF dynamic symbol tables (probes/elfsyms.py: no binutils needed, nothing loaded).
 
     NCCL tries its versions newest first and uses the first the plugin exports: found is that one. A plugin with none
     of them is not loaded at all, and NCCL falls back to its internal network.
     """
     nccl = ctx.version("nccl")
-    wanted = compat.net_plugin_api(nccl) if nccl else None
+    wanted = net_plugin_api(nccl) if nccl else None
     if wanted is None:
         why = "the image pins no NCCL version" if not nccl else f"NCCL {nccl}'s series is not in the shipped table"
-        return skip(f"{why} (compat.NCCL_NET_PLUGIN_API): the net-plugin API versions it loads are not known")
+        return skip(f"{why} ({releases.file_name('nccl')}): the net-plugin API versions it loads are not known")
     expected = f"one of {_versions(wanted)} (what NCCL {nccl} looks for)"
     libs = plugin_libraries(ctx)
     if not libs:

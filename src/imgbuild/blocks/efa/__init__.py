@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
+from packaging.version import Version
 from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 
 import imgbuild.blocks._releases as releases
@@ -22,7 +23,6 @@ from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Re
 from imgbuild.blocks.gaudi import check_base
 from imgbuild.checks import CheckContext, check, compare, fail
 from imgbuild.checks.results import CheckResult
-from imgbuild.spec import compat
 from imgbuild.spec.schema import Strict, pin_validator
 
 
@@ -88,7 +88,7 @@ def resolve(e: Efa, rs: Resolution) -> Pin:
         minimal=e.minimal,
         check="sha256" if e.sha256 else "signature",
         sha256=e.sha256,
-        key_fingerprint=None if e.sha256 else compat.EFA_KEY_FINGERPRINT,
+        key_fingerprint=None if e.sha256 else releases.efa_file().key_fingerprint,
         bundle=bundle,
     )
     return Pin(version=e.version, source=e.source, origin="recipe", details=details)
@@ -133,7 +133,7 @@ def efa_flags(pin: Pin, ctx: Context) -> str:
     """The EFA installer's command line inside a container build (from the pins: the installer's, the base
     image's and the plugin's)."""
     d = pin.typed(EfaDetails)
-    flags = [*compat.EFA_CONTAINER_FLAGS, f"--mpi={d.mpi}"]
+    flags = [*releases.efa_file().container_flags, f"--mpi={d.mpi}"]
     if d.minimal:
         flags.append("--minimal")
     flags += ngc_flags(str(pin.version), ctx.details("base").image, ctx.pin("aws_ofi_nccl"))
@@ -141,12 +141,18 @@ def efa_flags(pin: Pin, ctx: Context) -> str:
 
 
 def ngc_flags(version: str, base_image: str, plugin: Pin | None) -> list[str]:
-    """THE rule for the installer's NGC detection (compat.EFA_NGC_DETECTION): from 1.48 on an nvidia/cuda base,
+    """THE rule for the installer's NGC detection (releases.yaml's ngc_detection_from): from 1.48 on an NGC base,
     `--disable-build-ngc` (else rdma-core is skipped and libfabric1-aws's dependencies fail, whatever the plugin's
     source) and, when the image uses the installer's plugin, `--disable-ngc` (else the plugin is skipped)."""
-    if compat.Version(version) < compat.Version(compat.EFA_NGC_DETECTION) or not compat.ngc_base(base_image):
+    listed = releases.efa_file()
+    if Version(version) < Version(listed.ngc_detection_from) or not ngc_base(base_image):
         return []
     return ["--disable-build-ngc", *(["--disable-ngc"] if plugin is not None and plugin.source == "efa" else [])]
+
+
+def ngc_base(image: str) -> bool:
+    """Whether the EFA installer (1.48+) takes a base image of this name (no tag) for an NGC build image."""
+    return any(image == b or (b.endswith("/") and image.startswith(b)) for b in releases.efa_file().ngc_bases)
 
 
 BLOCK = Block(

@@ -19,6 +19,12 @@ from imgbuild.checks.results import CheckResult
 from imgbuild.spec.schema import AbsPath, Strict, pin_validator
 
 
+def libfabric_release(version: str) -> tuple[int, int, int]:
+    """A libfabric version's release number: 2.6.0amzn1.0 -> (2, 6, 0) (AWS's `amznN` builds of one release)."""
+    parts = [int(p) for p in re.findall(r"\d+", version.split("amzn")[0])[:3]]
+    return (*parts, *[0] * (3 - len(parts)))  # type: ignore[return-value]
+
+
 class Libfabric(Strict):
     """libfabric: from the EFA installer, the distribution (tcp/shm providers), or the base image."""
 

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+import imgbuild.blocks._releases as releases
 from imgbuild import probes
 from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution
 from imgbuild.blocks.python import site_packages
@@ -35,6 +36,27 @@ class NCCL(Strict):
     package: str | None = Field(None, pattern=r"^nvidia-nccl-cu\d+$")
     prefix: AbsPath = "/opt/nccl"
     _pin = pin_validator("version")
+
+
+class NcclRow(releases.Row):
+    """A series (2.30: the net-plugin API versions it looks for, newest first) or a release built from its tag."""
+
+    net_plugin_api: tuple[int, ...] | None = None
+
+
+class NcclFile(releases.ReleaseFile):
+    component: Literal["nccl"]
+    releases: tuple[NcclRow, ...]
+
+
+def release_file() -> NcclFile:
+    return releases.component_file("nccl", NcclFile)
+
+
+def net_plugin_api(nccl: str) -> tuple[int, ...] | None:
+    """The net-plugin API versions NCCL `nccl` looks for, newest first (None: its series is not in releases.yaml)."""
+    rows = [r for r in releases.row_for(release_file().releases, nccl) if r.net_plugin_api is not None]
+    return rows[0].net_plugin_api if rows else None
 
 
 class NcclDetails(Details):
@@ -124,6 +146,7 @@ BLOCK = Block(
     tag=(4, "nccl"),
     downloads=downloads,
     template_globals={"nccl_source_url": source_url},
+    release_file=release_file,
 )
 
 

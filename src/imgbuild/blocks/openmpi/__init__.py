@@ -14,6 +14,7 @@ import re
 import shlex
 from typing import Literal
 
+import imgbuild.blocks._releases as releases
 from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution
 from imgbuild.blocks.gaudi import check_base
 from imgbuild.checks import CheckContext, check, compare, fail, first_executable
@@ -22,6 +23,13 @@ from imgbuild.spec import compat
 from imgbuild.spec.schema import AbsPath, Strict, pin_validator
 
 # The distribution's Open MPI lives in its multiarch directory: one pin for every architecture, each image's own path.
+
+
+def release_file() -> releases.ReleaseFile:
+    """Open MPI's releases built from source (their downloads' checksums)."""
+    return releases.component_file("openmpi", releases.ReleaseFile)
+
+
 DISTRO_PREFIX = f"/usr/lib/{compat.MULTIARCH}/openmpi"
 
 
@@ -101,6 +109,7 @@ BLOCK = Block(
     downloads=downloads,
     template_globals={"openmpi_source_url": source_url},
     node_checks=("mpi4py gather",),  # every rank runs the pinned Open MPI
+    release_file=release_file,
 )
 
 

@@ -35,7 +35,7 @@ from imgbuild.image import render
 from imgbuild.nccltests import command
 from imgbuild.pin import lock
 from imgbuild.pin.resolver import resolve
-from imgbuild.spec import compat
+from imgbuild.spec.instances import efa_devices, instance_arch, instance_env, mnnvl, mnnvl_domain_nodes, table
 from imgbuild.spec.launch import for_manifest
 
 DATA = UPSTREAM
@@ -740,7 +740,7 @@ LARGE = ["p5.48xlarge", "p5e.48xlarge", "p5en.48xlarge"]
 def test_jobs_run_as_far_as_the_report_judges(name: str, instance_type: str, engine: str) -> None:
     from imgbuild.nccltests import expected
 
-    p = plan(name, engine, instance_type=instance_type, efa=None if jobs.efa_devices(instance_type) else 1)
+    p = plan(name, engine, instance_type=instance_type, efa=None if efa_devices(instance_type) else 1)
     assert p.runs_all_reduce_perf
     args = list(p.program[1:])
     end = _bytes(args[args.index("-e") + 1])
@@ -829,7 +829,7 @@ def test_p6_b300_through_the_cli() -> None:
      ("v100", "p3.16xlarge"), ("cpu", "p4d.24xlarge"), ("cpu", "c5.large"), ("pytorch", "g6.12xlarge")],
 )  # fmt: skip
 def test_a_recipe_runs_where_its_accelerator_is(name: str, instance_type: str) -> None:
-    efa = None if jobs.efa_devices(instance_type) else 0
+    efa = None if efa_devices(instance_type) else 0
     job = obj(name, "mpijob", instance_type=instance_type, efa=efa)
     selector = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["nodeSelector"]
     arch = resolved(name).recipe.platform.arch
@@ -850,13 +850,12 @@ def test_instance_families_agree_with_the_recipes_and_the_efa_table() -> None:
             stripped = platform.model_copy(update={"instance_types": ()})
             assert jobs.accelerator_mismatch(stripped, t) is None, (name, t)
             assert jobplan.arch_mismatch(platform, t) is None, (name, t)
-            assert jobplan.instance_arch(t) in platform.arch, (name, t)
-    assert set(jobplan.EFA_DEVICES) <= set(jobplan.INSTANCE_ACCELERATORS)
-    assert set(jobplan.INSTANCE_ARCH) <= set(jobplan.INSTANCE_ACCELERATORS)
-    assert jobs.efa_devices("p6-b200.48xlarge") == 8 and jobs.efa_devices("p5en.48xlarge") == 16
-    assert jobs.efa_devices("p6e-gb200.36xlarge") == 4 and jobs.efa_devices("p6-b300.48xlarge") == 16
-    assert jobplan.instance_arch("p6e-gb200.36xlarge") == "arm64" and jobplan.instance_arch("p5.48xlarge") == "amd64"
-    assert jobplan.instance_arch("c7g.16xlarge") is None  # not a family imgbuild knows: not checked
+            assert instance_arch(t) in platform.arch, (name, t)
+    assert efa_devices("p6-b200.48xlarge") == 8 and efa_devices("p5en.48xlarge") == 16
+    assert efa_devices("p6e-gb200.36xlarge") == 4 and efa_devices("p6-b300.48xlarge") == 16
+    assert efa_devices("p6e-gb300.36xlarge") is None  # no count read in a public source: a job names --efa N
+    assert instance_arch("p6e-gb200.36xlarge") == "arm64" and instance_arch("p5.48xlarge") == "amd64"
+    assert instance_arch("c7g.16xlarge") is None  # not a family imgbuild knows: not checked
 
 
 def test_a_child_recipe_can_name_another_instance_type(tmp_path: Path) -> None:
@@ -969,10 +968,40 @@ def test_an_instance_type_with_nvlink_across_instances_is_data() -> None:
     """The rule keys on jobplan's table: a job for the same image on another type has no domain; --instance-type
     p6e-gb200 (the recipe's own) has one."""
 
-    assert compat.mnnvl("p6e-gb200.36xlarge") and not compat.mnnvl("p6-b200.48xlarge") and not compat.mnnvl(None)
-    assert compat.instance_env(["p5.48xlarge", "p6e-gb200.36xlarge"]) == compat.MNNVL_ENV
-    assert compat.instance_env(["p5.48xlarge"]) == {}
+    assert mnnvl("p6e-gb200.36xlarge") and not mnnvl("p6-b200.48xlarge") and not mnnvl(None)
+    assert mnnvl("p6e-gb300.36xlarge") and mnnvl_domain_nodes("p6e-gb300.36xlarge") == 18
+    assert instance_env(["p5.48xlarge", "p6e-gb200.36xlarge"]) == dict(table().mnnvl_env)
+    assert instance_env(["p5.48xlarge"]) == {}
     assert plan("gb200", "mpijob").mnnvl and not plan("b200", "mpijob").mnnvl
+
+
+@pytest.mark.parametrize("engine", [*jobs.TORCH_ENGINES, jobs.Engine.mpijob])
+def test_a_p6e_gb300_job_gets_the_nvlink_domain_through_the_same_rule(engine: jobs.Engine) -> None:
+    """p6e-gb300 is a row of spec/instances.yaml: a gb200 image (sm_100 code runs on GB300's sm_103, arm64 both) on
+    it gets the ComputeDomain, the channel claim, the clique affinity and the NCCL environment, with no code of its
+    own; its EFA count was not found, so the job names --efa N (refused without, naming the known families)."""
+    from imgbuild.cli import app
+
+    args = ["cluster", "job", "gb200", "-e", engine.value, "--instance-type", "p6e-gb300.36xlarge"]
+    refused = CliRunner().invoke(app, args)
+    assert refused.exit_code == RecipeError.exit_code, refused.output
+    text = " ".join(refused.output.split())
+    assert "--instance-type: no EFA device count known for instance type 'p6e-gb300.36xlarge'" in text
+    assert "p6e-gb200" in text and "hint: pass --efa N (0 for none)" in text
+    objects = documents("gb200", engine, 3, instance_type="p6e-gb300.36xlarge", efa=2)
+    domain, job = objects[0], objects[-1]
+    validate_kind(domain)
+    validate_crd(engine, job)
+    assert domain["kind"] == "ComputeDomain" and domain["spec"]["numNodes"] == 3
+    for pod in gpu_pods(engine, objects):
+        c = next(c for c in pod["spec"]["containers"] if c["name"] in ("worker", "pytorch", "node"))
+        assert c["resources"]["limits"]["vpc.amazonaws.com/efa"] == 2
+        (term,) = pod["spec"]["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert term["topologyKey"] == "nvidia.com/gpu.clique"
+        assert env_of(c)["NCCL_MNNVL_ENABLE"] == "1" and env_of(c)["NCCL_NVLS_ENABLE"] == "1"
+    too_many = CliRunner().invoke(app, [*args, "--efa", "2", "--nodes", "19"])
+    assert too_many.exit_code == RecipeError.exit_code
+    assert "every node of a p6e-gb300.36xlarge job must be in one NVLink domain" in " ".join(too_many.output.split())
 
 
 def test_gb200_image_sets_the_nccl_nvlink_variables_and_a_recipe_value_wins(tmp_path: Path) -> None:

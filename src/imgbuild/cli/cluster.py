@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Annotated, BinaryIO
 import typer
 
 from imgbuild.cli.console import handled
-from imgbuild.cluster.jobplan import EFA_MAX, NAME_MAX, NODES_MAX, Engine, efa_devices, program_words
+from imgbuild.cluster.jobplan import NAME_MAX, NODES_MAX, Engine, program_words
 from imgbuild.core import validate
 from imgbuild.core.errors import OutputError, VerifyError
 from imgbuild.core.outputs import write_file
@@ -59,6 +59,15 @@ def _command_words(words: list[str] | None) -> list[str] | None:
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     return words
+
+
+def _efa_count(count: int | None) -> int | None:
+    """--efa: at most as many EFA devices as any instance imgbuild knows has (more never schedules)."""
+    from imgbuild.spec import instances
+
+    if count is not None and count > instances.efa_max():
+        raise typer.BadParameter(f"{count} is more EFA devices than any instance has (at most {instances.efa_max()})")
+    return count
 
 
 @app.command("job")
@@ -102,7 +111,9 @@ def job_command(
     ] = None,
     efa: Annotated[
         int | None,
-        typer.Option("--efa", min=0, max=EFA_MAX, help="EFA devices per node, for an instance type not in the table."),
+        typer.Option(
+            "--efa", min=0, callback=_efa_count, help="EFA devices per node, for an instance type not in the table."
+        ),
     ] = None,
     memory: Annotated[
         str | None,
@@ -328,10 +339,11 @@ def _report(
     from imgbuild.cli.console import err, out
     from imgbuild.nccltests import verdict
     from imgbuild.nccltests.log import parse
+    from imgbuild.spec import instances
 
     text, source = _read(log)
     try:
-        efa = None if instance_type is None else efa_devices(instance_type)
+        efa = None if instance_type is None else instances.efa_devices(instance_type)
         expect = verdict.Expect(
             instance_type=instance_type, nodes=nodes, nccl_version=nccl_version, efa=None if efa is None else efa > 0
         )

@@ -47,76 +47,11 @@ TORCH_ENGINES = (Engine.trainjob, Engine.pytorchjob)
 
 MEMORY = {"accelerator": "32Gi", "none": "2Gi"}  # per worker, unless --memory
 
-# EFA devices per instance (AWS EC2 User Guide, "Supported instance types" for EFA: maximum EFA interfaces),
-# by instance family (the part of the type before the dot). The newest three, where that page could not be read here:
-# p5en 16 (meta-pytorch/torchx PR #995, aws_p5en_48xlarge `devices={EFA_DEVICE: 16}`; 16 network cards in another
-# project's table of EFA network cards); p6-b200 8 (inferred: its 3200 Gbps of EFAv4, per instances.vantage.sh's data,
-# over 400 Gbps cards).
-# p6e-gb200 4: what a pod can get with the configuration AWS documents, not the instance's maximum. EC2's
-# describe-instance-types reports 17 network cards and MaximumEfaInterfaces 16 for p6e-gb200.36xlarge (as quoted in
-# this project's issue 30; not read here); AWS's EKS
-# user guide, "Use P6e-GB200 UltraServers with Amazon EKS" (awsdocs/amazon-eks-user-guide
-# latest/ug/ml/ml-eks-nvidia-ultraserver.adoc, commit 00e3293d508eeb7886cd42987dd4624cb680f37c), says each instance
-# "can be configured with up to 17 network cards" (index 0 an ENA `interface`), and that with "1 efa-only interface in
-# each NCI group" a node shows `vpc.amazonaws.com/efa: 4` allocatable; AWS's sample job asks for those 4
-# (aws-samples/awsome-distributed-training micro-benchmarks/nccl-tests/kubernetes/nccl-tests-gb200.yaml, commit
-# 02cfa27b2029025a3c0132eef1c78a1bbac28b42: `vpc.amazonaws.com/efa: 4 #p6e has 4 NICs`; 1600 Gbps of EFAv4 is 4 x
-# 400 Gbps). A node group that puts an EFA on more of the 16 EFA-capable cards asks for them with --efa N (N <= 16).
-# p6-b300 16: "P6-B300 has 17 network cards, of which the primary network card (network card index 0) only supports
-# ENA ..., the remaining secondary network cards (indexes 1-16) support EFA and ENA" (AWS engineering, quoted in
-# aws/aws-parallelcluster issue 7143); ParallelCluster then gives p6-b300 an ENA primary and `efa-only` on every other
-# card (aws/aws-parallelcluster PR 7210, "use case 1" of AWS's efa-acc-inst-types page). 16 EFA x 400 Gbps is the
-# 6400 Gbps the issue cites (inferred: the per-card speed was not read here).
-EFA_DEVICES = {
-    "p3dn": 1,
-    "p4d": 4,
-    "p4de": 4,
-    "p5": 32,
-    "p5e": 32,
-    "p5en": 16,
-    "p6-b200": 8,
-    "p6e-gb200": 4,
-    "p6-b300": 16,
-    "dl1": 4,
-}
-EFA_MAX = max(EFA_DEVICES.values())  # --efa: more than any instance has never schedules
-
-# What each instance family carries (AWS EC2 User Guide, "Accelerated computing instance types"; the GPUs' compute
-# capability from NVIDIA's CUDA GPU list): the accelerator, and for NVIDIA GPUs their architecture. A recipe for an
-# accelerator runs on the instance types its platform.instance_types lists, and on those whose accelerator is its
-# own and can run its code (`runs_on`); anything else is refused before a job that would never schedule (a pod
-# asking for habana.ai/gaudi on a p4d) or never start (an sm_70 nccl-tests on an H100) is written.
-INSTANCE_ACCELERATORS: dict[str, tuple[str, str | None, str]] = {
-    "p3": ("nvidia", "sm_70", "NVIDIA V100"),
-    "p3dn": ("nvidia", "sm_70", "NVIDIA V100"),
-    "g4dn": ("nvidia", "sm_75", "NVIDIA T4"),
-    "p4d": ("nvidia", "sm_80", "NVIDIA A100"),
-    "p4de": ("nvidia", "sm_80", "NVIDIA A100"),
-    "g5": ("nvidia", "sm_86", "NVIDIA A10G"),
-    "g6": ("nvidia", "sm_89", "NVIDIA L4"),
-    "g6e": ("nvidia", "sm_89", "NVIDIA L40S"),
-    "p5": ("nvidia", "sm_90", "NVIDIA H100"),
-    "p5e": ("nvidia", "sm_90", "NVIDIA H200"),
-    "p5en": ("nvidia", "sm_90", "NVIDIA H200"),
-    "p6-b200": ("nvidia", "sm_100", "NVIDIA B200"),
-    "p6e-gb200": ("nvidia", "sm_100", "NVIDIA GB200"),
-    "p6-b300": ("nvidia", "sm_103", "NVIDIA B300"),
-    "g7e": ("nvidia", "sm_120", "NVIDIA RTX PRO 6000 Blackwell"),
-    "dl1": ("gaudi", None, "Intel Gaudi"),
-    "dl2q": ("qualcomm", None, "Qualcomm AI 100"),
-    "trn1": ("neuron", None, "AWS Trainium"),
-    "trn1n": ("neuron", None, "AWS Trainium"),
-    "trn2": ("neuron", None, "AWS Trainium2"),
-    "inf1": ("neuron", None, "AWS Inferentia"),
-    "inf2": ("neuron", None, "AWS Inferentia2"),
-}
-
-# The CPU architecture of the instance families above whose CPUs are not x86 (Docker's names): p6e-gb200 runs NVIDIA
-# Grace (Arm Neoverse V2) CPUs, so its containers are linux/arm64 (awsome-distributed-training's GB200 nccl-tests image
-# is built `FROM --platform=linux/arm64`; AWS's EKS blog on P6e-GB200: a GB200 superchip is two Blackwell GPUs and a
-# Grace CPU). Every other family of INSTANCE_ACCELERATORS runs Intel or AMD x86 CPUs (amd64). A family in neither
-# table is not checked: its architecture is unknown here.
-INSTANCE_ARCH: dict[str, str] = {"p6e-gb200": "arm64"}
+# The instance families imgbuild knows (their accelerator, CPU architecture, EFA devices per node, NVLink domain) are
+# data: spec/instances.yaml, read through spec.instances. A recipe for an accelerator runs on the instance types its
+# platform.instance_types lists, and on those whose accelerator is its own and can run its code
+# (`accelerator_mismatch`); anything else is refused before a job that would never schedule (a pod asking for
+# habana.ai/gaudi on a p4d) or never start (an sm_70 nccl-tests on an H100) is written.
 
 
 NAME_MAX = 40  # room for the operators' suffixes (`-launcher`, `-worker-N`, `-node-0-N`) in a 63-character name
@@ -175,33 +110,24 @@ class JobPlan:
         )
 
 
-def efa_devices(instance_type: str) -> int | None:
-    """EFA devices an instance type has (None: not in the table)."""
-    return EFA_DEVICES.get(instance_type.split(".", 1)[0])
-
-
 def target_instance(recipe: Recipe) -> tuple[str, int] | None:
     """The recipe's target host for `imgbuild run --print`: the first of its platform.instance_types whose number of
     EFA devices is in the table, with that number; None when none is."""
+    from imgbuild.spec import instances
+
     for instance_type in recipe.platform.instance_types:
-        count = efa_devices(instance_type)
+        count = instances.efa_devices(instance_type)
         if count is not None:
             return instance_type, count
     return None
 
 
-def instance_arch(instance_type: str) -> str | None:
-    """The CPU architecture (amd64, arm64) of an instance type (None: a family imgbuild does not know)."""
-    family = instance_type.split(".", 1)[0]
-    if family in INSTANCE_ARCH:
-        return INSTANCE_ARCH[family]
-    return "amd64" if family in INSTANCE_ACCELERATORS else None
-
-
 def arch_mismatch(platform: Platform, instance_type: str) -> str | None:
     """Why an instance type cannot run an image of `platform` for its CPU architecture (None: it can, or its
     architecture is not known here): an arm64 image never starts on an x86 instance, nor the reverse."""
-    arch = instance_arch(instance_type)
+    from imgbuild.spec import instances
+
+    arch = instances.instance_arch(instance_type)
     if arch is None or arch in platform.arch:
         return None
     return f"{instance_type} has {arch} CPUs; the image is built for {', '.join(platform.arch)} (platform.arch)"
@@ -216,14 +142,16 @@ def _sm(arch: str) -> tuple[int, int]:
 def accelerator_mismatch(platform: Platform, instance_type: str) -> str | None:
     """Why an instance type cannot run an image of `platform` (None: it can). A recipe without an accelerator runs
     anywhere; one with an accelerator runs on the instance types it lists, and on a family of
-    INSTANCE_ACCELERATORS with its accelerator whose GPUs run its code: CUDA code built for sm_XY (imgbuild builds
+    spec/instances.yaml with its accelerator whose GPUs run its code: CUDA code built for sm_XY (imgbuild builds
     SASS only, no PTX) runs on the same major architecture X at minor Y or later."""
+    from imgbuild.spec import instances
+
     if platform.accelerator == "none" or instance_type in platform.instance_types:
         return None
-    known = INSTANCE_ACCELERATORS.get(instance_type.split(".", 1)[0])
+    known = instances.family(instance_type)
     if known is None:
         return f"imgbuild does not know which accelerator {instance_type} carries"
-    kind, arch, device = known
+    kind, arch, device = known.accelerator, known.gpu_arch, known.device
     if kind != platform.accelerator:
         return f"{instance_type} carries {device}, not {platform.accelerator}"
     if kind == "nvidia" and arch and platform.gpu_arch:
@@ -261,6 +189,7 @@ def plan_job(
     """Decide a job: RecipeError when the recipe cannot run on that engine or an input is invalid (named)."""
     from imgbuild.core import validate
     from imgbuild.engine.runprofile import run_spec
+    from imgbuild.spec import instances
     from imgbuild.spec.launch import for_manifest
 
     engine = Engine(engine)
@@ -269,8 +198,8 @@ def plan_job(
     # The command line refuses these first, as usage errors (cli/cluster.py); here they guard every other caller.
     if not 1 <= nodes <= NODES_MAX:
         raise RecipeError(f"{where}: --nodes must be 1 to {NODES_MAX}, got {nodes}")
-    if efa is not None and not 0 <= efa <= EFA_MAX:
-        raise RecipeError(f"--efa: expected 0 to {EFA_MAX} EFA devices per node, got {efa}")
+    if efa is not None and not 0 <= efa <= instances.efa_max():
+        raise RecipeError(f"--efa: expected 0 to {instances.efa_max()} EFA devices per node, got {efa}")
     name = name or job_name(r.name)
     _check("job name", validate.dns_label, name, NAME_MAX)
     if memory is not None:
@@ -312,7 +241,7 @@ def plan_job(
             )
             raise RecipeError(
                 f"{source}: {why}: its pods would never be scheduled",
-                hint=f"build the image for {instance_arch(instance_type)} (platform.arch in a child recipe, "
+                hint=f"build the image for {instances.instance_arch(instance_type)} (platform.arch in a child recipe, "
                 f"extends: {r.name}), or pick an instance type of {', '.join(r.platform.arch)}",
             )
     if efa is None:
@@ -321,7 +250,7 @@ def plan_job(
         elif instance_type is None:
             efa = 0
         else:
-            known = efa_devices(instance_type)
+            known = instances.efa_devices(instance_type)
             if known is None:
                 source = (
                     f"{where}: platform.instance_types"
@@ -330,7 +259,7 @@ def plan_job(
                 )
                 raise RecipeError(
                     f"{source}: no EFA device count known for instance type '{instance_type}' (known families: "
-                    f"{', '.join(sorted(EFA_DEVICES))})",
+                    f"{', '.join(instances.efa_known())})",
                     hint="pass --efa N (0 for none)",
                 )
             efa = known
@@ -342,7 +271,7 @@ def plan_job(
     env = dict(_device_plugin_free(spec.env))
     if r.platform.accelerator == "nvidia":
         env["NCCL_DEBUG"] = "INFO"  # `imgbuild cluster report` reads which network NCCL picked from it
-    from imgbuild.spec.compat import instance_env, mnnvl, mnnvl_domain_nodes  # (packaging: not at every start)
+    from imgbuild.spec.instances import instance_env, mnnvl, mnnvl_domain_nodes
 
     nvlink = r.platform.accelerator == "nvidia" and mnnvl(instance_type)
     domain = mnnvl_domain_nodes(instance_type) if nvlink else None

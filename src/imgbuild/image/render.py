@@ -42,7 +42,7 @@ from imgbuild.pin import record
 from imgbuild.pin.content import download_name
 from imgbuild.pin.resolver import Resolved
 from imgbuild.recipe import Runtime
-from imgbuild.spec import compat
+from imgbuild.spec import compat, instances
 
 if TYPE_CHECKING:
     import jinja2
@@ -638,7 +638,7 @@ def _fragments(resolved: Resolved, ctx: Context, env: jinja2.Environment) -> dic
 
 def image_env(resolved: Resolved, contribs: dict[str, Contribution]) -> tuple[dict[str, list[str]], dict[str, str]]:
     """What the image's ENV instructions set: PATH / LD_LIBRARY_PATH entries (blocks in layer order) and the
-    blocks' variables, those the NVIDIA target's instance types ask for (compat.instance_env: NCCL's NVLink across
+    blocks' variables, those the NVIDIA target's instance types ask for (instances.instance_env: NCCL's NVLink across
     GB200 trays) and the recipe's (the recipe's win)."""
     r = resolved.recipe
     ordered = [contribs[n] for n in runtime_order() if n in contribs]
@@ -647,7 +647,7 @@ def image_env(resolved: Resolved, contribs: dict[str, Contribution]) -> tuple[di
         "LD_LIBRARY_PATH": dedupe([p for c in ordered for p in c.ld_library_path]),
     }
     component_env = {k: v for c in ordered for k, v in c.env.items()}
-    interconnect = compat.instance_env(r.platform.instance_types) if r.platform.accelerator == "nvidia" else {}
+    interconnect = instances.instance_env(r.platform.instance_types) if r.platform.accelerator == "nvidia" else {}
     return env_paths, dict(sorted({**component_env, **interconnect, **r.env}.items()))
 
 

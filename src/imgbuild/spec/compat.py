@@ -8,7 +8,7 @@ artifacts (EFA installer, aws-ofi-nccl, nccl-tests, GDRCopy) are data files thei
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from packaging.version import InvalidVersion, Version
@@ -124,40 +124,3 @@ class TableSource:
 TABLES: dict[str, TableSource] = {
     "DISTRO": TableSource("the Debian and Ubuntu package archives", None),
 }
-
-
-# Instance families whose GPUs share one NVLink domain across instances (multi-node NVLink, MNNVL): a GB200 NVL72
-# rack is 18 p6e-gb200.36xlarge trays of 4 GPUs joined by NVLink switches (AWS's EKS user guide, cited in
-# cluster/jobplan.py: u-p6e-gb200x72 is 18 instances, u-p6e-gb200x36 9). GPU memory is shared across trays only
-# through IMEX channels (/dev/nvidia-caps-imex-channels/channelN, blocks.cuda.driver), which are made per job: on
-# Kubernetes by NVIDIA's DRA driver for a ComputeDomain (resource.nvidia.com/v1beta1) that each pod claims
-# (cluster/k8s.py), on Slurm by a prolog (cluster/slurm.py). What AWS's EKS guide and sample jobs do for them, per
-# family:
-# - MNNVL_ENV: the NCCL variables AWS's GB200 nccl-tests MPIJob passes to every rank (awsome-distributed-training's
-#   nccl-tests-gb200.yaml: `-x NCCL_NVLS_ENABLE=1 -x NCCL_MNNVL_ENABLE=1`): NCCL uses NVLink across trays and NVLink
-#   SHARP; the image sets them (render.image_env) and so does the job, a recipe's own `env` value winning in both;
-# - the pods claim the ComputeDomain's channel (resourceClaimTemplate) and keep to one NVLink domain with a required
-#   podAffinity on the label NVIDIA's GPU Feature Discovery puts on each node, `nvidia.com/gpu.clique` (the EKS guide's
-#   nvbandwidth MPIJob and the sample).
-MNNVL_FAMILIES = frozenset({"p6e-gb200"})
-# The most instances one NVLink domain holds, per MNNVL family: a job keeps every node in one domain (the pods'
-# podAffinity on nvidia.com/gpu.clique; on Slurm, one UltraServer for IMEX), so a job of more nodes never runs.
-# p6e-gb200: the largest UltraServer, u-p6e-gb200x72, is 18 instances (AWS's EKS user guide, as above; x36 is 9).
-MNNVL_DOMAIN_NODES = {"p6e-gb200": 18}
-MNNVL_ENV = {"NCCL_MNNVL_ENABLE": "1", "NCCL_NVLS_ENABLE": "1"}
-
-
-def mnnvl(instance_type: str | None) -> bool:
-    """Whether an instance type's GPUs share NVLink with other instances' (MNNVL_FAMILIES)."""
-    return instance_type is not None and instance_type.split(".", 1)[0] in MNNVL_FAMILIES
-
-
-def mnnvl_domain_nodes(instance_type: str | None) -> int | None:
-    """The most instances of `instance_type` one NVLink domain holds (MNNVL_DOMAIN_NODES; None: not MNNVL)."""
-    return MNNVL_DOMAIN_NODES.get(instance_type.split(".", 1)[0]) if instance_type else None
-
-
-def instance_env(instance_types: Iterable[str]) -> dict[str, str]:
-    """The environment the instance types' interconnect asks for (MNNVL_ENV where any of them is MNNVL): what the
-    image sets for a recipe's platform.instance_types and a job for its instance type."""
-    return dict(MNNVL_ENV) if any(mnnvl(t) for t in instance_types) else {}

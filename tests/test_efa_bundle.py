@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from imgbuild.blocks.efa import bundled_in
 from imgbuild.cli import app
-from imgbuild.pin import artifacts
 from localindex import Index, make_wheel
 
 NEW = "1.52.0"  # an installer release efa.yaml does not list (made up): only its tarball says what it bundles
@@ -136,9 +136,9 @@ def test_a_tarball_without_the_targets_folder_is_not_guessed_from(mine: Path, tm
         names = [n for n in tar.getnames() if "DEBIAN12" not in n]
     with pytest.raises(ValueError, match=r"it holds no x86_64 packages for debian12 \(DEBIAN12; it has: ALINUX2023, "
                        r"UBUNTU2404\)"):  # fmt: skip
-        artifacts.bundled_in(names, "debian12", ("x86_64",))
-    assert artifacts.bundled_in(names, "ubuntu24.04", ("x86_64", "aarch64"))["aws_ofi_nccl"] == "1.22.0"
-    assert artifacts.bundled_in(names, "ubuntu24.04", ("x86_64",))["libfabric"] == "2.7.0amzn3.0"  # not -dev's
+        bundled_in(names, "debian12", ("x86_64",))
+    assert bundled_in(names, "ubuntu24.04", ("x86_64", "aarch64"))["aws_ofi_nccl"] == "1.22.0"
+    assert bundled_in(names, "ubuntu24.04", ("x86_64",))["libfabric"] == "2.7.0amzn3.0"  # not -dev's
     (folder / f"aws-efa-installer-{NEW}.tar.gz").write_bytes(b"not a tarball")
     result = run("lock", str(mine), "--files", str(folder))
     assert result.exit_code == 5, result.output

@@ -118,7 +118,7 @@ def test_lock_reads_the_plugins_tested_versions_from_its_archive(offline_recipe:
     assert result.exit_code == 0, result.output
     read_from = "aws-ofi-nccl-1.21.1.tar.gz (--files)"
     assert (
-        f"aws_ofi_nccl 1.21.1: tested versions read from {read_from}'s RELEASENOTES.md: tested_nccl 2.31.2, "
+        f"aws_ofi_nccl 1.21.1: tested versions read from {read_from}: tested_nccl 2.31.2, "
         "tested_libfabric 2.6.0amzn1.0\n"
     ) in result.stdout  # the same as aws_ofi_nccl.yaml's rows: nothing said about a difference
     pin = json.loads(offline_recipe.with_suffix(".lock.json").read_text())["pins"]["aws_ofi_nccl"]
@@ -136,7 +136,8 @@ def test_lock_records_the_commit_each_tag_archive_was_made_from(offline_recipe: 
     result = run("lock", str(offline_recipe), "--files", str(SOURCES))
     assert result.exit_code == 0, result.output
     commit = "f727aa2a540fef911de9d7bfd8852bc5d2c69815"  # tests/data/upstream/sources/README.md: v2.18.3
-    assert f"nccl_tests 2.18.3: nccl-tests-2.18.3.tar.gz (--files) was made from commit {commit}" in result.stdout
+    said = f"nccl_tests 2.18.3: the commit of its tag read from nccl-tests-2.18.3.tar.gz (--files): commit {commit}"
+    assert said in result.stdout
     pins = json.loads(offline_recipe.with_suffix(".lock.json").read_text())["pins"]
     assert pins["nccl_tests"]["details"]["commit"] == commit
     gdrcopy = releases.tag_releases("gdrcopy")[pins["gdrcopy"]["version"]]
@@ -173,8 +174,8 @@ def test_without_the_folder_the_same_lock_cannot_hash_them(offline_recipe: Path)
     assert "not pinned by content" in result.output
     # nor read the plugin's release notes: the shipped data's tested versions, said so, and none recorded
     assert (
-        "aws_ofi_nccl 1.21.1: tested versions from the shipped data (blocks/aws_ofi_nccl/releases.yaml): its release "
-        "notes were not read: download https://github.com/aws/aws-ofi-nccl/archive/refs/tags/v1.21.1.tar.gz: "
+        "aws_ofi_nccl 1.21.1: tested versions from the shipped data (blocks/aws_ofi_nccl/releases.yaml): its "
+        "archive was not read: download https://github.com/aws/aws-ofi-nccl/archive/refs/tags/v1.21.1.tar.gz: "
     ) in result.stdout
     pins = json.loads(offline_recipe.with_suffix(".lock.json").read_text())["pins"]
     assert "notes" not in pins["aws_ofi_nccl"]["details"] and pins["aws_ofi_nccl"]["details"]["tested_nccl"] == "2.31.2"

@@ -11,21 +11,23 @@ import pytest
 from typer.testing import CliRunner
 
 from imgbuild.blocks import _releases as releases
+from imgbuild.blocks.aws_ofi_nccl import plugin_fact, plugin_file
+from imgbuild.blocks.efa import EfaFile, efa_file, efa_release
 from imgbuild.cli import app
 from imgbuild.core.errors import ResolveError
 
 
 def test_every_shipped_row_names_its_source_and_inferred_rows_say_why() -> None:
-    files = [releases.efa_file(), releases.plugin_file(), releases.tag_file("nccl_tests"), releases.tag_file("gdrcopy")]
+    files = [efa_file(), plugin_file(), releases.tag_file("nccl_tests"), releases.tag_file("gdrcopy")]
     for f in files:
         assert f.about and f.read_on == "2026-11-26", f.component
         for row in f.releases:
             assert row.source, (f.component, row.version)
             assert row.inferred == (row.why is not None), (f.component, row.version)
     # aws-ofi-nccl 1.22.0's notes were not read: its row says so, and the conservative NCCL is 1.21's
-    plugin = releases.by_version(releases.plugin_file().releases)["1.22.0"]
+    plugin = releases.by_version(plugin_file().releases)["1.22.0"]
     assert plugin.inferred and "not readable" in (plugin.why or "")
-    assert releases.plugin_fact("1.22.0", "tested_nccl") == releases.plugin_fact("1.21.1", "tested_nccl") == "2.31.2"
+    assert plugin_fact("1.22.0", "tested_nccl") == plugin_fact("1.21.1", "tested_nccl") == "2.31.2"
 
 
 @pytest.mark.parametrize(
@@ -33,17 +35,17 @@ def test_every_shipped_row_names_its_source_and_inferred_rows_say_why() -> None:
     [("1.51.0", "1.22.0", "2.7.0amzn2.0"), ("1.49.0", "1.20.0", "2.4.0amzn5.0"), ("1.48.0", "1.19.0", None)],
 )
 def test_efa_rows_read_from_the_changelog(version: str, plugin: str | None, libfabric: str | None) -> None:
-    row = releases.efa_release(version)
+    row = efa_release(version)
     assert row is not None and (row.plugin, row.libfabric) == (plugin, libfabric)
     assert ("debian11" in row.os) == (version != "1.51.0")  # 1.51.0 drops Debian 11 (AWS EFA changelog)
 
 
 def test_a_release_row_wins_over_its_series() -> None:
-    assert releases.plugin_fact("1.16.3", "tested_nccl") == "2.27.7"
-    assert releases.plugin_fact("1.16.2", "tested_nccl") == "2.27.5"  # the 1.16 series' row
-    assert releases.plugin_fact("1.16.3", "tested_libfabric") == "2.1.0amzn5.0"
-    assert releases.plugin_fact("1.17.3", "tested_nccl") == "2.28.7"  # its own row names only a libfabric
-    assert releases.plugin_fact("1.8.0", "tested_nccl") is None
+    assert plugin_fact("1.16.3", "tested_nccl") == "2.27.7"
+    assert plugin_fact("1.16.2", "tested_nccl") == "2.27.5"  # the 1.16 series' row
+    assert plugin_fact("1.16.3", "tested_libfabric") == "2.1.0amzn5.0"
+    assert plugin_fact("1.17.3", "tested_nccl") == "2.28.7"  # its own row names only a libfabric
+    assert plugin_fact("1.8.0", "tested_nccl") is None
 
 
 @pytest.mark.parametrize(
@@ -66,7 +68,7 @@ def test_a_bad_release_file_names_the_file_and_the_key(tmp_path: Path, text: str
     path = tmp_path / "efa.yaml"
     path.write_text(text)
     with pytest.raises(ResolveError) as info:
-        releases.load(path, releases.ReleaseFile if "listed twice" in expected else releases.EfaFile)
+        releases.load(path, releases.ReleaseFile if "listed twice" in expected else EfaFile)
     assert str(path) in str(info.value) and expected in str(info.value), str(info.value)
     assert info.value.exit_code == 5
 

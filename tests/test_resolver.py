@@ -9,7 +9,7 @@ import pytest
 
 from conftest import REPO
 from imgbuild import recipe
-from imgbuild.blocks import _releases as releases
+from imgbuild.blocks.efa import efa_release
 from imgbuild.blocks.pytorch import TorchWheel, shipped, torch_wheel
 from imgbuild.core.errors import ImgbuildError, ResolveError
 from imgbuild.pin.resolver import resolve
@@ -295,7 +295,7 @@ def test_gaudi_121_base_efa_is_vouched_for_by_the_gaudi_table(recipe_dir: Path) 
     installer asked for by a non-Gaudi recipe is still warned about."""
     warned = resolve(recipe.load("gaudi-1.21"), lookup_torch=None).warnings
     assert not any("not in blocks/efa/releases.yaml" in w for w in warned), warned
-    assert releases.efa_release("1.34.0") is None, "efa.yaml lists 1.34.0: test the vouching with a release it lacks"
+    assert efa_release("1.34.0") is None, "efa.yaml lists 1.34.0: test the vouching with a release it lacks"
     (recipe_dir / "c.yaml").write_text("extends: cpu\ncomponents: {efa: {version: 1.34.0}}\n")
     warned = resolve(recipe.load(recipe_dir / "c.yaml"), lookup_torch=None).warnings
     assert any("EFA installer 1.34.0 is not in blocks/efa/releases.yaml" in w for w in warned), warned

@@ -26,6 +26,7 @@ import pytest
 from conftest import EFA_TWO_NODE_LOG, UPSTREAM, one_host_log
 from imgbuild import checks
 from imgbuild.blocks import Pin, aws_ofi_nccl, libfabric, nccl_tests
+from imgbuild.blocks.aws_ofi_nccl import plugin_file
 from imgbuild.image.manifest import read_entry
 from imgbuild.probes import elfsyms
 from imgbuild.verify import gpuchecks
@@ -52,10 +53,9 @@ def pins(flat: dict[str, dict[str, Any]]) -> dict[str, Pin]:
 
 
 def test_the_net_plugin_api_table_covers_every_series_the_plugin_supports() -> None:
-    from imgbuild.blocks import _releases as releases
     from imgbuild.blocks.nccl import net_plugin_api
 
-    oldest = releases.plugin_file().oldest_nccl.split(".")
+    oldest = plugin_file().oldest_nccl.split(".")
     for minor in range(int(oldest[1]), 31):
         versions = net_plugin_api(f"2.{minor}.1")
         assert versions and list(versions) == sorted(versions, reverse=True), minor

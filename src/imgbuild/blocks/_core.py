@@ -270,8 +270,7 @@ class Resolution:
         # `imgbuild lock` reads them where it can, a lock's own record when its pins are checked; None, or a None
         # answer: the release files (blocks/*/releases.yaml).
         self.artifacts = artifacts
-        self._efa_bundles: dict[str, releases.EfaBundle | None] = {}
-        self._plugin_notes: dict[tuple[str, str], releases.PluginNotes | None] = {}
+        self._read: dict[tuple[str, str, str | None], Any] = {}
         self.pins: dict[str, Pin] = {}
         self.warnings: list[str] = []
         self.os_id = f"{recipe.os.family}{recipe.os.version}"
@@ -300,65 +299,77 @@ class Resolution:
             raise self.fail(f"{key}.version", f"{self.os_id} ships {what} {version}, got {wanted}")
         return Pin(version=version, source="distro", origin=f"{self.os_id} package")
 
-    def require_venv(self) -> None:
-        """Blocks that pip-install need the python block with its virtual environment."""
-        py = self.options("python")
-        if py is None or py.venv is None:
-            raise self.fail("components.python", "pip-installed components need components.python (with a venv)")
+    def artifact(self, name: str, version: str, url: str | None = None) -> Any:
+        """What block `name`'s publisher says of release `version` in its own artifact (`Block.artifact`; `url`: the
+        archive the build downloads, where the block has several), read once per resolution; None: not read (no
+        reader, offline, or unreadable: the release file's rows answer, and `imgbuild lock` says why)."""
+        key = (name, version, url)
+        if key not in self._read:
+            self._read[key] = self.artifacts.read(name, version, url) if self.artifacts is not None else None
+        return self._read[key]
 
-    def efa_bundle(self, version: str) -> releases.EfaBundle | None:
-        """What EFA installer `version`'s tarball says it bundles, read once per resolution (None: not read)."""
-        if version not in self._efa_bundles:
-            self._efa_bundles[version] = self.artifacts.efa(version) if self.artifacts is not None else None
-        return self._efa_bundles[version]
-
-    def plugin_notes(self, version: str, url: str) -> releases.PluginNotes | None:
-        """What aws-ofi-nccl `version`'s archive at `url` says in its release notes, read once (None: not read)."""
-        if (version, url) not in self._plugin_notes:
-            read = self.artifacts.plugin(version, url) if self.artifacts is not None else None
-            self._plugin_notes[(version, url)] = read
-        return self._plugin_notes[(version, url)]
-
-    def tag_commit(self, component: releases.TagComponent, version: str, url: str) -> str | None:
-        """The commit `component`'s archive of tag v`version` was made from, where `imgbuild lock` read it (None:
-        not read). Refused when releases/<component>.yaml records another commit for the tag: the tag moved, or the
-        archive is not the tag's."""
-        read = self.artifacts.tag(component, version, url) if self.artifacts is not None else None
+    def tag_commit(self, name: str, version: str, url: str) -> str | None:
+        """The commit block `name`'s archive of tag v`version` was made from, where `imgbuild lock` read it (None:
+        not read). Refused when its release file records another commit for the tag: the tag moved, or the archive
+        is not the tag's."""
+        read = self.artifact(name, version, url)
         if read is None:
             return None
-        row = releases.tag_releases(component).get(version)
+        row = releases.tag_releases(name).get(version)
         if row is not None and row.commit is not None and row.commit != read.commit:
             raise self.fail(
-                f"components.{component}.version",
-                f"{read.read_from} was made from commit {read.commit}, but {releases.file_name(component)} records "
+                f"components.{name}.version",
+                f"{read.read_from} was made from commit {read.commit}, but {releases.file_name(name)} records "
                 f"tag {row.tag} at {row.commit} ({row.source}): the tag moved, or the archive is not the tag's",
-                hint=f"check the tag upstream; correct {releases.file_name(component)}'s row if it really moved",
+                hint=f"check the tag upstream; correct {releases.file_name(name)}'s row if it really moved",
             )
-        return read.commit
+        commit: str = read.commit
+        return commit
 
-    def plugin_tested(
-        self, version: str, what: Literal["tested_nccl", "tested_libfabric"], url: str | None
-    ) -> str | None:
-        """THE newest NCCL or libfabric aws-ofi-nccl `version` was tested with: its archive's RELEASENOTES.md where
-        it was read (`url`: the archive a release build downloads) and names one, else aws_ofi_nccl.yaml's rows."""
-        notes = self.plugin_notes(version, url) if url is not None else None
-        read: str | None = getattr(notes, what) if notes is not None else None
-        return read if read is not None else releases.plugin_fact(version, what)
 
-    def efa_bundled(self, version: str, what: releases.Bundled) -> str | None:
-        """THE version of `what` that EFA installer `version` bundles: its tarball's where it was read and holds one,
-        else blocks/efa/releases.yaml's row (None: neither says)."""
-        bundle = self.efa_bundle(version)
-        read: str | None = getattr(bundle, what) if bundle is not None else None
-        row = releases.efa_release(version)
-        return read if read is not None else (getattr(row, what) if row is not None else None)
+@dataclass(frozen=True)
+class Artifact:
+    """How `imgbuild lock` reads what a block's publisher says of a release in its own archive (imgbuild.pin.artifacts
+    fetches the archive once, from `--files` or the URL, and streams its members by): the members whose text it needs
+    (`keep`), what they say (`parse`: the scan, the release, the target -> the block's model, ValueError saying why
+    not), and what a lock's pin records of it (`recorded`: a lock's pins are checked with no network). `what` and
+    `archive` name them in `lock`'s lines ("bundle" read from "the installer tarball"); `url` is the archive of a
+    release where the pin rule gives none; `listed` the release file's values, to say where the archive differs."""
 
-    def from_efa(self, key: str, component: str) -> Pin:
-        """A pin for something the EFA installer brings (needs a non-minimal components.efa)."""
-        e = self.options("efa")
-        if e is None or e.minimal:
-            raise self.fail(key, f"{component} from the EFA installer needs components.efa (not minimal)")
-        return Pin(version=None, source="efa", origin=f"EFA installer {e.version}")
+    what: str
+    archive: str
+    parse: Callable[[Any, str, Any], BaseModel]
+    recorded: Callable[[Pin], BaseModel | None]
+    keep: Callable[[str], bool] = lambda name: False
+    url: Callable[[str], str] | None = None
+    listed: Callable[[str], Mapping[str, str | None]] = lambda version: {}
+    describe: Callable[[Any], str] | None = None  # what was read, in words (default: its fields and values)
+
+
+def _tag_commit(scan: Any, version: str, target: Any) -> releases.TagRead:
+    """The commit a git archive of a tag was made from (git archive writes it as its global pax header's comment)."""
+    commit = scan.pax.get("comment", "")
+    if not re.fullmatch(r"[0-9a-f]{40}", commit):
+        raise ValueError(f"{scan.read_from} names no commit (not made by git archive)")
+    return releases.TagRead(commit=commit, read_from=scan.read_from)
+
+
+def _recorded_commit(pin: Pin) -> releases.TagRead | None:
+    commit = getattr(pin.details, "commit", None)
+    return releases.TagRead(commit=commit, read_from="the lock") if isinstance(commit, str) else None
+
+
+def tag_artifact(url: Callable[[str], str]) -> Artifact:
+    """The artifact of a block built from GitHub's archive of a release tag (`url`: the archive of a release): the
+    commit the archive was made from, checked against its release file's row (`Resolution.tag_commit`)."""
+    return Artifact(
+        what="the commit of its tag",
+        archive="the archive of its tag",
+        parse=_tag_commit,
+        recorded=_recorded_commit,
+        url=url,
+        describe=lambda read: f"commit {read.commit}",
+    )
 
 
 def _no_contribution(pin: Pin, ctx: Context) -> Contribution:
@@ -452,6 +463,8 @@ class Block:
     # tested with, where that was read, and which releases and combinations with other components are known bad
     # (the resolver refuses or warns: `imgbuild.blocks.known_bad`); None: the block has no release file
     release_file: Callable[[], releases.ReleaseFile] | None = None
+    # how `imgbuild lock` reads what its publisher's own archive says of a release (None: it reads nothing)
+    artifact: Artifact | None = None
 
     @property
     def template(self) -> str:

@@ -102,69 +102,11 @@ class Row(Fact):
     bad: Bad | None = None
 
 
-class EfaRow(Row):
-    """An EFA installer release: what it bundles (None: not known) and the OS releases it installs on."""
-
-    aws_ofi_nccl: Text | None = None
-    libfabric: Text | None = None
-    openmpi4: Text | None = None
-    openmpi5: Text | None = None
-    os: tuple[Text, ...] = Field(min_length=1)
-
-    @property
-    def plugin(self) -> str | None:
-        """The aws-ofi-nccl release the installer bundles."""
-        return self.aws_ofi_nccl
-
-
-class PluginRow(Row):
-    """An aws-ofi-nccl release (1.21.1) or series (1.21): the newest NCCL and libfabric its release notes say it was
-    tested with, the GDRCopy its GPU-initiated path needs, and a release's tag and commit."""
-
-    tested_nccl: Text | None = None
-    tested_libfabric: Text | None = None
-    gdrcopy_min: Text | None = None
-    tag: Text | None = None
-    commit: Annotated[str, Field(pattern=r"^[0-9a-f]{40}$")] | None = None
-
-
 class TagRow(Row):
     """A release built from GitHub's archive of its tag: the tag and the commit it names."""
 
     tag: Text
     commit: Annotated[str, Field(pattern=r"^[0-9a-f]{40}$")] | None = None
-
-
-class EfaBundle(BaseModel):
-    """What an EFA installer tarball itself says it bundles, read at `imgbuild lock` from the package files it holds
-    (imgbuild.pin.artifacts): None where the tarball holds no such package. `read_from` names the tarball (its file
-    name, and `--files` or the URL it was downloaded from). The lock records it in the efa pin's details; a lock
-    without one took the bundle from efa.yaml."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
-
-    aws_ofi_nccl: str | None = None
-    libfabric: str | None = None
-    openmpi4: str | None = None
-    openmpi5: str | None = None
-    read_from: Text
-
-
-BUNDLED = ("aws_ofi_nccl", "libfabric", "openmpi4", "openmpi5")
-Bundled = Literal["aws_ofi_nccl", "libfabric", "openmpi4", "openmpi5"]
-
-
-class PluginNotes(BaseModel):
-    """What an aws-ofi-nccl archive's own RELEASENOTES.md says of its release, read at `imgbuild lock`
-    (imgbuild.pin.artifacts): the newest NCCL and libfabric it was tested with (None: the notes name none).
-    `read_from` names the archive. The lock records it in the plugin pin's details; a lock without one took these
-    from aws_ofi_nccl.yaml."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
-
-    tested_nccl: str | None = None
-    tested_libfabric: str | None = None
-    read_from: Text
 
 
 class TagRead(BaseModel):
@@ -177,24 +119,12 @@ class TagRead(BaseModel):
     read_from: Text
 
 
-TagComponent = Literal["nccl_tests", "gdrcopy"]
-
-
 class Artifacts(Protocol):
     """What the publishers' own artifacts say, where they were read (`imgbuild lock`: imgbuild.pin.artifacts; a lock's
-    own record when its pins are checked). None: not read; the release files here are used instead."""
+    own record when its pins are checked): `read(block, version, url)` is that block's model of it (its
+    `Block.artifact`), None where it was not read (the release files answer instead)."""
 
-    def efa(self, version: str) -> EfaBundle | None:
-        """What EFA installer `version`'s tarball bundles."""
-        ...
-
-    def plugin(self, version: str, url: str) -> PluginNotes | None:
-        """What aws-ofi-nccl `version`'s archive at `url` says in its RELEASENOTES.md."""
-        ...
-
-    def tag(self, component: TagComponent, version: str, url: str) -> TagRead | None:
-        """The commit `component`'s archive of its release tag at `url` was made from."""
-        ...
+    def read(self, block: str, version: str, url: str | None) -> BaseModel | None: ...
 
 
 R = TypeVar("R", bound=Row)
@@ -256,23 +186,8 @@ class ReleaseFile(BaseModel):
         return self
 
 
-class EfaFile(ReleaseFile):
-    component: Literal["efa"]
-    releases: tuple[EfaRow, ...] = Field(min_length=1)
-    key_fingerprint: Annotated[str, Field(pattern=r"^[0-9A-F]{40}$")]
-    container_flags: tuple[Text, ...] = Field(min_length=1)
-    ngc_detection_from: Text
-    ngc_bases: tuple[Text, ...] = Field(min_length=1)  # image names; one ending in "/" is a prefix
-
-
-class PluginFile(ReleaseFile):
-    component: Literal["aws_ofi_nccl"]
-    releases: tuple[PluginRow, ...] = Field(min_length=1)
-    oldest_nccl: Text
-
-
 class TagFile(ReleaseFile):
-    component: Literal["nccl_tests", "gdrcopy"]
+    component: Text
     releases: tuple[TagRow, ...] = Field(min_length=1)
 
 
@@ -291,17 +206,7 @@ def component_file(name: str, model: type[F]) -> F:
 
 
 @functools.cache
-def efa_file() -> EfaFile:
-    return load(HERE / "efa" / "releases.yaml", EfaFile)
-
-
-@functools.cache
-def plugin_file() -> PluginFile:
-    return load(HERE / "aws_ofi_nccl" / "releases.yaml", PluginFile)
-
-
-@functools.cache
-def tag_file(component: Literal["nccl_tests", "gdrcopy"]) -> TagFile:
+def tag_file(component: str) -> TagFile:
     return load(HERE / component / "releases.yaml", TagFile)
 
 
@@ -309,38 +214,7 @@ def by_version(rows: tuple[R, ...]) -> dict[str, R]:
     return {r.version: r for r in rows}
 
 
-def efa() -> dict[str, EfaRow]:
-    """The EFA installer releases, newest first as listed."""
-    return by_version(efa_file().releases)
-
-
-def efa_release(version: str) -> EfaRow | None:
-    return efa().get(version)
-
-
-def plugin_fact(version: str, field: Literal["tested_nccl", "tested_libfabric", "gdrcopy_min"]) -> str | None:
-    """An aws-ofi-nccl release's value of `field`: the release's own row's, else its series' (major.minor) row's."""
-    rows = by_version(plugin_file().releases)
-    for key in (version, ".".join(version.split(".")[:2])):
-        row = rows.get(key)
-        if row is not None and getattr(row, field) is not None:
-            value: str = getattr(row, field)
-            return value
-    return None
-
-
-def plugin_series() -> list[str]:
-    """The plugin rows that say which NCCL they were tested with (for a message naming what is known)."""
-    return [r.version for r in plugin_file().releases if r.tested_nccl is not None]
-
-
-def plugin_releases() -> set[str]:
-    """Every aws-ofi-nccl release (X.Y.Z) a release file names: its own rows and the EFA installers' bundles."""
-    own = {r.version for r in plugin_file().releases if r.version.count(".") == 2}
-    return own | {e.aws_ofi_nccl for e in efa_file().releases if e.aws_ofi_nccl}
-
-
-def tag_releases(component: Literal["nccl_tests", "gdrcopy"]) -> dict[str, TagRow]:
+def tag_releases(component: str) -> dict[str, TagRow]:
     return by_version(tag_file(component).releases)
 
 

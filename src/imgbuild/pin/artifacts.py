@@ -20,67 +20,22 @@ sha256 then serves the checksum step too); where it can't be had or read, the re
 from __future__ import annotations
 
 import hashlib
-import re
 import tarfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from pydantic import BaseModel
+
+from imgbuild.blocks import BY_NAME
 from imgbuild.blocks import _releases as releases
-from imgbuild.blocks.efa import installer_urls
+from imgbuild.blocks._core import Artifact
 from imgbuild.pin.content import Download, download_name
 from imgbuild.spec import compat
 
 if TYPE_CHECKING:
     import requests
-
-# The packages whose versions the bundle records, by the names the installer's .deb and .rpm files carry.
-PACKAGES: dict[str, releases.Bundled] = {
-    "libfabric1-aws": "libfabric",  # .deb
-    "libfabric-aws": "libfabric",  # .rpm
-    "libnccl-ofi": "aws_ofi_nccl",
-    "aws-ofi-nccl": "aws_ofi_nccl",
-    "openmpi40-aws": "openmpi4",
-    "openmpi50-aws": "openmpi5",
-}
-_NAMES = "|".join(sorted(map(re.escape, PACKAGES), key=len, reverse=True))
-# DEBS/<OS>/<machine>/[sub/]<name>_<version>[-<revision>]_<debarch>.deb
-_DEB = re.compile(
-    rf"(?:\./)?[^/]+/DEBS/(?P<os>[A-Z0-9]+)/(?P<machine>[^/]+)/(?:[^/]+/)*(?P<pkg>{_NAMES})_(?P<version>\d[^_]*?)"
-    r"(?:-\d+)?_[^_/]+\.deb"
-)
-# RPMS/<OS>/<machine>/[sub/]<name>-<version>-<release>.rpm (the version starts with a digit: -devel is another name)
-_RPM = re.compile(
-    rf"(?:\./)?[^/]+/RPMS/(?P<os>[A-Z0-9]+)/(?P<machine>[^/]+)/(?:[^/]+/)*(?P<pkg>{_NAMES})-(?P<version>\d[^-/]*)"
-    r"-[^-/]+\.rpm"
-)
-
-
-def os_folder(os_id: str) -> str:
-    """The installer's folder name of an OS release: ubuntu22.04 -> UBUNTU2204, debian12 -> DEBIAN12."""
-    return os_id.upper().replace(".", "")
-
-
-def bundled_in(names: Iterable[str], os_id: str, machines: Sequence[str]) -> dict[str, str]:
-    """The bundled versions (EfaBundle's fields) that the tarball's member `names` hold for `os_id` on `machines`;
-    ValueError saying why when the tarball has no folder for them or its machines disagree."""
-    found: dict[str, dict[str, set[str]]] = {}  # os folder -> field -> versions
-    for name in names:
-        m = _DEB.fullmatch(name) or _RPM.fullmatch(name)
-        if m is None or m["machine"] not in machines:
-            continue
-        found.setdefault(m["os"], {}).setdefault(PACKAGES[m["pkg"]], set()).add(m["version"])
-    folder = os_folder(os_id)
-    if folder not in found:
-        listed = ", ".join(sorted(found)) or "none"
-        raise ValueError(f"it holds no {'/'.join(machines)} packages for {os_id} ({folder}; it has: {listed})")
-    out: dict[str, str] = {}
-    for what, versions in sorted(found[folder].items()):
-        if len(versions) > 1:
-            raise ValueError(f"its {folder} folders hold {what} {' and '.join(sorted(versions))}")
-        out[what] = versions.pop()
-    return out
 
 
 @dataclass(frozen=True)
@@ -134,33 +89,27 @@ class _Hashing:
             pass
 
 
-# The release notes' sentences on what a release was tested with: "The 1.21.1 release series has been tested with
-# [NCCL v2.31.2-1](...) while maintaining backward compatibility with older NCCL versions ([NCCL v2.17.1]...)" (1.19
-# on), "supports [NCCL v2.29.2-1]" (up to 1.18); "This release has been tested with [Libfabric v2.6.0amzn1.0]" (1.19
-# on), "it is currently tested with versions up to [Libfabric v2.3.1amzn1.0]" (1.16-1.17).
-_SECTION = re.compile(r"^# v(?P<version>\d+\.\d+\.\d+)(?:-aws)?\b.*$", re.MULTILINE)
-_NCCL = re.compile(r"NCCL v?(\d+\.\d+\.\d+)(?:-\d+)?")
-_LIBFABRIC = re.compile(r"tested with (?:versions up to )?\[Libfabric v?(\d[^\]\s]*)\]", re.IGNORECASE)
+@dataclass(frozen=True)
+class Target:
+    """What a block's parser may need of the recipe: its OS release (ubuntu22.04) and machines (x86_64, aarch64)."""
+
+    os_id: str
+    machines: tuple[str, ...]
 
 
-def release_notes(text: str, version: str) -> dict[str, str]:
-    """What RELEASENOTES.md's section for `version` says it was tested with (tested_nccl, tested_libfabric: the
-    newest named; absent where it names none); ValueError when the notes have no section for it."""
-    heads = list(_SECTION.finditer(text))
-    for i, head in enumerate(heads):
-        if head["version"] != version:
-            continue
-        body = text[head.end() : heads[i + 1].start() if i + 1 < len(heads) else len(text)]
-        out: dict[str, str] = {}
-        tested = body.split("backward compatibility", 1)[0]  # the oldest NCCL it still supports comes after
-        nccl = [m.group(1) for m in _NCCL.finditer(tested)]
-        if nccl:
-            out["tested_nccl"] = max(nccl, key=lambda v: tuple(int(x) for x in v.split(".")))
-        libfabric = _LIBFABRIC.search(body)
-        if libfabric:
-            out["tested_libfabric"] = libfabric.group(1)
-        return out
-    raise ValueError(f"its RELEASENOTES.md has no section for v{version}")
+def _compared(read: BaseModel, spec: Artifact, version: str) -> str:
+    """What was read, and where the release file says otherwise (what was read is used)."""
+    if spec.describe is not None:
+        return spec.describe(read)
+    fields = [k for k in type(read).model_fields if k != "read_from"]
+    found = ", ".join(f"{k} {v}" for k in fields if (v := getattr(read, k)) is not None) or "none of them"
+    listed = spec.listed(version)
+    differs = [
+        f"{k} {listed[k]}"
+        for k in fields
+        if getattr(read, k) is not None and listed.get(k) not in (None, getattr(read, k))
+    ]
+    return found + (f" (the release file says {', '.join(differs)}: the archive's are used)" if differs else "")
 
 
 @dataclass
@@ -177,78 +126,35 @@ class Reader:
     said: list[str] = field(default_factory=list)
     downloaded: dict[str, Download] = field(default_factory=dict)
 
-    def efa(self, version: str) -> releases.EfaBundle | None:
-        url = installer_urls(version)["tarball"]
-        shipped = f"efa {version}: bundle from the shipped data ({releases.file_name('efa')})"
-        try:
-            scan = self._scan(url)
-            bundle = None if scan is None else releases.EfaBundle(**self._bundled(scan), read_from=scan.read_from)
-        except ValueError as exc:
-            self.said.append(f"{shipped}: the installer tarball was not read: {exc}")
-            return None
-        if bundle is None:
-            self.said.append(f"{shipped}: the installer tarball was not read: locked --offline, no --files copy")
-            return None
-        self.said.append(
-            f"efa {version}: bundle read from {bundle.read_from}: {self._compared(bundle, 'efa', version)}"
-        )
-        return bundle
+    @property
+    def target(self) -> Target:
+        return Target(self.os_id, self.machines)
 
-    def plugin(self, version: str, url: str) -> releases.PluginNotes | None:
-        shipped = (
-            f"aws_ofi_nccl {version}: tested versions from the shipped data ({releases.file_name('aws_ofi_nccl')})"
-        )
+    def read(self, block: str, version: str, url: str | None) -> BaseModel | None:  # releases.Artifacts
+        """What block `block`'s publisher's archive of release `version` says (its `Block.artifact`): read from the
+        archive at `url` (else the block's own for the release), from `files` or downloaded; None, with the reason in
+        `said`, where it can't be (the block's release file answers)."""
+        spec = BY_NAME[block].artifact
+        if spec is None:
+            return None
+        url = url or (spec.url(version) if spec.url is not None else None)
+        if url is None:
+            return None
+        label = f"{block} {version}"
+        shipped = f"{label}: {spec.what} from the shipped data ({releases.file_name(block)})"
         try:
-            scan = self._scan(url, keep=lambda name: name.count("/") == 1 and name.endswith("/RELEASENOTES.md"))
+            scan = self._scan(url, keep=spec.keep)
             if scan is None:
-                self.said.append(f"{shipped}: its archive was not read: locked --offline, no --files copy")
+                self.said.append(f"{shipped}: {spec.archive} was not read: locked --offline, no --files copy")
                 return None
-            if not scan.kept:
-                raise ValueError(f"{scan.read_from} holds no RELEASENOTES.md")
-            text = next(iter(scan.kept.values())).decode("utf-8", "replace")
-            notes = releases.PluginNotes(**release_notes(text, version), read_from=scan.read_from)
+            read = spec.parse(scan, version, self.target)
         except ValueError as exc:
-            self.said.append(f"{shipped}: its release notes were not read: {exc}")
+            self.said.append(f"{shipped}: {spec.archive} was not read: {exc}")
             return None
-        said = self._compared(notes, "aws_ofi_nccl", version)
         self.said.append(
-            f"aws_ofi_nccl {version}: tested versions read from {notes.read_from}'s RELEASENOTES.md: {said}"
+            f"{label}: {spec.what} read from {getattr(read, 'read_from', url)}: {_compared(read, spec, version)}"
         )
-        return notes
-
-    def tag(self, component: releases.TagComponent, version: str, url: str) -> releases.TagRead | None:
-        label = f"{component} {version}"
-        try:
-            scan = self._scan(url)
-        except ValueError as exc:
-            self.said.append(f"{label}: the archive of its tag was not read: {exc}")
-            return None
-        if scan is None:
-            self.said.append(f"{label}: the archive of its tag was not read: locked --offline, no --files copy")
-            return None
-        commit = scan.pax.get("comment", "")
-        if not re.fullmatch(r"[0-9a-f]{40}", commit):
-            self.said.append(f"{label}: {scan.read_from} names no commit (not made by git archive)")
-            return None
-        self.said.append(f"{label}: {scan.read_from} was made from commit {commit}")
-        return releases.TagRead(commit=commit, read_from=scan.read_from)
-
-    def _compared(self, read: releases.EfaBundle | releases.PluginNotes, name: str, version: str) -> str:
-        """What was read, and where the release file says otherwise (what was read is used)."""
-        fields = [k for k in type(read).model_fields if k != "read_from"]
-        found = ", ".join(f"{k} {v}" for k in fields if (v := getattr(read, k)) is not None) or "none of them"
-        if isinstance(read, releases.EfaBundle):
-            listed = {k: getattr(releases.efa_release(version), k, None) for k in fields}
-        else:
-            listed = {k: releases.plugin_fact(version, k) for k in fields}  # type: ignore[arg-type]
-        differs = [
-            f"{k} {listed[k]}"
-            for k in fields
-            if getattr(read, k) is not None and listed[k] not in (None, getattr(read, k))
-        ]
-        return found + (
-            f" ({releases.file_name(name)} says {', '.join(differs)}: the archive's are used)" if differs else ""
-        )
+        return read
 
     def _scan(self, url: str, keep: Callable[[str], bool] = lambda name: False) -> Scan | None:
         """The archive at `url`, from the `files` folder or downloaded (None: offline with no copy); ValueError saying
@@ -277,12 +183,6 @@ class Reader:
         where = f"({stream.size} bytes from {url})"
         self.downloaded[url] = checksums.checked(url, stream.sha.hexdigest(), where, checksums.third_party().get(url))
         return Scan(names, kept, pax, f"{name} (downloaded from {url})")
-
-    def _bundled(self, scan: Scan) -> dict[str, str]:
-        try:
-            return bundled_in(scan.names, self.os_id, self.machines)
-        except ValueError as exc:
-            raise ValueError(f"{scan.read_from}: {exc}") from None
 
 
 def reader(

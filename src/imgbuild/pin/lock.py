@@ -14,9 +14,9 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from imgbuild.blocks._releases import EfaBundle, PluginNotes, TagComponent, TagRead
+from imgbuild.blocks import BY_NAME
 from imgbuild.blocks.pytorch import PyTorchDetails, TorchWheel
 from imgbuild.core.errors import ImgbuildError, LockError
 from imgbuild.core.outputs import write_atomic  # the lock is written whole or not at all
@@ -245,20 +245,11 @@ class _Recorded:
     def __init__(self, locked: Resolved) -> None:
         self.pins = locked.pins
 
-    def efa(self, version: str) -> EfaBundle | None:
-        pin = self.pins.get("efa")
-        bundle = getattr(pin.details, "bundle", None) if pin is not None and pin.version == version else None
-        return bundle if isinstance(bundle, EfaBundle) else None
-
-    def plugin(self, version: str, url: str) -> PluginNotes | None:
-        pin = self.pins.get("aws_ofi_nccl")
-        notes = getattr(pin.details, "notes", None) if pin is not None and pin.version == version else None
-        return notes if isinstance(notes, PluginNotes) else None
-
-    def tag(self, component: TagComponent, version: str, url: str) -> TagRead | None:
-        pin = self.pins.get(component)
-        commit = getattr(pin.details, "commit", None) if pin is not None and pin.version == version else None
-        return TagRead(commit=commit, read_from="the lock") if isinstance(commit, str) else None
+    def read(self, block: str, version: str, url: str | None) -> BaseModel | None:
+        pin, spec = self.pins.get(block), BY_NAME[block].artifact
+        if pin is None or pin.version != version or spec is None:
+            return None
+        return spec.recorded(pin)
 
 
 def _check_not_edited(loaded: LoadedRecipe, locked: Resolved, path: Path, hint: str) -> None:

@@ -29,6 +29,8 @@ from pydantic import ValidationError
 
 from imgbuild.blocks import BY_NAME, known_bad, resolve_order
 from imgbuild.blocks import _releases as releases
+from imgbuild.blocks.aws_ofi_nccl import plugin_releases
+from imgbuild.blocks.efa import efa as efa_releases
 from imgbuild.blocks.gaudi import release_file as gaudi_release_file
 from imgbuild.blocks.pytorch import release_file as torch_release_file
 from imgbuild.core.errors import ImgbuildError, IndexLookupError, RecipeError, ResolveError
@@ -152,9 +154,9 @@ def tracks(resolved: Resolved) -> list[Track]:
         elif name == "mpi4py" and pin.source == "pip":
             add(name, Source("index", "mpi4py"), keys)
         elif name == "efa" and pin.source == "installer":
-            add(name, _released("efa"), keys, versions=releases.efa())
+            add(name, _released("efa"), keys, versions=efa_releases())
         elif name == "aws_ofi_nccl" and pin.source == "release":
-            add(name, _released("aws_ofi_nccl"), keys, versions=releases.plugin_releases())
+            add(name, _released("aws_ofi_nccl"), keys, versions=plugin_releases())
         elif name == "nccl_tests":
             add(name, _released("nccl_tests"), keys, versions=releases.tag_releases("nccl_tests"))
         elif name == "gdrcopy":

@@ -44,6 +44,7 @@ from pydantic import AfterValidator, PrivateAttr
 
 from imgbuild import probes
 from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution
+from imgbuild.blocks.python import require_venv
 from imgbuild.checks import CheckContext, check, fail, passed, skip
 from imgbuild.checks.results import CheckResult
 from imgbuild.core import files
@@ -213,7 +214,7 @@ def resolve(app: App, rs: Resolution) -> Pin:
     names = _names(lines)
     builds = bool(app.from_source) or (app.code is not None and app.code.install)
     if lines or builds:
-        rs.require_venv()
+        require_venv(rs)
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         raise rs.fail("app.requirements", f"named more than once: {', '.join(twice)}")

@@ -19,14 +19,16 @@ import json
 import re
 import shlex
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from packaging.version import Version
-from pydantic import SerializerFunctionWrapHandler, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 import imgbuild.blocks._releases as releases
 from imgbuild import probes
-from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution
+from imgbuild.blocks._core import Artifact, Block, Context, Contribution, Details, Pin, Resolution
+from imgbuild.blocks._releases import Text
+from imgbuild.blocks.efa import bundled, efa_file
 from imgbuild.blocks.libfabric import libfabric_release
 from imgbuild.blocks.nccl import net_plugin_api
 from imgbuild.checks import CheckContext, check, fail, ldd_missing, passed, skip
@@ -34,6 +36,131 @@ from imgbuild.checks.results import CheckResult
 from imgbuild.spec.schema import AbsPath, Strict, pin_validator
 
 PLUGIN_DIRS = ("/opt/amazon/ofi-nccl", "/opt/aws-ofi-nccl")
+
+
+class PluginRow(releases.Row):
+    """An aws-ofi-nccl release (1.21.1) or series (1.21): the newest NCCL and libfabric its release notes say it was
+    tested with, the GDRCopy its GPU-initiated path needs, and a release's tag and commit."""
+
+    tested_nccl: Text | None = None
+    tested_libfabric: Text | None = None
+    gdrcopy_min: Text | None = None
+    tag: Text | None = None
+    commit: Annotated[str, Field(pattern=r"^[0-9a-f]{40}$")] | None = None
+
+
+class PluginNotes(BaseModel):
+    """What an aws-ofi-nccl archive's own RELEASENOTES.md says of its release, read at `imgbuild lock`
+    (imgbuild.pin.artifacts): the newest NCCL and libfabric it was tested with (None: the notes name none).
+    `read_from` names the archive. The lock records it in the plugin pin's details; a lock without one took these
+    from releases.yaml."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+
+    tested_nccl: str | None = None
+    tested_libfabric: str | None = None
+    read_from: Text
+
+
+class PluginFile(releases.ReleaseFile):
+    component: Literal["aws_ofi_nccl"]
+    releases: tuple[PluginRow, ...] = Field(min_length=1)
+    oldest_nccl: Text
+
+
+def plugin_file() -> PluginFile:
+    return releases.component_file("aws_ofi_nccl", PluginFile)
+
+
+def plugin_fact(version: str, field: Literal["tested_nccl", "tested_libfabric", "gdrcopy_min"]) -> str | None:
+    """An aws-ofi-nccl release's value of `field`: the release's own row's, else its series' (major.minor) row's."""
+    rows = releases.by_version(plugin_file().releases)
+    for key in (version, ".".join(version.split(".")[:2])):
+        row = rows.get(key)
+        if row is not None and getattr(row, field) is not None:
+            value: str = getattr(row, field)
+            return value
+    return None
+
+
+def plugin_series() -> list[str]:
+    """The plugin rows that say which NCCL they were tested with (for a message naming what is known)."""
+    return [r.version for r in plugin_file().releases if r.tested_nccl is not None]
+
+
+def plugin_releases() -> set[str]:
+    """Every aws-ofi-nccl release (X.Y.Z) a release file names: its own rows and the EFA installers' bundles."""
+    own = {r.version for r in plugin_file().releases if r.version.count(".") == 2}
+    return own | {e.aws_ofi_nccl for e in efa_file().releases if e.aws_ofi_nccl}
+
+
+# The release notes' sentences on what a release was tested with: "The 1.21.1 release series has been tested with
+# [NCCL v2.31.2-1](...) while maintaining backward compatibility with older NCCL versions ([NCCL v2.17.1]...)" (1.19
+# on), "supports [NCCL v2.29.2-1]" (up to 1.18); "This release has been tested with [Libfabric v2.6.0amzn1.0]" (1.19
+# on), "it is currently tested with versions up to [Libfabric v2.3.1amzn1.0]" (1.16-1.17).
+_SECTION = re.compile(r"^# v(?P<version>\d+\.\d+\.\d+)(?:-aws)?\b.*$", re.MULTILINE)
+_NCCL = re.compile(r"NCCL v?(\d+\.\d+\.\d+)(?:-\d+)?")
+_LIBFABRIC = re.compile(r"tested with (?:versions up to )?\[Libfabric v?(\d[^\]\s]*)\]", re.IGNORECASE)
+
+
+def release_notes(text: str, version: str) -> dict[str, str]:
+    """What RELEASENOTES.md's section for `version` says it was tested with (tested_nccl, tested_libfabric: the
+    newest named; absent where it names none); ValueError when the notes have no section for it."""
+    heads = list(_SECTION.finditer(text))
+    for i, head in enumerate(heads):
+        if head["version"] != version:
+            continue
+        body = text[head.end() : heads[i + 1].start() if i + 1 < len(heads) else len(text)]
+        out: dict[str, str] = {}
+        tested = body.split("backward compatibility", 1)[0]  # the oldest NCCL it still supports comes after
+        nccl = [m.group(1) for m in _NCCL.finditer(tested)]
+        if nccl:
+            out["tested_nccl"] = max(nccl, key=lambda v: tuple(int(x) for x in v.split(".")))
+        libfabric = _LIBFABRIC.search(body)
+        if libfabric:
+            out["tested_libfabric"] = libfabric.group(1)
+        return out
+    raise ValueError(f"its RELEASENOTES.md has no section for v{version}")
+
+
+def notes_of(scan: Any, version: str, target: Any) -> PluginNotes:
+    """What an archive's RELEASENOTES.md (its top folder's) says release `version` was tested with."""
+    if not scan.kept:
+        raise ValueError(f"{scan.read_from} holds no RELEASENOTES.md")
+    text = next(iter(scan.kept.values())).decode("utf-8", "replace")
+    return PluginNotes(**release_notes(text, version), read_from=scan.read_from)
+
+
+def recorded_notes(pin: Pin) -> PluginNotes | None:
+    """The release notes a lock's plugin pin records (None: it took releases.yaml's rows)."""
+    notes = getattr(pin.details, "notes", None)
+    return notes if isinstance(notes, PluginNotes) else None
+
+
+def plugin_notes(rs: Resolution, version: str, url: str) -> PluginNotes | None:
+    """What aws-ofi-nccl `version`'s archive at `url` says in its release notes, where `imgbuild lock` read it."""
+    read = rs.artifact("aws_ofi_nccl", version, url)
+    return read if isinstance(read, PluginNotes) else None
+
+
+def plugin_tested(
+    rs: Resolution, version: str, what: Literal["tested_nccl", "tested_libfabric"], url: str | None
+) -> str | None:
+    """THE newest NCCL or libfabric aws-ofi-nccl `version` was tested with: its archive's RELEASENOTES.md where
+    it was read (`url`: the archive a release build downloads) and names one, else releases.yaml's rows."""
+    notes = plugin_notes(rs, version, url) if url is not None else None
+    read: str | None = getattr(notes, what) if notes is not None else None
+    return read if read is not None else plugin_fact(version, what)
+
+
+ARTIFACT = Artifact(
+    what="tested versions",
+    archive="its archive",
+    keep=lambda name: name.count("/") == 1 and name.endswith("/RELEASENOTES.md"),
+    parse=notes_of,
+    recorded=recorded_notes,
+    listed=lambda version: {what: plugin_fact(version, what) for what in ("tested_nccl", "tested_libfabric")},
+)
 
 
 def plugin_tag(version: str) -> str:
@@ -62,7 +189,7 @@ class PluginDetails(Details):
     tag: str | None = None
     tested_nccl: str
     archive: Literal["release", "tag"] = "release"
-    notes: releases.PluginNotes | None = None
+    notes: PluginNotes | None = None
 
     @model_serializer(mode="wrap")
     def _defaults_left_out(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -85,17 +212,17 @@ def resolve(p: AwsOfiNccl, rs: Resolution) -> Pin:
     if p.source == "efa":
         if efa is None:
             raise rs.fail(f"{key}.source", "source: efa (the plugin the EFA installer bundles) needs components.efa")
-        bundled = rs.efa_bundled(efa.version, "aws_ofi_nccl")
-        if bundled is None:
+        in_efa = bundled(rs, efa.version, "aws_ofi_nccl")
+        if in_efa is None:
             raise rs.fail(
                 f"{key}.source",
                 f"the aws-ofi-nccl version bundled with EFA installer {efa.version} is not in "
                 f"{releases.file_name('efa')}, so it can't be checked against NCCL",
                 hint="use source: release with a version, or an EFA installer whose bundle is known",
             )
-        if p.version is not None and p.version != bundled:
-            raise rs.fail(f"{key}.version", f"EFA {efa.version} bundles {bundled}, got {p.version}")
-        version, origin = bundled, f"bundled with EFA installer {efa.version}"
+        if p.version is not None and p.version != in_efa:
+            raise rs.fail(f"{key}.version", f"EFA {efa.version} bundles {in_efa}, got {p.version}")
+        version, origin = in_efa, f"bundled with EFA installer {efa.version}"
         prefix, tag = "/opt/amazon/ofi-nccl", None
     else:
         if p.version is None:
@@ -104,12 +231,12 @@ def resolve(p: AwsOfiNccl, rs: Resolution) -> Pin:
         prefix, tag = p.prefix, plugin_tag(p.version)
     # a release build's archive, whose RELEASENOTES.md `imgbuild lock` reads where it can
     url = (tag_archive_url(version) if p.archive == "tag" else release_url(version)) if p.source == "release" else None
-    tested = rs.plugin_tested(version, "tested_nccl", url)
+    tested = plugin_tested(rs, version, "tested_nccl", url)
     if tested is None:
         raise rs.fail(
             f"{key}.version",
             f"aws-ofi-nccl {version} is not in {releases.file_name('aws_ofi_nccl')} "
-            f"(known: {', '.join(releases.plugin_series())})",
+            f"(known: {', '.join(plugin_series())})",
             hint=f"add its row to {releases.file_name('aws_ofi_nccl')} with the NCCL its RELEASENOTES.md names",
         )
     nv = Version(nccl.version)
@@ -119,7 +246,7 @@ def resolve(p: AwsOfiNccl, rs: Resolution) -> Pin:
             f"aws-ofi-nccl {version} was tested with NCCL up to {tested}; NCCL {nccl.version} is newer",
             hint="use a newer aws-ofi-nccl release",
         )
-    oldest = releases.plugin_file().oldest_nccl
+    oldest = plugin_file().oldest_nccl
     if nv < Version(oldest):
         raise rs.fail(
             f"{key}.version / components.nccl",
@@ -128,7 +255,7 @@ def resolve(p: AwsOfiNccl, rs: Resolution) -> Pin:
     if url is not None:
         _libfabric_rule(version, _libfabric_built_against(rs), rs, url)
     _gdrcopy_rule(version, rs)
-    notes = rs.plugin_notes(version, url) if url is not None else None
+    notes = plugin_notes(rs, version, url) if url is not None else None
     details = PluginDetails(prefix=prefix, tag=tag, tested_nccl=tested, archive=p.archive or "release", notes=notes)
     return Pin(version=version, source=p.source, origin=origin, details=details)
 
@@ -142,7 +269,7 @@ def _libfabric_built_against(rs: Resolution) -> tuple[str | None, str, str]:
     if lf is not None and lf.source != "efa":
         return lf.version, f"components.libfabric (source: {lf.source}, {lf.origin})", "components.libfabric"
     if efa is not None:
-        libfabric = rs.efa_bundled(efa.version, "libfabric")
+        libfabric = bundled(rs, efa.version, "libfabric")
         return libfabric, f"EFA installer {efa.version}", "components.efa.version"
     raise rs.fail(
         "components.aws_ofi_nccl.source",
@@ -156,7 +283,7 @@ def _libfabric_rule(version: str, built_against: tuple[str | None, str, str], rs
     refused when that libfabric is newer than any the release was tested with (blocks/aws_ofi_nccl/releases.yaml); a
     warning when either is unknown."""
     libfabric, what, lf_key = built_against
-    tested = rs.plugin_tested(version, "tested_libfabric", url)
+    tested = plugin_tested(rs, version, "tested_libfabric", url)
     if libfabric is None or tested is None:
         unknown = f"{what}'s libfabric" if libfabric is None else "its tested libfabric"
         rs.warnings.append(
@@ -174,7 +301,7 @@ def _libfabric_rule(version: str, built_against: tuple[str | None, str, str], rs
 
 def _gdrcopy_rule(version: str, rs: Resolution) -> None:
     """Plugin releases whose GPU-initiated path needs a minimum GDRCopy (releases.yaml, gdrcopy_min)."""
-    needed = releases.plugin_fact(version, "gdrcopy_min")
+    needed = plugin_fact(version, "gdrcopy_min")
     if needed is None:
         return
     gdr = rs.options("gdrcopy")
@@ -298,7 +425,8 @@ BLOCK = Block(
         "aws_ofi_nccl_configure_args": configure_args,
         "aws_ofi_nccl_configure_checks": configure_checks,
     },
-    release_file=releases.plugin_file,
+    release_file=plugin_file,
+    artifact=ARTIFACT,
 )
 
 

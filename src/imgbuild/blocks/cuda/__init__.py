@@ -21,6 +21,8 @@ from packaging.version import Version
 
 import imgbuild.blocks._releases as releases
 from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution
+from imgbuild.blocks._releases import Text
+from imgbuild.blocks.python import require_venv
 from imgbuild.spec import compat
 from imgbuild.spec.schema import AbsPath, Strict, pin_validator
 
@@ -52,14 +54,14 @@ class CudaDetails(Details):
 class CudaRow(releases.Row):
     """A CUDA major release (`version`: 13) and the oldest Linux driver that runs every minor release of it."""
 
-    driver: releases.Text
+    driver: Text
 
 
 class Arch(releases.Fact):
     """A GPU architecture: its GPU, and the oldest CUDA whose nvcc builds SASS for it."""
 
-    gpu: releases.Text
-    min_cuda: releases.Text
+    gpu: Text
+    min_cuda: Text
 
 
 class CudaFile(releases.ReleaseFile):
@@ -114,7 +116,7 @@ def resolve(cuda: Cuda, rs: Resolution) -> Pin:
                 f"and headers): wheels compile from CUDA {WHEEL_MIN_CUDA} on",
                 hint="use source: base with an nvidia/cuda -devel builder, or CUDA 13",
             )
-        rs.require_venv()
+        require_venv(rs)
         origin = "cuda-toolkit wheels, builder only"
     details = CudaDetails(prefix=cuda.home, gpu_arch=p.gpu_arch, gencode=gencode(p.gpu_arch))
     return Pin(version=cuda.version, source=cuda.source, origin=origin, details=details)

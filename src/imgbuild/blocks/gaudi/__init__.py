@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Literal
 
 import imgbuild.blocks._releases as releases
 from imgbuild.blocks._core import Block, Pin, Resolution
+from imgbuild.blocks._releases import Text
 from imgbuild.spec.schema import Strict, pin_validator
 
 if TYPE_CHECKING:
@@ -20,11 +21,11 @@ if TYPE_CHECKING:
 class GaudiRow(releases.Row):
     """What a Gaudi software release's PyTorch image carries."""
 
-    pytorch: releases.Text
-    openmpi: releases.Text
-    efa: releases.Text
-    libfabric: releases.Text
-    os: tuple[releases.Text, ...]
+    pytorch: Text
+    openmpi: Text
+    efa: Text
+    libfabric: Text
+    os: tuple[Text, ...]
 
 
 class GaudiFile(releases.ReleaseFile):

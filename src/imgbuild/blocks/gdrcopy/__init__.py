@@ -13,7 +13,7 @@ from __future__ import annotations
 import shlex
 
 import imgbuild.blocks._releases as releases
-from imgbuild.blocks._core import Block, Context, Contribution, FromTag, Installed, Pin, Resolution
+from imgbuild.blocks._core import Block, Context, Contribution, FromTag, Installed, Pin, Resolution, tag_artifact
 from imgbuild.checks import CheckContext, check, fail, ldd_missing, passed, skip
 from imgbuild.checks.results import CheckResult
 from imgbuild.spec.schema import AbsPath, Strict, pin_validator
@@ -75,6 +75,7 @@ BLOCK = Block(
     downloads=downloads,
     template_globals={"gdrcopy_source_url": source_url},
     release_file=lambda: releases.tag_file("gdrcopy"),
+    artifact=tag_artifact(source_url),
 )
 
 

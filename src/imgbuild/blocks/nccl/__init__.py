@@ -18,7 +18,7 @@ from pydantic import Field
 import imgbuild.blocks._releases as releases
 from imgbuild import probes
 from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution
-from imgbuild.blocks.python import site_packages
+from imgbuild.blocks.python import require_venv, site_packages
 from imgbuild.blocks.pytorch import PyTorchDetails, torch_probe
 from imgbuild.checks import CONTAINER, CheckContext, Ran, check, compare, fail, passed, skip
 from imgbuild.checks.results import CheckResult
@@ -84,7 +84,7 @@ def resolve(n: NCCL, rs: Resolution) -> Pin:
     if version is None:
         raise rs.fail("components.nccl.version", "required when PyTorch is not in the recipe")
     if n.source == "wheel":
-        rs.require_venv()
+        require_venv(rs)
         package = n.package
         if package is None:
             if torch is not None:

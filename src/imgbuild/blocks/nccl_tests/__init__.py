@@ -11,7 +11,7 @@ import posixpath
 import shlex
 
 import imgbuild.blocks._releases as releases
-from imgbuild.blocks._core import Block, Context, Contribution, FromTag, Installed, Pin, Resolution
+from imgbuild.blocks._core import Block, Context, Contribution, FromTag, Installed, Pin, Resolution, tag_artifact
 from imgbuild.blocks.nccl import nccl_probe
 from imgbuild.blocks.openmpi import owns_libmpi
 from imgbuild.checks import CONTAINER, CheckContext, check, fail, ldd_missing, passed
@@ -92,6 +92,7 @@ BLOCK = Block(
     template_globals={"nccl_tests_source_url": source_url, "nccl_tests_make": make_line},
     node_checks=("nccl-tests all_reduce_perf",),  # its all_reduce_perf across the nodes
     release_file=lambda: releases.tag_file("nccl_tests"),
+    artifact=tag_artifact(source_url),
 )
 
 

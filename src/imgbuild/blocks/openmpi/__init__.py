@@ -16,6 +16,7 @@ from typing import Literal
 
 import imgbuild.blocks._releases as releases
 from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution
+from imgbuild.blocks.efa import from_efa
 from imgbuild.blocks.gaudi import check_base
 from imgbuild.checks import CheckContext, check, compare, fail, first_executable
 from imgbuild.checks.results import CheckResult
@@ -45,7 +46,7 @@ class OpenMPI(Strict):
 def resolve(m: OpenMPI, rs: Resolution) -> Pin:
     key = "components.openmpi"
     if m.source == "efa":
-        pin = rs.from_efa(f"{key}.source", "Open MPI")
+        pin = from_efa(rs, f"{key}.source", "Open MPI")
         efa = rs.options("efa")
         prefix = m.prefix or ("/opt/amazon/openmpi5" if efa.mpi == "openmpi5" else "/opt/amazon/openmpi")
         return pin.model_copy(update={"version": m.version, "details": Details(prefix=prefix)})

@@ -96,6 +96,13 @@ def contribute(pin: Pin, ctx: Context) -> Contribution:
     return c
 
 
+def require_venv(rs: Resolution) -> None:
+    """Blocks that pip-install need the python block with its virtual environment."""
+    py = rs.options("python")
+    if py is None or py.venv is None:
+        raise rs.fail("components.python", "pip-installed components need components.python (with a venv)")
+
+
 BLOCK = Block(
     name="python",
     options=Python,

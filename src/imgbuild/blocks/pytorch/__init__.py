@@ -23,7 +23,9 @@ from pydantic import Field
 import imgbuild.blocks._releases as releases
 from imgbuild import probes
 from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution
+from imgbuild.blocks._releases import Text
 from imgbuild.blocks.cuda import arch as cuda_arch
+from imgbuild.blocks.python import require_venv
 from imgbuild.checks import CheckContext, Ran, check, compare, fail, passed, skip
 from imgbuild.checks.results import CheckResult
 from imgbuild.core.errors import ImgbuildError, IndexLookupError
@@ -46,10 +48,10 @@ class TorchWheel:
 class TorchRow(releases.Row):
     """A PyTorch release's x86_64 wheel pins; `aarch64`: its aarch64 wheel was read and pins the same (a CUDA build)."""
 
-    nccl_package: releases.Text
-    nccl: releases.Text
-    cuda: releases.Text
-    cuda_wheels: tuple[releases.Text, ...] = Field(min_length=1)
+    nccl_package: Text
+    nccl: Text
+    cuda: Text
+    cuda_wheels: tuple[Text, ...] = Field(min_length=1)
     aarch64: bool = False
 
     def wheel(self) -> TorchWheel:
@@ -58,7 +60,7 @@ class TorchRow(releases.Row):
 
 class TorchFile(releases.ReleaseFile):
     component: Literal["pytorch"]
-    aarch64_cuda_from: releases.Text  # the first release whose aarch64 wheel is a CUDA build
+    aarch64_cuda_from: Text  # the first release whose aarch64 wheel is a CUDA build
     releases: tuple[TorchRow, ...]
 
 
@@ -134,7 +136,7 @@ def _major(version: str) -> int:
 def resolve(t: PyTorch, rs: Resolution) -> Pin:
     if t.source == "base":
         return Pin(version=t.version, source="base", origin="base image", details=PyTorchDetails())
-    rs.require_venv()
+    require_venv(rs)
     wheel, origin = None, ""
     for arch in rs.recipe.platform.arch:  # the same pins on every architecture, or the recipe is refused
         found, where = _wheel(t.version, compat.MACHINE[arch], rs)

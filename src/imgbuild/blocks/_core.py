@@ -346,6 +346,23 @@ class Artifact:
     describe: Callable[[Any], str] | None = None  # what was read, in words (default: its fields and values)
 
 
+@dataclass(frozen=True)
+class Tracked:
+    """Where `imgbuild outdated` looks for newer releases of a pinned version (`Block.track`): `kind` index (`name`:
+    the package index's project), table (`name`: the block whose release file lists them, `versions` its releases),
+    follows (`name`: what it comes with), base (the base image) or none; `keys` where the recipe sets it (`lock
+    --upgrade` edits them), `fixed` why it cannot move alone; `component` and `current` where the row is not the
+    block's own version (numpy, beside torch)."""
+
+    kind: Literal["index", "table", "follows", "base", "none"]
+    name: str = ""
+    keys: tuple[str, ...] | None = None
+    versions: tuple[str, ...] = ()
+    fixed: str | None = None
+    component: str | None = None
+    current: str | None = None
+
+
 def _tag_commit(scan: Any, version: str, target: Any) -> releases.TagRead:
     """The commit a git archive of a tag was made from (git archive writes it as its global pax header's comment)."""
     commit = scan.pax.get("comment", "")
@@ -465,6 +482,10 @@ class Block:
     release_file: Callable[[], releases.ReleaseFile] | None = None
     # how `imgbuild lock` reads what its publisher's own archive says of a release (None: it reads nothing)
     artifact: Artifact | None = None
+    # where `imgbuild outdated` looks for its newer releases, from its pin, the resolved recipe and any block's release
+    # file by name (None: by its pin's source: the distribution's table, the block it comes with, the base image, or
+    # its release file's rows for a release or installer download)
+    track: Callable[[Pin, Any, Callable[[str], Any]], list[Tracked] | None] | None = None
 
     @property
     def template(self) -> str:

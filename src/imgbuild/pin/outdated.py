@@ -20,19 +20,15 @@ lock must follow from its recipe.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from packaging.version import InvalidVersion, Version
 from pydantic import ValidationError
 
-from imgbuild.blocks import BY_NAME, known_bad, resolve_order
+from imgbuild.blocks import BY_NAME, Pin, Tracked, known_bad, resolve_order
 from imgbuild.blocks import _releases as releases
-from imgbuild.blocks.aws_ofi_nccl import plugin_releases
-from imgbuild.blocks.efa import efa as efa_releases
-from imgbuild.blocks.gaudi import release_file as gaudi_release_file
-from imgbuild.blocks.pytorch import release_file as torch_release_file
 from imgbuild.core.errors import ImgbuildError, IndexLookupError, RecipeError, ResolveError
 from imgbuild.core.paths import display
 from imgbuild.pin.resolver import Resolved, resolve
@@ -89,11 +85,6 @@ class Track:
         return ".".join(self.keys) if self.keys else None
 
 
-def _table(name: str) -> Source:
-    t = compat.TABLES[name]
-    return Source("table", name, t.source, t.read_on)
-
-
 def _released(name: str) -> Source:
     """A block's release file as a source of its releases: what it was read from and when."""
     file = BY_NAME[name].release_file
@@ -103,75 +94,58 @@ def _released(name: str) -> Source:
 
 
 def tracks(resolved: Resolved) -> list[Track]:
-    """What each pinned version of `resolved` is checked against, in resolve order (CUDA first)."""
+    """What each pinned version of `resolved` is checked against, in resolve order (CUDA first): its block's
+    `track` where it has one, else by the pin's source (`_by_source`)."""
     r, pins = resolved.recipe, resolved.pins
     os_id = f"{r.os.family}{r.os.version}"
     out: list[Track] = []
-
-    def add(component: str, source: Source, keys: tuple[str, ...] | None = None, *, pin: str | None = None,
-            versions: Iterable[str] = (), fixed: str | None = None, current: str | None = None) -> None:  # fmt: skip
-        version = current or pins[pin or component].version
-        if version:
-            out.append(Track(component, pin or component, version, source, keys, tuple(versions), fixed))
-
-    def distro_pin(component: str) -> None:
-        table = compat.TABLES["DISTRO"]
-        add(
-            component,
-            Source("table", f"DISTRO[{os_id}]", table.source, table.read_on),
-            versions=[pins[component].version or ""],
-            fixed=f"{os_id}'s package: it changes with os.version",
-        )
-
     for name in resolve_order():
         pin = pins.get(name)
         if pin is None or pin.version is None:
             continue
-        keys = ("components", name, "version")
-        if name == "cuda" and pin.source == "wheel":
-            add(
-                name, Source("follows", "pytorch"), fixed="its toolkit wheels are the cuda-toolkit release PyTorch pins"
-            )
-        elif name == "cuda":
-            torch_cuda = sorted({w.cuda for w in torch_release_file().releases}, key=_order)
-            fixed = "CUDA comes with the base image: change cuda.version, base.tag and base.builder_tag together"
-            add(name, _released("pytorch"), ("cuda", "version"), versions=torch_cuda, fixed=fixed)
-        elif name == "pytorch":
-            if pin.source != "pip":
-                add(name, Source("base", "base"), fixed="comes with the base image")
-                continue
-            add(name, Source("index", "torch"), keys)
-            numpy = getattr(pin.details, "numpy", None)
-            if numpy:
-                add("numpy", Source("index", "numpy"), ("components", "pytorch", "numpy"), pin=name, current=numpy)
-        elif name == "nccl":
-            if "pytorch" in pins and pins["pytorch"].source == "pip":
-                add(name, Source("follows", "pytorch"), fixed="it is PyTorch's pin")
+        block = BY_NAME[name]
+        found = block.track(pin, resolved, _release_file) if block.track is not None else None
+        for t in found if found is not None else _by_source(name, pin, os_id):
+            current = t.current or pin.version
+            if t.kind == "table" and t.name.startswith("DISTRO["):
+                source = Source("table", t.name, compat.TABLES["DISTRO"].source, compat.TABLES["DISTRO"].read_on)
+            elif t.kind == "table":
+                source = _released(t.name)
             else:
-                package = getattr(pin.details, "package", None)
-                major = r.cuda.version.split(".")[0] if r.cuda is not None else "12"
-                add(name, Source("index", package or f"nvidia-nccl-cu{major}"), keys)
-        elif name == "mpi4py" and pin.source == "pip":
-            add(name, Source("index", "mpi4py"), keys)
-        elif name == "efa" and pin.source == "installer":
-            add(name, _released("efa"), keys, versions=efa_releases())
-        elif name == "aws_ofi_nccl" and pin.source == "release":
-            add(name, _released("aws_ofi_nccl"), keys, versions=plugin_releases())
-        elif name == "nccl_tests":
-            add(name, _released("nccl_tests"), keys, versions=releases.tag_releases("nccl_tests"))
-        elif name == "gdrcopy":
-            add(name, _released("gdrcopy"), keys, versions=releases.tag_releases("gdrcopy"))
-        elif name == "gaudi":
-            add(name, _released("gaudi"), keys, versions=[r.version for r in gaudi_release_file().releases])
-        elif pin.source == "distro":
-            distro_pin(name)
-        elif pin.source == "efa":
-            add(name, Source("follows", "efa"), fixed="the EFA installer brings it")
-        elif pin.source == "base":
-            add(name, Source("base", "base"), fixed="comes with the base image")
-        else:
-            add(name, Source("none", ""), fixed=f"no shipped table lists {name} releases")
+                source = Source(t.kind, t.name if t.kind != "base" else "base")
+            out.append(Track(t.component or name, name, current, source, t.keys, t.versions, t.fixed))
     return out
+
+
+def _release_file(name: str) -> Any:
+    """Block `name`'s release file (what a block's `track` may read of another's)."""
+    file = BY_NAME[name].release_file
+    assert file is not None, f"{name} has no release file"
+    return file()
+
+
+def _by_source(name: str, pin: Pin, os_id: str) -> list[Tracked]:
+    """A block without a `track` of its own, by its pin's source: a distribution's package (its table: it changes
+    with os.version), what the block it comes with brings (the EFA installer's libfabric), the base image's, a
+    release or installer download listed in its release file, else no source of releases."""
+    block = BY_NAME[name]
+    if pin.source == "distro":
+        return [
+            Tracked(
+                "table",
+                f"DISTRO[{os_id}]",
+                versions=(pin.version or "",),
+                fixed=f"{os_id}'s package: it changes with os.version",
+            )
+        ]
+    if pin.source in BY_NAME:
+        return [Tracked("follows", pin.source, fixed=f"{pin.origin} brings it")]
+    if pin.source == "base":
+        return [Tracked("base", fixed="comes with the base image")]
+    if block.release_file is not None and pin.source in ("release", "installer"):
+        versions = tuple(r.version for r in block.release_file().releases)
+        return [Tracked("table", name, ("components", name, "version"), versions)]
+    return [Tracked("none", fixed=f"no shipped table lists {name} releases")]
 
 
 def _order(version: str) -> tuple[int, Version | str]:

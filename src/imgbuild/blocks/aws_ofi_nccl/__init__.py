@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Literal
 
 from packaging.version import Version
@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler
 
 import imgbuild.blocks._releases as releases
 from imgbuild import probes
-from imgbuild.blocks._core import Artifact, Block, Context, Contribution, Details, Pin, Resolution
+from imgbuild.blocks._core import Artifact, Block, Context, Contribution, Details, Pin, Resolution, Tracked
 from imgbuild.blocks._releases import Text
 from imgbuild.blocks.efa import bundled, efa_file
 from imgbuild.blocks.libfabric import libfabric_release
@@ -408,6 +408,16 @@ def contribute(pin: Pin, ctx: Context) -> Contribution:
     return c
 
 
+def track(pin: Pin, resolved: Any, files: Callable[[str], Any]) -> list[Tracked] | None:
+    """`imgbuild outdated`: a release build against every release the release files name (its own rows and the EFA
+    installers' bundles); the installer's own plugin follows the installer."""
+    if pin.source != "release":
+        return None
+    return [
+        Tracked("table", "aws_ofi_nccl", ("components", "aws_ofi_nccl", "version"), tuple(sorted(plugin_releases())))
+    ]
+
+
 BLOCK = Block(
     name="aws_ofi_nccl",
     options=AwsOfiNccl,
@@ -427,6 +437,7 @@ BLOCK = Block(
     },
     release_file=plugin_file,
     artifact=ARTIFACT,
+    track=track,
 )
 
 

@@ -15,12 +15,13 @@ for it; its `known_bad`: CUDA 13 has no sm_70). releases.yaml also holds each CU
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 from packaging.version import Version
 
 import imgbuild.blocks._releases as releases
-from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution
+from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution, Tracked
 from imgbuild.blocks._releases import Text
 from imgbuild.blocks.python import require_venv
 from imgbuild.spec import compat
@@ -169,6 +170,16 @@ def template_target(ctx: Context) -> str:
     return compat.CUDA_TARGET[ctx.arch]
 
 
+def track(pin: Pin, resolved: Any, files: Callable[[str], Any]) -> list[Tracked]:
+    """`imgbuild outdated`: the toolkit wheels follow PyTorch; a base image's CUDA is checked against the CUDA
+    releases PyTorch's wheels are built for (pytorch's releases.yaml)."""
+    if pin.source == "wheel":
+        return [Tracked("follows", "pytorch", fixed="its toolkit wheels are the cuda-toolkit release PyTorch pins")]
+    built_for = sorted({r.cuda for r in files("pytorch").releases}, key=lambda v: Version(v))
+    fixed = "CUDA comes with the base image: change cuda.version, base.tag and base.builder_tag together"
+    return [Tracked("table", "pytorch", ("cuda", "version"), tuple(built_for), fixed)]
+
+
 BLOCK = Block(
     name="cuda",
     options=Cuda,
@@ -188,4 +199,5 @@ BLOCK = Block(
         "cuda_runtime_lib": runtime_lib,
     },
     release_file=release_file,
+    track=track,
 )

@@ -7,10 +7,11 @@ Recipe options (`components.gaudi`):
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal
 
 import imgbuild.blocks._releases as releases
-from imgbuild.blocks._core import Block, Pin, Resolution
+from imgbuild.blocks._core import Block, Pin, Resolution, Tracked
 from imgbuild.blocks._releases import Text
 from imgbuild.spec.schema import Strict, pin_validator
 
@@ -96,6 +97,12 @@ def required(recipe: Recipe) -> str | None:
     return "a gaudi platform needs components.gaudi.version" if recipe.platform.accelerator == "gaudi" else None
 
 
+def track(pin: Pin, resolved: Any, files: Callable[[str], Any]) -> list[Tracked]:
+    """`imgbuild outdated`: the Gaudi releases releases.yaml lists."""
+    versions = tuple(r.version for r in release_file().releases)
+    return [Tracked("table", "gaudi", ("components", "gaudi", "version"), versions)]
+
+
 BLOCK = Block(
     name="gaudi",
     options=Gaudi,
@@ -104,4 +111,5 @@ BLOCK = Block(
     tag=(1, "gaudi"),
     required=required,
     release_file=release_file,
+    track=track,
 )

@@ -10,9 +10,10 @@ Recipe options (`components.mpi4py`):
 from __future__ import annotations
 
 import hashlib
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
-from imgbuild.blocks._core import Block, Context, Contribution, Pin, Resolution, builder_base, slug
+from imgbuild.blocks._core import Block, Context, Contribution, Pin, Resolution, Tracked, builder_base, slug
 from imgbuild.blocks.python import require_venv
 from imgbuild.checks import CheckContext, check, compare, fail
 from imgbuild.checks.results import CheckResult
@@ -87,6 +88,11 @@ def wheel_cache_id(ctx: Context) -> str:
     return f"imgbuild-pip-wheels-mpi4py-{slug(what)}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 
+def track(pin: Pin, resolved: Any, files: Callable[[str], Any]) -> list[Tracked] | None:
+    """`imgbuild outdated`: a pip-installed mpi4py's releases on the package index (a distribution's: its table)."""
+    return [Tracked("index", "mpi4py", ("components", "mpi4py", "version"))] if pin.source == "pip" else None
+
+
 BLOCK = Block(
     name="mpi4py",
     options=MPI4Py,
@@ -99,6 +105,7 @@ BLOCK = Block(
     after=("python", "openmpi"),
     build_after=("python", "openmpi"),
     template_globals={"mpi4py_mpicc": mpicc, "mpi4py_wheel_cache_id": wheel_cache_id},
+    track=track,
 )
 
 

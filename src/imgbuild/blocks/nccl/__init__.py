@@ -11,13 +11,14 @@ Recipe options (`components.nccl`):
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import Field
 
 import imgbuild.blocks._releases as releases
 from imgbuild import probes
-from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution
+from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution, Tracked
 from imgbuild.blocks.python import require_venv, site_packages
 from imgbuild.blocks.pytorch import PyTorchDetails, torch_probe
 from imgbuild.checks import CONTAINER, CheckContext, Ran, check, compare, fail, passed, skip
@@ -133,6 +134,16 @@ def contribute(pin: Pin, ctx: Context) -> Contribution:
     return c
 
 
+def track(pin: Pin, resolved: Any, files: Callable[[str], Any]) -> list[Tracked]:
+    """`imgbuild outdated`: PyTorch's pin where a pip-installed PyTorch decides it, else the NCCL wheel's releases."""
+    torch = resolved.pins.get("pytorch")
+    if torch is not None and torch.source == "pip":
+        return [Tracked("follows", "pytorch", fixed="it is PyTorch's pin")]
+    cuda = resolved.recipe.cuda
+    package = pin.typed(NcclDetails).package or f"nvidia-nccl-cu{cuda.version.split('.')[0] if cuda else '12'}"
+    return [Tracked("index", package, ("components", "nccl", "version"))]
+
+
 BLOCK = Block(
     name="nccl",
     options=NCCL,
@@ -147,6 +158,7 @@ BLOCK = Block(
     downloads=downloads,
     template_globals={"nccl_source_url": source_url},
     release_file=release_file,
+    track=track,
 )
 
 

@@ -14,6 +14,7 @@ every release that pins the same wheels (2.9.0 and 2.9.1, say): a torch patch bu
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -22,7 +23,7 @@ from pydantic import Field
 
 import imgbuild.blocks._releases as releases
 from imgbuild import probes
-from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution
+from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution, Tracked
 from imgbuild.blocks._releases import Text
 from imgbuild.blocks.cuda import arch as cuda_arch
 from imgbuild.blocks.python import require_venv
@@ -295,6 +296,22 @@ def contribute(pin: Pin, ctx: Context) -> Contribution:
     return Contribution(name="pytorch", build_disk_gb=PIP_BUILD_DISK_GB if pin.source == "pip" else 0.0)
 
 
+def track(pin: Pin, resolved: Any, files: Callable[[str], Any]) -> list[Tracked]:
+    """`imgbuild outdated`: torch's releases on the package index, and numpy's beside it."""
+    if pin.source != "pip":
+        return [Tracked("base", fixed="comes with the base image")]
+    numpy = pin.typed(PyTorchDetails).numpy
+    index = Tracked("index", "torch", keys=("components", "pytorch", "version"))
+    return [
+        index,
+        *(
+            [Tracked("index", "numpy", ("components", "pytorch", "numpy"), component="numpy", current=numpy)]
+            if numpy
+            else []
+        ),
+    ]
+
+
 BLOCK = Block(
     name="pytorch",
     options=PyTorch,
@@ -311,6 +328,7 @@ BLOCK = Block(
     node_checks=("ddp (mpirun)", "ddp (torchrun)"),  # a DistributedDataParallel training across the nodes
     under_os_packages=True,  # its wheels need only the venv: an OS package or EFA bump leaves their 7 GB cached
     release_file=release_file,
+    track=track,
 )
 
 

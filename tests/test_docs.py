@@ -155,7 +155,7 @@ def test_the_reference_left_the_readme_for_the_site(site: Path) -> None:
         "clusters": "imgbuild cluster report",
         "publishing": "Scan gate",
         "architecture": "import-linter",
-        "contributing": "Adding a building block",
+        "contributing": "Mark a release, or a combination, known bad",
         "changelog": "Unreleased",
     }
     for name, words in expected.items():

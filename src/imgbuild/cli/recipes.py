@@ -384,8 +384,8 @@ def _outdated_table(reports: "list[Report]") -> None:
         out().print(table)
     if any(f.track.source.kind == "table" for r in reports for f in r.findings):
         out().print(
-            "A table or release file lists the releases known when it was read (compat.TABLES, releases/*.yaml's "
-            "read_on): one published since is not seen here.",
+            "A table or release file lists the releases known when it was read (blocks/<name>/releases.yaml's "
+            "read_on, compat.TABLES): one published since is not seen here.",
             markup=False,
         )
 

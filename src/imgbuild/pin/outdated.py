@@ -4,9 +4,9 @@ Each pinned component's newer releases come from one source (`tracks`):
 
 - the package index for what pip installs (torch, numpy, mpi4py from pip, an nvidia-nccl wheel that no PyTorch pins):
   its final releases, yanked and pre-releases left out (`pypi.releases`);
-- a shipped list for the rest: a component's release file (blocks/*/releases.yaml: efa, aws_ofi_nccl, nccl_tests,
-  gdrcopy) or a compat table (GAUDI, the CUDA PyTorch wheels are built for, a distribution's packages), named with
-  when it was read (the file's `read_on`, compat.TABLES): a release published since is not in it;
+- a shipped list for the rest: a component's release file (blocks/<name>/releases.yaml: its rows; a base image's
+  CUDA against the CUDA PyTorch's wheels are built for) or the distribution table (compat.DISTRO), named with when it
+  was read (the file's `read_on`, compat.TABLES): a release published since is not in it;
 - none where another pin decides the version (NCCL = PyTorch's pin, a plugin or libfabric bundled with the EFA
   installer: they follow that component) or the base image brings it.
 
@@ -41,9 +41,9 @@ Status = Literal["current", "outdated", "held", "follows", "untracked", "unknown
 
 @dataclass(frozen=True)
 class Source:
-    """Where a component's releases are listed. index: `name` is the project; table: `name` is compat's table or a
-    release file (releases/<component>.yaml), with `about` (what it was read from) and `read_on` (compat.TABLES, the
-    file's read_on); follows: `name` is the component it follows."""
+    """Where a component's releases are listed. index: `name` is the project; table: `name` is a release file
+    (blocks/<name>/releases.yaml) or the distribution table, with `about` (what it was read from) and `read_on` (the
+    file's, compat.TABLES); follows: `name` is the component it follows. Each block says which (`Block.track`)."""
 
     kind: Kind
     name: str

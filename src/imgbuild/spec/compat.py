@@ -1,9 +1,7 @@
-"""The shipped compatibility tables the resolver proves recipes against.
-
-Sources: PyTorch wheel METADATA (Requires-Dist), NVIDIA/nccl's plugin loader, HabanaAI/Setup_and_Install, Debian and
-Ubuntu package archives. Entries marked "inferred" were not read in a source; the resolver treats them as facts, so
-correct them here when a source says otherwise. The releases of the components built from their publishers'
-artifacts (EFA installer, aws-ofi-nccl, nccl-tests, GDRCopy) are data files their blocks own: blocks/releases/.
+"""What recipes and blocks are written against that belongs to no component: the CPU architectures and their names
+(Docker's, `uname -m`, Debian's triplets, CUDA's target directories), and what each distribution release ships (the
+Debian and Ubuntu package archives). A component's own facts (its releases, what each bundles or pins, which API
+versions it speaks) are its release file's rows: blocks/<name>/releases.yaml; instance types are spec/instances.yaml.
 """
 
 from __future__ import annotations

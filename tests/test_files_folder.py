@@ -163,7 +163,8 @@ def test_an_archive_of_another_commit_than_the_tags_is_refused(offline_recipe: P
 
 def test_without_the_folder_the_same_lock_cannot_hash_them(offline_recipe: Path) -> None:
     """The contrast: with no --files the downloads go to the network (a closed port here), and only GDRCopy's
-    sha256, which Spack records (its row in blocks/gdrcopy/releases.yaml), is established: the folder is what made the difference."""
+    sha256, which Spack records (its row in gdrcopy's releases.yaml), is established: the folder is what made the
+    difference."""
     result = run("lock", str(offline_recipe))
     assert result.exit_code == 0, result.output
     downloads = _downloads(offline_recipe)
@@ -185,7 +186,7 @@ def test_without_the_folder_the_same_lock_cannot_hash_them(offline_recipe: Path)
 def test_a_file_that_disagrees_with_the_well_known_checksum_is_not_trusted(
     offline_recipe: Path, tmp_path: Path
 ) -> None:
-    """GDRCopy 2.5.1's sha256 is Spack's (its row in blocks/gdrcopy/releases.yaml): a local file with other bytes is recorded as
+    """GDRCopy 2.5.1's sha256 is Spack's (its release row): a local file with other bytes is recorded as
     unestablished with both hashes, exactly as a download with other bytes would be."""
     folder = tmp_path / "mirror"
     shutil.copytree(SOURCES, folder)

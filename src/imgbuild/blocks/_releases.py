@@ -27,7 +27,7 @@ from imgbuild.core.errors import ResolveError
 
 HERE = Path(__file__).parent
 
-Text = Annotated[str, StringConstraints(strict=True, min_length=1)]
+Text = datafile.Text
 # An ISO date, or a month (or a year) where the day was not recorded.
 When = Annotated[str, StringConstraints(strict=True, pattern=r"^\d{4}(-\d{2}(-\d{2})?)?$")]
 
@@ -50,22 +50,7 @@ class Bad(BaseModel):
     good: Text | None = None
 
 
-class Fact(BaseModel):
-    """A fact read somewhere: `source` says where; `inferred: true` with `why` where nobody read it in a source."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
-
-    source: Text
-    inferred: bool = False
-    why: Text | None = None
-
-    @model_validator(mode="after")
-    def _inferred_says_why(self) -> Fact:
-        if self.inferred and self.why is None:
-            raise ValueError("inferred: true needs `why` (what was not read, and what the value rests on)")
-        if self.why is not None and not self.inferred:
-            raise ValueError("`why` is for an inferred row: set inferred: true, or drop why")
-        return self
+Fact = datafile.Sourced  # a fact with where it was read (core.datafile)
 
 
 UNESTABLISHED = "unestablished: "

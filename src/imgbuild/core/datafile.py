@@ -5,12 +5,34 @@ expected, raised as the caller's error class (its exit code)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TypeVar
+from typing import Annotated, TypeVar
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError, model_validator
 
 from imgbuild.core.errors import ImgbuildError
+
+Text = Annotated[str, StringConstraints(strict=True, min_length=1)]
+
+
+class Sourced(BaseModel):
+    """A fact a shipped data file holds: `source` says where it was read; `inferred: true` with `why` where nobody
+    read it in a source (what was not read, and what the value rests on)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+
+    source: Text
+    inferred: bool = False
+    why: Text | None = None
+
+    @model_validator(mode="after")
+    def _inferred_says_why(self) -> Sourced:
+        if self.inferred and self.why is None:
+            raise ValueError("inferred: true needs `why` (what was not read, and what the value rests on)")
+        if self.why is not None and not self.inferred:
+            raise ValueError("`why` is for an inferred row: set inferred: true, or drop why")
+        return self
+
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -10,14 +10,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from imgbuild.core import datafile
 from imgbuild.core.errors import ResolveError
 
 FILE = Path(__file__).with_name("instances.yaml")
 
-Text = Annotated[str, StringConstraints(strict=True, min_length=1)]
+Text = datafile.Text
 
 
 class Mnnvl(BaseModel):
@@ -26,10 +26,8 @@ class Mnnvl(BaseModel):
     domain_nodes: int = Field(ge=2)  # the most instances one NVLink domain holds
 
 
-class Family(BaseModel):
+class Family(datafile.Sourced):
     """One instance family; `source` says where it was read, `inferred: true` with `why` where nobody read it."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     accelerator: Literal["nvidia", "gaudi", "neuron", "qualcomm"]
     gpu_arch: Annotated[str, StringConstraints(pattern=r"^sm_\d{2,3}$")] | None = None
@@ -37,15 +35,6 @@ class Family(BaseModel):
     arch: Literal["amd64", "arm64"] = "amd64"
     efa: int | None = Field(default=None, ge=0)  # EFA devices a job asks for per node (None: not known)
     mnnvl: Mnnvl | None = None
-    source: Text
-    inferred: bool = False
-    why: Text | None = None
-
-    @model_validator(mode="after")
-    def _inferred_says_why(self) -> Family:
-        if self.inferred != (self.why is not None):
-            raise ValueError("inferred: true goes with `why` (what was not read, and what the value rests on)")
-        return self
 
 
 class Instances(BaseModel):

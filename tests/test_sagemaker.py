@@ -19,8 +19,8 @@ import sm_code
 from conftest import SHIPPED, Host, Job, ssh_key_pair
 from imgbuild import recipe
 from imgbuild.blocks import TEMPLATE_DIR, sagemaker
+from imgbuild.blocks.sshd import SSHD_LOG
 from imgbuild.core import paths
-from imgbuild.core.paths import SSHD_LOG
 from imgbuild.image import render
 from imgbuild.pin.lock import lock_or_fresh, resolved_for
 

@@ -49,8 +49,8 @@ from collections.abc import Sequence
 from functools import cache
 from typing import Any
 
+from imgbuild.blocks.sshd import SSHD_LOG
 from imgbuild.cluster.jobplan import CLIQUE_LABEL, Engine, JobPlan
-from imgbuild.core.paths import SSHD_LOG
 
 # The image (images/Dockerfile.j2, images/files/entrypoint.sh.j2).
 ENTRYPOINT = "/usr/local/bin/imgbuild-entrypoint"

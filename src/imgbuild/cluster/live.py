@@ -41,7 +41,6 @@ if TYPE_CHECKING:
     from imgbuild.image.manifest import Manifest
     from imgbuild.verify import VerifyReport
 
-DEFAULT_PORT = 3022  # imgbuild's sshd default (components.sshd.ports)
 CONNECT_TIMEOUT_S = 10
 CONNECT_WAIT_S = 30.0
 KILL_GRACE_S = 5
@@ -197,6 +196,8 @@ def run_live(
             check(value)
         except ValueError as exc:
             raise VerifyError(f"{what}: {exc}") from None
+    from imgbuild.blocks.sshd import DEFAULT_PORT  # imgbuild's sshd default (components.sshd.ports)
+
     port = port or (expected.ssh_ports[0] if expected is not None and expected.ssh_ports else DEFAULT_PORT)
     began = time.monotonic()
     timings: dict[str, float] = {}

@@ -16,8 +16,6 @@ MANIFEST_PATH = f"{IMAGE_ETC}/manifest.json"  # in every image: what render wrot
 DPKG_SHA256 = f"{IMAGE_ETC}/dpkg-sha256.tsv"
 ENTRYPOINT = "/usr/local/bin/imgbuild-entrypoint"  # the image's ENTRYPOINT: runs the hooks, then the command
 ENTRYPOINT_D = f"{IMAGE_ETC}/entrypoint.d"  # the hooks blocks drop there (sourced in name order)
-SSHD_LOG = "/var/log/imgbuild-sshd.log"  # sshd's log (`sshd -E`, its entrypoint hook); train and verify read it
-SSH_KEY_DIR = "/run/imgbuild/ssh"  # the run's ssh keys, mounted (sshd's hook installs them; verify --nodes mounts them)
 
 _PKG = Path(__file__).resolve().parent.parent
 _REPO = _PKG.parent.parent

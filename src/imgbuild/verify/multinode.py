@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from imgbuild.blocks.sshd import SSH_KEY_DIR
 from imgbuild.checks.results import CheckResult
 from imgbuild.core.errors import Interrupted, VerifyError
 from imgbuild.core.interrupts import sigint_deferred
-from imgbuild.core.paths import SSH_KEY_DIR
 from imgbuild.engine.containers import LABEL, Containers, Exec
 from imgbuild.image.manifest import Manifest
 from imgbuild.verify.nodechecks import (

@@ -45,9 +45,9 @@ from typing import Any, Protocol
 
 from imgbuild import probes
 from imgbuild.blocks import Pin, feeding
+from imgbuild.blocks.sshd import SSHD_LOG
 from imgbuild.checks import compare
 from imgbuild.checks.results import CheckResult
-from imgbuild.core.paths import SSHD_LOG
 from imgbuild.engine.containers import Exec
 from imgbuild.image.manifest import Manifest
 from imgbuild.spec.launch import Launch, for_manifest

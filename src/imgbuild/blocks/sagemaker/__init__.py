@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Literal
 
 from imgbuild.blocks._core import Block, Context, Details, Pin, Resolution
+from imgbuild.blocks.sshd import SSH_KEY_DIR, SSHD_LOG
 from imgbuild.checks import CONTAINER, CheckContext, check, compare, fail, passed
 from imgbuild.checks.results import CheckResult
 from imgbuild.core import paths
@@ -127,12 +128,12 @@ def config(pin: Pin, manifest: Manifest) -> dict[str, str]:
         "CODE_DIR": CODE_DIR,
         "FAILURE": FAILURE,
         "SSH_CHANNEL": SSH_CHANNEL,
-        "SSH_KEY_DIR": paths.SSH_KEY_DIR,
+        "SSH_KEY_DIR": SSH_KEY_DIR,
         "LEADER_SEEN": LEADER_SEEN,
         "JOB_DONE": JOB_DONE,
         "WORKER_READY": WORKER_READY,
         "HOSTFILE": HOSTFILE,
-        "SSHD_LOG": paths.SSHD_LOG,
+        "SSHD_LOG": SSHD_LOG,
         "ENTRYPOINT": paths.ENTRYPOINT,
         "TRAIN": TRAIN,
         "FETCH_CODE": FETCH_CODE,

@@ -17,7 +17,6 @@ from pydantic import field_validator
 from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution
 from imgbuild.checks import CONTAINER, CheckContext, check, fail, passed
 from imgbuild.checks.results import CheckResult
-from imgbuild.core.paths import SSH_KEY_DIR, SSHD_LOG
 from imgbuild.spec.schema import Port, Strict
 
 if TYPE_CHECKING:
@@ -26,13 +25,18 @@ if TYPE_CHECKING:
 SSHD_WAIT_S = 10
 
 
+DEFAULT_PORT = 3022  # where sshd listens unless the recipe says (not 22: the host's own sshd has it under --net=host)
+SSHD_LOG = "/var/log/imgbuild-sshd.log"  # sshd's log (`sshd -E`, its entrypoint hook); train and verify read it
+SSH_KEY_DIR = "/run/imgbuild/ssh"  # the run's ssh keys, mounted (sshd's hook installs them; verify --nodes mounts them)
+
+
 class Sshd(Strict):
     """OpenSSH server for mpirun between containers: hardened config and NO keys in the image.
 
     Host keys are generated and the run's authorized key installed by the entrypoint at container start.
     """
 
-    ports: tuple[Port, ...] = (3022,)
+    ports: tuple[Port, ...] = (DEFAULT_PORT,)
     permit_root_login: Literal["prohibit-password", "no"] = "prohibit-password"
 
     @field_validator("ports")

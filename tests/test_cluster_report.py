@@ -976,3 +976,14 @@ def test_a_table_with_every_size_twice_is_judged_by_its_worst_rows(tmp_path: Pat
     assert repeated["status"] == "WARN" and "1 GiB x2" in repeated["found"]
     assert f"the table lists {len(rows)} sizes more than once" in repeated["reason"]
     assert "repeated sizes" not in {c.name for c in report(shared_log(G7E)).criteria}
+
+
+def test_whether_the_nodes_have_efa_is_the_instance_tables_unless_said() -> None:
+    """One rule for `cluster job`'s devices and the verdict's one-node plugin criterion: spec/instances.yaml's EFA
+    count of the instance type (None where it has none: p6e-gb300's was not found); an explicit value wins."""
+    from imgbuild.nccltests import verdict
+
+    assert verdict.Expect(instance_type="p5en.48xlarge").efa is True
+    assert verdict.Expect(instance_type="p6e-gb300.36xlarge").efa is None
+    assert verdict.Expect(instance_type="g7e.48xlarge").efa is None and verdict.Expect().efa is None
+    assert verdict.Expect(instance_type="p5en.48xlarge", efa=False).efa is False

@@ -150,17 +150,19 @@ class KnownBad:
         return f"{self.what} is {known}: {self.bad.why} ({', '.join(self.bad.links)}){good}"
 
 
-def known_bad(pins: Mapping[str, Pin]) -> list[KnownBad]:
+def known_bad(pins: Mapping[str, Pin], involving: str | None = None) -> list[KnownBad]:
     """What the release files say is bad among `pins`: each pinned release whose row (or its series' row) is marked
-    `bad`, then each `known_bad` combination whose every `when` entry holds, in registry order."""
+    `bad`, then each `known_bad` combination whose every `when` entry holds, in registry order; with `involving`,
+    only what names that block (the resolver asks as each pin is made: each finding is met once, at the pin that
+    completes it)."""
     found: list[KnownBad] = []
     for block in REGISTRY:
-        if block.release_file is None or block.name not in pins:  # a file's combinations name its own component
+        pin = pins.get(block.name)
+        if block.release_file is None or pin is None:  # a file's combinations name its own component
             continue
         listed = block.release_file()
         where = releases.file_name(block.name)
-        pin = pins.get(block.name)
-        if pin is not None and pin.version is not None:
+        if pin.version is not None and involving in (None, block.name):
             for row in releases.row_for(listed.releases, pin.version):
                 if row.bad is not None:
                     origin = f" ({pin.origin})" if pin.origin != "recipe" else ""
@@ -168,6 +170,8 @@ def known_bad(pins: Mapping[str, Pin]) -> list[KnownBad]:
                     break
         for combo in listed.known_bad:
             names = tuple(dedupe(key.split(".", 1)[0] for key in combo.when))
+            if involving not in (None, *names):
+                continue
             if all(
                 name in pins and releases.holds(pins[name].version, pins[name].details, key, value)
                 for key, value in combo.when.items()

@@ -350,11 +350,12 @@ class Artifact:
 class Tracked:
     """Where `imgbuild outdated` looks for newer releases of a pinned version (`Block.track`): `kind` index (`name`:
     the package index's project), table (`name`: the block whose release file lists them, `versions` its releases),
-    follows (`name`: what it comes with), base (the base image) or none; `keys` where the recipe sets it (`lock
+    distro (the distribution release's package: `versions` the one it ships), follows (`name`: what it comes with),
+    base (the base image) or none; `keys` where the recipe sets it (`lock
     --upgrade` edits them), `fixed` why it cannot move alone; `component` and `current` where the row is not the
     block's own version (numpy, beside torch)."""
 
-    kind: Literal["index", "table", "follows", "base", "none"]
+    kind: Literal["index", "table", "distro", "follows", "base", "none"]
     name: str = ""
     keys: tuple[str, ...] | None = None
     versions: tuple[str, ...] = ()

@@ -190,9 +190,8 @@ def component_file(name: str, model: type[F]) -> F:
     return load(HERE / name / "releases.yaml", model)
 
 
-@functools.cache
 def tag_file(component: str) -> TagFile:
-    return load(HERE / component / "releases.yaml", TagFile)
+    return component_file(component, TagFile)
 
 
 def by_version(rows: tuple[R, ...]) -> dict[str, R]:

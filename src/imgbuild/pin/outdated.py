@@ -87,9 +87,7 @@ class Track:
 
 def _released(name: str) -> Source:
     """A block's release file as a source of its releases: what it was read from and when."""
-    file = BY_NAME[name].release_file
-    assert file is not None, name
-    listed = file()
+    listed = _release_file(name)
     return Source("table", releases.file_name(name), listed.about, listed.read_on)
 
 
@@ -107,8 +105,9 @@ def tracks(resolved: Resolved) -> list[Track]:
         found = block.track(pin, resolved, _release_file) if block.track is not None else None
         for t in found if found is not None else _by_source(name, pin, os_id):
             current = t.current or pin.version
-            if t.kind == "table" and t.name.startswith("DISTRO["):
-                source = Source("table", t.name, compat.TABLES["DISTRO"].source, compat.TABLES["DISTRO"].read_on)
+            if t.kind == "distro":
+                distro = compat.TABLES["DISTRO"]
+                source = Source("table", f"DISTRO[{os_id}]", distro.source, distro.read_on)
             elif t.kind == "table":
                 source = _released(t.name)
             else:
@@ -131,12 +130,7 @@ def _by_source(name: str, pin: Pin, os_id: str) -> list[Tracked]:
     block = BY_NAME[name]
     if pin.source == "distro":
         return [
-            Tracked(
-                "table",
-                f"DISTRO[{os_id}]",
-                versions=(pin.version or "",),
-                fixed=f"{os_id}'s package: it changes with os.version",
-            )
+            Tracked("distro", versions=(pin.version or "",), fixed=f"{os_id}'s package: it changes with os.version")
         ]
     if pin.source in BY_NAME:
         return [Tracked("follows", pin.source, fixed=f"{pin.origin} brings it")]

@@ -134,7 +134,6 @@ def resolve(
     (blocks/*/releases.yaml)."""
     rs = Resolution(loaded.recipe, loaded.path, {"pytorch": lookup_torch}, artifacts)
     base_ref = _base(rs)
-    seen: set[str] = set()
     for name in resolve_order():
         block = BY_NAME[name]
         options = rs.options(name)
@@ -144,7 +143,7 @@ def resolve(
                 raise rs.fail(f"components.{name}", why)
             continue
         rs.pins[name] = block.resolve(options, rs)
-        _known_bad(rs, seen)  # as soon as its pins are made: the first refusal names the cause, not what follows
+        _known_bad(rs, name)  # as soon as its pins are made: the first refusal names the cause, not what follows
     return Resolved(
         recipe=rs.recipe,
         recipe_digest=loaded.digest,
@@ -154,17 +153,14 @@ def resolve(
     )
 
 
-def _known_bad(rs: Resolution, seen: set[str]) -> None:
-    """THE rule for what the release files mark bad (`imgbuild.blocks.known_bad`) among the pins made so far (`seen`:
-    what was said already): a `refuse` is a ResolveError naming the recipe's key, the upstream links and the nearest
+def _known_bad(rs: Resolution, name: str) -> None:
+    """THE rule for what the release files mark bad (`imgbuild.blocks.known_bad`) that pin `name` completes among the
+    pins made so far: a `refuse` is a ResolveError naming the recipe's key, the upstream links and the nearest
     good release; a `warn` is a warning. `hold:` keeps a refused one only where its reason cites one of the links (the
     recipe then says why it keeps it): a warning again."""
-    for found in known_bad(rs.pins):
-        if found.what in seen:
-            continue
-        seen.add(found.what)
-        name = found.names[0]
-        key = f"{'components.' if name in type(rs.recipe.components).model_fields else ''}{name}.version"
+    for found in known_bad(rs.pins, involving=name):
+        where = found.names[0]
+        key = f"{'components.' if where in type(rs.recipe.components).model_fields else ''}{where}.version"
         held = [n for n in found.names if any(link in rs.recipe.hold.get(n, "") for link in found.bad.links)]
         if found.bad.level == "warn" or held:
             kept = f" (kept: hold.{held[0]} cites it)" if held else ""
@@ -174,7 +170,7 @@ def _known_bad(rs: Resolution, seen: set[str]) -> None:
         raise rs.fail(
             key,
             f"{found.message()} [{found.listed_in}]",
-            hint=f"{good}keep it with hold.{name}: a reason that cites one of those links",
+            hint=f"{good}keep it with hold.{where}: a reason that cites one of those links",
         )
 
 

@@ -69,15 +69,20 @@ def release_file() -> TorchFile:
     return releases.component_file("pytorch", TorchFile)
 
 
+def _rows(machine: str) -> list[TorchRow]:
+    """The releases releases.yaml records a wheel of for Linux on `machine` (aarch64: those marked `aarch64`)."""
+    return [r for r in release_file().releases if machine == "x86_64" or r.aarch64]
+
+
 def torch_wheel(version: str, machine: str) -> TorchWheel | None:
     """releases.yaml's record of torch `version`'s wheel for Linux on `machine` (None: not listed for it)."""
-    rows = [r for r in release_file().releases if r.version == version and (machine == "x86_64" or r.aarch64)]
+    rows = [r for r in _rows(machine) if r.version == version]
     return rows[0].wheel() if rows else None
 
 
 def listed(machine: str) -> list[str]:
     """The releases releases.yaml records for `machine`."""
-    return [r.version for r in release_file().releases if machine == "x86_64" or r.aarch64]
+    return [r.version for r in _rows(machine)]
 
 
 def shipped() -> dict[str, TorchWheel]:

@@ -36,7 +36,7 @@ def test_every_shipped_row_names_its_source_and_inferred_rows_say_why() -> None:
 )
 def test_efa_rows_read_from_the_changelog(version: str, plugin: str | None, libfabric: str | None) -> None:
     row = efa_release(version)
-    assert row is not None and (row.plugin, row.libfabric) == (plugin, libfabric)
+    assert row is not None and (row.aws_ofi_nccl, row.libfabric) == (plugin, libfabric)
     assert ("debian11" in row.os) == (version != "1.51.0")  # 1.51.0 drops Debian 11 (AWS EFA changelog)
 
 

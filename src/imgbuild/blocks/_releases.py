@@ -1,7 +1,8 @@
-"""Each compiled component's releases, as data with sources: one YAML file per component beside this module
-(efa.yaml, aws_ofi_nccl.yaml, nccl_tests.yaml, gdrcopy.yaml), owned by that component's block.
+"""What every release file has in common: each component's releases, as data with sources, in its block's folder
+(blocks/<name>/releases.yaml), read as that block's model of them (a ReleaseFile and its Row, with the component's
+own fields) through `component_file`.
 
-A release is a row: its version, its date and the sha256 of its download where known, what it bundles or was tested
+A release is a row: its version, its date and its downloads' checksums where known, what it bundles or was tested
 with, and `source` (where it was read), with `inferred: true` and `why` on a value nobody read in a source. Adding a
 release is adding a row: no Python table to edit. A file that does not fit its model is a ResolveError naming the
 file, the key and what was expected.
@@ -32,8 +33,8 @@ Text = datafile.Text
 When = Annotated[str, StringConstraints(strict=True, pattern=r"^\d{4}(-\d{2}(-\d{2})?)?$")]
 
 
-# A page upstream: an issue, a pull request, release notes.
-Link = Annotated[str, StringConstraints(strict=True, pattern=r"^https://[^\s/]+/\S+$")]
+# An https address: a page upstream (an issue, a pull request, release notes) or a download.
+Url = Annotated[str, StringConstraints(strict=True, pattern=r"^https://[^\s/]+/\S+$")]
 Level = Literal["refuse", "warn"]
 
 
@@ -46,7 +47,7 @@ class Bad(BaseModel):
 
     level: Level
     why: Text
-    links: tuple[Link, ...] = Field(min_length=1)
+    links: tuple[Url, ...] = Field(min_length=1)
     good: Text | None = None
 
 
@@ -72,9 +73,6 @@ class Checksum(BaseModel):
         if self.sha256 is None and not self.origin.startswith(UNESTABLISHED):
             raise ValueError(f"a download without a sha256 says why, its origin starting {UNESTABLISHED!r}")
         return self
-
-
-Url = Annotated[str, StringConstraints(strict=True, pattern=r"^https://[^\s/]+/\S+$")]
 
 
 class Row(Fact):
@@ -172,7 +170,6 @@ class ReleaseFile(BaseModel):
 
 
 class TagFile(ReleaseFile):
-    component: Text
     releases: tuple[TagRow, ...] = Field(min_length=1)
 
 

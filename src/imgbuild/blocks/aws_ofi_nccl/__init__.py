@@ -74,10 +74,8 @@ def plugin_file() -> PluginFile:
 
 def plugin_fact(version: str, field: Literal["tested_nccl", "tested_libfabric", "gdrcopy_min"]) -> str | None:
     """An aws-ofi-nccl release's value of `field`: the release's own row's, else its series' (major.minor) row's."""
-    rows = releases.by_version(plugin_file().releases)
-    for key in (version, ".".join(version.split(".")[:2])):
-        row = rows.get(key)
-        if row is not None and getattr(row, field) is not None:
+    for row in releases.row_for(plugin_file().releases, version):
+        if getattr(row, field) is not None:
             value: str = getattr(row, field)
             return value
     return None

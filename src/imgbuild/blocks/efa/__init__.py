@@ -37,11 +37,6 @@ class EfaRow(releases.Row):
     openmpi5: Text | None = None
     os: tuple[Text, ...] = Field(min_length=1)
 
-    @property
-    def plugin(self) -> str | None:
-        """The aws-ofi-nccl release the installer bundles."""
-        return self.aws_ofi_nccl
-
 
 class EfaBundle(BaseModel):
     """What an EFA installer tarball itself says it bundles, read at `imgbuild lock` from the package files it holds
@@ -75,13 +70,8 @@ def efa_file() -> EfaFile:
     return releases.component_file("efa", EfaFile)
 
 
-def efa() -> dict[str, EfaRow]:
-    """The EFA installer releases, newest first as listed."""
-    return releases.by_version(efa_file().releases)
-
-
 def efa_release(version: str) -> EfaRow | None:
-    return efa().get(version)
+    return releases.by_version(efa_file().releases).get(version)
 
 
 class Efa(Strict):

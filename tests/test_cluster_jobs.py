@@ -36,7 +36,7 @@ from imgbuild.nccltests import command
 from imgbuild.pin import lock
 from imgbuild.pin.resolver import resolve
 from imgbuild.spec.instances import efa_devices, instance_arch, instance_env, mnnvl, mnnvl_domain_nodes, table
-from imgbuild.spec.launch import for_manifest
+from imgbuild.image.launch import for_manifest
 
 DATA = UPSTREAM
 K8S = DATA / "k8s"

@@ -14,7 +14,7 @@ that names what is missing.
   image's, run on every GPU with the arguments `cluster job` runs (`nccltests.command.args`), its log judged by
   `imgbuild cluster report`;
 - the DDP probe on CUDA (nccl backend) under the recipe's torchrun line and under its mpirun line, with the host's
-  Python in place of the image's (`spec.launch.launch_for`).
+  Python in place of the image's (`image.launch.launch_for`).
 - where the host has them (a DLAMI on an EFA instance), the EFA plugin and GDRCopy's device as verify judges them;
   a skip naming what the host lacks elsewhere.
 
@@ -47,7 +47,7 @@ from imgbuild.image import render
 from imgbuild.nccltests import command
 from imgbuild.pin import lock
 from imgbuild.pin.content import download_name
-from imgbuild.spec.launch import launch_for
+from imgbuild.image.launch import launch_for
 
 pytestmark = pytest.mark.gpu
 

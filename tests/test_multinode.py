@@ -27,7 +27,7 @@ from imgbuild.image import render
 from imgbuild.image.manifest import Manifest
 from imgbuild.pin import lock
 from imgbuild.recipe import MpiRun
-from imgbuild.spec import launch
+from imgbuild.image import launch
 from imgbuild.verify import multinode, nodechecks
 
 

@@ -18,7 +18,7 @@ from imgbuild.blocks import TEMPLATE_DIR, sagemaker
 from imgbuild.core import paths
 from imgbuild.image import render
 from imgbuild.pin.lock import resolved_for
-from imgbuild.spec import launch
+from imgbuild.image import launch
 
 SCRIPTS = sorted([paths.images_dir() / "files" / "imgbuild-entrypoint", *TEMPLATE_DIR.glob("*/files/*")], key=str)
 # The Python ones (fetch-code): ruff lints them instead of shellcheck.

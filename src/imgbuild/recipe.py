@@ -311,9 +311,14 @@ def load(ref: str | Path) -> LoadedRecipe:
 def _keep_block_rules(recipe: Recipe, docs: list[tuple[Path, dict[str, Any], dict[tuple[str, ...], int]]]) -> None:
     """Each block's rule with the rest of the recipe (`Block.recipe_rule`), for every command that loads it: a
     RecipeError naming the file and line that set the key a rule names."""
-    from imgbuild.blocks import REGISTRY
+    from imgbuild.blocks import REGISTRY, RecipeRules
 
-    broken = [found for block in REGISTRY if (found := block.recipe_rule(recipe)) is not None]
+    broken = [
+        found
+        for block in REGISTRY
+        if isinstance(block, RecipeRules)
+        if (found := block.recipe_rule(recipe)) is not None
+    ]
     if broken:
         raise RecipeError(
             "invalid recipe:\n  " + "\n  ".join(f"{_where(loc, docs)}: {'.'.join(loc)}: {why}" for loc, why in broken)

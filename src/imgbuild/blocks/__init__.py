@@ -37,9 +37,19 @@ from imgbuild.blocks import (
     sagemaker,
     sshd,
 )
+from imgbuild.blocks._block import (
+    Block,
+    Downloads,
+    PythonDists,
+    PythonSets,
+    RecipeRules,
+    Released,
+    ShipsFiles,
+    Tracks,
+    UserCode,
+)
 from imgbuild.blocks._core import (
     HERE,
-    Block,
     Context,
     Contribution,
     Details,
@@ -124,7 +134,9 @@ def context_for(resolved: Any, arch: str | None = None) -> Context:
     providers = {what: b.name for b in REGISTRY if b.name in resolved.pins for what in b.provides}
     ctx = Context(resolved=resolved, providers=providers, arch=arch or resolved.recipe.platform.arch[0])
     pins = resolved.pins
-    sets = tuple(b.name for b in REGISTRY if b.name in pins and b.requirements(pins[b.name], ctx))
+    sets = tuple(
+        b.name for b in REGISTRY if b.name in pins and isinstance(b, PythonSets) and b.requirements(pins[b.name], ctx)
+    )
     return replace(ctx, requirement_blocks=sets)
 
 
@@ -158,7 +170,7 @@ def known_bad(pins: Mapping[str, Pin], involving: str | None = None) -> list[Kno
     found: list[KnownBad] = []
     for block in REGISTRY:
         pin = pins.get(block.name)
-        if block.release_file is None or pin is None:  # a file's combinations name its own component
+        if not isinstance(block, Released) or pin is None:  # a file's combinations name its own component
             continue
         listed = block.release_file()
         where = releases.file_name(block.name)
@@ -190,7 +202,7 @@ def recorded_checksums() -> dict[str, releases.Checksum]:
     well-known third party published of it, or why nobody could read one (imgbuild.pin.checksums, step c)."""
     out: dict[str, releases.Checksum] = {}
     for block in REGISTRY:
-        if block.release_file is not None:
+        if isinstance(block, Released):
             listed = block.release_file()
             out.update(listed.downloads)
             for row in listed.releases:
@@ -211,12 +223,20 @@ __all__ = [
     "Context",
     "Contribution",
     "Details",
+    "Downloads",
     "Installed",
     "KnownBad",
     "Pin",
     "Provides",
+    "PythonDists",
+    "PythonSets",
+    "RecipeRules",
+    "Released",
     "Resolution",
+    "ShipsFiles",
     "Tracked",
+    "Tracks",
+    "UserCode",
     "builder_base",
     "builder_order",
     "context_for",

@@ -4,7 +4,7 @@
 Everything comes from the recipe's lock and the image's manifest (the one `render.plan` writes into the image):
 the image's content-addressed tag (or `--image URI` for a pushed copy), the devices and slots per node, the EFA
 devices by instance type, the Python, the run profile's environment and capabilities, and the launch line, which
-is `imgbuild.spec.launch`'s (the line `train` and `verify --nodes` run). A pure function of its input.
+is `imgbuild.image.launch`'s (the line `train` and `verify --nodes` run). A pure function of its input.
 
 The default program: nccl-tests' all_reduce_perf where the recipe has nccl-tests (`nccltests.command`'s line, the
 one the nccl-tests check of `verify --nodes` runs); else a small MPI check (mpi4py allreduce that also checks the
@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Any
 from imgbuild.core.errors import RecipeError
 
 if TYPE_CHECKING:
+    from imgbuild.image.launch import Launch
     from imgbuild.image.manifest import Manifest
     from imgbuild.pin.resolver import Resolved
     from imgbuild.recipe import Platform, Recipe
-    from imgbuild.spec.launch import Launch
 
 
 class Engine(str, enum.Enum):
@@ -189,8 +189,8 @@ def plan_job(
     """Decide a job: RecipeError when the recipe cannot run on that engine or an input is invalid (named)."""
     from imgbuild.core import validate
     from imgbuild.engine.runprofile import run_spec
+    from imgbuild.image.launch import for_manifest
     from imgbuild.spec import instances
-    from imgbuild.spec.launch import for_manifest
 
     engine = Engine(engine)
     r = resolved.recipe

@@ -34,7 +34,7 @@ from imgbuild.core import imageref
 
 if TYPE_CHECKING:
     from imgbuild.cluster.jobplan import JobPlan
-    from imgbuild.spec.launch import Launch
+    from imgbuild.image.launch import Launch
 
 HEREDOC_END = "IMGBUILD_PROGRAM_END"
 IMEX_CHANNEL = f"{IMEX_CHANNEL_DIR}/channel0"  # the default channel (see the module's docstring)

@@ -12,7 +12,7 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from imgbuild.blocks import REGISTRY
+from imgbuild.blocks import REGISTRY, UserCode
 from imgbuild.core.errors import RenderError
 from imgbuild.pin.lock import Lock
 from imgbuild.pin.resolver import Resolved
@@ -49,7 +49,10 @@ def image_digests(resolved: Resolved) -> dict[str, str]:
     """What the image holds of each block beyond its lock (`Block.image_digest`: the user's code, read from the
     recipe's folder), by block name; blocks with nothing there are left out."""
     return {
-        b.name: d for b in REGISTRY if b.name in resolved.pins if (d := b.image_digest(resolved.pins[b.name], resolved))
+        b.name: d
+        for b in REGISTRY
+        if b.name in resolved.pins and isinstance(b, UserCode)
+        if (d := b.image_digest(resolved.pins[b.name], resolved))
     }
 
 

@@ -26,6 +26,9 @@ from imgbuild.blocks import (
     Context,
     Contribution,
     Pin,
+    PythonSets,
+    ShipsFiles,
+    UserCode,
     builder_base,
     builder_order,
     context_for,
@@ -37,6 +40,7 @@ from imgbuild.blocks.python import UV_BIN, UV_CACHE_DIR, UV_CACHE_ID, UV_DIR, UV
 from imgbuild.core import paths
 from imgbuild.core.errors import RenderError
 from imgbuild.image import identity
+from imgbuild.image.launch import for_manifest
 from imgbuild.image.manifest import Manifest
 from imgbuild.pin import record
 from imgbuild.pin.content import download_name
@@ -113,7 +117,9 @@ def requirements_path(name: str) -> str:
 def requirement_set(ctx: Context, name: str) -> list[str]:
     """Requirement set `name`'s specifiers, from the block named by its first part (`Block.requirements`)."""
     block = name.split("/")[0]
-    sets = next((b.requirements(ctx.need(b.name), ctx) for b in REGISTRY if b.name == block), {})
+    sets = next(
+        (b.requirements(ctx.need(b.name), ctx) for b in REGISTRY if b.name == block if isinstance(b, PythonSets)), {}
+    )
     if name not in sets:
         raise RenderError(f"{ctx.resolved.name}: no requirement set {name!r} in block {block!r} (it has {list(sets)})")
     return list(sets[name])
@@ -254,7 +260,9 @@ def uv_install(
     stage installs (`Block.requirements_stage`) mounts uv from the builder stage (UV_DIR), so uv is in no layer."""
     run_, sources_dir = context["run"], context.get("sources_dir")
     block = BY_NAME.get(name.split("/")[0])
-    own = [] if block is None or block.requirements_stage == "builder" else [uv_builder_mount()]
+    own: list[str] = (
+        [] if not isinstance(block, PythonSets) or block.requirements_stage == "builder" else [uv_builder_mount()]
+    )
     into = f" --target {target}" if target is not None else ""
     index = f" --no-index --offline --find-links {sources_dir}/wheels" if sources_dir else ""
     prefix = " ".join(p for p in (UV_ENV, build_env) if p)
@@ -792,7 +800,7 @@ def _manifest(
         **{
             b.name: e
             for b in REGISTRY
-            if b.name in resolved.pins
+            if b.name in resolved.pins and isinstance(b, UserCode)
             if (e := b.manifest_entry(resolved.pins[b.name], resolved, digests.get(b.name)))
         },
     )
@@ -835,13 +843,15 @@ def _files(
     for block in REGISTRY:
         if block.name not in pins:
             continue
-        for path, source, mode in block.files:
-            if source.endswith(".j2"):
-                content = env.get_template(source).render(**variables).encode()
-            else:
-                content = (BLOCK_DIR / source).read_bytes()
-            files.append(ContextFile(path, content, mode))
-        for path, text in block.data(pins[block.name], manifest).items():
-            files.append(ContextFile(path, text.encode()))
-        files += [ContextFile(path, data, mode) for path, data, mode in block.context(pins[block.name], ctx)]
+        if isinstance(block, ShipsFiles):
+            for path, source, mode in block.files:
+                if source.endswith(".j2"):
+                    content = env.get_template(source).render(**variables).encode()
+                else:
+                    content = (BLOCK_DIR / source).read_bytes()
+                files.append(ContextFile(path, content, mode))
+            for path, text in block.data(pins[block.name], manifest, for_manifest(manifest)).items():
+                files.append(ContextFile(path, text.encode()))
+        if isinstance(block, UserCode):
+            files += [ContextFile(path, data, mode) for path, data, mode in block.context(pins[block.name], ctx)]
     return files

@@ -351,13 +351,13 @@ def document(inv: Inventory, resolved: Resolved, *, timestamp: dt.datetime | Non
 
 def _downloads_by_block(resolved: Resolved) -> dict[str, list[str]]:
     """Each pinned block's download URLs (Block.downloads), as render's context gives them."""
-    from imgbuild.blocks import REGISTRY, context_for
+    from imgbuild.blocks import REGISTRY, Downloads, context_for
 
     ctx = context_for(resolved)
     out: dict[str, list[str]] = {}
     for block in REGISTRY:
         pin = resolved.pins.get(block.name)
-        if pin is not None:
+        if pin is not None and isinstance(block, Downloads):
             urls = list(block.downloads(pin, ctx))
             if urls:
                 out[block.name] = urls

@@ -28,7 +28,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from imgbuild.blocks import BY_NAME
+from imgbuild.blocks import BY_NAME, Released
 from imgbuild.blocks import _releases as releases
 from imgbuild.blocks._core import Artifact
 from imgbuild.pin.content import Download, download_name
@@ -134,7 +134,8 @@ class Reader:
         """What block `block`'s publisher's archive of release `version` says (its `Block.artifact`): read from the
         archive at `url` (else the block's own for the release), from `files` or downloaded; None, with the reason in
         `said`, where it can't be (the block's release file answers)."""
-        spec = BY_NAME[block].artifact
+        owner = BY_NAME[block]
+        spec = owner.artifact if isinstance(owner, Released) else None
         if spec is None:
             return None
         url = url or (spec.url(version) if spec.url is not None else None)

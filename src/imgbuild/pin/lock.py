@@ -16,7 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ValidationError
 
-from imgbuild.blocks import BY_NAME
+from imgbuild.blocks import BY_NAME, Released
 from imgbuild.blocks.pytorch import PyTorchDetails, TorchWheel
 from imgbuild.core.errors import ImgbuildError, LockError
 from imgbuild.core.outputs import write_atomic  # the lock is written whole or not at all
@@ -246,7 +246,8 @@ class _Recorded:
         self.pins = locked.pins
 
     def read(self, block: str, version: str, url: str | None) -> BaseModel | None:
-        pin, spec = self.pins.get(block), BY_NAME[block].artifact
+        owner = BY_NAME[block]
+        pin, spec = self.pins.get(block), owner.artifact if isinstance(owner, Released) else None
         if pin is None or pin.version != version or spec is None:
             return None
         return spec.recorded(pin)

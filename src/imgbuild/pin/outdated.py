@@ -27,7 +27,7 @@ from typing import Any, Literal
 from packaging.version import InvalidVersion, Version
 from pydantic import ValidationError
 
-from imgbuild.blocks import BY_NAME, Pin, Tracked, known_bad, resolve_order
+from imgbuild.blocks import BY_NAME, Pin, Released, Tracked, Tracks, known_bad, resolve_order
 from imgbuild.blocks import _releases as releases
 from imgbuild.core.errors import ImgbuildError, IndexLookupError, RecipeError, ResolveError
 from imgbuild.core.paths import display
@@ -102,7 +102,7 @@ def tracks(resolved: Resolved) -> list[Track]:
         if pin is None or pin.version is None:
             continue
         block = BY_NAME[name]
-        found = block.track(pin, resolved, _release_file) if block.track is not None else None
+        found = block.track(pin, resolved, _release_file) if isinstance(block, Tracks) else None
         for t in found if found is not None else _by_source(name, pin, os_id):
             current = t.current or pin.version
             if t.kind == "distro":
@@ -118,9 +118,9 @@ def tracks(resolved: Resolved) -> list[Track]:
 
 def _release_file(name: str) -> Any:
     """Block `name`'s release file (what a block's `track` may read of another's)."""
-    file = BY_NAME[name].release_file
-    assert file is not None, f"{name} has no release file"
-    return file()
+    block = BY_NAME[name]
+    assert isinstance(block, Released), f"{name} has no release file"
+    return block.release_file()
 
 
 def _by_source(name: str, pin: Pin, os_id: str) -> list[Tracked]:
@@ -136,7 +136,7 @@ def _by_source(name: str, pin: Pin, os_id: str) -> list[Tracked]:
         return [Tracked("follows", pin.source, fixed=f"{pin.origin} brings it")]
     if pin.source == "base":
         return [Tracked("base", fixed="comes with the base image")]
-    if block.release_file is not None and pin.source in ("release", "installer"):
+    if isinstance(block, Released) and pin.source in ("release", "installer"):
         versions = tuple(r.version for r in block.release_file().releases)
         return [Tracked("table", name, ("components", name, "version"), versions)]
     return [Tracked("none", fixed=f"no shipped table lists {name} releases")]

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from imgbuild.blocks import REGISTRY, builder_base, context_for, dedupe
+from imgbuild.blocks import REGISTRY, Downloads, PythonSets, builder_base, context_for, dedupe
 from imgbuild.pin.content import Content, Download, download_name
 from imgbuild.pin.resolver import Resolved
 
@@ -20,7 +20,12 @@ if TYPE_CHECKING:
 def downloads(resolved: Resolved) -> list[str]:
     """Every URL the image's blocks download, in registry order."""
     ctx = context_for(resolved)
-    return dedupe(url for b in REGISTRY if b.name in resolved.pins for url in b.downloads(resolved.pins[b.name], ctx))
+    return dedupe(
+        url
+        for b in REGISTRY
+        if b.name in resolved.pins and isinstance(b, Downloads)
+        for url in b.downloads(resolved.pins[b.name], ctx)
+    )
 
 
 def requirement_sets(resolved: Resolved) -> dict[str, list[str]]:
@@ -29,7 +34,7 @@ def requirement_sets(resolved: Resolved) -> dict[str, list[str]]:
     ctx = context_for(resolved)
     out: dict[str, list[str]] = {}
     for b in REGISTRY:
-        if b.name in resolved.pins:
+        if b.name in resolved.pins and isinstance(b, PythonSets):
             out.update({name: list(reqs) for name, reqs in b.requirements(resolved.pins[b.name], ctx).items()})
     return out
 

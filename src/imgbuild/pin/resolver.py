@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-from imgbuild.blocks import BY_NAME, Details, Pin, Resolution, known_bad, resolve_order
+from imgbuild.blocks import BY_NAME, Details, Pin, RecipeRules, Resolution, known_bad, resolve_order
 from imgbuild.blocks._releases import Artifacts
 from imgbuild.blocks.pytorch import TorchWheel
 from imgbuild.pin.content import Content
@@ -138,7 +138,7 @@ def resolve(
         block = BY_NAME[name]
         options = rs.options(name)
         if options is None:
-            why = block.required(rs.recipe)
+            why = block.required(rs.recipe) if isinstance(block, RecipeRules) else None
             if why:
                 raise rs.fail(f"components.{name}", why)
             continue

@@ -159,11 +159,11 @@ def install_order(names: Sequence[str]) -> list[str]:
     """Requirement set names in the order a build installs them: the sets of blocks that install in the builder
     stage (their venv the runtime stage copies), then the runtime stage's (`Block.requirements_stage`), each in the
     order given. The registry lists blocks in runtime layer order (PyTorch before mpi4py), not install order."""
-    from imgbuild.blocks import BY_NAME
+    from imgbuild.blocks import BY_NAME, PythonSets
 
     def stage(name: str) -> int:
         block = BY_NAME.get(name.split("/")[0])
-        return 1 if block is not None and block.requirements_stage == "runtime" else 0
+        return 1 if isinstance(block, PythonSets) and block.requirements_stage == "runtime" else 0
 
     return sorted(names, key=stage)
 
@@ -171,10 +171,10 @@ def install_order(names: Sequence[str]) -> list[str]:
 def apart(name: str) -> bool:
     """Whether requirement set `name` installs apart from the venv (`Block.requirements_apart`): resolved before the
     others, whole, its versions constraining theirs."""
-    from imgbuild.blocks import BY_NAME
+    from imgbuild.blocks import BY_NAME, PythonSets
 
     block = BY_NAME.get(name.split("/")[0])
-    return block is not None and name in block.requirements_apart
+    return isinstance(block, PythonSets) and name in block.requirements_apart
 
 
 def resolution_order(names: Sequence[str]) -> list[str]:
@@ -367,12 +367,12 @@ def _resolve_set(
 def provided(resolved: Resolved) -> dict[str, tuple[str, str]]:
     """The Python distributions the image's blocks bring outside pip (`Block.python_dists`: Debian's python3-mpi4py,
     a base image's torch): name -> (version, which component)."""
-    from imgbuild.blocks import REGISTRY
+    from imgbuild.blocks import REGISTRY, PythonDists
 
     return {
         canonicalize_name(dist): (version, f"components.{b.name} ({resolved.pins[b.name].source})")
         for b in REGISTRY
-        if b.name in resolved.pins
+        if b.name in resolved.pins and isinstance(b, PythonDists)
         for dist, version in b.python_dists(resolved.pins[b.name]).items()
     }
 

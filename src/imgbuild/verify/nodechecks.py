@@ -49,8 +49,8 @@ from imgbuild.blocks.sshd import SSHD_LOG
 from imgbuild.checks import compare
 from imgbuild.checks.results import CheckResult
 from imgbuild.engine.containers import Exec
+from imgbuild.image.launch import Launch, for_manifest
 from imgbuild.image.manifest import Manifest
-from imgbuild.spec.launch import Launch, for_manifest
 
 __all__ = [
     "WORKDIR",

@@ -37,13 +37,15 @@ import posixpath
 import re
 import shlex
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, PrivateAttr
 
 from imgbuild import probes
-from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution
+from imgbuild.blocks._block import Block, PythonSets, UserCode
+from imgbuild.blocks._core import Context, Contribution, Details, Pin, Resolution
 from imgbuild.blocks.python import require_venv
 from imgbuild.checks import CheckContext, check, fail, passed, skip
 from imgbuild.checks.results import CheckResult
@@ -205,66 +207,6 @@ def project_name(folder: Path) -> str:
     from packaging.utils import canonicalize_name
 
     return canonicalize_name(name)
-
-
-def resolve(app: App, rs: Resolution) -> Pin:
-    from packaging.utils import canonicalize_name
-
-    lines = app.requirements
-    names = _names(lines)
-    builds = bool(app.from_source) or (app.code is not None and app.code.install)
-    if lines or builds:
-        require_venv(rs)
-    twice = sorted({n for n in names if names.count(n) > 1})
-    if twice:
-        raise rs.fail("app.requirements", f"named more than once: {', '.join(twice)}")
-    source = [canonicalize_name(n) for n in app.from_source]
-    missing = [n for n in source if n not in names]
-    if missing:
-        raise rs.fail(
-            "app.from_source",
-            f"{', '.join(missing)} not among app.requirements: name the release to build there "
-            f"(e.g. {missing[0]}==VERSION)",
-        )
-    if app.program is not None and rs.options("sagemaker") is None:
-        raise rs.fail("app.program", "the default program is train's (components.sagemaker), which this recipe lacks")
-    package = None
-    code_path = None
-    program = app.program
-    if app.code is not None:
-        folder = app.code.folder
-        code_path = app.code.path
-        if app.code.install:
-            try:
-                package = project_name(folder)
-            except ValueError as exc:
-                raise rs.fail("app.code.install", str(exc)) from None
-            if package in names:
-                raise rs.fail("app.code.install", f"the code folder's project {package} is also in app.requirements")
-        if program is not None:
-            try:
-                files.inside(folder, folder / program)
-            except files.Refused as exc:
-                raise rs.fail("app.program", f"{program!r} is not in the code folder: {exc}") from None
-            if not (folder / program).is_file():
-                raise rs.fail("app.program", f"{program!r} is not a file in the code folder {folder}")
-            program = posixpath.normpath(program)
-            if ignored(app.code).match_file(program):
-                raise rs.fail(
-                    "app.program",
-                    f"{program!r} is left out of the image by app.code.ignore (or the files always left out: "
-                    f"{', '.join(ALWAYS_IGNORED)})",
-                )
-            program = f"{code_path.rstrip('/')}/{program}"
-    details = AppDetails(
-        requirements=tuple(names),
-        from_source=tuple(source),
-        code_path=code_path,
-        package=package,
-        program=program,
-        imports=tuple(app.imports),
-    )
-    return Pin(version=None, source="recipe", origin="recipe", details=details)
 
 
 def _app(ctx: Context) -> App:
@@ -435,46 +377,108 @@ def code_digest(app: App) -> str | None:
 IMAGE_SETS = ("app", "app/source")
 
 
-def manifest_entry(pin: Pin, resolved: Any, image_digest: str | None) -> dict[str, Any]:
-    """The manifest's `app` (imgbuild.image.manifest.AppEntry): the versions the lock gives the user layer's
-    distributions, and its code's digest (`image_digest`: code_digest, as render read it)."""
-    python = resolved.content.python if resolved.content is not None else {}
-    dists = {r.name: r.version for name in IMAGE_SETS for r in python.get(name, ())}
-    return {"distributions": dict(sorted(dists.items())), "code_digest": image_digest}
-
-
-def context(pin: Pin, ctx: Context) -> list[tuple[str, bytes, int]]:
-    app = _app(ctx)
-    if app.code is None:
-        return []
-    return [(f"{CODE_CONTEXT}/{rel}", data, mode) for rel, data, mode in code_files(app)]
-
-
-def contribute(pin: Pin, ctx: Context) -> Contribution:
-    return Contribution(name="app")
-
-
-BLOCK = Block(
-    name="app",
-    options=App,
-    modes={"recipe": "fragment"},
-    resolve=resolve,
-    contribute=contribute,
-    details=AppDetails,
-    requirements=requirements,
-    requirements_stage="runtime",
-    context=context,
-    top_level=True,
-    image_digest=lambda pin, resolved: code_digest(resolved.recipe.app),
-    manifest_entry=manifest_entry,
-    after=("python", "pytorch", "mpi4py", "nccl", "openmpi", "sagemaker"),
-    template_globals={
+class AppBlock(Block, PythonSets, UserCode):
+    name = "app"
+    options = App
+    modes = {"recipe": "fragment"}
+    details = AppDetails
+    requirements_stage = "runtime"
+    top_level = True
+    after = ("python", "pytorch", "mpi4py", "nccl", "openmpi", "sagemaker")
+    template_globals = {
         "app_sets": requirements,
         "app_build_packages": build_packages,
         "app_build_vars": lambda ctx: " ".join(f"{k}={shlex.quote(v)}" for k, v in build_env(ctx).items()),
         "app_paths": lambda: {"code_context": CODE_CONTEXT, "wheels": WHEELS_DIR},
-    },
-)
+    }
+
+    def resolve(self, app: App, rs: Resolution) -> Pin:
+        from packaging.utils import canonicalize_name
+
+        lines = app.requirements
+        names = _names(lines)
+        builds = bool(app.from_source) or (app.code is not None and app.code.install)
+        if lines or builds:
+            require_venv(rs)
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise rs.fail("app.requirements", f"named more than once: {', '.join(twice)}")
+        source = [canonicalize_name(n) for n in app.from_source]
+        missing = [n for n in source if n not in names]
+        if missing:
+            raise rs.fail(
+                "app.from_source",
+                f"{', '.join(missing)} not among app.requirements: name the release to build there "
+                f"(e.g. {missing[0]}==VERSION)",
+            )
+        if app.program is not None and rs.options("sagemaker") is None:
+            raise rs.fail(
+                "app.program", "the default program is train's (components.sagemaker), which this recipe lacks"
+            )
+        package = None
+        code_path = None
+        program = app.program
+        if app.code is not None:
+            folder = app.code.folder
+            code_path = app.code.path
+            if app.code.install:
+                try:
+                    package = project_name(folder)
+                except ValueError as exc:
+                    raise rs.fail("app.code.install", str(exc)) from None
+                if package in names:
+                    raise rs.fail(
+                        "app.code.install", f"the code folder's project {package} is also in app.requirements"
+                    )
+            if program is not None:
+                try:
+                    files.inside(folder, folder / program)
+                except files.Refused as exc:
+                    raise rs.fail("app.program", f"{program!r} is not in the code folder: {exc}") from None
+                if not (folder / program).is_file():
+                    raise rs.fail("app.program", f"{program!r} is not a file in the code folder {folder}")
+                program = posixpath.normpath(program)
+                if ignored(app.code).match_file(program):
+                    raise rs.fail(
+                        "app.program",
+                        f"{program!r} is left out of the image by app.code.ignore (or the files always left out: "
+                        f"{', '.join(ALWAYS_IGNORED)})",
+                    )
+                program = f"{code_path.rstrip('/')}/{program}"
+        details = AppDetails(
+            requirements=tuple(names),
+            from_source=tuple(source),
+            code_path=code_path,
+            package=package,
+            program=program,
+            imports=tuple(app.imports),
+        )
+        return Pin(version=None, source="recipe", origin="recipe", details=details)
+
+    def contribute(self, pin: Pin, ctx: Context) -> Contribution:
+        return Contribution(name="app")
+
+    def requirements(self, pin: Pin, ctx: Context) -> Mapping[str, list[str]]:
+        return requirements(pin, ctx)
+
+    def context(self, pin: Pin, ctx: Context) -> list[tuple[str, bytes, int]]:
+        app = _app(ctx)
+        if app.code is None:
+            return []
+        return [(f"{CODE_CONTEXT}/{rel}", data, mode) for rel, data, mode in code_files(app)]
+
+    def image_digest(self, pin: Pin, resolved: Any) -> str | None:
+        return code_digest(resolved.recipe.app)
+
+    def manifest_entry(self, pin: Pin, resolved: Any, image_digest: str | None) -> dict[str, Any]:
+        """The manifest's `app` (imgbuild.image.manifest.AppEntry): the versions the lock gives the user layer's
+        distributions, and its code's digest (`image_digest`: code_digest, as render read it)."""
+        python = resolved.content.python if resolved.content is not None else {}
+        dists = {r.name: r.version for name in IMAGE_SETS for r in python.get(name, ())}
+        return {"distributions": dict(sorted(dists.items())), "code_digest": image_digest}
+
+
+BLOCK = AppBlock()
 
 
 # ---- verify

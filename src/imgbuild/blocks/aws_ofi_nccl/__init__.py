@@ -26,7 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler
 
 import imgbuild.blocks._releases as releases
 from imgbuild import probes
-from imgbuild.blocks._core import Artifact, Block, Context, Contribution, Details, Pin, Resolution, Tracked
+from imgbuild.blocks._block import Block, Downloads, Released, Tracks
+from imgbuild.blocks._core import Artifact, Context, Contribution, Details, Pin, Resolution, Tracked
 from imgbuild.blocks._releases import Text
 from imgbuild.blocks.efa import bundled, efa_file
 from imgbuild.blocks.libfabric import libfabric_release
@@ -199,65 +200,6 @@ class PluginDetails(Details):
         return data
 
 
-def resolve(p: AwsOfiNccl, rs: Resolution) -> Pin:
-    key = "components.aws_ofi_nccl"
-    nccl = rs.pins.get("nccl")
-    efa = rs.options("efa")
-    if nccl is None or nccl.version is None:
-        raise rs.fail(key, "the NCCL plugin needs components.nccl")
-    if p.source == "efa" and p.archive is not None:
-        raise rs.fail(f"{key}.archive", "applies to source: release (the EFA installer bundles its own build)")
-    if p.source == "efa":
-        if efa is None:
-            raise rs.fail(f"{key}.source", "source: efa (the plugin the EFA installer bundles) needs components.efa")
-        in_efa = bundled(rs, efa.version, "aws_ofi_nccl")
-        if in_efa is None:
-            raise rs.fail(
-                f"{key}.source",
-                f"the aws-ofi-nccl version bundled with EFA installer {efa.version} is not in "
-                f"{releases.file_name('efa')}, so it can't be checked against NCCL",
-                hint="use source: release with a version, or an EFA installer whose bundle is known",
-            )
-        if p.version is not None and p.version != in_efa:
-            raise rs.fail(f"{key}.version", f"EFA {efa.version} bundles {in_efa}, got {p.version}")
-        version, origin = in_efa, f"bundled with EFA installer {efa.version}"
-        prefix, tag = "/opt/amazon/ofi-nccl", None
-    else:
-        if p.version is None:
-            raise rs.fail(f"{key}.version", "required for source: release")
-        version, origin = p.version, "recipe"
-        prefix, tag = p.prefix, plugin_tag(p.version)
-    # a release build's archive, whose RELEASENOTES.md `imgbuild lock` reads where it can
-    url = (tag_archive_url(version) if p.archive == "tag" else release_url(version)) if p.source == "release" else None
-    tested = plugin_tested(rs, version, "tested_nccl", url)
-    if tested is None:
-        raise rs.fail(
-            f"{key}.version",
-            f"aws-ofi-nccl {version} is not in {releases.file_name('aws_ofi_nccl')} "
-            f"(known: {', '.join(plugin_series())})",
-            hint=f"add its row to {releases.file_name('aws_ofi_nccl')} with the NCCL its RELEASENOTES.md names",
-        )
-    nv = Version(nccl.version)
-    if nv > Version(tested):
-        raise rs.fail(
-            f"{key}.version / components.nccl",
-            f"aws-ofi-nccl {version} was tested with NCCL up to {tested}; NCCL {nccl.version} is newer",
-            hint="use a newer aws-ofi-nccl release",
-        )
-    oldest = plugin_file().oldest_nccl
-    if nv < Version(oldest):
-        raise rs.fail(
-            f"{key}.version / components.nccl",
-            f"aws-ofi-nccl {version} supports NCCL {oldest} and later, got {nccl.version}",
-        )
-    if url is not None:
-        _libfabric_rule(version, _libfabric_built_against(rs), rs, url)
-    _gdrcopy_rule(version, rs)
-    notes = plugin_notes(rs, version, url) if url is not None else None
-    details = PluginDetails(prefix=prefix, tag=tag, tested_nccl=tested, archive=p.archive or "release", notes=notes)
-    return Pin(version=version, source=p.source, origin=origin, details=details)
-
-
 def _libfabric_built_against(rs: Resolution) -> tuple[str | None, str, str]:
     """The libfabric a release build compiles against (what `configure_args`' `with_arg("libfabric")` names):
     components.libfabric's where the recipe has it (its prefix; Debian's is /usr), else the EFA installer's (the
@@ -331,10 +273,6 @@ def source_url(pin: Pin) -> str:
     return tag_archive_url(version) if pin.typed(PluginDetails).archive == "tag" else release_url(version)
 
 
-def downloads(pin: Pin, ctx: Context) -> list[str]:
-    return [source_url(pin)] if pin.source == "release" else []
-
-
 def prepare(pin: Pin) -> list[str]:
     """What runs in the unpacked tree before ./configure, the same for either archive: where there is no configure
     (the tag's archive), autogen.sh makes it, with the version in .release_version first (from 1.21,
@@ -388,55 +326,122 @@ def configure_args(pin: Pin, ctx: Context) -> list[str]:
     ]
 
 
-def contribute(pin: Pin, ctx: Context) -> Contribution:
-    c = Contribution(name="aws_ofi_nccl")
-    prefix = pin.details.prefix
-    if pin.source == "release":
-        c.builder_packages |= {"curl", "ca-certificates", "build-essential"}
-        if pin.typed(PluginDetails).archive == "tag":  # autogen.sh makes configure (`prepare`)
-            c.builder_packages |= {"autoconf", "automake", "libtool"}
-        c.ld_library_path.append(f"{prefix}/lib")
-        c.needs_fabric_in_builder = True
-    else:
-        # The EFA installer's plugin moved between lib/<triplet> (<= 1.43: lib/x86_64-linux-gnu on x86, the
-        # architecture's own triplet elsewhere) and lib/ (1.44+).
-        c.ld_library_path += [f"{prefix}/lib", f"{prefix}/lib/{ctx.multiarch}"]
-    if Version(pin.version or "0") >= Version("1.15"):
-        c.env["NCCL_NET_PLUGIN"] = "ofi"
-    return c
-
-
-def track(pin: Pin, resolved: Any, files: Callable[[str], Any]) -> list[Tracked] | None:
-    """`imgbuild outdated`: a release build against every release the release files name (its own rows and the EFA
-    installers' bundles); the installer's own plugin follows the installer."""
-    if pin.source != "release":
-        return None
-    return [
-        Tracked("table", "aws_ofi_nccl", ("components", "aws_ofi_nccl", "version"), tuple(sorted(plugin_releases())))
-    ]
-
-
-BLOCK = Block(
-    name="aws_ofi_nccl",
-    options=AwsOfiNccl,
-    modes={"efa": "provided", "release": "fragment"},
-    resolve=resolve,
-    contribute=contribute,
-    details=PluginDetails,
-    after=("nccl", "libfabric"),
-    build_after=("cuda", "efa", "openmpi", "gdrcopy", "nccl"),
-    tag=(5, "ofi"),
-    downloads=downloads,
-    template_globals={
+class AwsOfiNcclBlock(Block, Downloads, Released, Tracks):
+    name = "aws_ofi_nccl"
+    options = AwsOfiNccl
+    modes = {"efa": "provided", "release": "fragment"}
+    details = PluginDetails
+    after = ("nccl", "libfabric")
+    build_after = ("cuda", "efa", "openmpi", "gdrcopy", "nccl")
+    tag = (5, "ofi")
+    template_globals = {
         "aws_ofi_nccl_url": source_url,
         "aws_ofi_nccl_prepare": prepare,
         "aws_ofi_nccl_configure_args": configure_args,
         "aws_ofi_nccl_configure_checks": configure_checks,
-    },
-    release_file=plugin_file,
-    artifact=ARTIFACT,
-    track=track,
-)
+    }
+    artifact = ARTIFACT
+
+    def resolve(self, p: AwsOfiNccl, rs: Resolution) -> Pin:
+        key = "components.aws_ofi_nccl"
+        nccl = rs.pins.get("nccl")
+        efa = rs.options("efa")
+        if nccl is None or nccl.version is None:
+            raise rs.fail(key, "the NCCL plugin needs components.nccl")
+        if p.source == "efa" and p.archive is not None:
+            raise rs.fail(f"{key}.archive", "applies to source: release (the EFA installer bundles its own build)")
+        if p.source == "efa":
+            if efa is None:
+                raise rs.fail(
+                    f"{key}.source", "source: efa (the plugin the EFA installer bundles) needs components.efa"
+                )
+            in_efa = bundled(rs, efa.version, "aws_ofi_nccl")
+            if in_efa is None:
+                raise rs.fail(
+                    f"{key}.source",
+                    f"the aws-ofi-nccl version bundled with EFA installer {efa.version} is not in "
+                    f"{releases.file_name('efa')}, so it can't be checked against NCCL",
+                    hint="use source: release with a version, or an EFA installer whose bundle is known",
+                )
+            if p.version is not None and p.version != in_efa:
+                raise rs.fail(f"{key}.version", f"EFA {efa.version} bundles {in_efa}, got {p.version}")
+            version, origin = in_efa, f"bundled with EFA installer {efa.version}"
+            prefix, tag = "/opt/amazon/ofi-nccl", None
+        else:
+            if p.version is None:
+                raise rs.fail(f"{key}.version", "required for source: release")
+            version, origin = p.version, "recipe"
+            prefix, tag = p.prefix, plugin_tag(p.version)
+        # a release build's archive, whose RELEASENOTES.md `imgbuild lock` reads where it can
+        url = (
+            (tag_archive_url(version) if p.archive == "tag" else release_url(version))
+            if p.source == "release"
+            else None
+        )
+        tested = plugin_tested(rs, version, "tested_nccl", url)
+        if tested is None:
+            raise rs.fail(
+                f"{key}.version",
+                f"aws-ofi-nccl {version} is not in {releases.file_name('aws_ofi_nccl')} "
+                f"(known: {', '.join(plugin_series())})",
+                hint=f"add its row to {releases.file_name('aws_ofi_nccl')} with the NCCL its RELEASENOTES.md names",
+            )
+        nv = Version(nccl.version)
+        if nv > Version(tested):
+            raise rs.fail(
+                f"{key}.version / components.nccl",
+                f"aws-ofi-nccl {version} was tested with NCCL up to {tested}; NCCL {nccl.version} is newer",
+                hint="use a newer aws-ofi-nccl release",
+            )
+        oldest = plugin_file().oldest_nccl
+        if nv < Version(oldest):
+            raise rs.fail(
+                f"{key}.version / components.nccl",
+                f"aws-ofi-nccl {version} supports NCCL {oldest} and later, got {nccl.version}",
+            )
+        if url is not None:
+            _libfabric_rule(version, _libfabric_built_against(rs), rs, url)
+        _gdrcopy_rule(version, rs)
+        notes = plugin_notes(rs, version, url) if url is not None else None
+        details = PluginDetails(prefix=prefix, tag=tag, tested_nccl=tested, archive=p.archive or "release", notes=notes)
+        return Pin(version=version, source=p.source, origin=origin, details=details)
+
+    def contribute(self, pin: Pin, ctx: Context) -> Contribution:
+        c = Contribution(name="aws_ofi_nccl")
+        prefix = pin.details.prefix
+        if pin.source == "release":
+            c.builder_packages |= {"curl", "ca-certificates", "build-essential"}
+            if pin.typed(PluginDetails).archive == "tag":  # autogen.sh makes configure (`prepare`)
+                c.builder_packages |= {"autoconf", "automake", "libtool"}
+            c.ld_library_path.append(f"{prefix}/lib")
+            c.needs_fabric_in_builder = True
+        else:
+            # The EFA installer's plugin moved between lib/<triplet> (<= 1.43: lib/x86_64-linux-gnu on x86, the
+            # architecture's own triplet elsewhere) and lib/ (1.44+).
+            c.ld_library_path += [f"{prefix}/lib", f"{prefix}/lib/{ctx.multiarch}"]
+        if Version(pin.version or "0") >= Version("1.15"):
+            c.env["NCCL_NET_PLUGIN"] = "ofi"
+        return c
+
+    def downloads(self, pin: Pin, ctx: Context) -> list[str]:
+        return [source_url(pin)] if pin.source == "release" else []
+
+    def release_file(self) -> releases.ReleaseFile:
+        return plugin_file()
+
+    def track(self, pin: Pin, resolved: Any, files: Callable[[str], Any]) -> list[Tracked] | None:
+        """`imgbuild outdated`: a release build against every release the release files name (its own rows and the EFA
+        installers' bundles); the installer's own plugin follows the installer."""
+        if pin.source != "release":
+            return None
+        return [
+            Tracked(
+                "table", "aws_ofi_nccl", ("components", "aws_ofi_nccl", "version"), tuple(sorted(plugin_releases()))
+            )
+        ]
+
+
+BLOCK = AwsOfiNcclBlock()
 
 
 def plugin_libraries(ctx: CheckContext) -> list[str]:

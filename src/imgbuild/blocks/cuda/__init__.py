@@ -21,7 +21,8 @@ from typing import Any, Literal
 from packaging.version import Version
 
 import imgbuild.blocks._releases as releases
-from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution, Tracked
+from imgbuild.blocks._block import Block, PythonSets, Released, Tracks
+from imgbuild.blocks._core import Context, Contribution, Details, Pin, Resolution, Tracked
 from imgbuild.blocks._releases import Text
 from imgbuild.blocks.python import require_venv
 from imgbuild.spec import compat
@@ -100,37 +101,10 @@ def _major(version: str) -> int:
     return int(version.split(".")[0])
 
 
-def resolve(cuda: Cuda, rs: Resolution) -> Pin:
-    p = rs.recipe.platform
-    if p.accelerator != "nvidia":
-        raise rs.fail("cuda", f"only nvidia platforms take cuda, this one is '{p.accelerator}'")
-    assert p.gpu_arch is not None  # the schema guarantees it on nvidia platforms
-    row = arch(p.gpu_arch)
-    if Version(cuda.version) < Version(row.min_cuda):
-        raise rs.fail("cuda.version", f"{p.gpu_arch} ({row.gpu}) needs CUDA >= {row.min_cuda}, got {cuda.version}")
-    origin = "recipe"
-    if cuda.source == "wheel":
-        if _major(cuda.version) < int(WHEEL_MIN_CUDA):
-            raise rs.fail(
-                "cuda.source",
-                f"CUDA {cuda.version}'s toolkit wheels have no nvcc binary (nvidia-cuda-nvcc-cu12 carries only ptxas "
-                f"and headers): wheels compile from CUDA {WHEEL_MIN_CUDA} on",
-                hint="use source: base with an nvidia/cuda -devel builder, or CUDA 13",
-            )
-        require_venv(rs)
-        origin = "cuda-toolkit wheels, builder only"
-    details = CudaDetails(prefix=cuda.home, gpu_arch=p.gpu_arch, gencode=gencode(p.gpu_arch))
-    return Pin(version=cuda.version, source=cuda.source, origin=origin, details=details)
-
-
 def toolkit_requirement(version: str) -> str:
     """The requirement that installs the toolkit's compile parts from wheels: the cuda-toolkit metapackage's extras
     (the same metapackage PyTorch's wheel requires, at the release it pins)."""
     return f"cuda-toolkit[{','.join(TOOLKIT_EXTRAS)}]=={version}"
-
-
-def requirements(pin: Pin, ctx: Context) -> dict[str, list[str]]:
-    return {"cuda": [toolkit_requirement(str(pin.version))]} if pin.source == "wheel" else {}
 
 
 def wheel_dir(pin: Pin) -> str:
@@ -154,50 +128,73 @@ def runtime_lib(ctx: Context) -> str | None:
     return f"{pin.details.prefix}/lib64"
 
 
-def contribute(pin: Pin, ctx: Context) -> Contribution:
-    c = Contribution(name="cuda")
-    if pin.source == "wheel":
-        # What was compiled against the toolkit (nccl-tests, the plugin) loads libcudart.so.N from PyTorch's wheels.
-        lib = runtime_lib(ctx)
-        if lib:
-            c.ld_library_path.append(lib)
-    return c
-
-
 def template_target(ctx: Context) -> str:
     """CUDA's name of the architecture's target directory (targets/x86_64-linux, targets/sbsa-linux), where
     nvcc.profile looks for include/ and lib/."""
     return compat.CUDA_TARGET[ctx.arch]
 
 
-def track(pin: Pin, resolved: Any, files: Callable[[str], Any]) -> list[Tracked]:
-    """`imgbuild outdated`: the toolkit wheels follow PyTorch; a base image's CUDA is checked against the CUDA
-    releases PyTorch's wheels are built for (pytorch's releases.yaml)."""
-    if pin.source == "wheel":
-        return [Tracked("follows", "pytorch", fixed="its toolkit wheels are the cuda-toolkit release PyTorch pins")]
-    built_for = sorted({r.cuda for r in files("pytorch").releases}, key=lambda v: Version(v))
-    fixed = "CUDA comes with the base image: change cuda.version, base.tag and base.builder_tag together"
-    return [Tracked("table", "pytorch", ("cuda", "version"), tuple(built_for), fixed)]
-
-
-BLOCK = Block(
-    name="cuda",
-    options=Cuda,
-    modes={"base": "provided", "wheel": "fragment"},
-    resolve=resolve,
-    contribute=contribute,
-    details=CudaDetails,
-    build_after=("python",),  # the toolkit's wheels install with the venv's pip
-    tag=(3, "cuda"),
-    requirements=requirements,
-    requirements_apart=("cuda",),
-    top_level=True,
-    template_globals={
+class CudaBlock(Block, PythonSets, Released, Tracks):
+    name = "cuda"
+    options = Cuda
+    modes = {"base": "provided", "wheel": "fragment"}
+    details = CudaDetails
+    build_after = ("python",)  # the toolkit's wheels install with the venv's pip
+    tag = (3, "cuda")
+    requirements_apart = ("cuda",)
+    top_level = True
+    template_globals = {
         "cuda_wheel_dir": wheel_dir,
         "cuda_wheel_target": lambda: WHEEL_TARGET,
         "cuda_target_dir": template_target,
         "cuda_runtime_lib": runtime_lib,
-    },
-    release_file=release_file,
-    track=track,
-)
+    }
+
+    def resolve(self, cuda: Cuda, rs: Resolution) -> Pin:
+        p = rs.recipe.platform
+        if p.accelerator != "nvidia":
+            raise rs.fail("cuda", f"only nvidia platforms take cuda, this one is '{p.accelerator}'")
+        assert p.gpu_arch is not None  # the schema guarantees it on nvidia platforms
+        row = arch(p.gpu_arch)
+        if Version(cuda.version) < Version(row.min_cuda):
+            raise rs.fail("cuda.version", f"{p.gpu_arch} ({row.gpu}) needs CUDA >= {row.min_cuda}, got {cuda.version}")
+        origin = "recipe"
+        if cuda.source == "wheel":
+            if _major(cuda.version) < int(WHEEL_MIN_CUDA):
+                raise rs.fail(
+                    "cuda.source",
+                    f"CUDA {cuda.version}'s toolkit wheels have no nvcc binary (nvidia-cuda-nvcc-cu12 carries only "
+                    f"ptxas and headers): wheels compile from CUDA {WHEEL_MIN_CUDA} on",
+                    hint="use source: base with an nvidia/cuda -devel builder, or CUDA 13",
+                )
+            require_venv(rs)
+            origin = "cuda-toolkit wheels, builder only"
+        details = CudaDetails(prefix=cuda.home, gpu_arch=p.gpu_arch, gencode=gencode(p.gpu_arch))
+        return Pin(version=cuda.version, source=cuda.source, origin=origin, details=details)
+
+    def contribute(self, pin: Pin, ctx: Context) -> Contribution:
+        c = Contribution(name="cuda")
+        if pin.source == "wheel":
+            # What was compiled against the toolkit (nccl-tests, the plugin) loads libcudart.so.N from PyTorch's wheels.
+            lib = runtime_lib(ctx)
+            if lib:
+                c.ld_library_path.append(lib)
+        return c
+
+    def requirements(self, pin: Pin, ctx: Context) -> dict[str, list[str]]:
+        return {"cuda": [toolkit_requirement(str(pin.version))]} if pin.source == "wheel" else {}
+
+    def release_file(self) -> releases.ReleaseFile:
+        return release_file()
+
+    def track(self, pin: Pin, resolved: Any, files: Callable[[str], Any]) -> list[Tracked]:
+        """`imgbuild outdated`: the toolkit wheels follow PyTorch; a base image's CUDA is checked against the CUDA
+        releases PyTorch's wheels are built for (pytorch's releases.yaml)."""
+        if pin.source == "wheel":
+            return [Tracked("follows", "pytorch", fixed="its toolkit wheels are the cuda-toolkit release PyTorch pins")]
+        built_for = sorted({r.cuda for r in files("pytorch").releases}, key=lambda v: Version(v))
+        fixed = "CUDA comes with the base image: change cuda.version, base.tag and base.builder_tag together"
+        return [Tracked("table", "pytorch", ("cuda", "version"), tuple(built_for), fixed)]
+
+
+BLOCK = CudaBlock()

@@ -20,7 +20,8 @@ from packaging.version import Version
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 import imgbuild.blocks._releases as releases
-from imgbuild.blocks._core import Artifact, Block, Context, Contribution, Details, Pin, Resolution, with_prefix
+from imgbuild.blocks._block import Block, Downloads, Released
+from imgbuild.blocks._core import Artifact, Context, Contribution, Details, Pin, Resolution, with_prefix
 from imgbuild.blocks._releases import Text
 from imgbuild.blocks.gaudi import check_base
 from imgbuild.checks import CheckContext, check, compare, fail
@@ -116,32 +117,6 @@ class EfaDetails(Details):
         return "/opt/amazon/openmpi5" if self.mpi == "openmpi5" else "/opt/amazon/openmpi"
 
 
-def resolve(e: Efa, rs: Resolution) -> Pin:
-    # A base image's installer that the Gaudi table records was run by Habana on that release's OS: not unchecked.
-    vouched = e.source == "base" and check_base(rs, "components.efa.version", "efa", e.version)
-    release = efa_release(e.version)
-    read = bundle(rs, e.version) if e.source == "installer" else None
-    if release is None:
-        if not vouched:
-            unchecked = "OS support is" if read is not None else "OS support and the bundled plugin version are"
-            where = releases.file_name("efa")
-            rs.warnings.append(f"EFA installer {e.version} is not in {where}: {unchecked} unchecked")
-    elif rs.os_id not in release.os:
-        raise rs.fail(
-            "components.efa.version / os",
-            f"EFA installer {e.version} supports {', '.join(release.os)}, not {rs.os_id}",
-        )
-    details = EfaDetails(
-        mpi=e.mpi,
-        minimal=e.minimal,
-        check="sha256" if e.sha256 else "signature",
-        sha256=e.sha256,
-        key_fingerprint=None if e.sha256 else efa_file().key_fingerprint,
-        bundle=read,
-    )
-    return Pin(version=e.version, source=e.source, origin="recipe", details=details)
-
-
 INSTALLER_HOST = "https://efa-installer.amazonaws.com"
 
 
@@ -150,31 +125,6 @@ def installer_urls(version: str) -> dict[str, str]:
     written)."""
     tarball = f"{INSTALLER_HOST}/aws-efa-installer-{version}.tar.gz"
     return {"tarball": tarball, "signature": f"{tarball}.sig", "key": f"{INSTALLER_HOST}/aws-efa-installer.key"}
-
-
-def downloads(pin: Pin, ctx: Context) -> list[str]:
-    """The tarball, and with a signature check the signature and the key (checked by sha256 too where the lock
-    has one; the key's fingerprint is checked whatever the lock says)."""
-    if pin.source != "installer":
-        return []
-    urls = installer_urls(str(pin.version))
-    signed = pin.typed(EfaDetails).check == "signature"
-    return [urls["tarball"], *([urls["signature"], urls["key"]] if signed else [])]
-
-
-def contribute(pin: Pin, ctx: Context) -> Contribution:
-    c = Contribution(name="efa")
-    if pin.source == "installer":
-        c.builder_packages |= {"curl", "ca-certificates", "gnupg"}
-        d = pin.typed(EfaDetails)
-        c.path += [f"{d.mpi_prefix}/bin", f"{d.prefix}/bin"]
-        c.ld_library_path += [f"{d.prefix}/lib"]
-        if not d.minimal:
-            # nccl-tests (and whatever else links -lmpi) carry no rpath to the installer's Open MPI.
-            c.ld_library_path.append(f"{d.mpi_prefix}/lib")
-        if not ctx.has("libfabric"):  # the installer's libfabric stands in for the block (Block.provides)
-            c.offers["openmpi"] = [with_prefix("ofi", d.prefix)]
-    return c
 
 
 def efa_flags(pin: Pin, ctx: Context) -> str:
@@ -304,20 +254,69 @@ ARTIFACT = Artifact(
 )
 
 
-BLOCK = Block(
-    name="efa",
-    options=Efa,
-    modes={"installer": "fragment", "base": "provided"},
-    resolve=resolve,
-    contribute=contribute,
-    details=EfaDetails,
-    provides=("libfabric",),
-    tag=(6, "efa"),
-    downloads=downloads,
-    template_globals={"efa_flags": efa_flags, "efa_installer_urls": installer_urls},
-    release_file=efa_file,
-    artifact=ARTIFACT,
-)
+class EfaBlock(Block, Downloads, Released):
+    name = "efa"
+    options = Efa
+    modes = {"installer": "fragment", "base": "provided"}
+    details = EfaDetails
+    provides = ("libfabric",)
+    tag = (6, "efa")
+    template_globals = {"efa_flags": efa_flags, "efa_installer_urls": installer_urls}
+    artifact = ARTIFACT
+
+    def resolve(self, e: Efa, rs: Resolution) -> Pin:
+        # A base image's installer that the Gaudi table records was run by Habana on that release's OS: not unchecked.
+        vouched = e.source == "base" and check_base(rs, "components.efa.version", "efa", e.version)
+        release = efa_release(e.version)
+        read = bundle(rs, e.version) if e.source == "installer" else None
+        if release is None:
+            if not vouched:
+                unchecked = "OS support is" if read is not None else "OS support and the bundled plugin version are"
+                where = releases.file_name("efa")
+                rs.warnings.append(f"EFA installer {e.version} is not in {where}: {unchecked} unchecked")
+        elif rs.os_id not in release.os:
+            raise rs.fail(
+                "components.efa.version / os",
+                f"EFA installer {e.version} supports {', '.join(release.os)}, not {rs.os_id}",
+            )
+        details = EfaDetails(
+            mpi=e.mpi,
+            minimal=e.minimal,
+            check="sha256" if e.sha256 else "signature",
+            sha256=e.sha256,
+            key_fingerprint=None if e.sha256 else efa_file().key_fingerprint,
+            bundle=read,
+        )
+        return Pin(version=e.version, source=e.source, origin="recipe", details=details)
+
+    def contribute(self, pin: Pin, ctx: Context) -> Contribution:
+        c = Contribution(name="efa")
+        if pin.source == "installer":
+            c.builder_packages |= {"curl", "ca-certificates", "gnupg"}
+            d = pin.typed(EfaDetails)
+            c.path += [f"{d.mpi_prefix}/bin", f"{d.prefix}/bin"]
+            c.ld_library_path += [f"{d.prefix}/lib"]
+            if not d.minimal:
+                # nccl-tests (and whatever else links -lmpi) carry no rpath to the installer's Open MPI.
+                c.ld_library_path.append(f"{d.mpi_prefix}/lib")
+            if not ctx.has("libfabric"):  # the installer's libfabric stands in for the block (Block.provides)
+                c.offers["openmpi"] = [with_prefix("ofi", d.prefix)]
+        return c
+
+    def downloads(self, pin: Pin, ctx: Context) -> list[str]:
+        """The tarball, and with a signature check the signature and the key (checked by sha256 too where the lock
+        has one; the key's fingerprint is checked whatever the lock says)."""
+        if pin.source != "installer":
+            return []
+        urls = installer_urls(str(pin.version))
+        signed = pin.typed(EfaDetails).check == "signature"
+        return [urls["tarball"], *([urls["signature"], urls["key"]] if signed else [])]
+
+    def release_file(self) -> releases.ReleaseFile:
+        return efa_file()
+
+
+BLOCK = EfaBlock()
 
 
 @check("efa-installer-version", "efa")

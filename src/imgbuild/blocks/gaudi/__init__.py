@@ -11,7 +11,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 import imgbuild.blocks._releases as releases
-from imgbuild.blocks._core import Block, Pin, Resolution, Tracked
+from imgbuild.blocks._block import Block, RecipeRules, Released, Tracks
+from imgbuild.blocks._core import Pin, Resolution, Tracked
 from imgbuild.blocks._releases import Text
 from imgbuild.spec.schema import Strict, pin_validator
 
@@ -49,34 +50,6 @@ class Gaudi(Strict):
     _pin = pin_validator("version")
 
 
-def resolve(g: Gaudi, rs: Resolution) -> Pin:
-    release = gaudi_release(g.version)
-    if release is None:
-        known = ", ".join(r.version for r in release_file().releases)
-        raise rs.fail(
-            "components.gaudi.version",
-            f"Gaudi {g.version} is not in {releases.file_name('gaudi')} (known: {known})",
-        )
-    t = rs.options("pytorch")
-    if t is None or t.version != release.pytorch:
-        raise rs.fail(
-            "components.pytorch.version",
-            f"Gaudi {g.version} ships PyTorch {release.pytorch}, got {t.version if t else 'none'}",
-        )
-    if t.source != "base":
-        raise rs.fail("components.pytorch.source", "Gaudi's PyTorch comes with the base image: 'base'")
-    if rs.os_id not in release.os:
-        raise rs.fail("os", f"Gaudi {g.version} supports {', '.join(release.os)}, got {rs.os_id}")
-    image = f"{rs.recipe.base.image}:{rs.recipe.base.tag}"
-    if g.version not in image or f"pytorch-installer-{release.pytorch}" not in image:
-        raise rs.fail(
-            "base.image",
-            f"{image} is not Gaudi {g.version}'s PyTorch {release.pytorch} image "
-            f"(expected .../{g.version}/.../pytorch-installer-{release.pytorch})",
-        )
-    return Pin(version=g.version, source="base", origin="recipe")
-
-
 _NAMES = {"efa": "EFA", "libfabric": "libfabric", "openmpi": "Open MPI"}
 
 
@@ -93,23 +66,49 @@ def check_base(rs: Resolution, key: str, what: Literal["efa", "libfabric", "open
     return True
 
 
-def required(recipe: Recipe) -> str | None:
-    return "a gaudi platform needs components.gaudi.version" if recipe.platform.accelerator == "gaudi" else None
+class GaudiBlock(Block, RecipeRules, Released, Tracks):
+    name = "gaudi"
+    options = Gaudi
+    modes = {"base": "provided"}
+    tag = (1, "gaudi")
+
+    def resolve(self, g: Gaudi, rs: Resolution) -> Pin:
+        release = gaudi_release(g.version)
+        if release is None:
+            known = ", ".join(r.version for r in release_file().releases)
+            raise rs.fail(
+                "components.gaudi.version",
+                f"Gaudi {g.version} is not in {releases.file_name('gaudi')} (known: {known})",
+            )
+        t = rs.options("pytorch")
+        if t is None or t.version != release.pytorch:
+            raise rs.fail(
+                "components.pytorch.version",
+                f"Gaudi {g.version} ships PyTorch {release.pytorch}, got {t.version if t else 'none'}",
+            )
+        if t.source != "base":
+            raise rs.fail("components.pytorch.source", "Gaudi's PyTorch comes with the base image: 'base'")
+        if rs.os_id not in release.os:
+            raise rs.fail("os", f"Gaudi {g.version} supports {', '.join(release.os)}, got {rs.os_id}")
+        image = f"{rs.recipe.base.image}:{rs.recipe.base.tag}"
+        if g.version not in image or f"pytorch-installer-{release.pytorch}" not in image:
+            raise rs.fail(
+                "base.image",
+                f"{image} is not Gaudi {g.version}'s PyTorch {release.pytorch} image "
+                f"(expected .../{g.version}/.../pytorch-installer-{release.pytorch})",
+            )
+        return Pin(version=g.version, source="base", origin="recipe")
+
+    def required(self, recipe: Recipe) -> str | None:
+        return "a gaudi platform needs components.gaudi.version" if recipe.platform.accelerator == "gaudi" else None
+
+    def release_file(self) -> releases.ReleaseFile:
+        return release_file()
+
+    def track(self, pin: Pin, resolved: Any, files: Callable[[str], Any]) -> list[Tracked]:
+        """`imgbuild outdated`: the Gaudi releases releases.yaml lists."""
+        versions = tuple(r.version for r in release_file().releases)
+        return [Tracked("table", "gaudi", ("components", "gaudi", "version"), versions)]
 
 
-def track(pin: Pin, resolved: Any, files: Callable[[str], Any]) -> list[Tracked]:
-    """`imgbuild outdated`: the Gaudi releases releases.yaml lists."""
-    versions = tuple(r.version for r in release_file().releases)
-    return [Tracked("table", "gaudi", ("components", "gaudi", "version"), versions)]
-
-
-BLOCK = Block(
-    name="gaudi",
-    options=Gaudi,
-    modes={"base": "provided"},
-    resolve=resolve,
-    tag=(1, "gaudi"),
-    required=required,
-    release_file=release_file,
-    track=track,
-)
+BLOCK = GaudiBlock()

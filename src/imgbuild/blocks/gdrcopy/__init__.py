@@ -13,7 +13,8 @@ from __future__ import annotations
 import shlex
 
 import imgbuild.blocks._releases as releases
-from imgbuild.blocks._core import Block, Context, Contribution, FromTag, Installed, Pin, Resolution, tag_artifact
+from imgbuild.blocks._block import Block, Downloads, Released
+from imgbuild.blocks._core import Context, Contribution, FromTag, Installed, Pin, Resolution, tag_artifact
 from imgbuild.checks import CheckContext, check, fail, ldd_missing, passed, skip
 from imgbuild.checks.results import CheckResult
 from imgbuild.spec.schema import AbsPath, Strict, pin_validator
@@ -25,13 +26,6 @@ class GdrCopy(Strict):
     version: str
     prefix: AbsPath = "/opt/gdrcopy"
     _pin = pin_validator("version")
-
-
-def resolve(g: GdrCopy, rs: Resolution) -> Pin:
-    if rs.recipe.cuda is None:
-        raise rs.fail("components.gdrcopy", "GDRCopy builds against CUDA (an nvidia platform)")
-    commit = rs.tag_commit("gdrcopy", g.version, source_url(g.version))
-    return Pin(version=g.version, source="release", origin="recipe", details=FromTag(prefix=g.prefix, commit=commit))
 
 
 # The library needs the host's gdrdrv device in the container. ONE rule, contributed here: the image's ENV sets
@@ -51,32 +45,39 @@ def source_url(version: str) -> str:
     return f"https://github.com/NVIDIA/gdrcopy/archive/refs/tags/v{version}.tar.gz"
 
 
-def downloads(pin: Pin, ctx: Context) -> list[str]:
-    return [source_url(str(pin.version))]
+class GdrcopyBlock(Block, Downloads, Released):
+    name = "gdrcopy"
+    options = GdrCopy
+    modes = {"release": "fragment"}
+    details = FromTag
+    build_after = ("cuda",)
+    template_globals = {"gdrcopy_source_url": source_url}
+    artifact = tag_artifact(source_url)
+
+    def resolve(self, g: GdrCopy, rs: Resolution) -> Pin:
+        if rs.recipe.cuda is None:
+            raise rs.fail("components.gdrcopy", "GDRCopy builds against CUDA (an nvidia platform)")
+        commit = rs.tag_commit("gdrcopy", g.version, source_url(g.version))
+        return Pin(
+            version=g.version, source="release", origin="recipe", details=FromTag(prefix=g.prefix, commit=commit)
+        )
+
+    def contribute(self, pin: Pin, ctx: Context) -> Contribution:
+        c = Contribution(name="gdrcopy")
+        c.builder_packages |= {"curl", "ca-certificates", "build-essential"}
+        c.ld_library_path.append(f"{pin.typed(Installed).prefix}/lib")
+        c.env["NVIDIA_GDRCOPY"] = "enabled"
+        c.host_devices.append(GDRDRV)
+        return c
+
+    def downloads(self, pin: Pin, ctx: Context) -> list[str]:
+        return [source_url(str(pin.version))]
+
+    def release_file(self) -> releases.ReleaseFile:
+        return releases.tag_file("gdrcopy")
 
 
-def contribute(pin: Pin, ctx: Context) -> Contribution:
-    c = Contribution(name="gdrcopy")
-    c.builder_packages |= {"curl", "ca-certificates", "build-essential"}
-    c.ld_library_path.append(f"{pin.typed(Installed).prefix}/lib")
-    c.env["NVIDIA_GDRCOPY"] = "enabled"
-    c.host_devices.append(GDRDRV)
-    return c
-
-
-BLOCK = Block(
-    name="gdrcopy",
-    options=GdrCopy,
-    modes={"release": "fragment"},
-    resolve=resolve,
-    contribute=contribute,
-    details=FromTag,
-    build_after=("cuda",),
-    downloads=downloads,
-    template_globals={"gdrcopy_source_url": source_url},
-    release_file=lambda: releases.tag_file("gdrcopy"),
-    artifact=tag_artifact(source_url),
-)
+BLOCK = GdrcopyBlock()
 
 
 @check("gdrcopy-library", "gdrcopy")

@@ -15,7 +15,8 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from imgbuild.blocks._core import Block, Context, Contribution, Pin, Resolution, with_prefix
+from imgbuild.blocks._block import Block
+from imgbuild.blocks._core import Context, Contribution, Pin, Resolution, with_prefix
 from imgbuild.checks import CheckContext, check, compare, fail
 from imgbuild.checks.results import CheckResult
 from imgbuild.spec.schema import Strict, pin_validator
@@ -35,25 +36,23 @@ class Hwloc(Strict):
     _pin = pin_validator("version")
 
 
-def resolve(h: Hwloc, rs: Resolution) -> Pin:
-    return rs.distro_pin("components.hwloc", "hwloc", h.version)
+class HwlocBlock(Block):
+    name = "hwloc"
+    options = Hwloc
+    modes = {"distro": "packages"}
+
+    def resolve(self, h: Hwloc, rs: Resolution) -> Pin:
+        return rs.distro_pin("components.hwloc", "hwloc", h.version)
+
+    def contribute(self, pin: Pin, ctx: Context) -> Contribution:
+        c = Contribution(name="hwloc")
+        c.builder_packages.add("libhwloc-dev")
+        c.runtime_packages.add(PACKAGE)
+        c.offers = {consumer: [with_prefix("hwloc", PREFIX)] for consumer in CONSUMERS}
+        return c
 
 
-def contribute(pin: Pin, ctx: Context) -> Contribution:
-    c = Contribution(name="hwloc")
-    c.builder_packages.add("libhwloc-dev")
-    c.runtime_packages.add(PACKAGE)
-    c.offers = {consumer: [with_prefix("hwloc", PREFIX)] for consumer in CONSUMERS}
-    return c
-
-
-BLOCK = Block(
-    name="hwloc",
-    options=Hwloc,
-    modes={"distro": "packages"},
-    resolve=resolve,
-    contribute=contribute,
-)
+BLOCK = HwlocBlock()
 
 
 @check("hwloc-library", "hwloc")

@@ -12,7 +12,8 @@ import re
 import shlex
 from typing import Any, Literal
 
-from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution, with_prefix
+from imgbuild.blocks._block import Block
+from imgbuild.blocks._core import Context, Contribution, Details, Pin, Resolution, with_prefix
 from imgbuild.blocks.efa import bundled, from_efa
 from imgbuild.blocks.gaudi import check_base
 from imgbuild.checks import CheckContext, check, compare, fail, first_executable, passed, skip
@@ -35,47 +36,45 @@ class Libfabric(Strict):
     _pin = pin_validator("version")
 
 
-def resolve(lf: Libfabric, rs: Resolution) -> Pin:
-    key = "components.libfabric"
-    efa = rs.options("efa")
-    if lf.source == "efa":
-        pin = from_efa(rs, f"{key}.source", "libfabric")
-        version = bundled(rs, efa.version, "libfabric") if efa else None
-        if lf.version is not None and version is not None and lf.version != version:
-            raise rs.fail(f"{key}.version", f"EFA {efa.version} bundles {version}")
-        return pin.model_copy(
-            update={"version": lf.version or version, "details": Details(prefix=lf.prefix or "/opt/amazon/efa")}
-        )
-    if lf.source == "distro":
-        return rs.distro_pin(key, "libfabric", lf.version).model_copy(update={"details": Details(prefix="/usr")})
-    if lf.version is None:
-        raise rs.fail(f"{key}.version", "required when libfabric comes with the base image")
-    check_base(rs, f"{key}.version", "libfabric", lf.version)
-    return Pin(version=lf.version, source="base", origin="base image", details=Details(prefix=lf.prefix))
+class LibfabricBlock(Block):
+    name = "libfabric"
+    options = Libfabric
+    modes = {"efa": "provided", "distro": "packages", "base": "provided"}
+    node_checks = ("fi_pingpong",)  # libfabric's own test program, between two nodes
+
+    def resolve(self, lf: Libfabric, rs: Resolution) -> Pin:
+        key = "components.libfabric"
+        efa = rs.options("efa")
+        if lf.source == "efa":
+            pin = from_efa(rs, f"{key}.source", "libfabric")
+            version = bundled(rs, efa.version, "libfabric") if efa else None
+            if lf.version is not None and version is not None and lf.version != version:
+                raise rs.fail(f"{key}.version", f"EFA {efa.version} bundles {version}")
+            return pin.model_copy(
+                update={"version": lf.version or version, "details": Details(prefix=lf.prefix or "/opt/amazon/efa")}
+            )
+        if lf.source == "distro":
+            return rs.distro_pin(key, "libfabric", lf.version).model_copy(update={"details": Details(prefix="/usr")})
+        if lf.version is None:
+            raise rs.fail(f"{key}.version", "required when libfabric comes with the base image")
+        check_base(rs, f"{key}.version", "libfabric", lf.version)
+        return Pin(version=lf.version, source="base", origin="base image", details=Details(prefix=lf.prefix))
+
+    def contribute(self, pin: Pin, ctx: Context) -> Contribution:
+        c = Contribution(name="libfabric")
+        if pin.source == "distro":
+            c.runtime_packages |= {"libfabric1", "libfabric-bin"}
+            if ctx.fabric_in_builder:  # a block compiles against it (the plugin): its headers and libfabric.so
+                c.builder_packages.add("libfabric-dev")
+        elif pin.source == "base" and pin.details.prefix:
+            c.env["LIBFABRIC_ROOT"] = pin.details.prefix
+            c.path.append(f"{pin.details.prefix}/bin")
+            c.ld_library_path.append(f"{pin.details.prefix}/lib")
+        c.offers["openmpi"] = [with_prefix("ofi", pin.details.prefix)]
+        return c
 
 
-def contribute(pin: Pin, ctx: Context) -> Contribution:
-    c = Contribution(name="libfabric")
-    if pin.source == "distro":
-        c.runtime_packages |= {"libfabric1", "libfabric-bin"}
-        if ctx.fabric_in_builder:  # a block compiles against it (the plugin): its headers and libfabric.so
-            c.builder_packages.add("libfabric-dev")
-    elif pin.source == "base" and pin.details.prefix:
-        c.env["LIBFABRIC_ROOT"] = pin.details.prefix
-        c.path.append(f"{pin.details.prefix}/bin")
-        c.ld_library_path.append(f"{pin.details.prefix}/lib")
-    c.offers["openmpi"] = [with_prefix("ofi", pin.details.prefix)]
-    return c
-
-
-BLOCK = Block(
-    name="libfabric",
-    options=Libfabric,
-    modes={"efa": "provided", "distro": "packages", "base": "provided"},
-    resolve=resolve,
-    contribute=contribute,
-    node_checks=("fi_pingpong",),  # libfabric's own test program, between two nodes
-)
+BLOCK = LibfabricBlock()
 
 
 def _fi_info(ctx: CheckContext) -> str | None:

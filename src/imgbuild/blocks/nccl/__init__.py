@@ -18,7 +18,8 @@ from pydantic import Field
 
 import imgbuild.blocks._releases as releases
 from imgbuild import probes
-from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution, Tracked
+from imgbuild.blocks._block import Block, Downloads, PythonSets, Released, Tracks
+from imgbuild.blocks._core import Context, Contribution, Details, Pin, Resolution, Tracked
 from imgbuild.blocks.python import require_venv, site_packages
 from imgbuild.blocks.pytorch import PyTorchDetails, torch_probe
 from imgbuild.checks import CONTAINER, CheckContext, Ran, check, compare, fail, passed, skip
@@ -67,99 +68,94 @@ class NcclDetails(Details):
     package: str | None = None
 
 
-def resolve(n: NCCL, rs: Resolution) -> Pin:
-    pinned = rs.pins.get("pytorch")
-    torch = pinned.typed(PyTorchDetails).wheel() if pinned is not None else None  # a pip-installed PyTorch's pins
-    t = rs.options("pytorch")
-    version = n.version
-    origin = "recipe"
-    if torch is not None:
-        if version is not None and version != torch.nccl:
-            raise rs.fail(
-                "components.nccl.version",
-                f"{version} is not the NCCL that PyTorch {t.version} pins ({torch.nccl_package}=={torch.nccl})",
-                hint="leave components.nccl.version out to take PyTorch's",
-            )
-        version = torch.nccl
-        origin = f"= PyTorch {t.version}'s pin"
-    if version is None:
-        raise rs.fail("components.nccl.version", "required when PyTorch is not in the recipe")
-    if n.source == "wheel":
-        require_venv(rs)
-        package = n.package
-        if package is None:
-            if torch is not None:
-                package = torch.nccl_package
-            elif rs.recipe.cuda is not None:
-                package = f"nvidia-nccl-cu{rs.recipe.cuda.version.split('.')[0]}"
-            else:
-                package = "nvidia-nccl-cu12"
-        if torch is not None and package != torch.nccl_package:
-            raise rs.fail(
-                "components.nccl.package", f"{package} is not the package PyTorch pins ({torch.nccl_package})"
-            )
-        venv_packages = site_packages(rs.pins["python"])
-        details = NcclDetails(package=package, prefix=f"{venv_packages}/nvidia/nccl" if venv_packages else None)
-    else:
-        if rs.recipe.cuda is None:
-            raise rs.fail("components.nccl.source", "'build' needs CUDA (an nvidia platform)")
-        details = NcclDetails(prefix=n.prefix)
-    return Pin(version=version, source=n.source, origin=origin, details=details)
-
-
 def source_url(version: str) -> str:
     """NCCL's release: GitHub's archive of its tag `v<version>-1` (the one place its URL is written)."""
     return f"https://github.com/NVIDIA/nccl/archive/refs/tags/v{version}-1.tar.gz"
 
 
-def downloads(pin: Pin, ctx: Context) -> list[str]:
-    return [source_url(str(pin.version))] if pin.source == "build" else []
+class NcclBlock(Block, Downloads, PythonSets, Released, Tracks):
+    name = "nccl"
+    options = NCCL
+    modes = {"build": "fragment", "wheel": "fragment"}
+    details = NcclDetails
+    after = ("pytorch", "python")
+    build_after = ("python",)
+    tag = (4, "nccl")
+    template_globals = {"nccl_source_url": source_url}
+
+    def resolve(self, n: NCCL, rs: Resolution) -> Pin:
+        pinned = rs.pins.get("pytorch")
+        torch = pinned.typed(PyTorchDetails).wheel() if pinned is not None else None  # a pip-installed PyTorch's pins
+        t = rs.options("pytorch")
+        version = n.version
+        origin = "recipe"
+        if torch is not None:
+            if version is not None and version != torch.nccl:
+                raise rs.fail(
+                    "components.nccl.version",
+                    f"{version} is not the NCCL that PyTorch {t.version} pins ({torch.nccl_package}=={torch.nccl})",
+                    hint="leave components.nccl.version out to take PyTorch's",
+                )
+            version = torch.nccl
+            origin = f"= PyTorch {t.version}'s pin"
+        if version is None:
+            raise rs.fail("components.nccl.version", "required when PyTorch is not in the recipe")
+        if n.source == "wheel":
+            require_venv(rs)
+            package = n.package
+            if package is None:
+                if torch is not None:
+                    package = torch.nccl_package
+                elif rs.recipe.cuda is not None:
+                    package = f"nvidia-nccl-cu{rs.recipe.cuda.version.split('.')[0]}"
+                else:
+                    package = "nvidia-nccl-cu12"
+            if torch is not None and package != torch.nccl_package:
+                raise rs.fail(
+                    "components.nccl.package", f"{package} is not the package PyTorch pins ({torch.nccl_package})"
+                )
+            venv_packages = site_packages(rs.pins["python"])
+            details = NcclDetails(package=package, prefix=f"{venv_packages}/nvidia/nccl" if venv_packages else None)
+        else:
+            if rs.recipe.cuda is None:
+                raise rs.fail("components.nccl.source", "'build' needs CUDA (an nvidia platform)")
+            details = NcclDetails(prefix=n.prefix)
+        return Pin(version=version, source=n.source, origin=origin, details=details)
+
+    def contribute(self, pin: Pin, ctx: Context) -> Contribution:
+        c = Contribution(name="nccl")
+        if pin.source == "build":
+            c.builder_packages |= {"curl", "ca-certificates", "build-essential"}
+        if pin.details.prefix:
+            # One NCCL: the loader finds the one PyTorch loads (its wheel's, through its RPATH) for everything else too.
+            c.ld_library_path.append(f"{pin.details.prefix}/lib")
+            c.env["NCCL_HOME"] = pin.details.prefix
+        return c
+
+    def requirements(self, pin: Pin, ctx: Context) -> dict[str, list[str]]:
+        """The wheel (installed into the builder stage's venv, which the runtime stage copies)."""
+        if pin.source != "wheel":
+            return {}
+        return {"nccl": [f"{pin.typed(NcclDetails).package}=={pin.version}"]}
+
+    def downloads(self, pin: Pin, ctx: Context) -> list[str]:
+        return [source_url(str(pin.version))] if pin.source == "build" else []
+
+    def release_file(self) -> releases.ReleaseFile:
+        return release_file()
+
+    def track(self, pin: Pin, resolved: Any, files: Callable[[str], Any]) -> list[Tracked]:
+        """`imgbuild outdated`: PyTorch's pin where a pip-installed PyTorch decides it, else the NCCL wheel's
+        releases."""
+        torch = resolved.pins.get("pytorch")
+        if torch is not None and torch.source == "pip":
+            return [Tracked("follows", "pytorch", fixed="it is PyTorch's pin")]
+        cuda = resolved.recipe.cuda
+        package = pin.typed(NcclDetails).package or f"nvidia-nccl-cu{cuda.version.split('.')[0] if cuda else '12'}"
+        return [Tracked("index", package, ("components", "nccl", "version"))]
 
 
-def requirements(pin: Pin, ctx: Context) -> dict[str, list[str]]:
-    """The wheel (installed into the builder stage's venv, which the runtime stage copies)."""
-    if pin.source != "wheel":
-        return {}
-    return {"nccl": [f"{pin.typed(NcclDetails).package}=={pin.version}"]}
-
-
-def contribute(pin: Pin, ctx: Context) -> Contribution:
-    c = Contribution(name="nccl")
-    if pin.source == "build":
-        c.builder_packages |= {"curl", "ca-certificates", "build-essential"}
-    if pin.details.prefix:
-        # One NCCL: the loader finds the one PyTorch loads (its wheel's, through its RPATH) for everything else too.
-        c.ld_library_path.append(f"{pin.details.prefix}/lib")
-        c.env["NCCL_HOME"] = pin.details.prefix
-    return c
-
-
-def track(pin: Pin, resolved: Any, files: Callable[[str], Any]) -> list[Tracked]:
-    """`imgbuild outdated`: PyTorch's pin where a pip-installed PyTorch decides it, else the NCCL wheel's releases."""
-    torch = resolved.pins.get("pytorch")
-    if torch is not None and torch.source == "pip":
-        return [Tracked("follows", "pytorch", fixed="it is PyTorch's pin")]
-    cuda = resolved.recipe.cuda
-    package = pin.typed(NcclDetails).package or f"nvidia-nccl-cu{cuda.version.split('.')[0] if cuda else '12'}"
-    return [Tracked("index", package, ("components", "nccl", "version"))]
-
-
-BLOCK = Block(
-    name="nccl",
-    options=NCCL,
-    modes={"build": "fragment", "wheel": "fragment"},
-    resolve=resolve,
-    contribute=contribute,
-    details=NcclDetails,
-    requirements=requirements,
-    after=("pytorch", "python"),
-    build_after=("python",),
-    tag=(4, "nccl"),
-    downloads=downloads,
-    template_globals={"nccl_source_url": source_url},
-    release_file=release_file,
-    track=track,
-)
+BLOCK = NcclBlock()
 
 
 def nccl_code(version: str) -> int:

@@ -11,7 +11,8 @@ import posixpath
 import shlex
 
 import imgbuild.blocks._releases as releases
-from imgbuild.blocks._core import Block, Context, Contribution, FromTag, Installed, Pin, Resolution, tag_artifact
+from imgbuild.blocks._block import Block, Downloads, Released
+from imgbuild.blocks._core import Context, Contribution, FromTag, Installed, Pin, Resolution, tag_artifact
 from imgbuild.blocks.nccl import nccl_probe
 from imgbuild.blocks.openmpi import owns_libmpi
 from imgbuild.checks import CONTAINER, CheckContext, check, fail, ldd_missing, passed
@@ -28,14 +29,6 @@ class NcclTests(Strict):
     version: str
     prefix: AbsPath = PREFIX
     _pin = pin_validator("version")
-
-
-def resolve(t: NcclTests, rs: Resolution) -> Pin:
-    nccl, mpi = rs.pins.get("nccl"), rs.pins.get("openmpi")
-    if nccl is None or mpi is None or rs.recipe.cuda is None:
-        raise rs.fail("components.nccl_tests", "nccl-tests build against CUDA, the recipe's NCCL and Open MPI")
-    commit = rs.tag_commit("nccl_tests", t.version, source_url(t.version))
-    return Pin(version=t.version, source="release", origin="recipe", details=FromTag(prefix=t.prefix, commit=commit))
 
 
 def source_url(version: str) -> str:
@@ -68,32 +61,40 @@ def make_line(src: str, ctx: Context) -> str:
     )
 
 
-def downloads(pin: Pin, ctx: Context) -> list[str]:
-    return [source_url(str(pin.version))]
+class NcclTestsBlock(Block, Downloads, Released):
+    name = "nccl_tests"
+    options = NcclTests
+    modes = {"release": "fragment"}
+    details = FromTag
+    after = ("nccl", "openmpi")
+    build_after = ("cuda", "efa", "openmpi", "nccl")
+    template_globals = {"nccl_tests_source_url": source_url, "nccl_tests_make": make_line}
+    node_checks = ("nccl-tests all_reduce_perf",)  # its all_reduce_perf across the nodes
+    artifact = tag_artifact(source_url)
+
+    def resolve(self, t: NcclTests, rs: Resolution) -> Pin:
+        nccl, mpi = rs.pins.get("nccl"), rs.pins.get("openmpi")
+        if nccl is None or mpi is None or rs.recipe.cuda is None:
+            raise rs.fail("components.nccl_tests", "nccl-tests build against CUDA, the recipe's NCCL and Open MPI")
+        commit = rs.tag_commit("nccl_tests", t.version, source_url(t.version))
+        return Pin(
+            version=t.version, source="release", origin="recipe", details=FromTag(prefix=t.prefix, commit=commit)
+        )
+
+    def contribute(self, pin: Pin, ctx: Context) -> Contribution:
+        c = Contribution(name="nccl_tests")
+        c.path.append(pin.typed(Installed).prefix)
+        c.needs_fabric_in_builder = True
+        return c
+
+    def downloads(self, pin: Pin, ctx: Context) -> list[str]:
+        return [source_url(str(pin.version))]
+
+    def release_file(self) -> releases.ReleaseFile:
+        return releases.tag_file("nccl_tests")
 
 
-def contribute(pin: Pin, ctx: Context) -> Contribution:
-    c = Contribution(name="nccl_tests")
-    c.path.append(pin.typed(Installed).prefix)
-    c.needs_fabric_in_builder = True
-    return c
-
-
-BLOCK = Block(
-    name="nccl_tests",
-    options=NcclTests,
-    modes={"release": "fragment"},
-    resolve=resolve,
-    contribute=contribute,
-    details=FromTag,
-    after=("nccl", "openmpi"),
-    build_after=("cuda", "efa", "openmpi", "nccl"),
-    downloads=downloads,
-    template_globals={"nccl_tests_source_url": source_url, "nccl_tests_make": make_line},
-    node_checks=("nccl-tests all_reduce_perf",),  # its all_reduce_perf across the nodes
-    release_file=lambda: releases.tag_file("nccl_tests"),
-    artifact=tag_artifact(source_url),
-)
+BLOCK = NcclTestsBlock()
 
 
 @check("nccl-tests-binaries", "nccl_tests", scopes=CONTAINER)

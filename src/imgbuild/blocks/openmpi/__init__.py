@@ -15,7 +15,8 @@ import shlex
 from typing import Literal
 
 import imgbuild.blocks._releases as releases
-from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution
+from imgbuild.blocks._block import Block, Downloads, Released
+from imgbuild.blocks._core import Context, Contribution, Details, Pin, Resolution
 from imgbuild.blocks.efa import from_efa
 from imgbuild.blocks.gaudi import check_base
 from imgbuild.checks import CheckContext, check, compare, fail, first_executable
@@ -24,11 +25,6 @@ from imgbuild.spec import compat
 from imgbuild.spec.schema import AbsPath, Strict, pin_validator
 
 # The distribution's Open MPI lives in its multiarch directory: one pin for every architecture, each image's own path.
-
-
-def release_file() -> releases.ReleaseFile:
-    """Open MPI's releases built from source (their downloads' checksums)."""
-    return releases.component_file("openmpi", releases.ReleaseFile)
 
 
 DISTRO_PREFIX = f"/usr/lib/{compat.MULTIARCH}/openmpi"
@@ -41,23 +37,6 @@ class OpenMPI(Strict):
     version: str | None = None
     prefix: AbsPath | None = None
     _pin = pin_validator("version")
-
-
-def resolve(m: OpenMPI, rs: Resolution) -> Pin:
-    key = "components.openmpi"
-    if m.source == "efa":
-        pin = from_efa(rs, f"{key}.source", "Open MPI")
-        efa = rs.options("efa")
-        prefix = m.prefix or ("/opt/amazon/openmpi5" if efa.mpi == "openmpi5" else "/opt/amazon/openmpi")
-        return pin.model_copy(update={"version": m.version, "details": Details(prefix=prefix)})
-    if m.source == "distro":
-        return rs.distro_pin(key, "openmpi", m.version).model_copy(update={"details": Details(prefix=DISTRO_PREFIX)})
-    if m.version is None:
-        raise rs.fail(f"{key}.version", f"required when Open MPI comes from '{m.source}'")
-    if m.source == "base":
-        check_base(rs, f"{key}.version", "openmpi", m.version)
-    where = m.prefix or ("/opt/openmpi" if m.source == "source" else None)
-    return Pin(version=m.version, source=m.source, origin="recipe", details=Details(prefix=where))
 
 
 def owns_libmpi(pin: Pin, path: str) -> bool:
@@ -77,41 +56,59 @@ def source_url(version: str) -> str:
     return f"https://download.open-mpi.org/release/open-mpi/v{series}/openmpi-{version}.tar.bz2"
 
 
-def downloads(pin: Pin, ctx: Context) -> list[str]:
-    return [source_url(str(pin.version))] if pin.source == "source" else []
+class OpenmpiBlock(Block, Downloads, Released):
+    name = "openmpi"
+    options = OpenMPI
+    modes = {"efa": "provided", "distro": "packages", "base": "provided", "source": "fragment"}
+    tag = (7, "ompi")
+    template_globals = {"openmpi_source_url": source_url}
+    node_checks = ("mpi4py gather",)  # every rank runs the pinned Open MPI
+
+    def resolve(self, m: OpenMPI, rs: Resolution) -> Pin:
+        key = "components.openmpi"
+        if m.source == "efa":
+            pin = from_efa(rs, f"{key}.source", "Open MPI")
+            efa = rs.options("efa")
+            prefix = m.prefix or ("/opt/amazon/openmpi5" if efa.mpi == "openmpi5" else "/opt/amazon/openmpi")
+            return pin.model_copy(update={"version": m.version, "details": Details(prefix=prefix)})
+        if m.source == "distro":
+            return rs.distro_pin(key, "openmpi", m.version).model_copy(
+                update={"details": Details(prefix=DISTRO_PREFIX)}
+            )
+        if m.version is None:
+            raise rs.fail(f"{key}.version", f"required when Open MPI comes from '{m.source}'")
+        if m.source == "base":
+            check_base(rs, f"{key}.version", "openmpi", m.version)
+        where = m.prefix or ("/opt/openmpi" if m.source == "source" else None)
+        return Pin(version=m.version, source=m.source, origin="recipe", details=Details(prefix=where))
+
+    def contribute(self, pin: Pin, ctx: Context) -> Contribution:
+        c = Contribution(name="openmpi")
+        if pin.source == "distro":
+            c.runtime_packages |= {"openmpi-bin"}
+            distro = compat.DISTRO.get(f"{ctx.resolved.recipe.os.family}{ctx.resolved.recipe.os.version}")
+            c.stub_packages |= dict(distro.openmpi_stubs) if distro else {}
+        elif pin.source == "source":
+            c.builder_packages |= {"curl", "ca-certificates", "build-essential", "bzip2"}
+            c.path.append(f"{pin.details.prefix}/bin")
+            c.ld_library_path.append(f"{pin.details.prefix}/lib")
+        elif pin.source == "base" and pin.details.prefix:
+            c.env["MPI_ROOT"] = pin.details.prefix
+            c.path.append(f"{pin.details.prefix}/bin")
+        c.runtime_packages.add("openssh-client")  # mpirun starts remote daemons over ssh
+        # Containers run as root: the mpirun lines people copy from guides then run unchanged (AWS's DL containers).
+        c.env |= {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+        return c
+
+    def downloads(self, pin: Pin, ctx: Context) -> list[str]:
+        return [source_url(str(pin.version))] if pin.source == "source" else []
+
+    def release_file(self) -> releases.ReleaseFile:
+        """Open MPI's releases built from source (their downloads' checksums)."""
+        return releases.component_file("openmpi", releases.ReleaseFile)
 
 
-def contribute(pin: Pin, ctx: Context) -> Contribution:
-    c = Contribution(name="openmpi")
-    if pin.source == "distro":
-        c.runtime_packages |= {"openmpi-bin"}
-        distro = compat.DISTRO.get(f"{ctx.resolved.recipe.os.family}{ctx.resolved.recipe.os.version}")
-        c.stub_packages |= dict(distro.openmpi_stubs) if distro else {}
-    elif pin.source == "source":
-        c.builder_packages |= {"curl", "ca-certificates", "build-essential", "bzip2"}
-        c.path.append(f"{pin.details.prefix}/bin")
-        c.ld_library_path.append(f"{pin.details.prefix}/lib")
-    elif pin.source == "base" and pin.details.prefix:
-        c.env["MPI_ROOT"] = pin.details.prefix
-        c.path.append(f"{pin.details.prefix}/bin")
-    c.runtime_packages.add("openssh-client")  # mpirun starts remote daemons over ssh
-    # Containers run as root: the mpirun lines people copy from guides then run unchanged (AWS's DL containers).
-    c.env |= {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
-    return c
-
-
-BLOCK = Block(
-    name="openmpi",
-    options=OpenMPI,
-    modes={"efa": "provided", "distro": "packages", "base": "provided", "source": "fragment"},
-    resolve=resolve,
-    contribute=contribute,
-    tag=(7, "ompi"),
-    downloads=downloads,
-    template_globals={"openmpi_source_url": source_url},
-    node_checks=("mpi4py gather",),  # every rank runs the pinned Open MPI
-    release_file=release_file,
-)
+BLOCK = OpenmpiBlock()
 
 
 @check("openmpi-version", "openmpi")

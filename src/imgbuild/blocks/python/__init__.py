@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Mapping
 from typing import Literal
 
-from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution
+from imgbuild.blocks._block import Block, PythonSets
+from imgbuild.blocks._core import Context, Contribution, Details, Pin, Resolution
 from imgbuild.checks import CheckContext, check, compare, fail
 from imgbuild.checks.results import CheckResult
 from imgbuild.spec.schema import AbsPath, Strict, pin_validator
@@ -58,16 +60,6 @@ def site_packages(pin: Pin) -> str | None:
     return f"{pin.details.prefix}/lib/python{pin.version}/site-packages" if pin.details.prefix and pin.version else None
 
 
-def resolve(py: Python, rs: Resolution) -> Pin:
-    if py.source == "distro":
-        pin = rs.distro_pin("components.python", "python", py.version)
-    else:
-        if py.version is None:
-            raise rs.fail("components.python.version", "required when Python comes with the base image")
-        pin = Pin(version=py.version, source="base", origin="base image")
-    return pin.model_copy(update={"details": PythonDetails(prefix=py.venv)})
-
-
 def requirements(pin: Pin, ctx: Context) -> dict[str, list[str]]:
     """uv (UV_SET), when the image has a venv and another block installs a requirement set: the builder stage's pip
     installs it apart from the venv (`requirements_apart`), and it installs the other sets."""
@@ -84,18 +76,6 @@ def uv_installs(ctx: Context) -> bool:
     return ctx.content is not None and pin is not None and UV_SET in requirements(pin, ctx)
 
 
-def contribute(pin: Pin, ctx: Context) -> Contribution:
-    c = Contribution(name="python")
-    c.runtime_packages |= {"python3"} if pin.source == "distro" else set()
-    c.env["PYTHONUNBUFFERED"] = "1"  # training logs reach SageMaker / CloudWatch as they are written
-    venv = pin.typed(PythonDetails).venv
-    if venv:
-        c.builder_packages |= {"python3-venv", "ca-certificates"}
-        c.runtime_packages.add("python3-venv")
-        c.path.append(f"{venv}/bin")
-    return c
-
-
 def require_venv(rs: Resolution) -> None:
     """Blocks that pip-install need the python block with its virtual environment."""
     py = rs.options("python")
@@ -103,18 +83,40 @@ def require_venv(rs: Resolution) -> None:
         raise rs.fail("components.python", "pip-installed components need components.python (with a venv)")
 
 
-BLOCK = Block(
-    name="python",
-    options=Python,
-    modes={"distro": "packages", "base": "provided"},
-    resolve=resolve,
-    contribute=contribute,
-    details=PythonDetails,
-    requirements=requirements,
-    requirements_apart=(UV_SET,),  # installed with pip --target UV_DIR in the builder stage, outside the venv
-    template_globals={"uv_installs": uv_installs, "uv_dir": lambda: UV_DIR},
-    under_os_packages=True,  # the venv, before PyTorch's wheels go into it
-)
+class PythonBlock(Block, PythonSets):
+    name = "python"
+    options = Python
+    modes = {"distro": "packages", "base": "provided"}
+    details = PythonDetails
+    requirements_apart = (UV_SET,)  # installed with pip --target UV_DIR in the builder stage, outside the venv
+    template_globals = {"uv_installs": uv_installs, "uv_dir": lambda: UV_DIR}
+    under_os_packages = True  # the venv, before PyTorch's wheels go into it
+
+    def resolve(self, py: Python, rs: Resolution) -> Pin:
+        if py.source == "distro":
+            pin = rs.distro_pin("components.python", "python", py.version)
+        else:
+            if py.version is None:
+                raise rs.fail("components.python.version", "required when Python comes with the base image")
+            pin = Pin(version=py.version, source="base", origin="base image")
+        return pin.model_copy(update={"details": PythonDetails(prefix=py.venv)})
+
+    def contribute(self, pin: Pin, ctx: Context) -> Contribution:
+        c = Contribution(name="python")
+        c.runtime_packages |= {"python3"} if pin.source == "distro" else set()
+        c.env["PYTHONUNBUFFERED"] = "1"  # training logs reach SageMaker / CloudWatch as they are written
+        venv = pin.typed(PythonDetails).venv
+        if venv:
+            c.builder_packages |= {"python3-venv", "ca-certificates"}
+            c.runtime_packages.add("python3-venv")
+            c.path.append(f"{venv}/bin")
+        return c
+
+    def requirements(self, pin: Pin, ctx: Context) -> Mapping[str, list[str]]:
+        return requirements(pin, ctx)
+
+
+BLOCK = PythonBlock()
 
 
 @check("python-version", "python")

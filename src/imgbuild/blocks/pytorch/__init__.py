@@ -14,7 +14,7 @@ every release that pins the same wheels (2.9.0 and 2.9.1, say): a torch patch bu
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -23,7 +23,8 @@ from pydantic import Field
 
 import imgbuild.blocks._releases as releases
 from imgbuild import probes
-from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution, Tracked
+from imgbuild.blocks._block import Block, PythonDists, PythonSets, Released, Tracks
+from imgbuild.blocks._core import Context, Contribution, Details, Pin, Resolution, Tracked
 from imgbuild.blocks._releases import Text
 from imgbuild.blocks.cuda import arch as cuda_arch
 from imgbuild.blocks.python import require_venv
@@ -139,54 +140,6 @@ def _major(version: str) -> int:
     return int(version.split(".")[0])
 
 
-def resolve(t: PyTorch, rs: Resolution) -> Pin:
-    if t.source == "base":
-        return Pin(version=t.version, source="base", origin="base image", details=PyTorchDetails())
-    require_venv(rs)
-    wheel, origin = None, ""
-    for arch in rs.recipe.platform.arch:  # the same pins on every architecture, or the recipe is refused
-        found, where = _wheel(t.version, compat.MACHINE[arch], rs)
-        if wheel is not None and found != wheel:
-            raise rs.fail(
-                "components.pytorch.version / platform.arch",
-                f"torch {t.version}'s wheels pin different CUDA or NCCL wheels on {rs.recipe.platform.arch[0]} "
-                f"({wheel.nccl_package} {wheel.nccl}, CUDA {wheel.cuda}) and {arch} ({found.nccl_package} "
-                f"{found.nccl}, CUDA {found.cuda}): one image index cannot hold both",
-                hint="build the architectures from separate recipes",
-            )
-        wheel, origin = found, origin or where
-    assert wheel is not None
-    p, cuda = rs.recipe.platform, rs.recipe.cuda
-    if p.accelerator == "nvidia":
-        assert cuda is not None and p.gpu_arch is not None
-        if _major(wheel.cuda) != _major(cuda.version):
-            raise rs.fail(
-                "components.pytorch.version / cuda.version",
-                f"torch {t.version} wheels are built for CUDA {wheel.cuda}, the base has CUDA "
-                f"{cuda.version}: the major versions must match",
-            )
-        if cuda.source == "wheel":
-            _toolkit_rule(t.version, wheel, cuda.version, rs)
-        if not torch_wheel_has_arch(t.version, wheel.cuda, p.gpu_arch):
-            gpu = cuda_arch(p.gpu_arch).gpu
-            raise rs.fail(
-                "components.pytorch.version / platform.gpu_arch",
-                f"torch {t.version} wheels (CUDA {wheel.cuda}) have no {p.gpu_arch} kernels, so they "
-                f"don't run on {gpu}",
-                hint="V100 needs a PyTorch built for CUDA 12.6 or older (e.g. 2.7.1)"
-                if p.gpu_arch == "sm_70"
-                else "use a PyTorch built for CUDA 12.8 or newer",
-            )
-    details = PyTorchDetails(
-        cuda=wheel.cuda,
-        nccl_package=wheel.nccl_package,
-        nccl=wheel.nccl,
-        cuda_wheels=wheel.cuda_wheels,
-        numpy=t.numpy,
-    )
-    return Pin(version=t.version, source="pip", origin=origin, details=details)
-
-
 def _toolkit_rule(version: str, wheel: TorchWheel, toolkit: str, rs: Resolution) -> None:
     """With CUDA's toolkit from wheels (`cuda.source: wheel`), what compiles in the builder must be the CUDA release the
     image runs: the cuda-toolkit version torch's wheel requires."""
@@ -285,56 +238,102 @@ class PyTorchDetails(Details):
 PIP_BUILD_DISK_GB = 16.0
 
 
-def requirements(pin: Pin, ctx: Context) -> dict[str, list[str]]:
-    """Two layers (pip): the CUDA and NCCL wheels the release pins, then torch and numpy (their closure less what
-    the first layer and the sets before it hold)."""
-    if pin.source != "pip":
-        return {}
-    d = pin.typed(PyTorchDetails)
-    return {
-        "pytorch/cuda": list(d.cuda_wheels),
-        "pytorch/torch": [f"torch=={pin.version}", *([f"numpy=={d.numpy}"] if d.numpy else [])],
-    }
+class PytorchBlock(Block, PythonSets, PythonDists, Released, Tracks):
+    name = "pytorch"
+    options = PyTorch
+    modes = {"pip": "fragment", "base": "provided"}
+    details = PyTorchDetails
+    requirements_stage = "runtime"
+    after = ("python",)
+    tag = (2, "pt")
+    node_checks = ("ddp (mpirun)", "ddp (torchrun)")  # a DistributedDataParallel training across the nodes
+    under_os_packages = True  # its wheels need only the venv: an OS package or EFA bump leaves their 7 GB cached
 
+    def resolve(self, t: PyTorch, rs: Resolution) -> Pin:
+        if t.source == "base":
+            return Pin(version=t.version, source="base", origin="base image", details=PyTorchDetails())
+        require_venv(rs)
+        wheel, origin = None, ""
+        for arch in rs.recipe.platform.arch:  # the same pins on every architecture, or the recipe is refused
+            found, where = _wheel(t.version, compat.MACHINE[arch], rs)
+            if wheel is not None and found != wheel:
+                raise rs.fail(
+                    "components.pytorch.version / platform.arch",
+                    f"torch {t.version}'s wheels pin different CUDA or NCCL wheels on {rs.recipe.platform.arch[0]} "
+                    f"({wheel.nccl_package} {wheel.nccl}, CUDA {wheel.cuda}) and {arch} ({found.nccl_package} "
+                    f"{found.nccl}, CUDA {found.cuda}): one image index cannot hold both",
+                    hint="build the architectures from separate recipes",
+                )
+            wheel, origin = found, origin or where
+        assert wheel is not None
+        p, cuda = rs.recipe.platform, rs.recipe.cuda
+        if p.accelerator == "nvidia":
+            assert cuda is not None and p.gpu_arch is not None
+            if _major(wheel.cuda) != _major(cuda.version):
+                raise rs.fail(
+                    "components.pytorch.version / cuda.version",
+                    f"torch {t.version} wheels are built for CUDA {wheel.cuda}, the base has CUDA "
+                    f"{cuda.version}: the major versions must match",
+                )
+            if cuda.source == "wheel":
+                _toolkit_rule(t.version, wheel, cuda.version, rs)
+            if not torch_wheel_has_arch(t.version, wheel.cuda, p.gpu_arch):
+                gpu = cuda_arch(p.gpu_arch).gpu
+                raise rs.fail(
+                    "components.pytorch.version / platform.gpu_arch",
+                    f"torch {t.version} wheels (CUDA {wheel.cuda}) have no {p.gpu_arch} kernels, so they "
+                    f"don't run on {gpu}",
+                    hint="V100 needs a PyTorch built for CUDA 12.6 or older (e.g. 2.7.1)"
+                    if p.gpu_arch == "sm_70"
+                    else "use a PyTorch built for CUDA 12.8 or newer",
+                )
+        details = PyTorchDetails(
+            cuda=wheel.cuda,
+            nccl_package=wheel.nccl_package,
+            nccl=wheel.nccl,
+            cuda_wheels=wheel.cuda_wheels,
+            numpy=t.numpy,
+        )
+        return Pin(version=t.version, source="pip", origin=origin, details=details)
 
-def contribute(pin: Pin, ctx: Context) -> Contribution:
-    return Contribution(name="pytorch", build_disk_gb=PIP_BUILD_DISK_GB if pin.source == "pip" else 0.0)
+    def contribute(self, pin: Pin, ctx: Context) -> Contribution:
+        return Contribution(name="pytorch", build_disk_gb=PIP_BUILD_DISK_GB if pin.source == "pip" else 0.0)
 
+    def requirements(self, pin: Pin, ctx: Context) -> dict[str, list[str]]:
+        """Two layers (pip): the CUDA and NCCL wheels the release pins, then torch and numpy (their closure less what
+        the first layer and the sets before it hold)."""
+        if pin.source != "pip":
+            return {}
+        d = pin.typed(PyTorchDetails)
+        return {
+            "pytorch/cuda": list(d.cuda_wheels),
+            "pytorch/torch": [f"torch=={pin.version}", *([f"numpy=={d.numpy}"] if d.numpy else [])],
+        }
 
-def track(pin: Pin, resolved: Any, files: Callable[[str], Any]) -> list[Tracked]:
-    """`imgbuild outdated`: torch's releases on the package index, and numpy's beside it."""
-    if pin.source != "pip":
-        return [Tracked("base", fixed="comes with the base image")]
-    numpy = pin.typed(PyTorchDetails).numpy
-    index = Tracked("index", "torch", keys=("components", "pytorch", "version"))
-    return [
-        index,
-        *(
-            [Tracked("index", "numpy", ("components", "pytorch", "numpy"), component="numpy", current=numpy)]
-            if numpy
-            else []
-        ),
-    ]
-
-
-BLOCK = Block(
-    name="pytorch",
-    options=PyTorch,
-    modes={"pip": "fragment", "base": "provided"},
-    resolve=resolve,
-    contribute=contribute,
-    details=PyTorchDetails,
-    requirements=requirements,
-    requirements_stage="runtime",
     # a base image's torch (Habana's): requirement sets resolve against it and never install PyPI's over it
-    python_dists=lambda pin: {"torch": pin.version} if pin.source == "base" and pin.version else {},
-    after=("python",),
-    tag=(2, "pt"),
-    node_checks=("ddp (mpirun)", "ddp (torchrun)"),  # a DistributedDataParallel training across the nodes
-    under_os_packages=True,  # its wheels need only the venv: an OS package or EFA bump leaves their 7 GB cached
-    release_file=release_file,
-    track=track,
-)
+    def python_dists(self, pin: Pin) -> Mapping[str, str]:
+        return {"torch": pin.version} if pin.source == "base" and pin.version else {}
+
+    def release_file(self) -> releases.ReleaseFile:
+        return release_file()
+
+    def track(self, pin: Pin, resolved: Any, files: Callable[[str], Any]) -> list[Tracked]:
+        """`imgbuild outdated`: torch's releases on the package index, and numpy's beside it."""
+        if pin.source != "pip":
+            return [Tracked("base", fixed="comes with the base image")]
+        numpy = pin.typed(PyTorchDetails).numpy
+        index = Tracked("index", "torch", keys=("components", "pytorch", "version"))
+        return [
+            index,
+            *(
+                [Tracked("index", "numpy", ("components", "pytorch", "numpy"), component="numpy", current=numpy)]
+                if numpy
+                else []
+            ),
+        ]
+
+
+BLOCK = PytorchBlock()
 
 
 def torch_probe(ctx: CheckContext) -> tuple[Any, Ran]:

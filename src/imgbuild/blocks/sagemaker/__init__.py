@@ -10,24 +10,21 @@ Recipe options (`components.sagemaker`):
 `train` (sagemaker/files/train), the code fetcher it runs on every host (sagemaker/files/fetch-code: script mode's
 source_dir from S3, a local path or the `code` channel, then requirements.txt) and its entrypoint hook
 (sagemaker/files/40-sagemaker.sh) are static scripts; what differs between images is data `config` writes into
-/etc/imgbuild: sagemaker.conf (KEY=VALUE), and the launch lines of imgbuild.spec.launch (mpirun.args,
+/etc/imgbuild: sagemaker.conf (KEY=VALUE), and the launch lines of imgbuild.image.launch (mpirun.args,
 torchrun.args: one argument per line; launch-env.conf: NAME=VALUE).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-from imgbuild.blocks._core import Block, Context, Details, Pin, Resolution
+from imgbuild.blocks._block import Block, ImageFacts, LaunchLines, PythonSets, ShipsFiles
+from imgbuild.blocks._core import Context, Details, Pin, Resolution
 from imgbuild.blocks.sshd import SSH_KEY_DIR, SSHD_LOG
 from imgbuild.checks import CONTAINER, CheckContext, check, compare, fail, passed
 from imgbuild.checks.results import CheckResult
 from imgbuild.core import paths
-from imgbuild.spec.launch import for_manifest
 from imgbuild.spec.schema import Port, Strict, pin_validator
-
-if TYPE_CHECKING:
-    from imgbuild.image.manifest import Manifest
 
 # The SageMaker tree (the contract's paths) and what train keeps in /tmp; the scripts get them from sagemaker.conf.
 OPT_ML = "/opt/ml"
@@ -70,28 +67,6 @@ class SageMakerDetails(Details):
     boto3: str | None = None
 
 
-def resolve(sm: SageMaker, rs: Resolution) -> Pin:
-    if rs.options("sshd") is None:
-        raise rs.fail("components.sagemaker", "SageMaker multi-node jobs need components.sshd")
-    py = rs.options("python")
-    venv = py is not None and py.venv is not None  # boto3 is pip-installed into the venv, or not at all
-    return Pin(
-        version=None,
-        source="imgbuild",
-        origin="recipe",
-        details=SageMakerDetails(launcher=sm.launcher, ssh_port=sm.ssh_port, boto3=sm.boto3 if venv else None),
-    )
-
-
-def requirements(pin: Pin, ctx: Context) -> dict[str, list[str]]:
-    """boto3 (fetch-code's S3 client) into the venv, in the runtime stage: none without a venv or with boto3 null."""
-    boto3 = pin.typed(SageMakerDetails).boto3
-    py = ctx.details("python")
-    if boto3 is None or py is None or not py.venv:
-        return {}
-    return {"sagemaker": [f"boto3=={boto3}"]}
-
-
 def lines(values: list[str] | tuple[str, ...], what: str) -> str:
     """One value per line (what the scripts read with `mapfile -t` or `read`): a value with a line break cannot be."""
     for value in values:
@@ -100,71 +75,89 @@ def lines(values: list[str] | tuple[str, ...], what: str) -> str:
     return "".join(f"{v}\n" for v in values)
 
 
-def default_program(manifest: Manifest) -> str:
+def default_program(manifest: ImageFacts) -> str:
     """The image's own program (the app block's details' program_path), "" when it has none."""
     app = manifest.details("app")
     program = getattr(app, "program_path", None) if app is not None else None
     return str(program) if program else ""
 
 
-def config(pin: Pin, manifest: Manifest) -> dict[str, str]:
-    """The data train and the entrypoint hook read (context path -> text): sagemaker.conf, the launch lines."""
-    launch = for_manifest(manifest)
-    details = pin.typed(SageMakerDetails)
-    ssh_port = details.ssh_port
-    ssh_ports = [*manifest.ssh_ports, *([ssh_port] if ssh_port not in manifest.ssh_ports else [])]
-    gaudi = manifest.platform.accelerator == "gaudi"
-    conf = {
-        "RECIPE": manifest.recipe,
-        "PYTHON": manifest.python,
-        "LAUNCHER": details.launcher,
-        "SLOTS": str(manifest.slots),
-        "SSH_PORTS": ",".join(map(str, ssh_ports)),  # every port peers may use: sshd's, then SageMaker's
-        "SSH_SAGEMAKER_PORT": str(ssh_port),
-        # set to the job's network interface (NCCL and HCCL read them as a prefix)
-        "IFNAME_VARS": "NCCL_SOCKET_IFNAME,HCCL_SOCKET_IFNAME" if gaudi else "NCCL_SOCKET_IFNAME",
-        "RESOURCECONFIG": RESOURCECONFIG,
-        "HYPERPARAMETERS": HYPERPARAMETERS,
-        "CODE_DIR": CODE_DIR,
-        "FAILURE": FAILURE,
-        "SSH_CHANNEL": SSH_CHANNEL,
-        "SSH_KEY_DIR": SSH_KEY_DIR,
-        "LEADER_SEEN": LEADER_SEEN,
-        "JOB_DONE": JOB_DONE,
-        "WORKER_READY": WORKER_READY,
-        "HOSTFILE": HOSTFILE,
-        "SSHD_LOG": SSHD_LOG,
-        "ENTRYPOINT": paths.ENTRYPOINT,
-        "TRAIN": TRAIN,
-        "FETCH_CODE": FETCH_CODE,
-        "CODE_CHANNEL": CODE_CHANNEL,
-        # the program when the job names none (the app block's program_path, baked into the image)
-        "DEFAULT_PROGRAM": default_program(manifest),
-    }
-    return {
-        "imgbuild/sagemaker/sagemaker.conf": lines([f"{k}={v}" for k, v in conf.items()], "sagemaker.conf"),
-        "imgbuild/sagemaker/mpirun.args": lines(launch.mpirun, "the mpirun line"),
-        "imgbuild/sagemaker/torchrun.args": lines(launch.torchrun_template(), "the torchrun line"),
-        "imgbuild/sagemaker/launch-env.conf": lines([f"{k}={v}" for k, v in launch.env_defaults], "mpirun env"),
-    }
-
-
-BLOCK = Block(
-    name="sagemaker",
-    options=SageMaker,
-    modes={"imgbuild": "fragment"},
-    resolve=resolve,
-    details=SageMakerDetails,
-    files=(
+class SageMakerBlock(Block, PythonSets, ShipsFiles):
+    name = "sagemaker"
+    options = SageMaker
+    modes = {"imgbuild": "fragment"}
+    details = SageMakerDetails
+    files = (
         ("imgbuild/sagemaker/train", "sagemaker/files/train", 0o755),
         ("imgbuild/sagemaker/fetch-code", "sagemaker/files/fetch-code", 0o755),
         ("imgbuild/sagemaker/40-sagemaker.sh", "sagemaker/files/40-sagemaker.sh", 0o644),
-    ),
-    data=config,
-    requirements=requirements,
-    requirements_stage="runtime",
-    template_globals={"sagemaker_paths": lambda: {"tree": TREE, "train": TRAIN, "fetch_code": FETCH_CODE}},
-)
+    )
+    requirements_stage = "runtime"
+    template_globals = {"sagemaker_paths": lambda: {"tree": TREE, "train": TRAIN, "fetch_code": FETCH_CODE}}
+
+    def resolve(self, sm: SageMaker, rs: Resolution) -> Pin:
+        if rs.options("sshd") is None:
+            raise rs.fail("components.sagemaker", "SageMaker multi-node jobs need components.sshd")
+        py = rs.options("python")
+        venv = py is not None and py.venv is not None  # boto3 is pip-installed into the venv, or not at all
+        return Pin(
+            version=None,
+            source="imgbuild",
+            origin="recipe",
+            details=SageMakerDetails(launcher=sm.launcher, ssh_port=sm.ssh_port, boto3=sm.boto3 if venv else None),
+        )
+
+    def data(self, pin: Pin, manifest: ImageFacts, launch: LaunchLines) -> dict[str, str]:
+        """The data train and the entrypoint hook read (context path -> text): sagemaker.conf, the launch lines."""
+        details = pin.typed(SageMakerDetails)
+        ssh_port = details.ssh_port
+        ssh_ports = [*manifest.ssh_ports, *([ssh_port] if ssh_port not in manifest.ssh_ports else [])]
+        gaudi = manifest.platform.accelerator == "gaudi"
+        conf = {
+            "RECIPE": manifest.recipe,
+            "PYTHON": manifest.python,
+            "LAUNCHER": details.launcher,
+            "SLOTS": str(manifest.slots),
+            "SSH_PORTS": ",".join(map(str, ssh_ports)),  # every port peers may use: sshd's, then SageMaker's
+            "SSH_SAGEMAKER_PORT": str(ssh_port),
+            # set to the job's network interface (NCCL and HCCL read them as a prefix)
+            "IFNAME_VARS": "NCCL_SOCKET_IFNAME,HCCL_SOCKET_IFNAME" if gaudi else "NCCL_SOCKET_IFNAME",
+            "RESOURCECONFIG": RESOURCECONFIG,
+            "HYPERPARAMETERS": HYPERPARAMETERS,
+            "CODE_DIR": CODE_DIR,
+            "FAILURE": FAILURE,
+            "SSH_CHANNEL": SSH_CHANNEL,
+            "SSH_KEY_DIR": SSH_KEY_DIR,
+            "LEADER_SEEN": LEADER_SEEN,
+            "JOB_DONE": JOB_DONE,
+            "WORKER_READY": WORKER_READY,
+            "HOSTFILE": HOSTFILE,
+            "SSHD_LOG": SSHD_LOG,
+            "ENTRYPOINT": paths.ENTRYPOINT,
+            "TRAIN": TRAIN,
+            "FETCH_CODE": FETCH_CODE,
+            "CODE_CHANNEL": CODE_CHANNEL,
+            # the program when the job names none (the app block's program_path, baked into the image)
+            "DEFAULT_PROGRAM": default_program(manifest),
+        }
+        return {
+            "imgbuild/sagemaker/sagemaker.conf": lines([f"{k}={v}" for k, v in conf.items()], "sagemaker.conf"),
+            "imgbuild/sagemaker/mpirun.args": lines(launch.mpirun, "the mpirun line"),
+            "imgbuild/sagemaker/torchrun.args": lines(launch.torchrun_template(), "the torchrun line"),
+            "imgbuild/sagemaker/launch-env.conf": lines([f"{k}={v}" for k, v in launch.env_defaults], "mpirun env"),
+        }
+
+    def requirements(self, pin: Pin, ctx: Context) -> dict[str, list[str]]:
+        """boto3 (fetch-code's S3 client) into the venv, in the runtime stage: none without a venv or with boto3
+        null."""
+        boto3 = pin.typed(SageMakerDetails).boto3
+        py = ctx.details("python")
+        if boto3 is None or py is None or not py.venv:
+            return {}
+        return {"sagemaker": [f"boto3=={boto3}"]}
+
+
+BLOCK = SageMakerBlock()
 
 
 @check("sagemaker-contract", "sagemaker", scopes=CONTAINER)

@@ -10,11 +10,13 @@ the container starts.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import field_validator
 
-from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution
+from imgbuild.blocks._block import Block, ImageFacts, LaunchLines, RecipeRules, ShipsFiles
+from imgbuild.blocks._core import Context, Contribution, Details, Pin, Resolution
 from imgbuild.checks import CONTAINER, CheckContext, check, fail, passed
 from imgbuild.checks.results import CheckResult
 from imgbuild.spec.schema import Port, Strict
@@ -60,52 +62,50 @@ class SshdDetails(Details):
 HOST_SSH_PORT = 22
 
 
-def recipe_rule(recipe: Recipe) -> tuple[tuple[str, ...], str] | None:
-    """sshd on port 22 in a recipe whose containers use the host's network (runtime.network: host, as the GPU
-    targets' do): the host's own sshd has that port on every node, so the image's sshd could not listen there."""
-    sshd = recipe.components.sshd
-    if sshd is None or recipe.runtime.network != "host" or HOST_SSH_PORT not in sshd.ports:
-        return None
-    return (
-        ("components", "sshd", "ports"),
-        f"port {HOST_SSH_PORT} is the host's own sshd's, and this recipe's containers use the host's network "
-        f"(runtime.network: host): the image's sshd would clash with it on every node; expected another port "
-        f"(the default is 3022)",
-    )
-
-
-def resolve(s: Sshd, rs: Resolution) -> Pin:
-    return Pin(
-        version=None,
-        source="distro",
-        origin=f"{rs.os_id} openssh-server",
-        details=SshdDetails(ports=s.ports, permit_root_login=s.permit_root_login),
-    )
-
-
-def contribute(pin: Pin, ctx: Context) -> Contribution:
-    c = Contribution(name="sshd")
-    c.runtime_packages.add("openssh-server")
-    c.post_install.append("rm -f /etc/ssh/ssh_host_*")  # the package makes host keys: none in the image
-    return c
-
-
-BLOCK = Block(
-    name="sshd",
-    options=Sshd,
-    modes={"distro": "fragment"},
-    resolve=resolve,
-    contribute=contribute,
-    recipe_rule=recipe_rule,
-    details=SshdDetails,
-    files=(
+class SshdBlock(Block, ShipsFiles, RecipeRules):
+    name = "sshd"
+    options = Sshd
+    modes = {"distro": "fragment"}
+    details = SshdDetails
+    files = (
         ("imgbuild/sshd_config", "blocks/sshd/sshd_config.j2", 0o644),
         ("imgbuild/ssh_config", "blocks/sshd/ssh_config.j2", 0o644),
         ("imgbuild/sshd/50-sshd.sh", "sshd/files/50-sshd.sh", 0o644),
-    ),
+    )
+
+    def resolve(self, s: Sshd, rs: Resolution) -> Pin:
+        return Pin(
+            version=None,
+            source="distro",
+            origin=f"{rs.os_id} openssh-server",
+            details=SshdDetails(ports=s.ports, permit_root_login=s.permit_root_login),
+        )
+
+    def contribute(self, pin: Pin, ctx: Context) -> Contribution:
+        c = Contribution(name="sshd")
+        c.runtime_packages.add("openssh-server")
+        c.post_install.append("rm -f /etc/ssh/ssh_host_*")  # the package makes host keys: none in the image
+        return c
+
+    def recipe_rule(self, recipe: Recipe) -> tuple[tuple[str, ...], str] | None:
+        """sshd on port 22 in a recipe whose containers use the host's network (runtime.network: host, as the GPU
+        targets' do): the host's own sshd has that port on every node, so the image's sshd could not listen there."""
+        sshd = recipe.components.sshd
+        if sshd is None or recipe.runtime.network != "host" or HOST_SSH_PORT not in sshd.ports:
+            return None
+        return (
+            ("components", "sshd", "ports"),
+            f"port {HOST_SSH_PORT} is the host's own sshd's, and this recipe's containers use the host's network "
+            f"(runtime.network: host): the image's sshd would clash with it on every node; expected another port "
+            f"(the default is 3022)",
+        )
+
     # the entrypoint hook's data: where the run's keys are mounted and where sshd logs
-    data=lambda pin, manifest: {"imgbuild/sshd/sshd.conf": f"SSH_KEY_DIR={SSH_KEY_DIR}\nSSHD_LOG={SSHD_LOG}\n"},
-)
+    def data(self, pin: Pin, manifest: ImageFacts, launch: LaunchLines) -> Mapping[str, str]:
+        return {"imgbuild/sshd/sshd.conf": f"SSH_KEY_DIR={SSH_KEY_DIR}\nSSHD_LOG={SSHD_LOG}\n"}
+
+
+BLOCK = SshdBlock()
 
 
 @check("sshd-config", "sshd", scopes=CONTAINER)

@@ -32,11 +32,11 @@ from imgbuild.cluster import jobs
 from imgbuild.core import paths
 from imgbuild.core.errors import RecipeError
 from imgbuild.image import render
+from imgbuild.image.launch import for_manifest
 from imgbuild.nccltests import command
 from imgbuild.pin import lock
 from imgbuild.pin.resolver import resolve
 from imgbuild.spec.instances import efa_devices, instance_arch, instance_env, mnnvl, mnnvl_domain_nodes, table
-from imgbuild.image.launch import for_manifest
 
 DATA = UPSTREAM
 K8S = DATA / "k8s"

@@ -44,10 +44,10 @@ from conftest import UPSTREAM
 from imgbuild import probes, recipe
 from imgbuild.blocks import nccl_tests
 from imgbuild.image import render
+from imgbuild.image.launch import launch_for
 from imgbuild.nccltests import command
 from imgbuild.pin import lock
 from imgbuild.pin.content import download_name
-from imgbuild.image.launch import launch_for
 
 pytestmark = pytest.mark.gpu
 

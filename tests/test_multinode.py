@@ -23,11 +23,10 @@ from imgbuild import blocks, recipe
 from imgbuild.checks.results import CheckResult, failures
 from imgbuild.core.errors import Interrupted, VerifyError
 from imgbuild.engine.containers import Exec
-from imgbuild.image import render
+from imgbuild.image import launch, render
 from imgbuild.image.manifest import Manifest
 from imgbuild.pin import lock
 from imgbuild.recipe import MpiRun
-from imgbuild.image import launch
 from imgbuild.verify import multinode, nodechecks
 
 

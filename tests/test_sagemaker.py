@@ -529,8 +529,8 @@ def test_torchrun_publishes_the_hosts_sagemaker_name(sm_job: Any, docker_client:
     `--local-addr` = its resourceconfig.json `current_host` (rank 0 publishes it as the rendezvous master; the
     container's own hostname need not resolve on SageMaker)."""
     from imgbuild.core.paths import MANIFEST_PATH
-    from imgbuild.image.manifest import Manifest
     from imgbuild.image import launch
+    from imgbuild.image.manifest import Manifest
 
     job = sm_job(2, script="", files=FAKE_TORCHRUN, env={"IMGBUILD_LAUNCHER": "torchrun"})
     leader, workers, _ = finish(job, 120)

@@ -16,9 +16,8 @@ import pytest
 from imgbuild import recipe
 from imgbuild.blocks import TEMPLATE_DIR, sagemaker
 from imgbuild.core import paths
-from imgbuild.image import render
+from imgbuild.image import launch, render
 from imgbuild.pin.lock import resolved_for
-from imgbuild.image import launch
 
 SCRIPTS = sorted([paths.images_dir() / "files" / "imgbuild-entrypoint", *TEMPLATE_DIR.glob("*/files/*")], key=str)
 # The Python ones (fetch-code): ruff lints them instead of shellcheck.

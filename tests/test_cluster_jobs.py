@@ -31,11 +31,11 @@ from imgbuild.cli.cluster import job_command
 from imgbuild.cluster import jobs
 from imgbuild.core import paths
 from imgbuild.core.errors import RecipeError
+from imgbuild.core.instances import efa_devices, instance_arch, instance_env, mnnvl, mnnvl_domain_nodes, table
 from imgbuild.image import render
 from imgbuild.nccltests import command
 from imgbuild.pin import lock
 from imgbuild.pin.resolver import resolve
-from imgbuild.spec.instances import efa_devices, instance_arch, instance_env, mnnvl, mnnvl_domain_nodes, table
 from imgbuild.spec.launch import for_manifest
 
 DATA = UPSTREAM
@@ -977,7 +977,7 @@ def test_an_instance_type_with_nvlink_across_instances_is_data() -> None:
 
 @pytest.mark.parametrize("engine", [*jobs.TORCH_ENGINES, jobs.Engine.mpijob])
 def test_a_p6e_gb300_job_gets_the_nvlink_domain_through_the_same_rule(engine: jobs.Engine) -> None:
-    """p6e-gb300 is a row of spec/instances.yaml: a gb200 image (sm_100 code runs on GB300's sm_103, arm64 both) on
+    """p6e-gb300 is a row of core/instances.yaml: a gb200 image (sm_100 code runs on GB300's sm_103, arm64 both) on
     it gets the ComputeDomain, the channel claim, the clique affinity and the NCCL environment, with no code of its
     own; its EFA count was not found, so the job names --efa N (refused without, naming the known families)."""
     from imgbuild.cli import app

@@ -48,7 +48,7 @@ TORCH_ENGINES = (Engine.trainjob, Engine.pytorchjob)
 MEMORY = {"accelerator": "32Gi", "none": "2Gi"}  # per worker, unless --memory
 
 # The instance families imgbuild knows (their accelerator, CPU architecture, EFA devices per node, NVLink domain) are
-# data: spec/instances.yaml, read through spec.instances. A recipe for an accelerator runs on the instance types its
+# data: core/instances.yaml, read through core.instances. A recipe for an accelerator runs on the instance types its
 # platform.instance_types lists, and on those whose accelerator is its own and can run its code
 # (`accelerator_mismatch`); anything else is refused before a job that would never schedule (a pod asking for
 # habana.ai/gaudi on a p4d) or never start (an sm_70 nccl-tests on an H100) is written.
@@ -113,7 +113,7 @@ class JobPlan:
 def target_instance(recipe: Recipe) -> tuple[str, int] | None:
     """The recipe's target host for `imgbuild run --print`: the first of its platform.instance_types whose number of
     EFA devices is in the table, with that number; None when none is."""
-    from imgbuild.spec import instances
+    from imgbuild.core import instances
 
     for instance_type in recipe.platform.instance_types:
         count = instances.efa_devices(instance_type)
@@ -125,7 +125,7 @@ def target_instance(recipe: Recipe) -> tuple[str, int] | None:
 def arch_mismatch(platform: Platform, instance_type: str) -> str | None:
     """Why an instance type cannot run an image of `platform` for its CPU architecture (None: it can, or its
     architecture is not known here): an arm64 image never starts on an x86 instance, nor the reverse."""
-    from imgbuild.spec import instances
+    from imgbuild.core import instances
 
     arch = instances.instance_arch(instance_type)
     if arch is None or arch in platform.arch:
@@ -142,9 +142,9 @@ def _sm(arch: str) -> tuple[int, int]:
 def accelerator_mismatch(platform: Platform, instance_type: str) -> str | None:
     """Why an instance type cannot run an image of `platform` (None: it can). A recipe without an accelerator runs
     anywhere; one with an accelerator runs on the instance types it lists, and on a family of
-    spec/instances.yaml with its accelerator whose GPUs run its code: CUDA code built for sm_XY (imgbuild builds
+    core/instances.yaml with its accelerator whose GPUs run its code: CUDA code built for sm_XY (imgbuild builds
     SASS only, no PTX) runs on the same major architecture X at minor Y or later."""
-    from imgbuild.spec import instances
+    from imgbuild.core import instances
 
     if platform.accelerator == "none" or instance_type in platform.instance_types:
         return None
@@ -187,9 +187,8 @@ def plan_job(
     memory: str | None = None,
 ) -> JobPlan:
     """Decide a job: RecipeError when the recipe cannot run on that engine or an input is invalid (named)."""
-    from imgbuild.core import validate
+    from imgbuild.core import instances, validate
     from imgbuild.engine.runprofile import run_spec
-    from imgbuild.spec import instances
     from imgbuild.spec.launch import for_manifest
 
     engine = Engine(engine)
@@ -271,7 +270,7 @@ def plan_job(
     env = dict(_device_plugin_free(spec.env))
     if r.platform.accelerator == "nvidia":
         env["NCCL_DEBUG"] = "INFO"  # `imgbuild cluster report` reads which network NCCL picked from it
-    from imgbuild.spec.instances import instance_env, mnnvl, mnnvl_domain_nodes
+    from imgbuild.core.instances import instance_env, mnnvl, mnnvl_domain_nodes
 
     nvlink = r.platform.accelerator == "nvidia" and mnnvl(instance_type)
     domain = mnnvl_domain_nodes(instance_type) if nvlink else None

@@ -1,2 +1,3 @@
-"""What a target is: the recipe (loading, merging, the whole model), its field types and the shipped compatibility
-tables. One floor with imgbuild.blocks: the recipe composes the blocks' options."""
+"""Only launch.py remains here (the one mpirun / torchrun line), pending its move; the rest of what was here went to
+its owners: the recipe (imgbuild.recipe: edit) and the ground floor (imgbuild.core: fields, platforms, distro,
+versions, instances)."""

@@ -24,8 +24,8 @@ import imgbuild.blocks._releases as releases
 from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution, Tracked
 from imgbuild.blocks._releases import Text
 from imgbuild.blocks.python import require_venv
-from imgbuild.spec import compat
-from imgbuild.spec.schema import AbsPath, Strict, pin_validator
+from imgbuild.core import platforms
+from imgbuild.core.fields import AbsPath, Strict, pin_validator
 
 # The toolkit's parts a build needs from the cuda-toolkit wheels: nvcc (with crt and nvvm), the CCCL headers
 # (thrust, cub, libcu++: nvcc's profile adds include/cccl), cudart (headers, libcudart.so.N, libcudart_static.a).
@@ -167,7 +167,7 @@ def contribute(pin: Pin, ctx: Context) -> Contribution:
 def template_target(ctx: Context) -> str:
     """CUDA's name of the architecture's target directory (targets/x86_64-linux, targets/sbsa-linux), where
     nvcc.profile looks for include/ and lib/."""
-    return compat.CUDA_TARGET[ctx.arch]
+    return platforms.CUDA_TARGET[ctx.arch]
 
 
 def track(pin: Pin, resolved: Any, files: Callable[[str], Any]) -> list[Tracked]:

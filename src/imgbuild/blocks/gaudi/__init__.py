@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import imgbuild.blocks._releases as releases
 from imgbuild.blocks._core import Block, Pin, Resolution, Tracked
 from imgbuild.blocks._releases import Text
-from imgbuild.spec.schema import Strict, pin_validator
+from imgbuild.core.fields import Strict, pin_validator
 
 if TYPE_CHECKING:
     from imgbuild.recipe import Recipe

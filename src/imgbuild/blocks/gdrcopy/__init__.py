@@ -16,7 +16,7 @@ import imgbuild.blocks._releases as releases
 from imgbuild.blocks._core import Block, Context, Contribution, FromTag, Installed, Pin, Resolution, tag_artifact
 from imgbuild.checks import CheckContext, check, fail, ldd_missing, passed, skip
 from imgbuild.checks.results import CheckResult
-from imgbuild.spec.schema import AbsPath, Strict, pin_validator
+from imgbuild.core.fields import AbsPath, Strict, pin_validator
 
 
 class GdrCopy(Strict):

@@ -23,8 +23,8 @@ from imgbuild.blocks.sshd import SSH_KEY_DIR, SSHD_LOG
 from imgbuild.checks import CONTAINER, CheckContext, check, compare, fail, passed
 from imgbuild.checks.results import CheckResult
 from imgbuild.core import paths
+from imgbuild.core.fields import Port, Strict, pin_validator
 from imgbuild.spec.launch import for_manifest
-from imgbuild.spec.schema import Port, Strict, pin_validator
 
 if TYPE_CHECKING:
     from imgbuild.image.manifest import Manifest

@@ -17,7 +17,7 @@ from pydantic import field_validator
 from imgbuild.blocks._core import Block, Context, Contribution, Details, Pin, Resolution
 from imgbuild.checks import CONTAINER, CheckContext, check, fail, passed
 from imgbuild.checks.results import CheckResult
-from imgbuild.spec.schema import Port, Strict
+from imgbuild.core.fields import Port, Strict
 
 if TYPE_CHECKING:
     from imgbuild.recipe import Recipe

@@ -26,9 +26,9 @@ import time
 from dataclasses import dataclass
 
 from imgbuild import build, verify
+from imgbuild.core import platforms
 from imgbuild.engine import rootfs
 from imgbuild.pin import lock
-from imgbuild.spec import compat
 
 
 @dataclass
@@ -76,12 +76,12 @@ def main() -> int:
         raise SystemExit(f"{problem}; {rootfs.emulation_hint('arm64')}")
     rows = []
     for arch in ("amd64", "arm64"):
-        print(f"building and verifying cpu for {compat.docker_platform(arch)} ...", file=sys.stderr, flush=True)
+        print(f"building and verifying cpu for {platforms.docker_platform(arch)} ...", file=sys.stderr, flush=True)
         rows.append(run(arch, nocache=not args.warm, nodes=args.nodes))
     native = rows[0]
     print(f"{'platform':12} {'build':>9} {'x':>5} {'steps':>10} {'verify':>9} {'x':>5}  verify phases; checks")
     for r in rows:
-        print(f"{compat.docker_platform(r.arch):12} {r.build_s / 60:7.1f}mn {r.build_s / native.build_s:5.1f} "
+        print(f"{platforms.docker_platform(r.arch):12} {r.build_s / 60:7.1f}mn {r.build_s / native.build_s:5.1f} "
               f"{r.steps:>10} {r.verify_s / 60:7.1f}mn {r.verify_s / native.verify_s:5.1f}  {r.phases}; "
               f"{r.checks}")  # fmt: skip
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")

@@ -5,7 +5,7 @@ A page asks for one with a marker line, `<!-- generated: NAME -->`:
 - `commands`: every command, argument and option, read from the CLI itself (typer's own Markdown of
   `imgbuild.cli.app`, as `typer imgbuild.cli utils docs` writes it);
 - `exit-codes`: each `ImgbuildError` subclass of `imgbuild.core.errors` with its exit code and docstring;
-- `recipe-keys`: every key of a recipe file, from `imgbuild.cli.schema.recipe_schema()` (what `imgbuild schema`
+- `recipe-keys`: every key of a recipe file, from `imgbuild.recipe.schema.recipe_schema()` (what `imgbuild schema`
   prints, made from the pydantic model).
 
 The built site also carries that schema as `recipe.schema.json`. A marker naming nothing known fails the build.
@@ -24,8 +24,8 @@ from mkdocs.exceptions import PluginError
 from typer.cli import get_docs_for_click
 
 from imgbuild.cli import app
-from imgbuild.cli.schema import recipe_schema, schema_text
 from imgbuild.core import errors
+from imgbuild.recipe.schema import recipe_schema, schema_text
 
 MARKER = re.compile(r"^<!-- generated: ([a-z-]+) -->$", re.MULTILINE)
 

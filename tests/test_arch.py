@@ -11,19 +11,19 @@ import pytest
 
 from imgbuild import recipe
 from imgbuild.blocks.pytorch import TorchWheel, shipped
+from imgbuild.core import platforms
 from imgbuild.core.errors import RecipeError, RenderError, ResolveError
 from imgbuild.image import identity, render
 from imgbuild.pin import digests, lock, pypi
 from imgbuild.pin.content import ImageDigest, local_ref
 from imgbuild.pin.resolver import resolve
-from imgbuild.spec import compat
 from localindex import Index, make_wheel, torch_wheel_name
 
 TORCH = shipped()  # blocks/pytorch/releases.yaml: version -> what its x86_64 wheel pins
 
 
 def test_platform_strings() -> None:
-    assert [compat.parse_platform(p) for p in ("linux/arm64", "arm64", "linux/aarch64", "LINUX/AMD64")] == [
+    assert [platforms.parse_platform(p) for p in ("linux/arm64", "arm64", "linux/aarch64", "LINUX/AMD64")] == [
         "arm64",
         "arm64",
         "arm64",
@@ -31,8 +31,8 @@ def test_platform_strings() -> None:
     ]
     for bad in ("linux/riscv64", "windows/amd64", "x86"):
         with pytest.raises(ValueError, match=r"not a platform imgbuild builds for \(known: linux/amd64, linux/arm64\)"):
-            compat.parse_platform(bad)
-    assert compat.multiarch("arm64") == "aarch64-linux-gnu" and compat.docker_platform("arm64") == "linux/arm64"
+            platforms.parse_platform(bad)
+    assert platforms.multiarch("arm64") == "aarch64-linux-gnu" and platforms.docker_platform("arm64") == "linux/arm64"
 
 
 @pytest.mark.parametrize(

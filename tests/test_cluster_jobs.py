@@ -31,12 +31,12 @@ from imgbuild.cli.cluster import job_command
 from imgbuild.cluster import jobs
 from imgbuild.core import paths
 from imgbuild.core.errors import RecipeError
+from imgbuild.core.instances import efa_devices, instance_arch, instance_env, mnnvl, mnnvl_domain_nodes, table
 from imgbuild.image import render
 from imgbuild.image.launch import for_manifest
 from imgbuild.nccltests import command
 from imgbuild.pin import lock
 from imgbuild.pin.resolver import resolve
-from imgbuild.spec.instances import efa_devices, instance_arch, instance_env, mnnvl, mnnvl_domain_nodes, table
 
 DATA = UPSTREAM
 K8S = DATA / "k8s"

@@ -979,7 +979,7 @@ def test_a_table_with_every_size_twice_is_judged_by_its_worst_rows(tmp_path: Pat
 
 
 def test_whether_the_nodes_have_efa_is_the_instance_tables_unless_said() -> None:
-    """One rule for `cluster job`'s devices and the verdict's one-node plugin criterion: spec/instances.yaml's EFA
+    """One rule for `cluster job`'s devices and the verdict's one-node plugin criterion: core/instances.yaml's EFA
     count of the instance type (None where it has none: p6e-gb300's was not found); an explicit value wins."""
     from imgbuild.nccltests import verdict
 

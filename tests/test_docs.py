@@ -17,8 +17,8 @@ import typer
 from typer.testing import CliRunner
 
 from imgbuild.cli import app
-from imgbuild.cli.schema import recipe_schema
 from imgbuild.core import errors
+from imgbuild.recipe.schema import recipe_schema
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"

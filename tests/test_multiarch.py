@@ -33,10 +33,10 @@ from typer.testing import CliRunner
 from imgbuild import publish
 from imgbuild.checks import CheckContext, machine_matches, manifest_diffs
 from imgbuild.cli import app
+from imgbuild.core import platforms
 from imgbuild.core.errors import PushError
 from imgbuild.engine import rootfs
 from imgbuild.publish.registry import OCI_INDEX, RegistryAPI, RemoteManifest, TransientError, parse_registry
-from imgbuild.spec import compat
 from test_publish import (
     DIGEST,
     FakeAPI,
@@ -328,7 +328,7 @@ def test_machine_check() -> None:
         return CheckContext(host=Uname(out, rc), scope="container", components={}, machine=machine)
 
     assert machine_matches(ctx("aarch64\n", "aarch64")).status == "pass"
-    bad = machine_matches(ctx("x86_64\n", compat.MACHINE["arm64"]))
+    bad = machine_matches(ctx("x86_64\n", platforms.MACHINE["arm64"]))
     assert bad.status == "fail" and "uname -m says x86_64" in bad.reason and bad.expected == "aarch64"
     assert machine_matches(ctx("", "aarch64", rc=1)).status == "fail"
     assert machine_matches(ctx("aarch64", None)).status == "skip"

@@ -1,6 +1,7 @@
 """One home per component (issue 43): a component's block, template, release rows (with where each was read), rules
 against other components and the reader of its publisher's artifacts live in blocks/<name>/; the core and the
-pipeline know a short, listed set of component names; compat holds no per-component table."""
+pipeline know a short, listed set of component names; the core's tables (platforms, distro) hold no per-component
+one."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import pytest
 
 from conftest import REPO
 from imgbuild.blocks import REGISTRY, Released, _releases
+from imgbuild.core import distro, instances, platforms, versions
 from imgbuild.recipe import Platform
-from imgbuild.spec import compat, instances
 
 SRC = REPO / "src" / "imgbuild"
 NAMES = {b.name for b in REGISTRY}
@@ -35,7 +36,9 @@ ALLOWED: dict[str, set[str]] = {
     "pin/record.py": set(),
     "pin/outdated.py": set(),
     "image/render.py": {"python"},
-    "spec/compat.py": set(),
+    "core/platforms.py": set(),
+    "core/distro.py": set(),
+    "core/versions.py": set(),
 }
 
 
@@ -93,11 +96,14 @@ def test_the_instance_table_says_where_each_family_was_read() -> None:
     assert set(instances.mnnvl_families()) == {"p6e-gb200", "p6e-gb300"}
 
 
-def test_compat_holds_no_component_table_and_checksums_yaml_is_gone() -> None:
+def test_the_core_tables_hold_no_component_table_and_checksums_yaml_is_gone() -> None:
+    """What was spec/compat.py (now core/platforms.py, core/distro.py, core/versions.py) holds none of the
+    per-component tables it once did."""
     gone = {"TORCH", "TORCH_AARCH64", "GAUDI", "NCCL_NET_PLUGIN_API", "PLUGIN_OLDEST_NCCL", "ARCH", "CUDA_DRIVER"}
     gone |= {"EFA_KEY_FINGERPRINT", "EFA_CONTAINER_FLAGS", "EFA_NGC_DETECTION", "MNNVL_FAMILIES", "MNNVL_ENV"}
-    assert not gone & set(vars(compat)), sorted(gone & set(vars(compat)))
-    assert set(compat.TABLES) == {"DISTRO"}  # what each distribution release ships: per OS, not per component
+    for module in (platforms, distro, versions):
+        assert not gone & set(vars(module)), (module.__name__, sorted(gone & set(vars(module))))
+    assert set(distro.TABLES) == {"DISTRO"}  # what each distribution release ships: per OS, not per component
     assert not (SRC / "pin" / "checksums.yaml").exists()
 
 

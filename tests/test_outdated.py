@@ -22,7 +22,7 @@ from imgbuild import recipe
 from imgbuild.cli import app
 from imgbuild.core.errors import RecipeError
 from imgbuild.pin import lock, outdated, pypi
-from imgbuild.spec.edit import set_value
+from imgbuild.recipe.edit import set_value
 from localindex import CP, Index, make_wheel, torch_wheel_name
 
 # h100 with torch 2.13.0 (NCCL 2.29.7) and EFA 1.50.0's aws-ofi-nccl 1.21.1, tested with NCCL up to 2.31.2 (what h100

@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 
 from imgbuild import recipe
+from imgbuild.core import paths
 from imgbuild.core.errors import RecipeError
+from imgbuild.recipe import loading
 
 CPU_LIKE = """\
 extends: cpu
@@ -109,11 +111,11 @@ def _chain(recipe_dir: Path, length: int) -> Path:
 
 
 def test_a_chain_at_the_limit_loads(recipe_dir: Path) -> None:
-    loaded = recipe.load(_chain(recipe_dir, recipe.MAX_CHAIN - 1))
-    assert len(loaded.chain) == recipe.MAX_CHAIN and loaded.recipe.name == "r0"
+    loaded = recipe.load(_chain(recipe_dir, loading.MAX_CHAIN - 1))
+    assert len(loaded.chain) == loading.MAX_CHAIN and loaded.recipe.name == "r0"
 
 
-@pytest.mark.parametrize("length", [recipe.MAX_CHAIN, 1500])
+@pytest.mark.parametrize("length", [loading.MAX_CHAIN, 1500])
 def test_a_chain_past_the_limit_is_refused_naming_the_file_and_the_limit(recipe_dir: Path, length: int) -> None:
     """A deep chain is a recipe error (exit 3) naming the file that extends once too far and the limit, through the
     CLI; 1500 recipes crashed the recursive walk with RecursionError (exit 1) after 26 s."""
@@ -124,8 +126,8 @@ def test_a_chain_past_the_limit_is_refused_naming_the_file_and_the_limit(recipe_
     result = CliRunner().invoke(app, ["show", str(_chain(recipe_dir, length))])
     assert result.exit_code == RecipeError.exit_code == 3, result.output
     text = " ".join(result.output.split())
-    last = recipe.MAX_CHAIN - 1 if length > recipe.MAX_CHAIN else length - 1  # the one whose parent is one too many
-    assert f"r{last}.yaml:1: extends" in text and f"longer than {recipe.MAX_CHAIN} recipes" in text, text
+    last = loading.MAX_CHAIN - 1 if length > loading.MAX_CHAIN else length - 1  # the one whose parent is one too many
+    assert f"r{last}.yaml:1: extends" in text and f"longer than {loading.MAX_CHAIN} recipes" in text, text
     assert "Traceback" not in result.output and "RecursionError" not in result.output
 
 
@@ -175,7 +177,7 @@ empty: {}
 @pytest.mark.parametrize(
     "path",
     [
-        *sorted(Path(recipe.paths.recipes_dir()).glob("*.yaml")),
+        *sorted(Path(paths.recipes_dir()).glob("*.yaml")),
         *sorted((Path(__file__).parent / "recipes").glob("*.yaml")),
     ],
     ids=lambda p: p.name,
@@ -183,13 +185,13 @@ empty: {}
 def test_libyaml_and_guarded_loader_read_recipes_alike(path: Path) -> None:
     """Recipes are read by libyaml when they hold no anchor, alias or deep nesting (start-up), else by the guarded
     pure-Python loader: both must give the same value and the same line for every key."""
-    assert recipe._CLoader is not None, "PyYAML without libyaml: the fast path is not tested"
+    assert loading._CLoader is not None, "PyYAML without libyaml: the fast path is not tested"
     text = path.read_text()
-    assert recipe._plain(text)
+    assert loading._plain(text)
     results = []
-    for loader_class in (recipe._CLoader, recipe._Loader):
-        node, value = recipe._read(loader_class, text)
-        results.append((value, recipe._line_map(node)))
+    for loader_class in (loading._CLoader, loading._Loader):
+        node, value = loading._read(loader_class, text)
+        results.append((value, loading._line_map(node)))
     assert results[0] == results[1]
 
 
@@ -199,11 +201,11 @@ def test_libyaml_reads_the_tricky_scalars_as_the_guarded_loader_does(tmp_path: P
 
 @pytest.mark.parametrize(
     "text",
-    ["a: &x 1\n", "a: 1\nb: *x\n", "[" * (recipe.MAX_DEPTH + 1) + "]" * (recipe.MAX_DEPTH + 1) + "\n"],
+    ["a: &x 1\n", "a: 1\nb: *x\n", "[" * (loading.MAX_DEPTH + 1) + "]" * (loading.MAX_DEPTH + 1) + "\n"],
     ids=["anchor", "alias", "deep"],
 )
 def test_documents_libyaml_must_not_compose_go_to_the_guarded_loader(text: str) -> None:
-    assert not recipe._plain(text)
+    assert not loading._plain(text)
 
 
 @pytest.mark.parametrize(

@@ -11,9 +11,9 @@ from conftest import REPO
 from imgbuild import recipe
 from imgbuild.blocks.efa import efa_release
 from imgbuild.blocks.pytorch import TorchWheel, shipped, torch_wheel
+from imgbuild.core.distro import DISTRO
 from imgbuild.core.errors import ImgbuildError, ResolveError
 from imgbuild.pin.resolver import resolve
-from imgbuild.spec import compat
 
 TORCH = shipped()  # blocks/pytorch/releases.yaml: version -> what its x86_64 wheel pins
 
@@ -444,7 +444,7 @@ def test_hwloc_is_the_distributions_in_the_cuda_recipes(name: str, version: str)
 
 def test_hwloc_version_is_checked_against_the_distribution(tmp_path: Path) -> None:
     ok = resolve_text(tmp_path, "extends: cpu\ncomponents: {hwloc: {version: 2.9.0}}\n")
-    assert ok.version("hwloc") == compat.DISTRO["debian12"].hwloc == "2.9.0"
+    assert ok.version("hwloc") == DISTRO["debian12"].hwloc == "2.9.0"
     msg = resolve_error(tmp_path, "extends: cpu\ncomponents: {hwloc: {version: 2.8.0}}\n")
     assert "components.hwloc.version" in msg and "debian12 ships hwloc 2.9.0, got 2.8.0" in msg
     with pytest.raises(ImgbuildError, match="source"):

@@ -31,7 +31,7 @@ from imgbuild.blocks._core import Artifact, Context, Contribution, Details, Pin,
 
 if TYPE_CHECKING:
     from imgbuild.blocks._releases import ReleaseFile
-    from imgbuild.spec.schema import Strict
+    from imgbuild.core.fields import Strict
 
 
 class Block(ABC):

@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, SerializeAsAny, SerializerFunctionWrapHandler, model_serializer
 
 import imgbuild.blocks._releases as releases
+from imgbuild.core import platforms
+from imgbuild.core.distro import DISTRO
 from imgbuild.core.errors import LockError, ResolveError
 from imgbuild.core.paths import display
-from imgbuild.spec import compat
 
 if TYPE_CHECKING:
     from imgbuild.recipe import Recipe
@@ -124,7 +125,7 @@ class Context:
     providers: Mapping[str, str] = field(default_factory=dict)  # what a pinned block provides -> that block
     fabric_in_builder: bool = False  # a block compiles against the fabric (libfabric, MPI) in the builder
     offers: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # consumer -> what blocks offer it
-    arch: str = compat.DEFAULT_ARCH  # the CPU architecture this image is rendered for (one of platform.arch)
+    arch: str = platforms.DEFAULT_ARCH  # the CPU architecture this image is rendered for (one of platform.arch)
     # the pinned blocks whose `requirements` name a set, found before this field was filled (so a block whose sets
     # depend on it, python's uv, is not among them), in registry order
     requirement_blocks: tuple[str, ...] = ()
@@ -168,17 +169,17 @@ class Context:
         if details is None and name in self.providers:
             details = self.details(self.providers[name])
         prefix = details.prefix if details is not None else None
-        return compat.for_arch(prefix, self.arch) if prefix else prefix
+        return platforms.for_arch(prefix, self.arch) if prefix else prefix
 
     @property
     def machine(self) -> str:
         """The architecture as `uname -m` and wheel tags name it: x86_64, aarch64."""
-        return compat.MACHINE[self.arch]
+        return platforms.MACHINE[self.arch]
 
     @property
     def multiarch(self) -> str:
         """Debian's multiarch triplet of the architecture (library directories): x86_64-linux-gnu."""
-        return compat.multiarch(self.arch)
+        return platforms.multiarch(self.arch)
 
     @property
     def content(self) -> Any:
@@ -289,10 +290,10 @@ class Resolution:
         return ResolveError(f"{display(self.path)}: {keys}: {message}", hint=hint)
 
     def distro_pin(self, key: str, what: str, wanted: str | None) -> Pin:
-        """The version the target distribution ships of `what` (compat.DISTRO), checked against `wanted`."""
-        distro = compat.DISTRO.get(self.os_id)
+        """The version the target distribution ships of `what` (DISTRO), checked against `wanted`."""
+        distro = DISTRO.get(self.os_id)
         if distro is None:
-            raise self.fail(f"{key}.source", f"no package table for {self.os_id} (known: {list(compat.DISTRO)})")
+            raise self.fail(f"{key}.source", f"no package table for {self.os_id} (known: {list(DISTRO)})")
         version = getattr(distro, what)
         if wanted is not None and wanted != version:
             raise self.fail(f"{key}.version", f"{self.os_id} ships {what} {version}, got {wanted}")

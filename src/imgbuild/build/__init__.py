@@ -18,12 +18,11 @@ from typing import Any
 
 from imgbuild import __version__, engine
 from imgbuild.build import builders, dockercontext
-from imgbuild.core import paths
+from imgbuild.core import paths, platforms
 from imgbuild.core.errors import BuildError, PushError, UsageError
 from imgbuild.image import provenance, render
 from imgbuild.pin.resolver import Resolved
 from imgbuild.recipe import LoadedRecipe
-from imgbuild.spec import compat
 
 
 @dataclass(frozen=True)
@@ -108,7 +107,7 @@ def check_platform(client: Any, resolved: Resolved, plan: render.BuildPlan, *, e
 
     if not engine_store:  # a buildx builder of its own (remote, Kubernetes...) runs the steps on its own machines
         return
-    platform = compat.docker_platform(plan.arch)
+    platform = platforms.docker_platform(plan.arch)
     if problem := rootfs.emulation_problem(plan.arch):
         hint = rootfs.emulation_hint(plan.arch)
         raise BuildError(f"cannot build {plan.recipe} for {platform}: {problem}", hint=hint)
@@ -240,7 +239,7 @@ def build(
                     log_path=log_path,
                     progress=progress,
                     network="none" if sources is not None else None,
-                    platform=compat.docker_platform(plan.arch),
+                    platform=platforms.docker_platform(plan.arch),
                 )
         finally:
             shutil.rmtree(folder, ignore_errors=True)

@@ -236,8 +236,8 @@ def _platform_checks(platforms_needed: Mapping[str, Iterable[str]]) -> list[Chec
     """One row per architecture of another machine than this one that recipes list (platform.arch): whether QEMU
     runs its binaries here (binfmt_misc). A warning, not a failure, when it does not: the recipe's first architecture
     still builds; `imgbuild build --platform` for that one stops with the same hint."""
+    from imgbuild.core import platforms
     from imgbuild.engine import rootfs
-    from imgbuild.spec import compat
 
     checks = []
     for arch, recipes in sorted(platforms_needed.items()):
@@ -246,7 +246,7 @@ def _platform_checks(platforms_needed: Mapping[str, Iterable[str]]) -> list[Chec
         label, needers = f"emulation linux/{arch}", tuple(sorted(set(recipes)))
         problem = rootfs.emulation_problem(arch)
         if problem is None:
-            entry = rootfs.BINFMT_DIR / f"qemu-{compat.MACHINE[arch]}"
+            entry = rootfs.BINFMT_DIR / f"qemu-{platforms.MACHINE[arch]}"
             checks.append(Check(label, "ok", f"QEMU through {entry} (build and run --platform linux/{arch})", needers))
         else:
             checks.append(Check(label, "warn", f"{problem}: {rootfs.emulation_hint(arch)}", needers))

@@ -132,11 +132,12 @@ def target_platform(resolved: Resolved, arch: str | None = None) -> list[str]:
     """pip's --python-version / --platform options for the image's Python, CPU (`arch`, default the recipe's first)
     and C library. Every manylinux tag the C library satisfies is named: pip (23.x) does not widen `manylinux_2_36`
     to the older tags itself."""
-    from imgbuild.spec import compat
+    from imgbuild.core import platforms
+    from imgbuild.core.distro import DISTRO
 
-    machine = compat.MACHINE[arch or resolved.recipe.platform.arch[0]]
+    machine = platforms.MACHINE[arch or resolved.recipe.platform.arch[0]]
     python = resolved.pins["python"].version or "3"
-    distro = compat.DISTRO.get(f"{resolved.recipe.os.family}{resolved.recipe.os.version}")
+    distro = DISTRO.get(f"{resolved.recipe.os.family}{resolved.recipe.os.version}")
     glibc = str(getattr(distro, "glibc", None) or "2.17")
     minor = int(glibc.split(".")[1])
     tags = [f"manylinux_2_{m}_{machine}" for m in range(minor, 4, -1)]

@@ -107,7 +107,7 @@ class CheckContext:
     gpu_reason: str = "no GPU"
     image_scan: Callable[[], ImageScan] | None = None
     # What `uname -m` must say (x86_64, aarch64): the machine of the manifest's architecture, which the caller
-    # looks up (spec.compat.MACHINE); None where no manifest says which.
+    # looks up (core.platforms.MACHINE); None where no manifest says which.
     machine: str | None = None
     _memo: dict[str, Any] = field(default_factory=dict, repr=False)
     _memo_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)

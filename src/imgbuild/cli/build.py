@@ -206,10 +206,10 @@ def base_bootstrap(
 ) -> None:
     """Build a base image with debootstrap and import it into the engine under NAME (air-gapped sites)."""
     from imgbuild import engine
+    from imgbuild.core import platforms
     from imgbuild.engine import rootfs
-    from imgbuild.spec import compat
 
-    spec = rootfs.spec_for(name, suite=suite, mirror=mirror, variant=variant, arch=platform or compat.DEFAULT_ARCH)
+    spec = rootfs.spec_for(name, suite=suite, mirror=mirror, variant=variant, arch=platform or platforms.DEFAULT_ARCH)
     client = engine.connect()
     try:
         image_id = rootfs.bootstrap_base(client, spec, progress_print=lambda s: err().print(s, markup=False))

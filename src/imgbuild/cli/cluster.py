@@ -63,7 +63,7 @@ def _command_words(words: list[str] | None) -> list[str] | None:
 
 def _efa_count(count: int | None) -> int | None:
     """--efa: at most as many EFA devices as any instance imgbuild knows has (more never schedules)."""
-    from imgbuild.spec import instances
+    from imgbuild.core import instances
 
     if count is not None and count > instances.efa_max():
         raise typer.BadParameter(f"{count} is more EFA devices than any instance has (at most {instances.efa_max()})")
@@ -341,7 +341,7 @@ def _report(
     from imgbuild.nccltests.log import parse
 
     text, source = _read(log)
-    try:  # whether the nodes have EFA: what spec/instances.yaml says of the instance type (the verdict's rule)
+    try:  # whether the nodes have EFA: what core/instances.yaml says of the instance type (the verdict's rule)
         expect = verdict.Expect(instance_type=instance_type, nodes=nodes, nccl_version=nccl_version)
     except ValidationError as exc:
         first = exc.errors()[0]

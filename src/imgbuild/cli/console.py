@@ -57,12 +57,12 @@ FilesOption = Annotated[
 def platform_arch(value: str | None) -> str | None:
     """--platform linux/arm64 -> "arm64" (platform.arch's name); anything else is a usage error (exit 2) naming the
     option and the platforms imgbuild knows."""
-    from imgbuild.spec import compat
+    from imgbuild.core import platforms
 
     if value is None:
         return None
     try:
-        return compat.parse_platform(value)
+        return platforms.parse_platform(value)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
 

@@ -61,9 +61,9 @@ def show(
     """Show a recipe's resolved components: versions, sources and why each version. From its lock; a recipe without
     one is resolved afresh (versions only: no content), and says so."""
     from imgbuild import recipe
+    from imgbuild.core import platforms
     from imgbuild.image import identity
     from imgbuild.pin import lock
-    from imgbuild.spec import compat
 
     loaded = recipe.load(ref).concrete()
     res, how = lock.lock_or_fresh(loaded)
@@ -74,7 +74,7 @@ def show(
             "file": recipe.display(loaded.path),
             "from": how,
             "base": res.base_ref,
-            "platforms": [compat.docker_platform(a) for a in res.recipe.platform.arch],
+            "platforms": [platforms.docker_platform(a) for a in res.recipe.platform.arch],
             "image": refs,
             "components": {k: v.model_dump() for k, v in res.pins.items()},
             "warnings": list(res.warnings),
@@ -95,7 +95,7 @@ def show(
     )
     out().print(f"file: {recipe.display(loaded.path)}  (pins from {where})")
     out().print(f"base: {res.base_ref}")
-    out().print(f"platforms: {', '.join(compat.docker_platform(a) for a in res.recipe.platform.arch)}")
+    out().print(f"platforms: {', '.join(platforms.docker_platform(a) for a in res.recipe.platform.arch)}")
     out().print(f"tags: {', '.join(refs)}")
     table = Table("component", "version", "source", "why", box=None)
     for name, pin in res.pins.items():

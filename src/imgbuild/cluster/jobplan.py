@@ -113,7 +113,7 @@ class JobPlan:
 def target_instance(recipe: Recipe) -> tuple[str, int] | None:
     """The recipe's target host for `imgbuild run --print`: the first of its platform.instance_types whose number of
     EFA devices is in the table, with that number; None when none is."""
-    from imgbuild.spec import instances
+    from imgbuild.core import instances
 
     for instance_type in recipe.platform.instance_types:
         count = instances.efa_devices(instance_type)
@@ -125,7 +125,7 @@ def target_instance(recipe: Recipe) -> tuple[str, int] | None:
 def arch_mismatch(platform: Platform, instance_type: str) -> str | None:
     """Why an instance type cannot run an image of `platform` for its CPU architecture (None: it can, or its
     architecture is not known here): an arm64 image never starts on an x86 instance, nor the reverse."""
-    from imgbuild.spec import instances
+    from imgbuild.core import instances
 
     arch = instances.instance_arch(instance_type)
     if arch is None or arch in platform.arch:
@@ -144,7 +144,7 @@ def accelerator_mismatch(platform: Platform, instance_type: str) -> str | None:
     anywhere; one with an accelerator runs on the instance types it lists, and on a family of
     spec/instances.yaml with its accelerator whose GPUs run its code: CUDA code built for sm_XY (imgbuild builds
     SASS only, no PTX) runs on the same major architecture X at minor Y or later."""
-    from imgbuild.spec import instances
+    from imgbuild.core import instances
 
     if platform.accelerator == "none" or instance_type in platform.instance_types:
         return None
@@ -187,10 +187,9 @@ def plan_job(
     memory: str | None = None,
 ) -> JobPlan:
     """Decide a job: RecipeError when the recipe cannot run on that engine or an input is invalid (named)."""
-    from imgbuild.core import validate
+    from imgbuild.core import instances, validate
     from imgbuild.engine.runprofile import run_spec
     from imgbuild.image.launch import for_manifest
-    from imgbuild.spec import instances
 
     engine = Engine(engine)
     r = resolved.recipe
@@ -271,7 +270,7 @@ def plan_job(
     env = dict(_device_plugin_free(spec.env))
     if r.platform.accelerator == "nvidia":
         env["NCCL_DEBUG"] = "INFO"  # `imgbuild cluster report` reads which network NCCL picked from it
-    from imgbuild.spec.instances import instance_env, mnnvl, mnnvl_domain_nodes
+    from imgbuild.core.instances import instance_env, mnnvl, mnnvl_domain_nodes
 
     nvlink = r.platform.accelerator == "nvidia" and mnnvl(instance_type)
     domain = mnnvl_domain_nodes(instance_type) if nvlink else None

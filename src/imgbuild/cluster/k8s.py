@@ -26,7 +26,7 @@ PyTorchJob for the image of a `JobPlan` (jobplan.py), as YAML with a comment hea
   `kubeflow.org/v1` PyTorchJob (training-operator 1.9). Both run the image's torchrun (`launch.torchrun`), whose
   node count, rank and master come from the PET_* variables the operators set.
 
-NVLink across instances (GB200 NVL72 across trays, `JobPlan.mnnvl`, spec/instances.yaml's mnnvl), as AWS's EKS guide
+NVLink across instances (GB200 NVL72 across trays, `JobPlan.mnnvl`, core/instances.yaml's mnnvl), as AWS's EKS guide
 ("Use P6e-GB200 UltraServers with Amazon EKS": "It is a best practice to create a ComputeDomain per workload job") and
 its GB200 sample jobs do: a ComputeDomain (`resource.nvidia.com/v1beta1`, NVIDIA's DRA driver,
 NVIDIA/k8s-dra-driver-gpu) named after the job comes first in the file; its driver makes the ResourceClaimTemplate

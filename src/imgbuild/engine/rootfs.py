@@ -30,10 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from imgbuild.core import imageref, validate
+from imgbuild.core import imageref, platforms, validate
 from imgbuild.core.errors import BuildError, Interrupted, UsageError
 from imgbuild.pin.content import local_ref, sha256_file
-from imgbuild.spec import compat
 
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 UBUNTU_MIRROR = "http://archive.ubuntu.com/ubuntu"
@@ -103,7 +102,7 @@ class BaseSpec:
     mirror: str
     variant: str = "minbase"
     slim: bool = False
-    arch: str = compat.DEFAULT_ARCH  # platform.arch's name (amd64, arm64): debootstrap --arch and the image's config
+    arch: str = platforms.DEFAULT_ARCH  # platform.arch's name (amd64, arm64): debootstrap --arch and the image's config
 
     @property
     def image_name(self) -> str:
@@ -140,17 +139,17 @@ def spec_for(
     suite: str | None = None,
     mirror: str | None = None,
     variant: str = "minbase",
-    arch: str = compat.DEFAULT_ARCH,
+    arch: str = platforms.DEFAULT_ARCH,
 ) -> BaseSpec:
     """Work out suite, mirror and trimming for an image name such as `debian:bookworm-slim`.
 
     debian:bookworm, debian:12 (each also -slim), ubuntu:22.04 / ubuntu:jammy are known; `suite` and
     `mirror` override what the name implies. A name that is neither debian nor ubuntu needs both. `arch`
-    (platform.arch's names; compat.parse_platform reads `--platform linux/arm64`) picks the architecture.
+    (platform.arch's names; platforms.parse_platform reads `--platform linux/arm64`) picks the architecture.
     """
     name = name.strip()
-    if arch not in compat.MACHINE:
-        raise UsageError(f"unknown architecture {validate.shown(arch)}; use one of {', '.join(compat.MACHINE)}")
+    if arch not in platforms.MACHINE:
+        raise UsageError(f"unknown architecture {validate.shown(arch)}; use one of {', '.join(platforms.MACHINE)}")
     if not _image_name(name):
         raise UsageError(
             f"not an image name: {validate.shown(name)}; expected [REGISTRY/]REPOSITORY[:TAG] in lowercase "
@@ -325,7 +324,7 @@ def host_arch() -> str:
     import platform
 
     machine = platform.machine()
-    return next((arch for arch, m in compat.MACHINE.items() if m == machine), machine)
+    return next((arch for arch, m in platforms.MACHINE.items() if m == machine), machine)
 
 
 BINFMT_DIR = Path("/proc/sys/fs/binfmt_misc")
@@ -336,15 +335,15 @@ def emulation_problem(arch: str) -> str | None:
     QEMU with the F flag, so that containers and chroots, which lack the interpreter, run them too)."""
     if arch == host_arch():
         return None
-    machine = compat.MACHINE[arch]
+    machine = platforms.MACHINE[arch]
     entry = BINFMT_DIR / f"qemu-{machine}"
     try:
         lines = entry.read_text().splitlines()
     except OSError:
         where = "binfmt_misc is not mounted" if not (BINFMT_DIR / "status").exists() else f"{entry} does not exist"
-        return f"{compat.docker_platform(arch)} binaries cannot run here: {where}"
+        return f"{platforms.docker_platform(arch)} binaries cannot run here: {where}"
     if "enabled" not in lines:
-        return f"{compat.docker_platform(arch)} binaries cannot run here: {entry} is disabled"
+        return f"{platforms.docker_platform(arch)} binaries cannot run here: {entry} is disabled"
     flags = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("flags:")), "")
     if "F" not in flags:
         return f"{entry} lacks the F flag: containers and chroots cannot find its interpreter"
@@ -355,7 +354,7 @@ def emulation_hint(arch: str) -> str:
     """How to make this machine run `arch`'s binaries (what scripts/setup.sh does)."""
     return (
         "run scripts/setup.sh, or: apt-get install qemu-user-static binfmt-support; mount -t binfmt_misc "
-        f"binfmt_misc /proc/sys/fs/binfmt_misc; update-binfmts --enable qemu-{compat.MACHINE[arch]}"
+        f"binfmt_misc /proc/sys/fs/binfmt_misc; update-binfmts --enable qemu-{platforms.MACHINE[arch]}"
     )
 
 
@@ -457,7 +456,7 @@ def _tar_rootfs(rootfs: Path, tar_path: Path) -> None:
 def _import(client: Any, spec: BaseSpec, tar_path: Path) -> str:
     from imgbuild.engine import ENGINE_ERRORS, engine_error
 
-    if spec.arch != compat.DEFAULT_ARCH:
+    if spec.arch != platforms.DEFAULT_ARCH:
         return _load(client, spec, tar_path)
     changes = ['CMD ["bash"]', f"ENV PATH={IMAGE_PATH}"]
     try:
@@ -475,7 +474,7 @@ def image_config(spec: BaseSpec, diff_id: str) -> dict[str, Any]:
         "config": {"Cmd": ["bash"], "Env": [f"PATH={IMAGE_PATH}"]},
         "rootfs": {"type": "layers", "diff_ids": [diff_id]},
         "history": [
-            {"created_by": f"imgbuild base bootstrap {spec.name} --platform {compat.docker_platform(spec.arch)}"}
+            {"created_by": f"imgbuild base bootstrap {spec.name} --platform {platforms.docker_platform(spec.arch)}"}
         ],
     }
 
@@ -524,7 +523,7 @@ def bootstrap_base(client: Any, spec: BaseSpec, *, progress_print: ProgressPrint
     try:
         progress_print(
             f"bootstrapping {spec.image_name}: {spec.distro} {spec.suite} ({spec.variant}"
-            f"{', slim' if spec.slim else ''}, {compat.docker_platform(spec.arch)}) from {spec.mirror}"
+            f"{', slim' if spec.slim else ''}, {platforms.docker_platform(spec.arch)}) from {spec.mirror}"
         )
         rootfs.mkdir()
         _debootstrap(spec, rootfs, progress_print)

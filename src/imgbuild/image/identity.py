@@ -13,10 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from imgbuild.blocks import REGISTRY, UserCode
+from imgbuild.core import platforms
 from imgbuild.core.errors import RenderError
 from imgbuild.pin.lock import Lock
 from imgbuild.pin.resolver import Resolved
-from imgbuild.spec import compat
 
 
 def lock_digest(resolved: Resolved) -> str:
@@ -74,8 +74,8 @@ def _check_arch(name: str, arches: tuple[str, ...], arch: str | None) -> str:
         return arches[0]
     if arch not in arches:
         raise RenderError(
-            f"{name} is built for {', '.join(compat.docker_platform(a) for a in arches)}, not "
-            f"{compat.docker_platform(arch)}: its recipe's platform.arch does not list {arch}",
+            f"{name} is built for {', '.join(platforms.docker_platform(a) for a in arches)}, not "
+            f"{platforms.docker_platform(arch)}: its recipe's platform.arch does not list {arch}",
             hint=f"add {arch} to platform.arch in the recipe and run `imgbuild lock {name}`",
         )
     return arch

@@ -34,10 +34,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from imgbuild.blocks import Pin, python_of
 from imgbuild.core.errors import VerifyError
+from imgbuild.core.fields import EnvName
 from imgbuild.core.paths import MANIFEST_PATH
 from imgbuild.pin.resolver import read_details
 from imgbuild.recipe import MpiRun, Platform, Runtime
-from imgbuild.spec.schema import EnvName
 
 SCHEMA: Literal[1] = 1
 PIN_KEYS = ("version", "source", "origin")

@@ -37,7 +37,7 @@ from imgbuild.blocks import (
     slug,
 )
 from imgbuild.blocks.python import UV_BIN, UV_CACHE_DIR, UV_CACHE_ID, UV_DIR, UV_SET, uv_installs
-from imgbuild.core import paths
+from imgbuild.core import instances, paths, platforms
 from imgbuild.core.errors import RenderError
 from imgbuild.image import identity
 from imgbuild.image.launch import for_manifest
@@ -46,7 +46,6 @@ from imgbuild.pin import record
 from imgbuild.pin.content import download_name
 from imgbuild.pin.resolver import Resolved
 from imgbuild.recipe import Runtime
-from imgbuild.spec import compat, instances
 
 if TYPE_CHECKING:
     import jinja2
@@ -495,7 +494,7 @@ def environment(offline: bool = False, local_files: frozenset[str] = frozenset()
         lstrip_blocks=True,
         autoescape=False,
     )
-    from imgbuild.spec.schema import one_line
+    from imgbuild.core.fields import one_line
 
     def dockerfile_value(value: object) -> str:
         """A value Docker's ENV and LABEL read back exactly: in double quotes, with \\ " and $
@@ -808,11 +807,13 @@ def _manifest(
 
 def _for_arch(pin: Pin, arch: str) -> Pin:
     """A pin as `arch`'s image has it: a prefix in the architecture's multiarch directory filled in
-    (compat.for_arch), so the manifest names the image's own paths."""
+    (platforms.for_arch), so the manifest names the image's own paths."""
     prefix = pin.details.prefix
-    if not prefix or compat.MULTIARCH not in prefix:
+    if not prefix or platforms.MULTIARCH not in prefix:
         return pin
-    return pin.model_copy(update={"details": pin.details.model_copy(update={"prefix": compat.for_arch(prefix, arch)})})
+    return pin.model_copy(
+        update={"details": pin.details.model_copy(update={"prefix": platforms.for_arch(prefix, arch)})}
+    )
 
 
 def runtime_profile(runtime: Runtime, contribs: dict[str, Contribution]) -> Runtime:

@@ -36,9 +36,9 @@ from typing import Any
 from imgbuild import __version__
 from imgbuild.core import imageref
 from imgbuild.core.errors import VerifyError
+from imgbuild.core.versions import same_version
 from imgbuild.image.manifest import Manifest
 from imgbuild.pin.resolver import Resolved
-from imgbuild.spec import compat
 
 SPEC_VERSION = "1.6"
 MEDIA_TYPE = "application/vnd.cyclonedx+json"
@@ -170,7 +170,7 @@ def document(inv: Inventory, resolved: Resolved, *, timestamp: dt.datetime | Non
     py_components: dict[str, Component] = {}
     py_by_name: dict[str, list[tuple[str, str]]] = {}
     for d in parse_python(inv.python):
-        hashes = next((h for v, h in locked.get(normalize(d.name), []) if compat.same_version(v, d.version)), ())
+        hashes = next((h for v, h in locked.get(normalize(d.name), []) if same_version(v, d.version)), ())
         ref = f"pypi:{normalize(d.name)}@{d.version}:{d.location}"
         note = (
             None
@@ -267,7 +267,7 @@ def document(inv: Inventory, resolved: Resolved, *, timestamp: dt.datetime | Non
             r
             for n in sorted(wanted)
             for v, r in py_by_name.get(n, [])
-            if pin.version is None or compat.same_version(v, pin.version)
+            if pin.version is None or same_version(v, pin.version)
         ]
         if pin.source == "distro" and pin.version:
             carried += [r for r, deb in deb_refs.items() if _carries(name, pin.version, deb)]

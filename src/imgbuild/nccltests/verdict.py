@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import Field, model_validator
 
+from imgbuild.core import instances
 from imgbuild.nccltests import expected
 from imgbuild.nccltests.log import Frozen, Network, ParsedLog, Printed, ResultTable, distinct, parse
-from imgbuild.spec import instances
 
 if TYPE_CHECKING:
     from imgbuild.pin.resolver import Resolved
@@ -35,14 +35,14 @@ class Expect(Frozen):
     aws_ofi_nccl_version: str | None = Field(None, pattern=r"^\d+\.\d+\.\d+\S*$")
     efa: bool | None = Field(
         None,
-        description="whether the nodes have EFA devices (None: unknown; by default what spec/instances.yaml says of "
+        description="whether the nodes have EFA devices (None: unknown; by default what core/instances.yaml says of "
         "the instance type); judges the plugin of a one-node run",
     )
 
     @model_validator(mode="before")
     @classmethod
     def _efa_of_the_instance_type(cls, data: Any) -> Any:
-        """The nodes have EFA devices where the instance type's family has some (spec.instances: one rule for `cluster
+        """The nodes have EFA devices where the instance type's family has some (core.instances: one rule for `cluster
         job`'s devices and this verdict), unless the caller says."""
         if isinstance(data, dict) and data.get("efa") is None and isinstance(data.get("instance_type"), str):
             count = instances.efa_devices(data["instance_type"])

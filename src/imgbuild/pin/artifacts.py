@@ -31,8 +31,8 @@ from pydantic import BaseModel
 from imgbuild.blocks import BY_NAME, Released
 from imgbuild.blocks import _releases as releases
 from imgbuild.blocks._core import Artifact
+from imgbuild.core import platforms
 from imgbuild.pin.content import Download, download_name
-from imgbuild.spec import compat
 
 if TYPE_CHECKING:
     import requests
@@ -190,4 +190,4 @@ def reader(
     os_id: str, arches: Sequence[str], *, files: Path | None, offline: bool, session: requests.Session | None = None
 ) -> Reader:
     """The reader for a recipe's target (its OS release and platform architectures, Docker's names)."""
-    return Reader(os_id, tuple(compat.MACHINE[a] for a in arches), files, offline, session)
+    return Reader(os_id, tuple(platforms.MACHINE[a] for a in arches), files, offline, session)

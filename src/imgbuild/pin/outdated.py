@@ -5,15 +5,15 @@ Each pinned component's newer releases come from one source (`tracks`):
 - the package index for what pip installs (torch, numpy, mpi4py from pip, an nvidia-nccl wheel that no PyTorch pins):
   its final releases, yanked and pre-releases left out (`pypi.releases`);
 - a shipped list for the rest: a component's release file (blocks/<name>/releases.yaml: its rows; a base image's
-  CUDA against the CUDA PyTorch's wheels are built for) or the distribution table (compat.DISTRO), named with when it
-  was read (the file's `read_on`, compat.TABLES): a release published since is not in it;
+  CUDA against the CUDA PyTorch's wheels are built for) or the distribution table (core.distro.DISTRO), named with
+  when it was read (the file's `read_on`, core.distro.TABLES): a release published since is not in it;
 - none where another pin decides the version (NCCL = PyTorch's pin, a plugin or libfabric bundled with the EFA
   installer: they follow that component) or the base image brings it.
 
 Whether a release fits is never a rule of this module: the recipe is copied with that one value replaced and resolved
 by the real resolver (`try_version`); what it pins differently, or the error it raises, is the answer. `upgrade`
 walks each component's newer releases newest first and keeps the newest the resolver accepts with the rest;
-`write` puts the new versions into the recipe file (imgbuild.spec.edit: that value's text, comments kept), since a
+`write` puts the new versions into the recipe file (imgbuild.recipe.edit: that value's text, comments kept), since a
 lock must follow from its recipe.
 """
 
@@ -29,11 +29,11 @@ from pydantic import ValidationError
 
 from imgbuild.blocks import BY_NAME, Pin, Released, Tracked, Tracks, known_bad, resolve_order
 from imgbuild.blocks import _releases as releases
+from imgbuild.core.distro import TABLES
 from imgbuild.core.errors import ImgbuildError, IndexLookupError, RecipeError, ResolveError
 from imgbuild.core.paths import display
 from imgbuild.pin.resolver import Resolved, resolve
-from imgbuild.recipe import LoadedRecipe, Recipe, load, where_set
-from imgbuild.spec import compat, edit
+from imgbuild.recipe import LoadedRecipe, Recipe, edit, load, where_set
 
 Kind = Literal["index", "table", "follows", "base", "none"]
 Status = Literal["current", "outdated", "held", "follows", "untracked", "unknown"]
@@ -43,7 +43,7 @@ Status = Literal["current", "outdated", "held", "follows", "untracked", "unknown
 class Source:
     """Where a component's releases are listed. index: `name` is the project; table: `name` is a release file
     (blocks/<name>/releases.yaml) or the distribution table, with `about` (what it was read from) and `read_on` (the
-    file's, compat.TABLES); follows: `name` is the component it follows. Each block says which (`Block.track`)."""
+    file's, core.distro.TABLES); follows: `name` is the component it follows. Each block says which (`Block.track`)."""
 
     kind: Kind
     name: str
@@ -106,7 +106,7 @@ def tracks(resolved: Resolved) -> list[Track]:
         for t in found if found is not None else _by_source(name, pin, os_id):
             current = t.current or pin.version
             if t.kind == "distro":
-                distro = compat.TABLES["DISTRO"]
+                distro = TABLES["DISTRO"]
                 source = Source("table", f"DISTRO[{os_id}]", distro.source, distro.read_on)
             elif t.kind == "table":
                 source = _released(t.name)

@@ -73,7 +73,7 @@ _METADATA_MEMBER = re.compile(r"[^/]+\.dist-info/METADATA")
 _NCCL = re.compile(r"^nvidia-nccl-cu\d+\Z")
 _CUDA_RUNTIME = re.compile(r"^nvidia-cuda-runtime(-cu\d+)?\Z")
 _CUDA_TOOLKIT = "cuda-toolkit"  # torch 2.11+: cuda-toolkit[cudart,...]==13.0.2
-#: The machines (``uname -m``) wheels are picked for: the images' CPU architectures (compat.MACHINE).
+#: The machines (``uname -m``) wheels are picked for: the images' CPU architectures (core.platforms.MACHINE).
 MACHINES = ("x86_64", "aarch64")
 
 

@@ -2,8 +2,8 @@
 (`Block.requirements`) with the sha256 of the files the target may install, resolved by uv at `imgbuild lock`.
 
 uv resolves for the target, not for this machine: `--python-version` is the image's Python (the `python` pin) and
-`--python-platform <machine>-manylinux_2_XX` its CPU and C library (compat.DISTRO's glibc), so the recorded hashes are
-those of the files pip on the target can pick (uv's pylock.toml output names every file with its hash; the wheels
+`--python-platform <machine>-manylinux_2_XX` its CPU and C library (core.distro.DISTRO's glibc), so the recorded hashes
+are those of the files pip on the target can pick (uv's pylock.toml output names every file with its hash; the wheels
 incompatible with the target are left out). A recipe built for several architectures (platform.arch) resolves each
 set for each of them: the versions must agree, and a requirement holds the hashes of every architecture's files
 (pip --require-hashes takes the one it installs). uv reads the one index imgbuild reads (`pypi.index_url`:
@@ -41,10 +41,12 @@ from typing import Any, NamedTuple
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from imgbuild.core import platforms
+from imgbuild.core.distro import DISTRO
 from imgbuild.core.errors import IndexLookupError, ResolveError
+from imgbuild.core.versions import same_version
 from imgbuild.pin.content import Requirement
 from imgbuild.pin.resolver import Resolved
-from imgbuild.spec import compat
 
 UV_TIMEOUT_S = 600  # one set's resolution; torch's closure takes seconds with a warm uv cache
 UV_HTTP_TIMEOUT_S = 30  # uv's own default for one request (UV_HTTP_TIMEOUT)
@@ -89,13 +91,13 @@ def target(resolved: Resolved, arch: str | None = None) -> tuple[str, str]:
     (x86_64-manylinux_2_36, aarch64-manylinux_2_36), capped at what uv names (UV_NEWEST_GLIBC)."""
     r = resolved.recipe
     os_id = f"{r.os.family}{r.os.version}"
-    distro = compat.DISTRO.get(os_id)
+    distro = DISTRO.get(os_id)
     if distro is None:
-        raise ResolveError(f"{r.name}: no glibc known for {os_id} (compat.DISTRO has {', '.join(compat.DISTRO)})")
+        raise ResolveError(f"{r.name}: no glibc known for {os_id} (compat.DISTRO has {', '.join(DISTRO)})")
     py = resolved.pins.get("python")
     if py is None or not py.version:
         raise ResolveError(f"{r.name}: its requirement sets need the python pin's version (components.python)")
-    machine = compat.MACHINE[arch or r.platform.arch[0]]
+    machine = platforms.MACHINE[arch or r.platform.arch[0]]
     glibc = min(Version(distro.glibc), Version(UV_NEWEST_GLIBC))
     return ".".join(py.version.split(".")[:2]), f"{machine}-manylinux_{glibc.major}_{glibc.minor}"
 
@@ -409,7 +411,7 @@ def _replaced(
     moved = [
         f"{r.name} {pinned[r.name][0]} ({pinned[r.name][1]}) with {r.version}"
         for r in sorted(closure, key=lambda r: (r.name not in named, r.name))  # what the set names first
-        if r.name in pinned and not compat.same_version(r.version, pinned[r.name][0])
+        if r.name in pinned and not same_version(r.version, pinned[r.name][0])
     ]
     if not moved:
         return exc

@@ -129,7 +129,7 @@ def resolve_arch_images(
     """The recipe's image of each architecture in `arches` (default: every one its platform.arch lists), each built
     from the lock (every tag `Identity.refs` gives it, on one image recorded as that architecture): else a PushError
     naming the `imgbuild build ... --platform` to run, before anything is pushed."""
-    from imgbuild.spec import compat
+    from imgbuild.core import platforms
 
     named = recipe.identity
     wanted = [named.check_arch(a) for a in arches] if arches else list(named.arches)
@@ -137,7 +137,7 @@ def resolve_arch_images(
     images: list[ArchImage] = []
     for arch in wanted:
         refs = named.refs(arch)
-        platform = compat.docker_platform(arch)
+        platform = platforms.docker_platform(arch)
         hint = f"imgbuild build {recipe.ref} --platform {platform}"
         found = _built_image(client, refs, f"the {platform} image of {named.recipe}", hint)
         if (got := str(found.get("Architecture") or "?")) != arch:

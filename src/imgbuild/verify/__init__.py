@@ -34,7 +34,7 @@ import docker.errors
 from imgbuild import checks, engine, recipe
 from imgbuild.blocks import runtime_order
 from imgbuild.checks.results import CheckResult, failures
-from imgbuild.core import validate
+from imgbuild.core import platforms, validate
 from imgbuild.core.errors import ImgbuildError, Interrupted, LockError, VerifyError
 from imgbuild.core.interrupts import sigint_deferred
 from imgbuild.engine import rootfs
@@ -45,7 +45,6 @@ from imgbuild.image import identity, render
 from imgbuild.image.manifest import MANIFEST_PATH, Manifest
 from imgbuild.pin import lock
 from imgbuild.pin.resolver import Resolved
-from imgbuild.spec import compat
 from imgbuild.verify import gpuchecks  # noqa: F401  (registers the checks that run the image's launch line)
 
 LABEL_RECIPE = "io.imgbuild.recipe"
@@ -170,7 +169,7 @@ def resolve_target(ref: str, client: docker.DockerClient | None, arch: str | Non
     recorded = str(info.get("Architecture") or "")
     if arch is not None and recorded != arch:
         raise VerifyError(f"image {ref} is {info.get('Os') or 'linux'}/{recorded or '?'}, not --platform linux/{arch}")
-    return target_for_image(ref, _labels(info), recorded if recorded in compat.MACHINE else None)
+    return target_for_image(ref, _labels(info), recorded if recorded in platforms.MACHINE else None)
 
 
 def _image_labels(client: docker.DockerClient, ref: str) -> dict[str, str] | None:
@@ -327,7 +326,9 @@ def _verify_host(
         expect_efa=expect_efa,
         gpu=gpu_run.ok,
         gpu_reason="no GPU on this host (no nvidia-smi, no /dev/nvidia0)",
-        machine=compat.MACHINE.get(str(found_manifest.get("arch", compat.DEFAULT_ARCH))) if found_manifest else None,
+        machine=platforms.MACHINE.get(str(found_manifest.get("arch", platforms.DEFAULT_ARCH)))
+        if found_manifest
+        else None,
     )
     t = time.monotonic()
     selected = checks.selected(ctx.components, "host", runtime_order())
@@ -499,7 +500,7 @@ def _verify_container(
         if _image_labels(client, target.image) is None:
             hint = f"imgbuild build {target.ref}" if target.kind == "recipe" else None
             if hint and arch is not None:
-                hint += f" --platform {compat.docker_platform(arch)}"
+                hint += f" --platform {platforms.docker_platform(arch)}"
             raise VerifyError(f"image {target.image} is not in the engine", hint=hint)
         timings["resolve_s"] = round(time.monotonic() - t, 3)
 
@@ -543,7 +544,7 @@ def _verify_container(
             gpu=opts.gpu,
             gpu_reason=opts.gpu_reason,
             image_scan=scan.result,
-            machine=compat.MACHINE[profile.arch],
+            machine=platforms.MACHINE[profile.arch],
         )
         t = time.monotonic()
         selected = checks.selected(components, "container", runtime_order())

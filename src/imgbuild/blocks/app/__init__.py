@@ -51,9 +51,9 @@ from imgbuild.checks import CheckContext, check, fail, passed, skip
 from imgbuild.checks.results import CheckResult
 from imgbuild.core import files
 from imgbuild.core.errors import RenderError
+from imgbuild.core.fields import AbsPath, DebPackage, EnvName, Strict, Text, matching, one_line
+from imgbuild.core.versions import same_version
 from imgbuild.probes import codetree
-from imgbuild.spec import compat
-from imgbuild.spec.schema import AbsPath, DebPackage, EnvName, Strict, Text, matching, one_line
 
 CODE_DIR = "/opt/ml/code"  # SageMaker's: where source_dir code lands and train looks for the program
 CODE_CONTEXT = "imgbuild/app/code"  # the code folder's files in the build context
@@ -506,7 +506,7 @@ def app_distributions(ctx: CheckContext) -> CheckResult:
     wrong = [
         f"{name} {data.get(name) or 'missing'} (lock: {version})"
         for name, version in sorted(want.items())
-        if data.get(name) is None or not compat.same_version(data[name], version)
+        if data.get(name) is None or not same_version(data[name], version)
     ]
     if wrong:
         return fail("; ".join(wrong), expected, f"{len(want) - len(wrong)} of {len(want)} as locked")

@@ -34,7 +34,7 @@ from imgbuild.blocks.libfabric import libfabric_release
 from imgbuild.blocks.nccl import net_plugin_api
 from imgbuild.checks import CheckContext, check, fail, ldd_missing, passed, skip
 from imgbuild.checks.results import CheckResult
-from imgbuild.spec.schema import AbsPath, Strict, pin_validator
+from imgbuild.core.fields import AbsPath, Strict, pin_validator
 
 PLUGIN_DIRS = ("/opt/amazon/ofi-nccl", "/opt/aws-ofi-nccl")
 

@@ -25,8 +25,8 @@ from imgbuild.blocks._block import Block, PythonSets, Released, Tracks
 from imgbuild.blocks._core import Context, Contribution, Details, Pin, Resolution, Tracked
 from imgbuild.blocks._releases import Text
 from imgbuild.blocks.python import require_venv
-from imgbuild.spec import compat
-from imgbuild.spec.schema import AbsPath, Strict, pin_validator
+from imgbuild.core import platforms
+from imgbuild.core.fields import AbsPath, Strict, pin_validator
 
 # The toolkit's parts a build needs from the cuda-toolkit wheels: nvcc (with crt and nvvm), the CCCL headers
 # (thrust, cub, libcu++: nvcc's profile adds include/cccl), cudart (headers, libcudart.so.N, libcudart_static.a).
@@ -131,7 +131,7 @@ def runtime_lib(ctx: Context) -> str | None:
 def template_target(ctx: Context) -> str:
     """CUDA's name of the architecture's target directory (targets/x86_64-linux, targets/sbsa-linux), where
     nvcc.profile looks for include/ and lib/."""
-    return compat.CUDA_TARGET[ctx.arch]
+    return platforms.CUDA_TARGET[ctx.arch]
 
 
 class CudaBlock(Block, PythonSets, Released, Tracks):

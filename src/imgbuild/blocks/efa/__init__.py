@@ -26,7 +26,7 @@ from imgbuild.blocks._releases import Text
 from imgbuild.blocks.gaudi import check_base
 from imgbuild.checks import CheckContext, check, compare, fail
 from imgbuild.checks.results import CheckResult
-from imgbuild.spec.schema import Strict, pin_validator
+from imgbuild.core.fields import Strict, pin_validator
 
 
 class EfaRow(releases.Row):

@@ -14,7 +14,7 @@ import imgbuild.blocks._releases as releases
 from imgbuild.blocks._block import Block, RecipeRules, Released, Tracks
 from imgbuild.blocks._core import Pin, Resolution, Tracked
 from imgbuild.blocks._releases import Text
-from imgbuild.spec.schema import Strict, pin_validator
+from imgbuild.core.fields import Strict, pin_validator
 
 if TYPE_CHECKING:
     from imgbuild.recipe import Recipe

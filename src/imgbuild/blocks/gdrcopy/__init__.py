@@ -17,7 +17,7 @@ from imgbuild.blocks._block import Block, Downloads, Released
 from imgbuild.blocks._core import Context, Contribution, FromTag, Installed, Pin, Resolution, tag_artifact
 from imgbuild.checks import CheckContext, check, fail, ldd_missing, passed, skip
 from imgbuild.checks.results import CheckResult
-from imgbuild.spec.schema import AbsPath, Strict, pin_validator
+from imgbuild.core.fields import AbsPath, Strict, pin_validator
 
 
 class GdrCopy(Strict):

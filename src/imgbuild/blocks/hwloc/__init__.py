@@ -7,7 +7,7 @@ paths, so the offer names no directory (`with_prefix`: a `--with-hwloc=/usr` bre
 
 Recipe options (`components.hwloc`):
     source    distro (default): the distribution's package
-    version   checked against what the distribution ships (compat.DISTRO)
+    version   checked against what the distribution ships (core.distro.DISTRO)
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from imgbuild.blocks._block import Block
 from imgbuild.blocks._core import Context, Contribution, Pin, Resolution, with_prefix
 from imgbuild.checks import CheckContext, check, compare, fail
 from imgbuild.checks.results import CheckResult
-from imgbuild.spec.schema import Strict, pin_validator
+from imgbuild.core.fields import Strict, pin_validator
 
 PREFIX = "/usr"  # where the distribution's package puts include/hwloc.h and the library
 LIBRARY = "libhwloc.so.15"

@@ -18,7 +18,7 @@ from imgbuild.blocks.efa import bundled, from_efa
 from imgbuild.blocks.gaudi import check_base
 from imgbuild.checks import CheckContext, check, compare, fail, first_executable, passed, skip
 from imgbuild.checks.results import CheckResult
-from imgbuild.spec.schema import AbsPath, Strict, pin_validator
+from imgbuild.core.fields import AbsPath, Strict, pin_validator
 
 
 def libfabric_release(version: str) -> tuple[int, int, int]:

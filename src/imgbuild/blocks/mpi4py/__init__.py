@@ -18,7 +18,7 @@ from imgbuild.blocks._core import Context, Contribution, Pin, Resolution, Tracke
 from imgbuild.blocks.python import require_venv
 from imgbuild.checks import CheckContext, check, compare, fail
 from imgbuild.checks.results import CheckResult
-from imgbuild.spec.schema import Strict, pin_validator
+from imgbuild.core.fields import Strict, pin_validator
 
 
 class MPI4Py(Strict):

@@ -24,7 +24,7 @@ from imgbuild.blocks.python import require_venv, site_packages
 from imgbuild.blocks.pytorch import PyTorchDetails, torch_probe
 from imgbuild.checks import CONTAINER, CheckContext, Ran, check, compare, fail, passed, skip
 from imgbuild.checks.results import CheckResult
-from imgbuild.spec.schema import AbsPath, Strict, pin_validator
+from imgbuild.core.fields import AbsPath, Strict, pin_validator
 
 
 class NCCL(Strict):

@@ -17,7 +17,7 @@ from imgbuild.blocks.nccl import nccl_probe
 from imgbuild.blocks.openmpi import owns_libmpi
 from imgbuild.checks import CONTAINER, CheckContext, check, fail, ldd_missing, passed
 from imgbuild.checks.results import CheckResult
-from imgbuild.spec.schema import AbsPath, Strict, pin_validator
+from imgbuild.core.fields import AbsPath, Strict, pin_validator
 
 NCCL_TESTS_BINARIES = ("all_reduce_perf", "all_gather_perf", "broadcast_perf", "reduce_scatter_perf")
 PREFIX = "/opt/nccl-tests"  # the default; nccltests.command runs all_reduce_perf from the manifest's prefix, else this

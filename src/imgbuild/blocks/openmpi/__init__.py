@@ -21,13 +21,14 @@ from imgbuild.blocks.efa import from_efa
 from imgbuild.blocks.gaudi import check_base
 from imgbuild.checks import CheckContext, check, compare, fail, first_executable
 from imgbuild.checks.results import CheckResult
-from imgbuild.spec import compat
-from imgbuild.spec.schema import AbsPath, Strict, pin_validator
+from imgbuild.core import platforms
+from imgbuild.core.distro import DISTRO
+from imgbuild.core.fields import AbsPath, Strict, pin_validator
 
 # The distribution's Open MPI lives in its multiarch directory: one pin for every architecture, each image's own path.
 
 
-DISTRO_PREFIX = f"/usr/lib/{compat.MULTIARCH}/openmpi"
+DISTRO_PREFIX = f"/usr/lib/{platforms.MULTIARCH}/openmpi"
 
 
 class OpenMPI(Strict):
@@ -86,7 +87,7 @@ class OpenmpiBlock(Block, Downloads, Released):
         c = Contribution(name="openmpi")
         if pin.source == "distro":
             c.runtime_packages |= {"openmpi-bin"}
-            distro = compat.DISTRO.get(f"{ctx.resolved.recipe.os.family}{ctx.resolved.recipe.os.version}")
+            distro = DISTRO.get(f"{ctx.resolved.recipe.os.family}{ctx.resolved.recipe.os.version}")
             c.stub_packages |= dict(distro.openmpi_stubs) if distro else {}
         elif pin.source == "source":
             c.builder_packages |= {"curl", "ca-certificates", "build-essential", "bzip2"}

@@ -23,7 +23,7 @@ from imgbuild.blocks._block import Block, PythonSets
 from imgbuild.blocks._core import Context, Contribution, Details, Pin, Resolution
 from imgbuild.checks import CheckContext, check, compare, fail
 from imgbuild.checks.results import CheckResult
-from imgbuild.spec.schema import AbsPath, Strict, pin_validator
+from imgbuild.core.fields import AbsPath, Strict, pin_validator
 
 
 class Python(Strict):

@@ -30,10 +30,10 @@ from imgbuild.blocks.cuda import arch as cuda_arch
 from imgbuild.blocks.python import require_venv
 from imgbuild.checks import CheckContext, Ran, check, compare, fail, passed, skip
 from imgbuild.checks.results import CheckResult
+from imgbuild.core import platforms
 from imgbuild.core.errors import ImgbuildError, IndexLookupError
+from imgbuild.core.fields import Strict, pin_validator
 from imgbuild.core.paths import display
-from imgbuild.spec import compat
-from imgbuild.spec.schema import Strict, pin_validator
 
 
 @dataclass(frozen=True)
@@ -174,7 +174,7 @@ def _wheel(version: str, machine: str, rs: Resolution) -> tuple[TorchWheel, str]
     """What torch `version`'s wheel for Linux on `machine` pins, and where that was read: releases.yaml, else the
     package index (rs.lookup("pytorch")). A release whose wheel for the machine is a CPU build is refused, naming the
     first release with a CUDA build there."""
-    arch = {m: a for a, m in compat.MACHINE.items()}[machine]
+    arch = {m: a for a, m in platforms.MACHINE.items()}[machine]
     cpu_only = (
         f"torch {version}'s wheel for linux/{arch} ({machine}) is a CPU build (no CUDA, no NCCL); the first release "
         f"with a CUDA build for {machine} is {release_file().aarch64_cuda_from}"
@@ -255,7 +255,7 @@ class PytorchBlock(Block, PythonSets, PythonDists, Released, Tracks):
         require_venv(rs)
         wheel, origin = None, ""
         for arch in rs.recipe.platform.arch:  # the same pins on every architecture, or the recipe is refused
-            found, where = _wheel(t.version, compat.MACHINE[arch], rs)
+            found, where = _wheel(t.version, platforms.MACHINE[arch], rs)
             if wheel is not None and found != wheel:
                 raise rs.fail(
                     "components.pytorch.version / platform.arch",

@@ -24,7 +24,7 @@ from imgbuild.blocks.sshd import SSH_KEY_DIR, SSHD_LOG
 from imgbuild.checks import CONTAINER, CheckContext, check, compare, fail, passed
 from imgbuild.checks.results import CheckResult
 from imgbuild.core import paths
-from imgbuild.spec.schema import Port, Strict, pin_validator
+from imgbuild.core.fields import Port, Strict, pin_validator
 
 # The SageMaker tree (the contract's paths) and what train keeps in /tmp; the scripts get them from sagemaker.conf.
 OPT_ML = "/opt/ml"

@@ -19,7 +19,7 @@ from imgbuild.blocks._block import Block, ImageFacts, LaunchLines, RecipeRules, 
 from imgbuild.blocks._core import Context, Contribution, Details, Pin, Resolution
 from imgbuild.checks import CONTAINER, CheckContext, check, fail, passed
 from imgbuild.checks.results import CheckResult
-from imgbuild.spec.schema import Port, Strict
+from imgbuild.core.fields import Port, Strict
 
 if TYPE_CHECKING:
     from imgbuild.recipe import Recipe

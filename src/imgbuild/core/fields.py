@@ -1,7 +1,7 @@
-"""Schema building blocks shared by the recipe and by every component's options: strict models, pinned
-versions, and the string types of everything a recipe sends into a Dockerfile, a shell script or a command line.
-A leaf module (of imgbuild it imports only validate.py, the grammars of command-line values), so component
-modules and recipe.py both use it.
+"""The field types every recipe and block model is written in, shared by the recipe and by every component's
+options: strict models, pinned versions, and the string types of everything a recipe sends into a Dockerfile, a shell
+script or a command line. A leaf module (of imgbuild it imports only validate.py, the grammars of command-line
+values), so component modules and the recipe model (imgbuild.recipe.model) both use it.
 
 Every free-form string of a recipe is one of these types: either a restricted form (package names, paths,
 interface names...) that needs no quoting wherever it lands, or `Text` (one line, no control characters) that

@@ -1,24 +1,14 @@
-"""What recipes and blocks are written against that belongs to no component: the CPU architectures and their names
-(Docker's, `uname -m`, Debian's triplets, CUDA's target directories), and what each distribution release ships (the
-Debian and Ubuntu package archives). A component's own facts (its releases, what each bundles or pins, which API
-versions it speaks) are its release file's rows: blocks/<name>/releases.yaml; instance types are spec/instances.yaml.
+"""What each distribution release ships (the Debian and Ubuntu package archives): the versions of the packages
+imgbuild installs from it, per OS release, not per component, and when that table was read. A component's own facts
+(its releases, what each bundles or pins, which API versions it speaks) are its release file's rows:
+blocks/<name>/releases.yaml; the CPU architectures and their names are core/platforms.py; instance types are
+core/instances.yaml.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-
-from packaging.version import InvalidVersion, Version
-
-
-def same_version(a: str, b: str) -> bool:
-    """Whether two version strings name one release: equal by PEP 440 (2.27.5 and 2.27.5.0, +cu128 kept), or by
-    their text where either is not a PEP 440 version."""
-    try:
-        return Version(a) == Version(b)
-    except InvalidVersion:
-        return a == b
 
 
 @dataclass(frozen=True)
@@ -65,45 +55,6 @@ DISTRO: dict[str, Distro] = {
         openmpi_stubs={"libamdhip64-5": ROCM_STUB, "libhsa-runtime64-1": ROCM_STUB},
     ),
 }
-
-
-# CPU architectures (the recipe's platform.arch, Docker's names) and what each is called elsewhere: `uname -m`, the
-# machine in wheel tags and markers (x86_64, aarch64); Debian's multiarch triplet names library directories.
-MACHINE: dict[str, str] = {"amd64": "x86_64", "arm64": "aarch64"}
-# CUDA's target directory of each architecture (CUDA_HOME/targets/<it>/{include,lib}, what nvcc.profile's
-# _TARGET_DIR_ names): ARM servers are "sbsa" (Server Base System Architecture), not aarch64-linux (Jetson's).
-CUDA_TARGET: dict[str, str] = {"amd64": "x86_64-linux", "arm64": "sbsa-linux"}
-DEFAULT_ARCH = "amd64"
-
-
-def multiarch(arch: str) -> str:
-    """Debian's and Ubuntu's multiarch triplet of `arch` (/usr/lib/<triplet>): x86_64-linux-gnu, aarch64-linux-gnu."""
-    return f"{MACHINE[arch]}-linux-gnu"
-
-
-MULTIARCH = "{multiarch}"  # in a pin's path: the architecture's triplet, filled in for each architecture's image
-
-
-def for_arch(path: str, arch: str) -> str:
-    """A pin's path for `arch`: MULTIARCH replaced by its triplet (/usr/lib/{multiarch}/openmpi ->
-    /usr/lib/aarch64-linux-gnu/openmpi). A pin is one for every architecture the recipe lists; its render is not."""
-    return path.replace(MULTIARCH, multiarch(arch))
-
-
-def docker_platform(arch: str) -> str:
-    """The OCI/Docker platform string of `arch`: linux/amd64, linux/arm64."""
-    return f"linux/{arch}"
-
-
-def parse_platform(text: str) -> str:
-    """`linux/arm64` (or `arm64`, `linux/aarch64`) as a platform.arch value; ValueError naming what is known."""
-    value = text.strip().lower()
-    os_name, _, arch = value.rpartition("/")
-    arch = {machine: name for name, machine in MACHINE.items()}.get(arch, arch)
-    if os_name not in ("", "linux") or arch not in MACHINE:
-        known = ", ".join(docker_platform(a) for a in MACHINE)
-        raise ValueError(f"{text!r} is not a platform imgbuild builds for (known: {known})")
-    return arch
 
 
 @dataclass(frozen=True)

@@ -977,7 +977,7 @@ def test_an_instance_type_with_nvlink_across_instances_is_data() -> None:
 
 @pytest.mark.parametrize("engine", [*jobs.TORCH_ENGINES, jobs.Engine.mpijob])
 def test_a_p6e_gb300_job_gets_the_nvlink_domain_through_the_same_rule(engine: jobs.Engine) -> None:
-    """p6e-gb300 is a row of spec/instances.yaml: a gb200 image (sm_100 code runs on GB300's sm_103, arm64 both) on
+    """p6e-gb300 is a row of core/instances.yaml: a gb200 image (sm_100 code runs on GB300's sm_103, arm64 both) on
     it gets the ComputeDomain, the channel claim, the clique affinity and the NCCL environment, with no code of its
     own; its EFA count was not found, so the job names --efa N (refused without, naming the known families)."""
     from imgbuild.cli import app

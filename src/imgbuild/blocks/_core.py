@@ -8,7 +8,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, SerializeAsAny, SerializerFunctionWrapHandler, model_serializer
 
@@ -17,9 +17,6 @@ from imgbuild.core import platforms
 from imgbuild.core.distro import DISTRO
 from imgbuild.core.errors import LockError, ResolveError
 from imgbuild.core.paths import display
-
-if TYPE_CHECKING:
-    from imgbuild.recipe import Recipe
 
 HERE = Path(__file__).resolve().parent
 
@@ -251,12 +248,35 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9.]+", "-", text).strip("-")
 
 
+class Target(Protocol):
+    """What a block reads of the recipe: its sections, by name. imgbuild.recipe.Recipe is one; it is the floor
+    above, since it composes the blocks' options (`components`, and the top-level `cuda` and `app` of the blocks so
+    named), so its section models are not named here: a block reads them as the recipe's model defines them."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def os(self) -> Any: ...
+    @property
+    def base(self) -> Any: ...
+    @property
+    def platform(self) -> Any: ...
+    @property
+    def runtime(self) -> Any: ...
+    @property
+    def components(self) -> Any: ...
+    @property
+    def cuda(self) -> Any: ...
+    @property
+    def app(self) -> Any: ...
+
+
 class Resolution:
     """The state a block's pin rule reads and writes: the recipe, the pins made so far, warnings."""
 
     def __init__(
         self,
-        recipe: Recipe,
+        recipe: Target,
         path: Path,
         lookups: Mapping[str, Callable[..., Any] | None] | None = None,
         artifacts: releases.Artifacts | None = None,

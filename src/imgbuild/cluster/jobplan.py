@@ -48,7 +48,7 @@ TORCH_ENGINES = (Engine.trainjob, Engine.pytorchjob)
 MEMORY = {"accelerator": "32Gi", "none": "2Gi"}  # per worker, unless --memory
 
 # The instance families imgbuild knows (their accelerator, CPU architecture, EFA devices per node, NVLink domain) are
-# data: spec/instances.yaml, read through spec.instances. A recipe for an accelerator runs on the instance types its
+# data: core/instances.yaml, read through core.instances. A recipe for an accelerator runs on the instance types its
 # platform.instance_types lists, and on those whose accelerator is its own and can run its code
 # (`accelerator_mismatch`); anything else is refused before a job that would never schedule (a pod asking for
 # habana.ai/gaudi on a p4d) or never start (an sm_70 nccl-tests on an H100) is written.
@@ -142,7 +142,7 @@ def _sm(arch: str) -> tuple[int, int]:
 def accelerator_mismatch(platform: Platform, instance_type: str) -> str | None:
     """Why an instance type cannot run an image of `platform` (None: it can). A recipe without an accelerator runs
     anywhere; one with an accelerator runs on the instance types it lists, and on a family of
-    spec/instances.yaml with its accelerator whose GPUs run its code: CUDA code built for sm_XY (imgbuild builds
+    core/instances.yaml with its accelerator whose GPUs run its code: CUDA code built for sm_XY (imgbuild builds
     SASS only, no PTX) runs on the same major architecture X at minor Y or later."""
     from imgbuild.core import instances
 

@@ -143,9 +143,10 @@ def resolve(
                 raise rs.fail(f"components.{name}", why)
             continue
         rs.pins[name] = block.resolve(options, rs)
-        _known_bad(rs, name)  # as soon as its pins are made: the first refusal names the cause, not what follows
+        # as soon as its pins are made: the first refusal names the cause, not what follows
+        _known_bad(rs, loaded.recipe, name)
     return Resolved(
-        recipe=rs.recipe,
+        recipe=loaded.recipe,
         recipe_digest=loaded.digest,
         base_ref=base_ref,
         pins=dict(sorted(rs.pins.items())),
@@ -153,15 +154,15 @@ def resolve(
     )
 
 
-def _known_bad(rs: Resolution, name: str) -> None:
+def _known_bad(rs: Resolution, recipe: Recipe, name: str) -> None:
     """THE rule for what the release files mark bad (`imgbuild.blocks.known_bad`) that pin `name` completes among the
     pins made so far: a `refuse` is a ResolveError naming the recipe's key, the upstream links and the nearest
     good release; a `warn` is a warning. `hold:` keeps a refused one only where its reason cites one of the links (the
     recipe then says why it keeps it): a warning again."""
     for found in known_bad(rs.pins, involving=name):
         where = found.names[0]
-        key = f"{'components.' if where in type(rs.recipe.components).model_fields else ''}{where}.version"
-        held = [n for n in found.names if any(link in rs.recipe.hold.get(n, "") for link in found.bad.links)]
+        key = f"{'components.' if where in type(recipe.components).model_fields else ''}{where}.version"
+        held = [n for n in found.names if any(link in recipe.hold.get(n, "") for link in found.bad.links)]
         if found.bad.level == "warn" or held:
             kept = f" (kept: hold.{held[0]} cites it)" if held else ""
             rs.warnings.append(f"{found.message()}{kept} [{found.listed_in}]")

@@ -8,16 +8,13 @@ Recipe options (`components.gaudi`):
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import imgbuild.blocks._releases as releases
 from imgbuild.blocks._block import Block, RecipeRules, Released, Tracks
-from imgbuild.blocks._core import Pin, Resolution, Tracked
+from imgbuild.blocks._core import Pin, Resolution, Target, Tracked
 from imgbuild.blocks._releases import Text
 from imgbuild.core.fields import Strict, pin_validator
-
-if TYPE_CHECKING:
-    from imgbuild.recipe import Recipe
 
 
 class GaudiRow(releases.Row):
@@ -99,7 +96,7 @@ class GaudiBlock(Block, RecipeRules, Released, Tracks):
             )
         return Pin(version=g.version, source="base", origin="recipe")
 
-    def required(self, recipe: Recipe) -> str | None:
+    def required(self, recipe: Target) -> str | None:
         return "a gaudi platform needs components.gaudi.version" if recipe.platform.accelerator == "gaudi" else None
 
     def release_file(self) -> releases.ReleaseFile:

@@ -11,18 +11,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import field_validator
 
 from imgbuild.blocks._block import Block, ImageFacts, LaunchLines, RecipeRules, ShipsFiles
-from imgbuild.blocks._core import Context, Contribution, Details, Pin, Resolution
+from imgbuild.blocks._core import Context, Contribution, Details, Pin, Resolution, Target
 from imgbuild.checks import CONTAINER, CheckContext, check, fail, passed
 from imgbuild.checks.results import CheckResult
 from imgbuild.core.fields import Port, Strict
-
-if TYPE_CHECKING:
-    from imgbuild.recipe import Recipe
 
 SSHD_WAIT_S = 10
 
@@ -87,7 +84,7 @@ class SshdBlock(Block, ShipsFiles, RecipeRules):
         c.post_install.append("rm -f /etc/ssh/ssh_host_*")  # the package makes host keys: none in the image
         return c
 
-    def recipe_rule(self, recipe: Recipe) -> tuple[tuple[str, ...], str] | None:
+    def recipe_rule(self, recipe: Target) -> tuple[tuple[str, ...], str] | None:
         """sshd on port 22 in a recipe whose containers use the host's network (runtime.network: host, as the GPU
         targets' do): the host's own sshd has that port on every node, so the image's sshd could not listen there."""
         sshd = recipe.components.sshd

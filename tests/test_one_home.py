@@ -34,7 +34,8 @@ ALLOWED: dict[str, set[str]] = {
     "pin/checksums.py": set(),
     "pin/record.py": set(),
     "pin/outdated.py": set(),
-    "image/render.py": {"python"},
+    "image/render.py": {"python"},  # content.python: the requirement sets the lock records
+    "image/dockerfile.py": {"python"},  # the uv install steps: the python block's uv
     "spec/compat.py": set(),
 }
 

@@ -17,10 +17,11 @@ from typer.testing import CliRunner
 
 from conftest import REPO, SHIPPED, hadolint
 from imgbuild import recipe
+from imgbuild.blocks import slug
 from imgbuild.blocks.pytorch import shipped
 from imgbuild.cli import app
 from imgbuild.core.errors import LockError
-from imgbuild.image import identity, render
+from imgbuild.image import dockerfile, identity, render
 from imgbuild.pin.lock import resolved_for
 
 TORCH = shipped()  # blocks/pytorch/releases.yaml: version -> what its x86_64 wheel pins
@@ -134,8 +135,8 @@ def test_one_buildkit_dialect(name: str) -> None:
             base = bases[stage]
             while base in bases:  # a stage FROM another stage (app-build FROM runtime) shares that stage's base
                 base = bases[base]
-            slug = render.slug(base)
-            assert all(m in step for m in apt_cache(slug)), step
+            name = slug(base)
+            assert all(m in step for m in apt_cache(name)), step
     runtime_env = [i for stage, i in steps if stage == "runtime" and i.startswith("ENV ")]
     assert not any("/run/secrets" in e for e in runtime_env), runtime_env
 
@@ -204,14 +205,14 @@ def test_ca_bundle_is_a_build_secret() -> None:
         plan = plan_of(name)
         builder, runtime = plan.dockerfile.split("# ---- runtime")
         for var in ("PIP_CERT", "SSL_CERT_FILE", "CURL_CA_BUNDLE", "REQUESTS_CA_BUNDLE", "GIT_SSL_CAINFO"):
-            assert f'{var}="{render.CA_SECRET_PATH}"' in builder, var
+            assert f'{var}="{dockerfile.CA_SECRET_PATH}"' in builder, var
         assert not any(f.path.startswith("imgbuild/ca") for f in plan.files)
         for _, step in instructions(runtime):
-            assert render.CA_SECRET_PATH not in step or step.startswith(f"RUN {CA} "), step
+            assert dockerfile.CA_SECRET_PATH not in step or step.startswith(f"RUN {CA} "), step
             if "uv pip install" in step:
-                assert f"SSL_CERT_FILE={render.CA_SECRET_PATH} " in step, step
+                assert f"SSL_CERT_FILE={dockerfile.CA_SECRET_PATH} " in step, step
             elif "pip install" in step:
-                assert f"PIP_CERT={render.CA_SECRET_PATH} " in step, step
+                assert f"PIP_CERT={dockerfile.CA_SECRET_PATH} " in step, step
 
 
 def test_gaudi_profile_and_no_builder() -> None:
@@ -326,7 +327,7 @@ def test_nvidia_images_ship_on_runtime_with_one_nccl(name: str) -> None:
         r'CFLAGS="-O2 -g0" MPICC=/opt/amazon/openmpi/bin/mpicc /opt/venv/bin/pip install .*--no-binary=mpi4py', builder
     )
     # apt's caches are the stage's own base's: the builder's devel image, the runtime image.
-    devel, runtime_base = (render.slug(b) for b in plan.base_images)
+    devel, runtime_base = (slug(b) for b in plan.base_images)
     assert all(m in builder for m in apt_cache(devel)) and all(m in runtime for m in apt_cache(runtime_base))
     assert devel != runtime_base
 
@@ -471,7 +472,7 @@ def test_a_torch_bump_that_keeps_its_cuda_pins_changes_only_the_torch_layer(reci
     old_files = {f.path: f.content for f in older_plan.files}
     new_files = {f.path: f.content for f in newer_plan.files}
     assert old_files.keys() == new_files.keys()
-    differ = {p for p in new_files if old_files[p] != new_files[p] and p.startswith(render.REQUIREMENTS_CONTEXT)}
+    differ = {p for p in new_files if old_files[p] != new_files[p] and p.startswith(dockerfile.REQUIREMENTS_CONTEXT)}
     assert differ == {"imgbuild/requirements/pytorch.torch.txt"}, differ  # (the recipe's name is in other files)
     # The runtime stage: the venv, then the CUDA wheels exactly as the lock lists them, then torch.
     runtime = [i for stage, i in newer if stage == "runtime"]
@@ -488,7 +489,7 @@ def test_a_torch_bump_that_keeps_its_cuda_pins_changes_only_the_torch_layer(reci
 def cuda_wheels_of(step: str) -> list[str]:
     """The requirements a `set -- REQ... && pip download ... "$@" && pip install ... "$@"` step installs."""
     words = shlex.split(step.split(" set -- ", 1)[1].split(" && ", 1)[0])
-    assert f'--dest {render.WHEELHOUSE} "$@"' in step and f'--find-links {render.WHEELHOUSE} "$@"' in step
+    assert f'--dest {dockerfile.WHEELHOUSE} "$@"' in step and f'--find-links {dockerfile.WHEELHOUSE} "$@"' in step
     return words
 
 
@@ -528,7 +529,7 @@ def test_ca_bundle_absent_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
         return checks.ca_bundle_absent(ctx)
 
     assert result({}).status == "pass"
-    leaked = result({"PIP_CERT": render.CA_SECRET_PATH})
+    leaked = result({"PIP_CERT": dockerfile.CA_SECRET_PATH})
     assert leaked.status == "fail" and "PIP_CERT" in leaked.reason
     secrets = tmp_path / "secrets"
     (secrets / "empty-mount-point").mkdir(parents=True)

@@ -16,7 +16,7 @@ import pytest
 from imgbuild import recipe
 from imgbuild.blocks import TEMPLATE_DIR, sagemaker
 from imgbuild.core import paths
-from imgbuild.image import render
+from imgbuild.image import identity, render
 from imgbuild.pin.lock import resolved_for
 from imgbuild.spec import launch
 
@@ -59,7 +59,8 @@ def data_of(name: str) -> dict[str, str]:
 
 
 def launch_of(name: str) -> launch.Launch:
-    return launch.for_manifest(render.manifest(resolved_for(recipe.load(name))))
+    resolved = resolved_for(recipe.load(name))
+    return launch.for_manifest(render.manifest(resolved, identity.of(resolved)))
 
 
 class Job:

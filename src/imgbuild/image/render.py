@@ -40,6 +40,8 @@ from imgbuild.spec import compat, instances
 if TYPE_CHECKING:
     import jinja2
 
+    from imgbuild.image.identity import Identity
+
 
 BLOCK_DIR = TEMPLATE_DIR  # the blocks' modules; their static files (scripts) are under <block>/files/
 BASE_BUILD_DISK_GB = 2.0  # an image without big blocks: the base, OS packages, small downloads
@@ -189,9 +191,8 @@ def plan(
 
     arch = identity.check_arch(resolved, arch)
     ctx, contribs = contributions(resolved, arch)
-    digests = identity.image_digests(resolved)  # the user's code read once: labels, manifest and tags name one reading
-    named = identity.of(resolved, digests)
-    digest = named.lock_digest
+    named = identity.of(resolved)  # the lock and the user's code read once: labels, manifest and tags name one reading
+    digest, digests = named.lock_digest, named.digests
     labels = _labels(resolved, digest, provenance or Provenance(), digests)
     manifest = _manifest(resolved, digest, contribs, arch, digests)
     packages = stage_packages(resolved, contribs)
@@ -388,12 +389,13 @@ def _labels(
     return labels
 
 
-def manifest(resolved: Resolved, arch: str | None = None) -> Manifest:
+def manifest(resolved: Resolved, named: Identity, arch: str | None = None) -> Manifest:
     """The manifest the image of `resolved` for `arch` (default: the recipe's first) carries (no template is
-    rendered)."""
-    arch = identity.check_arch(resolved, arch)
+    rendered). `named` is the image's identity (identity.of(resolved)), read once by the caller: its lock digest and
+    what the image holds beyond the lock are the manifest's, never read again here."""
+    arch = named.check_arch(arch)
     _, contribs = contributions(resolved, arch)
-    return _manifest(resolved, identity.lock_digest(resolved), contribs, arch, identity.image_digests(resolved))
+    return _manifest(resolved, named.lock_digest, contribs, arch, named.digests)
 
 
 def _manifest(

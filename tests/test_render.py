@@ -1,12 +1,14 @@
-"""Rendering: golden Dockerfiles for every recipe, determinism, layer order, lint, context files."""
+"""Rendering: golden Dockerfiles for every recipe, determinism across interpreters, layer order, lint, context files."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -43,10 +45,68 @@ def test_golden_dockerfile(name: str, update_golden: bool) -> None:
     assert text == golden.read_text(), f"{name}: rendered Dockerfile differs from {golden} (--update-golden)"
 
 
-@pytest.mark.parametrize("name", SHIPPED)
-def test_render_is_deterministic(name: str) -> None:
-    a, b = plan_of(name), plan_of(name)
-    assert a.dockerfile == b.dockerfile and a.files == b.files and a.tags == b.tags
+# Renders every shipped recipe and the example app (its code folder: what the image holds beyond the lock) from their
+# locks, for each architecture, online and offline, into a folder: the Dockerfile, every context file with its mode,
+# and the plan's labels, tags and packages as JSON in their own order. No network: a lock is all render reads.
+RENDER_EVERYTHING = """
+import json, sys
+from pathlib import Path
+from imgbuild import recipe
+from imgbuild.image import render
+from imgbuild.pin.lock import resolved_for
+
+out = Path(sys.argv[1])
+for ref in sys.argv[2:]:
+    resolved = resolved_for(recipe.load(ref))
+    for arch in resolved.recipe.platform.arch:
+        for offline in (False, True):
+            plan = render.plan(resolved, arch=arch, offline=offline)
+            folder = out / f"{resolved.name}-{arch}-{'offline' if offline else 'online'}"
+            (folder / "context").mkdir(parents=True)
+            (folder / "Dockerfile").write_text(plan.dockerfile)
+            for f in plan.files:
+                path = folder / "context" / f.path
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(f.content)
+                path.chmod(f.mode)
+            about = [plan.labels, plan.tags, plan.base_images, plan.apt_packages, plan.disk_gb]
+            about.append([f.path for f in plan.files])
+            (folder / "plan.json").write_text(json.dumps(about))
+"""
+
+
+def rendered_tree(folder: Path) -> dict[str, tuple[bytes, int]]:
+    return {str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mode) for p in folder.rglob("*") if p.is_file()}
+
+
+def test_render_is_the_same_in_another_interpreter_with_another_hash_seed(tmp_path: Path) -> None:
+    """Render is a pure function of its input in every process, not only within one: two interpreters with
+    different PYTHONHASHSEEDs (so every set and str-keyed hash table iterates in another order) render every shipped
+    recipe and the example app to the same bytes: Dockerfiles, context files (the manifest, requirements, the
+    user's code) with their modes, labels and tags. Each compiles its own templates (a state folder of its own)."""
+    import random
+
+    seeds = ("0", str(random.randint(1, 2**32 - 1)))
+    refs = [*SHIPPED, str(REPO / "examples" / "pytorch-app" / "pytorch-app.yaml")]
+    children = []
+    for seed in seeds:
+        out = tmp_path / f"seed-{seed}"
+        env = {
+            **os.environ,
+            "PYTHONHASHSEED": seed,
+            "IMGBUILD_STATE_DIR": str(tmp_path / f"state-{seed}"),
+            "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]),
+        }
+        command = [sys.executable, "-c", RENDER_EVERYTHING, str(out), *refs]
+        children.append((out, subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)))
+    for _, child in children:
+        output = child.communicate(timeout=300)[0].decode()
+        assert child.returncode == 0, output
+    first, second = (rendered_tree(out) for out, _ in children)
+    assert len({p.split("/")[0] for p in first}) == 2 * len(refs) + 2 * 2  # cpu and debian-cuda: amd64 and arm64
+    assert sorted(first) == sorted(second), f"PYTHONHASHSEED {seeds}: the context files differ"
+    differ = [path for path in first if first[path] != second[path]]
+    assert not differ, f"PYTHONHASHSEED {seeds[0]} and {seeds[1]} render these differently: {differ[:10]}"
 
 
 @pytest.mark.parametrize("name", SHIPPED)

@@ -563,3 +563,26 @@ def lock_reads(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     monkeypatch.setattr(lock, "resolve", resolve)  # lock imported the name
     monkeypatch.setattr(lock, "_FOLLOWS", set())
     return counts
+
+
+@pytest.fixture
+def identity_reads(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """From here on, how often an image's identity is read from its inputs: its lock's digest
+    (`identity.lock_digest`) and what it holds beyond the lock, the user's code hashed from the recipe's folder
+    (`identity.image_digests`); `identity.of` reads each once, and a command calls it once and hands the Identity
+    down (to the manifest, the run profile, the job, the SBOM). The real functions, counted; no module imports
+    either name (each is called through the module), so every call is seen."""
+    from imgbuild.image import identity
+
+    counts = {"lock_digest": 0, "image_digests": 0}
+
+    def counted(name: str, real: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            counts[name] += 1
+            return real(*args, **kwargs)
+
+        return call
+
+    for name in counts:
+        monkeypatch.setattr(identity, name, counted(name, getattr(identity, name)))
+    return counts

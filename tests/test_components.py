@@ -15,7 +15,7 @@ from conftest import REPO, SHIPPED
 from imgbuild import recipe
 from imgbuild.blocks import BY_NAME, REGISTRY, builder_order, resolve_order, runtime_order
 from imgbuild.core.errors import RenderError
-from imgbuild.image import identity, render
+from imgbuild.image import dockerfile, identity, render
 from imgbuild.pin.lock import resolved_for
 from imgbuild.pin.resolver import resolve
 
@@ -82,7 +82,7 @@ def _wheel_cache(name: str) -> str:
     """The id of the cache mount over pip's wheels/ folder in the recipe's mpi4py build."""
     text = render.plan(_resolved(name)).dockerfile
     step = text[text.index("RUN ", text.index("# mpi4py ")) :].split("\n\n")[0]
-    assert render.PIP_CACHE_MOUNT in step and render.CA_MOUNT in step
+    assert dockerfile.PIP_CACHE_MOUNT in step and dockerfile.CA_MOUNT in step
     found = re.findall(r"--mount=type=cache,id=(\S+),target=/root/\.cache/pip/wheels,sharing=locked", step)
     assert len(found) == 1, step
     return found[0]

@@ -29,7 +29,7 @@ from imgbuild import recipe
 from imgbuild.blocks import _releases as releases
 from imgbuild.cli import app
 from imgbuild.core.errors import ContentError, UsageError
-from imgbuild.image import render
+from imgbuild.image.dockerfile import SOURCES_CONTEXT, SOURCES_DIR, SOURCES_MOUNT
 from imgbuild.pin import lock
 from imgbuild.pin.content import Download, sha256_file
 from localindex import Index, make_wheel
@@ -224,12 +224,12 @@ def test_render_copies_the_folders_files_from_the_context(locked: Path, tmp_path
     for name, url in URLS.items():
         assert f"curl -fsSL -o /tmp/{name} {url}" in plain.stdout  # without --files: as before
         assert url not in dockerfile
-        assert f"cp {render.SOURCES_DIR}/files/{name} /tmp/{name} \\\n" in dockerfile
+        assert f"cp {SOURCES_DIR}/files/{name} /tmp/{name} \\\n" in dockerfile
         assert f'!= "{SUMS[name]}" ]; then echo "imgbuild: {name}: sha256 expected {SUMS[name]}' in dockerfile
-        assert sha256_file(out / render.SOURCES_CONTEXT / "files" / name) == SUMS[name]  # in the context
+        assert sha256_file(out / SOURCES_CONTEXT / "files" / name) == SUMS[name]  # in the context
     # the RUNs that download mount the context's folder, as an offline build's do; nothing else changes
-    assert f"    {render.SOURCES_MOUNT} \\\n    cp {render.SOURCES_DIR}/files/gdrcopy-2.5.1.tar.gz" in dockerfile
-    strip = [line for line in dockerfile.splitlines() if render.SOURCES_MOUNT not in line]
+    assert f"    {SOURCES_MOUNT} \\\n    cp {SOURCES_DIR}/files/gdrcopy-2.5.1.tar.gz" in dockerfile
+    strip = [line for line in dockerfile.splitlines() if SOURCES_MOUNT not in line]
     assert len(strip) == len(plain.stdout.splitlines())
 
 
@@ -239,7 +239,7 @@ def test_a_folder_with_some_of_the_files_copies_those_and_downloads_the_rest(loc
     shutil.copy(SOURCES / "nccl-tests-2.18.3.tar.gz", folder)
     result = run("render", str(locked), "--files", str(folder))
     assert result.exit_code == 0, result.output
-    assert f"cp {render.SOURCES_DIR}/files/nccl-tests-2.18.3.tar.gz /tmp/nccl-tests-2.18.3.tar.gz" in result.stdout
+    assert f"cp {SOURCES_DIR}/files/nccl-tests-2.18.3.tar.gz /tmp/nccl-tests-2.18.3.tar.gz" in result.stdout
     assert f"curl -fsSL -o /tmp/gdrcopy-2.5.1.tar.gz {URLS['gdrcopy-2.5.1.tar.gz']}" in result.stdout
     assert f"curl -fsSL -o /tmp/aws-ofi-nccl-1.21.1.tar.gz {URLS['aws-ofi-nccl-1.21.1.tar.gz']}" in result.stdout
 
@@ -284,7 +284,7 @@ def test_links_in_the_folder_stay_in_it_and_their_bytes_are_copied(locked: Path,
     out = tmp_path / "context"
     result = run("render", str(locked), "-o", str(out), "--files", str(folder))
     assert result.exit_code == 0, result.output
-    staged = out / render.SOURCES_CONTEXT / "files" / "gdrcopy-2.5.1.tar.gz"
+    staged = out / SOURCES_CONTEXT / "files" / "gdrcopy-2.5.1.tar.gz"
     assert not staged.is_symlink() and sha256_file(staged) == SUMS["gdrcopy-2.5.1.tar.gz"]
 
     for target in (SOURCES / "nccl-tests-2.18.3.tar.gz", Path("/etc/shadow")):
@@ -338,9 +338,9 @@ def test_a_build_takes_the_file_from_the_context_with_no_network(docker_client, 
         "FROM debian:bookworm-slim\n"
         'SHELL ["/bin/bash", "-o", "pipefail", "-c"]\n'
         "ARG NONCE\n"
-        f"RUN {render.SOURCES_MOUNT} \\\n    {fragment} \\\n && cat /tmp/x-1.0/hello.txt\n"
+        f"RUN {SOURCES_MOUNT} \\\n    {fragment} \\\n && cat /tmp/x-1.0/hello.txt\n"
     )
-    files = tmp_path / render.SOURCES_CONTEXT / "files"
+    files = tmp_path / SOURCES_CONTEXT / "files"
     files.mkdir(parents=True)
     tag = f"imgbuild-test/files:{uuid.uuid4().hex[:12]}"
     try:

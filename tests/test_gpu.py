@@ -43,7 +43,7 @@ import pytest
 from conftest import UPSTREAM
 from imgbuild import probes, recipe
 from imgbuild.blocks import nccl_tests
-from imgbuild.image import render
+from imgbuild.image import identity, render
 from imgbuild.image.launch import launch_for
 from imgbuild.nccltests import command
 from imgbuild.pin import lock
@@ -310,7 +310,7 @@ def test_ddp_on_cuda_under_torchrun_and_mpirun(
 ) -> None:
     facts = torch_facts
     _, resolved = lock.for_ref(gpu_recipe)
-    manifest = render.manifest(resolved)
+    manifest = render.manifest(resolved, identity.of(resolved))
     launch = launch_for(manifest.mpirun, manifest.rank_env, sys.executable)
     program = tmp_path / "ddp_train.py"
     program.write_text(probes.text("ddp_train.py"))

@@ -195,6 +195,24 @@ def test_a_command_reads_its_recipe_and_lock_once(
     assert lock_reads == {"for_ref": 1, "resolve": 1}, result.output
 
 
+@pytest.mark.parametrize("case", sorted(ONE_READ))
+def test_a_command_reads_its_images_identity_once(
+    case: str, identity_reads: dict[str, int], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each command reads its image's identity once (identity.of: the lock's digest and the user's code) and hands
+    it down: `run`, `cluster job` and `verify` name the image and compare or use its manifest (render.manifest) by
+    the one reading, as the build's plan and the push do. With no engine here, a command that needs one ends there
+    (exit 8), after it has read the identity; `sources fetch` asks the engine first, and so ends before."""
+    from imgbuild.core.errors import EngineError
+
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
+    args = [a.format(d=tmp_path) for a in ONE_READ[case]]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code in (0, EngineError.exit_code), result.output
+    once = 0 if case == "sources fetch" else 1
+    assert identity_reads == {"lock_digest": once, "image_digests": once}, result.output
+
+
 def test_a_lock_is_checked_once_per_process_and_again_when_it_changes(
     cpu_copy: Path, lock_reads: dict[str, int]
 ) -> None:

@@ -23,7 +23,7 @@ from imgbuild import blocks, recipe
 from imgbuild.checks.results import CheckResult, failures
 from imgbuild.core.errors import Interrupted, VerifyError
 from imgbuild.engine.containers import Exec
-from imgbuild.image import launch, render
+from imgbuild.image import identity, launch, render
 from imgbuild.image.manifest import Manifest
 from imgbuild.pin import lock
 from imgbuild.recipe import MpiRun
@@ -90,7 +90,7 @@ def test_train_reads_the_launch_line_of_its_manifest(name: str) -> None:
     """The data train reads (mpirun.args, torchrun.args, launch-env.conf) is the launch module's, as bash reads it."""
     resolved = lock.resolved_for(recipe.load(name))
     files = {f.path: f.content.decode() for f in render.plan(resolved).files}
-    line = launch.for_manifest(render.manifest(resolved))
+    line = launch.for_manifest(render.manifest(resolved, identity.of(resolved)))
     assert files["imgbuild/sagemaker/mpirun.args"].splitlines() == list(line.mpirun)
     torchrun = files["imgbuild/sagemaker/torchrun.args"].splitlines()
     assert torchrun == line.torchrun_template()

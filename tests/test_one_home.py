@@ -37,7 +37,8 @@ ALLOWED: dict[str, set[str]] = {
     "pin/checksums.py": set(),
     "pin/record.py": set(),
     "pin/outdated.py": set(),
-    "image/render.py": {"python"},
+    "image/render.py": {"python"},  # content.python: the requirement sets the lock records
+    "image/dockerfile.py": {"python"},  # the uv install steps: the python block's uv
     "core/platforms.py": set(),
     "core/distro.py": set(),
     "core/versions.py": set(),

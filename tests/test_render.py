@@ -1,12 +1,14 @@
-"""Rendering: golden Dockerfiles for every recipe, determinism, layer order, lint, context files."""
+"""Rendering: golden Dockerfiles for every recipe, determinism across interpreters, layer order, lint, context files."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,10 +19,11 @@ from typer.testing import CliRunner
 
 from conftest import REPO, SHIPPED, hadolint
 from imgbuild import recipe
+from imgbuild.blocks import slug
 from imgbuild.blocks.pytorch import shipped
 from imgbuild.cli import app
 from imgbuild.core.errors import LockError
-from imgbuild.image import identity, render
+from imgbuild.image import dockerfile, identity, render
 from imgbuild.pin.lock import resolved_for
 
 TORCH = shipped()  # blocks/pytorch/releases.yaml: version -> what its x86_64 wheel pins
@@ -42,10 +45,68 @@ def test_golden_dockerfile(name: str, update_golden: bool) -> None:
     assert text == golden.read_text(), f"{name}: rendered Dockerfile differs from {golden} (--update-golden)"
 
 
-@pytest.mark.parametrize("name", SHIPPED)
-def test_render_is_deterministic(name: str) -> None:
-    a, b = plan_of(name), plan_of(name)
-    assert a.dockerfile == b.dockerfile and a.files == b.files and a.tags == b.tags
+# Renders every shipped recipe and the example app (its code folder: what the image holds beyond the lock) from their
+# locks, for each architecture, online and offline, into a folder: the Dockerfile, every context file with its mode,
+# and the plan's labels, tags and packages as JSON in their own order. No network: a lock is all render reads.
+RENDER_EVERYTHING = """
+import json, sys
+from pathlib import Path
+from imgbuild import recipe
+from imgbuild.image import render
+from imgbuild.pin.lock import resolved_for
+
+out = Path(sys.argv[1])
+for ref in sys.argv[2:]:
+    resolved = resolved_for(recipe.load(ref))
+    for arch in resolved.recipe.platform.arch:
+        for offline in (False, True):
+            plan = render.plan(resolved, arch=arch, offline=offline)
+            folder = out / f"{resolved.name}-{arch}-{'offline' if offline else 'online'}"
+            (folder / "context").mkdir(parents=True)
+            (folder / "Dockerfile").write_text(plan.dockerfile)
+            for f in plan.files:
+                path = folder / "context" / f.path
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(f.content)
+                path.chmod(f.mode)
+            about = [plan.labels, plan.tags, plan.base_images, plan.apt_packages, plan.disk_gb]
+            about.append([f.path for f in plan.files])
+            (folder / "plan.json").write_text(json.dumps(about))
+"""
+
+
+def rendered_tree(folder: Path) -> dict[str, tuple[bytes, int]]:
+    return {str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mode) for p in folder.rglob("*") if p.is_file()}
+
+
+def test_render_is_the_same_in_another_interpreter_with_another_hash_seed(tmp_path: Path) -> None:
+    """Render is a pure function of its input in every process, not only within one: two interpreters with
+    different PYTHONHASHSEEDs (so every set and str-keyed hash table iterates in another order) render every shipped
+    recipe and the example app to the same bytes: Dockerfiles, context files (the manifest, requirements, the
+    user's code) with their modes, labels and tags. Each compiles its own templates (a state folder of its own)."""
+    import random
+
+    seeds = ("0", str(random.randint(1, 2**32 - 1)))
+    refs = [*SHIPPED, str(REPO / "examples" / "pytorch-app" / "pytorch-app.yaml")]
+    children = []
+    for seed in seeds:
+        out = tmp_path / f"seed-{seed}"
+        env = {
+            **os.environ,
+            "PYTHONHASHSEED": seed,
+            "IMGBUILD_STATE_DIR": str(tmp_path / f"state-{seed}"),
+            "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]),
+        }
+        command = [sys.executable, "-c", RENDER_EVERYTHING, str(out), *refs]
+        children.append((out, subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)))
+    for _, child in children:
+        output = child.communicate(timeout=300)[0].decode()
+        assert child.returncode == 0, output
+    first, second = (rendered_tree(out) for out, _ in children)
+    assert len({p.split("/")[0] for p in first}) == 2 * len(refs) + 2 * 2  # cpu and debian-cuda: amd64 and arm64
+    assert sorted(first) == sorted(second), f"PYTHONHASHSEED {seeds}: the context files differ"
+    differ = [path for path in first if first[path] != second[path]]
+    assert not differ, f"PYTHONHASHSEED {seeds[0]} and {seeds[1]} render these differently: {differ[:10]}"
 
 
 @pytest.mark.parametrize("name", SHIPPED)
@@ -134,8 +195,8 @@ def test_one_buildkit_dialect(name: str) -> None:
             base = bases[stage]
             while base in bases:  # a stage FROM another stage (app-build FROM runtime) shares that stage's base
                 base = bases[base]
-            slug = render.slug(base)
-            assert all(m in step for m in apt_cache(slug)), step
+            name = slug(base)
+            assert all(m in step for m in apt_cache(name)), step
     runtime_env = [i for stage, i in steps if stage == "runtime" and i.startswith("ENV ")]
     assert not any("/run/secrets" in e for e in runtime_env), runtime_env
 
@@ -204,14 +265,14 @@ def test_ca_bundle_is_a_build_secret() -> None:
         plan = plan_of(name)
         builder, runtime = plan.dockerfile.split("# ---- runtime")
         for var in ("PIP_CERT", "SSL_CERT_FILE", "CURL_CA_BUNDLE", "REQUESTS_CA_BUNDLE", "GIT_SSL_CAINFO"):
-            assert f'{var}="{render.CA_SECRET_PATH}"' in builder, var
+            assert f'{var}="{dockerfile.CA_SECRET_PATH}"' in builder, var
         assert not any(f.path.startswith("imgbuild/ca") for f in plan.files)
         for _, step in instructions(runtime):
-            assert render.CA_SECRET_PATH not in step or step.startswith(f"RUN {CA} "), step
+            assert dockerfile.CA_SECRET_PATH not in step or step.startswith(f"RUN {CA} "), step
             if "uv pip install" in step:
-                assert f"SSL_CERT_FILE={render.CA_SECRET_PATH} " in step, step
+                assert f"SSL_CERT_FILE={dockerfile.CA_SECRET_PATH} " in step, step
             elif "pip install" in step:
-                assert f"PIP_CERT={render.CA_SECRET_PATH} " in step, step
+                assert f"PIP_CERT={dockerfile.CA_SECRET_PATH} " in step, step
 
 
 def test_gaudi_profile_and_no_builder() -> None:
@@ -326,7 +387,7 @@ def test_nvidia_images_ship_on_runtime_with_one_nccl(name: str) -> None:
         r'CFLAGS="-O2 -g0" MPICC=/opt/amazon/openmpi/bin/mpicc /opt/venv/bin/pip install .*--no-binary=mpi4py', builder
     )
     # apt's caches are the stage's own base's: the builder's devel image, the runtime image.
-    devel, runtime_base = (render.slug(b) for b in plan.base_images)
+    devel, runtime_base = (slug(b) for b in plan.base_images)
     assert all(m in builder for m in apt_cache(devel)) and all(m in runtime for m in apt_cache(runtime_base))
     assert devel != runtime_base
 
@@ -471,7 +532,7 @@ def test_a_torch_bump_that_keeps_its_cuda_pins_changes_only_the_torch_layer(reci
     old_files = {f.path: f.content for f in older_plan.files}
     new_files = {f.path: f.content for f in newer_plan.files}
     assert old_files.keys() == new_files.keys()
-    differ = {p for p in new_files if old_files[p] != new_files[p] and p.startswith(render.REQUIREMENTS_CONTEXT)}
+    differ = {p for p in new_files if old_files[p] != new_files[p] and p.startswith(dockerfile.REQUIREMENTS_CONTEXT)}
     assert differ == {"imgbuild/requirements/pytorch.torch.txt"}, differ  # (the recipe's name is in other files)
     # The runtime stage: the venv, then the CUDA wheels exactly as the lock lists them, then torch.
     runtime = [i for stage, i in newer if stage == "runtime"]
@@ -488,7 +549,7 @@ def test_a_torch_bump_that_keeps_its_cuda_pins_changes_only_the_torch_layer(reci
 def cuda_wheels_of(step: str) -> list[str]:
     """The requirements a `set -- REQ... && pip download ... "$@" && pip install ... "$@"` step installs."""
     words = shlex.split(step.split(" set -- ", 1)[1].split(" && ", 1)[0])
-    assert f'--dest {render.WHEELHOUSE} "$@"' in step and f'--find-links {render.WHEELHOUSE} "$@"' in step
+    assert f'--dest {dockerfile.WHEELHOUSE} "$@"' in step and f'--find-links {dockerfile.WHEELHOUSE} "$@"' in step
     return words
 
 
@@ -528,7 +589,7 @@ def test_ca_bundle_absent_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
         return checks.ca_bundle_absent(ctx)
 
     assert result({}).status == "pass"
-    leaked = result({"PIP_CERT": render.CA_SECRET_PATH})
+    leaked = result({"PIP_CERT": dockerfile.CA_SECRET_PATH})
     assert leaked.status == "fail" and "PIP_CERT" in leaked.reason
     secrets = tmp_path / "secrets"
     (secrets / "empty-mount-point").mkdir(parents=True)

@@ -16,7 +16,7 @@ from imgbuild import recipe
 from imgbuild.cli import app as imgbuild_app
 from imgbuild.core.errors import EngineError
 from imgbuild.engine import runprofile
-from imgbuild.image import render
+from imgbuild.image import identity, render
 from imgbuild.pin.lock import resolved_for
 from imgbuild.pin.resolver import Resolved
 
@@ -356,7 +356,8 @@ def test_gpu_containers_get_the_hosts_imex_channels(app: typer.Typer, monkeypatc
     line = runprofile.docker_run_args(resolved("gb200"), "IMG", host_devices=[])
     assert [a for a in line if "imex" in a] == [f"--device={c}" for c in channels]
     assert not [a for a in runprofile.docker_run_args(resolved("cpu"), "IMG", host_devices=[]) if "imex" in a]
-    manifest = Manifest.model_validate(render.manifest(resolved("gb200")).as_data())
+    gb200 = resolved("gb200")
+    manifest = Manifest.model_validate(render.manifest(gb200, identity.of(gb200)).as_data())
     options = verify.run_options(manifest, [], ["runc", "nvidia"], has_gpu=True)
     assert [d for d in options.spec.devices_inside if "imex" in d] == channels
     result = runner.invoke(app, ["run", "gb200", "--print"])

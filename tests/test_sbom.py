@@ -79,7 +79,7 @@ def inventory(resolved: Resolved, *, dpkg_sha256: str | None = DPKG_SHA256, **ov
         **{
             "image": "imgbuild/cpu:lock-0123456789ab",
             "image_id": "sha256:" + "e" * 64,
-            "manifest": render.manifest(resolved),
+            "manifest": render.manifest(resolved, identity.of(resolved)),
             "dpkg": DPKG,
             "dpkg_sha256": dpkg_sha256,
             "python": PYTHON,
@@ -234,6 +234,65 @@ def test_the_schema_check_refuses_a_broken_document() -> None:
     data["components"][0]["hashes"] = [{"alg": "SHA-256", "content": "not hex"}]
     with pytest.raises(VerifyError, match="CycloneDX"):
         doc.validate(json.dumps(data))
+
+
+class _NoEngine:
+    """A client the inventory is never asked through (collect is replaced): closed at the end."""
+
+    def close(self) -> None:
+        pass
+
+
+def _collect_answers(monkeypatch: pytest.MonkeyPatch, resolved: Resolved) -> list[str]:
+    """`inventory.collect` answering as the image of `resolved` would (its manifest, the cpu image's lists), with no
+    engine; the references it was asked about."""
+    answer = inventory(resolved)
+    asked: list[str] = []
+
+    def collect(client: Any, image: str, *, repo_digests: tuple[str, ...] = ()) -> doc.Inventory:
+        asked.append(image)
+        return doc.Inventory(**{**answer.__dict__, "image": image, "repo_digests": repo_digests})
+
+    monkeypatch.setattr(contents, "collect", collect)
+    monkeypatch.setattr(contents, "connect", _NoEngine)
+    return asked
+
+
+def test_the_sbom_after_a_push_names_the_image_by_the_identity_the_push_read(
+    identity_reads: dict[str, int], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`push --sbom` hands the SBOM the Identity it pushed by: the document is made for that reference and checked
+    against that lock digest, and neither is read again (no lock digest, no code digest)."""
+    from types import SimpleNamespace
+
+    resolved = cpu_with_content()
+    named = identity.of(resolved)
+    asked = _collect_answers(monkeypatch, resolved)
+    identity_reads.update(lock_digest=0, image_digests=0)  # what the command read before the push
+    pushed = SimpleNamespace(
+        refs=[SimpleNamespace(target="registry.test/team/cpu:lock-x", digest="sha256:" + "f" * 64)]
+    )
+    made = contents.after_push(resolved, named, pushed, tmp_path / "sbom.json")
+    assert identity_reads == {"lock_digest": 0, "image_digests": 0}
+    assert asked == [named.ref()] and made.image == named.ref()
+    assert json.loads((tmp_path / "sbom.json").read_text())["bomFormat"] == "CycloneDX"
+
+
+def test_the_sbom_command_reads_the_images_identity_once(
+    identity_reads: dict[str, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`imgbuild sbom cpu` reads the identity of the lock's image once (its reference, the lock digest the image's
+    manifest must name), through the real command."""
+    from imgbuild.cli import app
+    from imgbuild.pin import lock
+
+    resolved = lock.for_ref("cpu")[1]
+    asked = _collect_answers(monkeypatch, resolved)
+    identity_reads.update(lock_digest=0, image_digests=0)
+    result = CliRunner().invoke(app, ["sbom", "cpu"])
+    assert result.exit_code == 0, result.output
+    assert identity_reads == {"lock_digest": 1, "image_digests": 1}
+    assert asked == [identity.of(resolved).ref()]
 
 
 def test_inventory_script_output_is_read_by_its_markers() -> None:

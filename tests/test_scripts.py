@@ -16,7 +16,7 @@ import pytest
 from imgbuild import recipe
 from imgbuild.blocks import TEMPLATE_DIR, sagemaker
 from imgbuild.core import paths
-from imgbuild.image import launch, render
+from imgbuild.image import identity, launch, render
 from imgbuild.pin.lock import resolved_for
 
 SCRIPTS = sorted([paths.images_dir() / "files" / "imgbuild-entrypoint", *TEMPLATE_DIR.glob("*/files/*")], key=str)
@@ -58,7 +58,8 @@ def data_of(name: str) -> dict[str, str]:
 
 
 def launch_of(name: str) -> launch.Launch:
-    return launch.for_manifest(render.manifest(resolved_for(recipe.load(name))))
+    resolved = resolved_for(recipe.load(name))
+    return launch.for_manifest(render.manifest(resolved, identity.of(resolved)))
 
 
 class Job:

@@ -281,7 +281,8 @@ def cpu_resolved() -> Any:
 
 def manifest_with(**over: Any) -> Manifest:
     """The cpu image's manifest with some sections replaced."""
-    return Manifest.model_validate({**verify.expected_manifest(cpu_resolved()).as_data(), **over})
+    resolved = cpu_resolved()
+    return Manifest.model_validate({**verify.expected_manifest(resolved, identity.of(resolved)).as_data(), **over})
 
 
 def test_the_lock_gives_the_manifest_render_writes() -> None:
@@ -289,7 +290,7 @@ def test_the_lock_gives_the_manifest_render_writes() -> None:
 
     resolved = cpu_resolved()
     written = next(f.content for f in render.plan(resolved).files if f.path == "imgbuild/manifest.json")
-    assert verify.expected_manifest(resolved).to_json().encode() == written
+    assert verify.expected_manifest(resolved, identity.of(resolved)).to_json().encode() == written
 
 
 def test_run_options_follow_the_runtime_profile(monkeypatch: pytest.MonkeyPatch) -> None:

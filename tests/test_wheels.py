@@ -19,9 +19,9 @@ import pytest
 from conftest import REPO, hadolint
 from imgbuild import recipe
 from imgbuild.blocks import context_for
-from imgbuild.blocks import python as python_block
+from imgbuild.blocks.python import UV_BIN, UV_DIR
 from imgbuild.core.errors import BuildError, IndexLookupError, ResolveError
-from imgbuild.image import render
+from imgbuild.image import dockerfile, render
 from imgbuild.pin import lock, pypi, record, resolver, wheels
 from imgbuild.pin.content import Content, Download, Requirement
 from localindex import Index, make_wheel
@@ -244,24 +244,22 @@ def test_every_pip_step_installs_a_hashed_requirements_file(name: str) -> None:
         mount = re.search(r"--mount=type=bind,source=(imgbuild/\S+),target=(\S+)", run)
         assert mount, run
         source, target = mount.groups()
-        assert source in files and target.startswith(render.REQUIREMENTS_DIR + "/")
+        assert source in files and target.startswith(dockerfile.REQUIREMENTS_DIR + "/")
         assert all(
             re.fullmatch(r"\S+==\S+ \\|    --hash=sha256:[0-9a-f]{64}( \\)?", ln) for ln in files[source].splitlines()
         )
         if "/bin/uv pip install" in run:
             assert run.count("--require-hashes --no-deps -r") == 1 and run.count(f"-r {target}") == 1, run
-            assert (
-                f"{render.UV_BIN} pip install --python /opt/venv/bin/python --link-mode=copy --compile-bytecode" in run
-            )
-            assert render.UV_CACHE_MOUNT in run and render.PIP_CACHE_MOUNT not in run and "/bin/pip " not in run
-            assert f"SSL_CERT_FILE={render.CA_SECRET_PATH} " in run and render.CA_MOUNT in run
+            assert f"{UV_BIN} pip install --python /opt/venv/bin/python --link-mode=copy --compile-bytecode" in run
+            assert dockerfile.UV_CACHE_MOUNT in run and dockerfile.PIP_CACHE_MOUNT not in run and "/bin/pip " not in run
+            assert f"SSL_CERT_FILE={dockerfile.CA_SECRET_PATH} " in run and dockerfile.CA_MOUNT in run
         else:  # uv itself, or a set built from its sdist
             assert "python.uv.txt" in source or "--no-binary=" in run, run
             assert run.count("--require-hashes --no-deps") == 2 and run.count(f"-r {target}") == 2
             assert "--no-index" in run
         assert "No lock content" not in plan.dockerfile
     for set_name in sets:
-        assert render.requirements_path(set_name) in files
+        assert dockerfile.requirements_path(set_name) in files
 
 
 def test_uv_comes_from_the_builder_stage_and_is_in_no_runtime_layer() -> None:
@@ -270,15 +268,15 @@ def test_uv_comes_from_the_builder_stage_and_is_in_no_runtime_layer() -> None:
     text = plan_with_content("pytorch").dockerfile
     builder, runtime = text.split("# ---- runtime")
     (uv,) = [r for r in pip_runs(builder) if "python.uv.txt" in r]
-    assert f"/opt/venv/bin/pip install --no-index --find-links {render.WHEELHOUSE} --target {render.UV_DIR} " in uv
+    assert f"/opt/venv/bin/pip install --no-index --find-links {dockerfile.WHEELHOUSE} --target {UV_DIR} " in uv
     assert "--require-hashes --no-deps -r /tmp/imgbuild-requirements/python.uv.txt" in uv
-    assert builder.index("python.uv.txt") < builder.index(f"{render.UV_BIN} pip install")  # before the first use
+    assert builder.index("python.uv.txt") < builder.index(f"{UV_BIN} pip install")  # before the first use
     runs = pip_runs(runtime)
-    assert len(runs) == 3 and all(f"{render.UV_BIN} pip install" in r for r in runs)
-    mount = f"--mount=type=bind,from=builder,source={render.UV_DIR},target={render.UV_DIR}"
+    assert len(runs) == 3 and all(f"{UV_BIN} pip install" in r for r in runs)
+    mount = f"--mount=type=bind,from=builder,source={UV_DIR},target={UV_DIR}"
     assert all(mount in r for r in runs)
-    steps = [line for line in runtime.splitlines() if render.UV_DIR in line]
-    assert all(line.strip().startswith((mount, f"SSL_CERT_FILE={render.CA_SECRET_PATH} ")) for line in steps), steps
+    steps = [line for line in runtime.splitlines() if UV_DIR in line]
+    assert all(line.strip().startswith((mount, f"SSL_CERT_FILE={dockerfile.CA_SECRET_PATH} ")) for line in steps), steps
     assert not any(line.startswith("COPY") and "imgbuild-uv" in line for line in runtime.splitlines())
 
 
@@ -303,7 +301,7 @@ def test_without_a_venv_or_lock_content_pip_installs_every_set() -> None:
 def test_mpi4py_builds_its_hashed_sdist_without_build_isolation() -> None:
     runs = pip_runs(plan_with_content("a100").dockerfile)
     build, source = (r for r in runs if "mpi4py" in r)
-    assert "mpi4py.build.txt" in build and "--no-binary" not in build and f"{render.UV_BIN} pip install" in build
+    assert "mpi4py.build.txt" in build and "--no-binary" not in build and f"{UV_BIN} pip install" in build
     assert "mpi4py.txt" in source and source.count("--no-binary=mpi4py --no-build-isolation") == 2
     assert 'CFLAGS="-O2 -g0" MPICC=/opt/amazon/openmpi/bin/mpicc /opt/venv/bin/pip install' in source
     assert "imgbuild-pip-wheels-mpi4py-" in source
@@ -333,8 +331,8 @@ def context_of(name: str, content: Content | None) -> Any:
 def test_a_sources_folder_installs_with_no_download() -> None:
     resolved = resolved_of("a100")
     ctx = context_for(resolved.model_copy(update={"content": fake_content(resolved)}))
-    jinja = {"run": render.run, "sources_dir": "/imgbuild-sources"}
-    text = render.pip_install(jinja, "/opt/venv/bin/pip", ctx, "mpi4py", build_env="CFLAGS=-O2")
+    jinja = {"run": dockerfile.run, "sources_dir": "/imgbuild-sources"}
+    text = dockerfile.pip_install(jinja, "/opt/venv/bin/pip", ctx, "mpi4py", build_env="CFLAGS=-O2")
     assert "download" not in text
     assert text.endswith(
         "CFLAGS=-O2 /opt/venv/bin/pip install --no-index --find-links /imgbuild-sources/wheels --require-hashes "
@@ -347,17 +345,17 @@ def test_a_sources_folder_installs_with_uv_from_its_wheels_alone() -> None:
     installs uv itself from there too."""
     resolved = resolved_of("pytorch")
     ctx = context_for(resolved.model_copy(update={"content": fake_content(resolved)}))
-    jinja = {"run": render.run_offline, "sources_dir": "/imgbuild-sources"}
-    text = render.pip_install(jinja, "/opt/venv/bin/pip", ctx, "pytorch/torch", render.PIP_ENV)
-    assert "download" not in text and render.SOURCES_MOUNT in text
+    jinja = {"run": dockerfile.run_offline, "sources_dir": "/imgbuild-sources"}
+    text = dockerfile.pip_install(jinja, "/opt/venv/bin/pip", ctx, "pytorch/torch", dockerfile.PIP_ENV)
+    assert "download" not in text and dockerfile.SOURCES_MOUNT in text
     assert text.endswith(
-        f"{render.UV_BIN} pip install --python /opt/venv/bin/python --link-mode=copy --compile-bytecode "
+        f"{UV_BIN} pip install --python /opt/venv/bin/python --link-mode=copy --compile-bytecode "
         "--no-index --offline --find-links /imgbuild-sources/wheels --require-hashes --no-deps "
         "-r /tmp/imgbuild-requirements/pytorch.torch.txt"
     )
-    uv = render.pip_install(jinja, "/opt/venv/bin/pip", ctx, "python/uv", target=render.UV_DIR)
+    uv = dockerfile.pip_install(jinja, "/opt/venv/bin/pip", ctx, "python/uv", target=UV_DIR)
     assert "download" not in uv and uv.endswith(
-        f"/opt/venv/bin/pip install --no-index --find-links /imgbuild-sources/wheels --target {render.UV_DIR} "
+        f"/opt/venv/bin/pip install --no-index --find-links /imgbuild-sources/wheels --target {UV_DIR} "
         "--require-hashes --no-deps -r /tmp/imgbuild-requirements/python.uv.txt"
     )
 
@@ -368,7 +366,7 @@ def test_a_set_the_lock_lacks_is_a_render_error() -> None:
     resolved = resolved_of("cpu")
     ctx = context_for(resolved.model_copy(update={"content": Content()}))
     with pytest.raises(RenderError, match=r"no requirement set 'nccl'.*imgbuild lock"):
-        render.pip_install({"run": render.run}, "pip", ctx, "nccl")
+        dockerfile.pip_install({"run": dockerfile.run}, "pip", ctx, "nccl")
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -387,16 +385,16 @@ def test_a_build_refuses_a_wheel_with_another_hash(docker_client: Any, tmp_path:
     ctx = context_for(resolved.model_copy(update={"content": content}))
     # the nccl block's set, holding two small wheels here: the RUN is pip_install's, as every recipe renders it (uv,
     # which the builder stage gets from the lock's set python/uv: here pip puts the lock's uv release where it goes)
-    step = render.pip_install({"run": render.run}, "/opt/venv/bin/pip", ctx, "nccl", render.PIP_ENV)
-    assert f"{python_block.UV_BIN} pip install" in step, step
+    step = dockerfile.pip_install({"run": dockerfile.run}, "/opt/venv/bin/pip", ctx, "nccl", dockerfile.PIP_ENV)
+    assert f"{UV_BIN} pip install" in step, step
     (tmp_path / "Dockerfile").write_text(
         "FROM debian:bookworm-slim\n"
         'SHELL ["/bin/bash", "-o", "pipefail", "-c"]\n'
-        f"{render.run(*render.apt_mounts('debian:bookworm-slim'))}apt-get update \\\n"
+        f"{dockerfile.run(*dockerfile.apt_mounts('debian:bookworm-slim'))}apt-get update \\\n"
         " && apt-get install -y --no-install-recommends python3-venv \\\n"
         " && python3 -m venv /opt/venv\n"
-        f"{render.run(render.CA_MOUNT)}PIP_CERT={render.CA_SECRET_PATH} /opt/venv/bin/pip install "
-        f"--target {python_block.UV_DIR} uv==0.13.9\n"
+        f"{dockerfile.run(dockerfile.CA_MOUNT)}PIP_CERT={dockerfile.CA_SECRET_PATH} /opt/venv/bin/pip install "
+        f"--target {UV_DIR} uv==0.13.9\n"
         f"ARG NONCE\n{step}\n"
     )
     for f in render.requirement_files(ctx):
@@ -409,7 +407,7 @@ def test_a_build_refuses_a_wheel_with_another_hash(docker_client: Any, tmp_path:
     try:
         with (
             dockercontext.temp_secrets(
-                {render.CA_SECRET_ID: dockercontext.ca_secret(Path(bundle) if bundle else None)}
+                {dockerfile.CA_SECRET_ID: dockercontext.ca_secret(Path(bundle) if bundle else None)}
             ) as s,
             pytest.raises(BuildError) as err,
         ):

@@ -2,7 +2,7 @@
 
 The builder is `builders.select`'s (buildx, else the docker CLI's own BuildKit). The context is a temporary folder
 removed after the build whatever happens. The CA bundle downloads trust (certifi's roots, plus --ca-bundle or
-IMGBUILD_CA_BUNDLE) is the build secret `render.CA_SECRET_ID`, written to a temporary folder outside the context and
+IMGBUILD_CA_BUNDLE) is the build secret `dockerfile.CA_SECRET_ID`, written to a temporary folder outside the context and
 removed afterwards: a secret mount never lands in a layer.
 """
 
@@ -20,7 +20,7 @@ from imgbuild import __version__, engine
 from imgbuild.build import builders, dockercontext
 from imgbuild.core import paths, platforms
 from imgbuild.core.errors import BuildError, PushError, UsageError
-from imgbuild.image import provenance, render
+from imgbuild.image import dockerfile, provenance, render
 from imgbuild.pin.resolver import Resolved
 from imgbuild.recipe import LoadedRecipe
 
@@ -217,7 +217,7 @@ def build(
         secret = dockercontext.ca_secret(ca_bundle)
         folder = Path(tempfile.mkdtemp(prefix=f"imgbuild-context-{plan.recipe}-"))
         try:
-            with dockercontext.temp_secrets({render.CA_SECRET_ID: secret}) as secrets:
+            with dockercontext.temp_secrets({dockerfile.CA_SECRET_ID: secret}) as secrets:
                 dockercontext.write(plan, folder)  # only what the Dockerfile copies; the CA bundle is the secret
                 if sources is not None:
                     fetched.stage(sources, index, folder)

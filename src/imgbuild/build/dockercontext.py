@@ -1,5 +1,5 @@
 """Build contexts: a folder holding the Dockerfile and only the files it copies. The CA bundle downloads trust is
-no file of the context: it is the build secret `render.CA_SECRET_ID` (`ca_secret`, written by `write_secret` into
+no file of the context: it is the build secret `dockerfile.CA_SECRET_ID` (`ca_secret`, written by `write_secret` into
 a folder `temp_secrets` removes)."""
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ def read_ca_bundle(path: Path) -> bytes:
 
 
 def ca_secret(ca_bundle: Path | None) -> bytes:
-    """The bundle of the build secret `render.CA_SECRET_ID`: Mozilla's roots (certifi, what pip and requests trust by
-    default) followed by `ca_bundle` (--ca-bundle / IMGBUILD_CA_BUNDLE) when given, so that a bundle holding only a
+    """The bundle of the build secret `dockerfile.CA_SECRET_ID`: Mozilla's roots (certifi, what pip and requests trust
+    by default) followed by `ca_bundle` (--ca-bundle / IMGBUILD_CA_BUNDLE) when given, so that a bundle holding only a
     proxy's CA still lets downloads reach sites the proxy does not intercept."""
     import certifi
 

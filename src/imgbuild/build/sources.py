@@ -17,10 +17,10 @@ it names is outside the folder, a link out, a FIFO or a device), the lock it was
 against sources.json AND against the lock (tarballs, wheels), each base's id after loading it, and every .deb against
 the archive's signed indexes (`check_debs`: the lock records no .deb, and sources.json rewritten along with a
 tampered .deb would vouch for it). A missing or corrupted file is refused, naming it with the expected and found
-hash, before anything is built or tagged (ContentError, exit 16). The build then gets
-the folder in its context (imgbuild-sources/, bind-mounted by the RUNs that would download: render.SOURCES_MOUNT) and
-runs with `--network none`: BuildKit's build contexts (`--build-context`) need buildx, which Debian 12's docker CLI
-lacks, and a local file server would need the build's network on.
+hash, before anything is built or tagged (ContentError, exit 16). The build then gets the folder in its context
+(imgbuild-sources/, bind-mounted by the RUNs that would download: dockerfile.SOURCES_MOUNT) and runs with
+`--network none`: BuildKit's build contexts (`--build-context`) need buildx, which Debian 12's docker CLI lacks, and a
+local file server would need the build's network on.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from imgbuild.blocks import slug
 from imgbuild.core import files as userfiles
 from imgbuild.core import validate
 from imgbuild.core.errors import ContentError, UsageError
-from imgbuild.image import render
+from imgbuild.image import dockerfile, render
 from imgbuild.pin import wheels as wheels_mod
 from imgbuild.pin.content import Content, Requirement, sha256_file
 from imgbuild.pin.resolver import Resolved
@@ -534,7 +534,7 @@ def load_bases(client: Any, folder: Path, index: Index, say: Say = print) -> Non
 def stage(folder: Path, index: Index, context: Path) -> None:
     """The fetched files (not the base archives: they are loaded, not built from) into the build context's
     SOURCES_CONTEXT, hard-linked where the file system allows."""
-    root = context / render.SOURCES_CONTEXT
+    root = context / dockerfile.SOURCES_CONTEXT
     for rel in index.files:
         if rel.startswith(("base/", f"{LISTS}/")):  # loaded, or read by check_debs: never built from
             continue
@@ -593,6 +593,6 @@ def local_downloads(folder: Path, content: Content | None, say: Say = print) -> 
 def stage_files(found: dict[str, Path], context: Path) -> None:
     """The downloads `local_downloads` found, into the build context's SOURCES_CONTEXT/files/ (where `download` copies
     them from)."""
-    root = context / render.SOURCES_CONTEXT
+    root = context / dockerfile.SOURCES_CONTEXT
     for name, path in found.items():
         _link(path, userfiles.inside(root, root / "files" / name))

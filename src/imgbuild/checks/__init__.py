@@ -33,7 +33,7 @@ Scope = Literal["container", "host"]
 BOTH: tuple[Scope, ...] = ("container", "host")
 CONTAINER: tuple[Scope, ...] = ("container",)
 
-SECRETS_DIR = "/run/secrets"  # where BuildKit mounts build secrets (render.CA_SECRET_PATH is one of them)
+SECRETS_DIR = "/run/secrets"  # where BuildKit mounts build secrets (dockerfile.CA_SECRET_PATH is one of them)
 LEGACY_CA_DIR = "/usr/local/share/ca-certificates/imgbuild"  # where builds before BuildKit's secrets put the bundle
 COMMAND_TIMEOUT_S = 60
 

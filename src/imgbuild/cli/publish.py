@@ -183,10 +183,10 @@ def push(
             _print_result(failed, as_json)
         raise
     _print_result(result, as_json)
-    if sbom_path is not None and res is not None:
+    if sbom_path is not None and res is not None and recipe is not None:
         from imgbuild.publish import inventory
 
-        made = inventory.after_push(res, result, sbom_path)
+        made = inventory.after_push(res, recipe.identity, result, sbom_path)  # the identity the push named it by
         for warning in made.warnings:
             err().print(f"imgbuild: warning: {warning}", markup=False)
         err().print(f"wrote {sbom_path}: the SBOM of {made.image} ({made.image_id[:19]})", markup=False)

@@ -385,7 +385,7 @@ def _outdated_table(reports: "list[Report]") -> None:
     if any(f.track.source.kind == "table" for r in reports for f in r.findings):
         out().print(
             "A table or release file lists the releases known when it was read (blocks/<name>/releases.yaml's "
-            "read_on, compat.TABLES): one published since is not seen here.",
+            "read_on, core.distro.TABLES): one published since is not seen here.",
             markup=False,
         )
 

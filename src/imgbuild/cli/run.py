@@ -55,7 +55,8 @@ def run(
 
     _, res = resolved(ref)
     warn(res)
-    image_ref = image or identity.of(res).ref()
+    named = identity.of(res)  # read once: the reference and the run profile (the image's manifest) name it
+    image_ref = image or named.ref()
     # What the engine and host cannot give (a GPU request without the nvidia runtime, a runtime it lacks) is left
     # out with a note, as verify does (runprofile.for_host); an engine that can't be asked gets the whole profile.
     # --print: the target host's line, whole, and a note for what this host would drop (runprofile.target_spec).
@@ -71,6 +72,7 @@ def run(
         notes=notes,
         target=print_only,
         target_host=target_instance(res.recipe) if print_only else None,
+        named=named,
     )
     for note in notes:
         err().print(f"note: {note}", markup=False, highlight=False)

@@ -35,11 +35,12 @@ def sbom_command(
 ) -> None:
     """What a built image holds, as CycloneDX JSON: the lock's pins and checksums, its Debian packages and Python
     distributions with their hashes, its digests."""
+    from imgbuild.image import identity
     from imgbuild.publish import inventory
 
     _, res = resolved(ref)
     warn(res)
-    made = inventory.make(res, image=image)
+    made = inventory.make(res, identity.of(res), image=image)
     for warning in made.warnings:
         err().print(f"imgbuild: warning: {warning}", markup=False)
     if output is None:

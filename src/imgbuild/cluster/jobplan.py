@@ -168,10 +168,12 @@ def job_name(recipe_name: str) -> str:
 
 
 def image_manifest(resolved: Resolved) -> tuple[Manifest, str]:
-    """The manifest the recipe's image carries (render writes it into the image) and the image's lock tag."""
+    """The manifest the recipe's image carries (render writes it into the image) and the image's lock tag: both of
+    one reading of its identity (identity.of, once)."""
     from imgbuild.image import identity, render
 
-    return render.manifest(resolved), identity.of(resolved).ref()
+    named = identity.of(resolved)
+    return render.manifest(resolved, named), named.ref()
 
 
 def plan_job(

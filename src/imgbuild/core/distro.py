@@ -24,8 +24,8 @@ class Distro:
     # manylinux_2_XX wheel tag the release runs, the platform `imgbuild lock` resolves wheels for (pin.wheels).
     glibc: str
     # Packages the release's Open MPI pulls in that an image must not carry, each with why: the image gets an empty
-    # stand-in instead (render.stub_packages_run). Debian 13's libopenmpi40 links libucx0, and libucx0 depends on ROCm's
-    # HIP and HSA runtimes (with libamd-comgr2 and LLVM 17: about 235 MB) that only UCX's ROCm modules
+    # stand-in instead (dockerfile.stub_packages_run). Debian 13's libopenmpi40 links libucx0, and libucx0 depends on
+    # ROCm's HIP and HSA runtimes (with libamd-comgr2 and LLVM 17: about 235 MB) that only UCX's ROCm modules
     # (ucx/libuct_rocm.so, libucm_rocm.so) load; libucp and libuct themselves do not, so Open MPI runs without them.
     openmpi_stubs: Mapping[str, str] = field(default_factory=dict)
 

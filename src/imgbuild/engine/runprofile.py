@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from imgbuild.blocks.cuda.driver import IMEX_CHANNEL_GLOB
 
 if TYPE_CHECKING:
+    from imgbuild.image.identity import Identity
     from imgbuild.pin.resolver import Resolved
     from imgbuild.recipe import LoadedRecipe, Recipe, Runtime
 
@@ -270,15 +271,15 @@ def without_memlock(spec: RunSpec) -> RunSpec:
     return replace(spec, memlock_unlimited=False)
 
 
-def _profile_of(source: Resolved | LoadedRecipe | Recipe) -> Runtime:
-    """The run profile: a resolved recipe's as its image's manifest has it (with the blocks' host devices), else
-    the recipe's `runtime:` section."""
+def _profile_of(source: Resolved | LoadedRecipe | Recipe, named: Identity | None = None) -> Runtime:
+    """The run profile: a resolved recipe's as its image's manifest has it (with the blocks' host devices; `named`:
+    the image's identity, where the caller has read it, else read here), else the recipe's `runtime:` section."""
     from imgbuild.pin.resolver import Resolved
 
     if isinstance(source, Resolved):
-        from imgbuild.image import render
+        from imgbuild.image import identity, render
 
-        return render.manifest(source).runtime
+        return render.manifest(source, named if named is not None else identity.of(source)).runtime
     return _recipe_of(source).runtime
 
 
@@ -301,6 +302,7 @@ def docker_run_args(
     notes: list[str] | None = None,
     target: bool = False,
     target_host: tuple[str, int] | None = None,
+    named: Identity | None = None,
 ) -> list[str]:
     """The whole `docker run` command (argv, starting with "docker") for a container of the recipe's image.
 
@@ -309,9 +311,10 @@ def docker_run_args(
     the host has a GPU) adapts the profile to them (`for_host`, a note in `notes` for each thing left out); None
     (no engine to ask) keeps it whole. `target`: the line for the recipe's target host instead (`target_spec`, with
     `target_host` its instance type and EFA device count), whole, with a note in `notes` for what this host would
-    drop (`what_this_host_drops`).
+    drop (`what_this_host_drops`). `named`: the image's identity (identity.of), where the caller has read it: the
+    profile of a resolved recipe is its manifest's, which names it.
     """
-    profile = _profile_of(source)
+    profile = _profile_of(source, named)
     if target:
         spec, about = target_spec(profile, target_host, host_devices)
         about += what_this_host_drops(spec, host_devices, engine)

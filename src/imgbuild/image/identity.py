@@ -3,7 +3,8 @@ fresh resolution for `show`). What every step after the lock names an image by (
 run, jobs, the SBOM) without rendering a template.
 
 `of(resolved)` reads the image's identity once (the lock's digest, and the user's code the image carries, hashed
-from the recipe's folder) and hands it down as an `Identity`; `render.plan` tags a build with the same one.
+from the recipe's folder): the command that names an image calls it once and hands the `Identity` down, to the
+manifest (`render.manifest`), the run profile, the job and the SBOM; `render.plan` tags a build with the one it reads.
 """
 
 from __future__ import annotations
@@ -97,6 +98,7 @@ class Identity:
     lock_digest: str  # lock_digest(resolved)
     arches: tuple[str, ...]  # the recipe's platform.arch, its first the default
     plain: tuple[str, str]  # (content-addressed tag, readable tag) of the first architecture
+    digests: Mapping[str, str]  # image_digests(resolved): what the image holds beyond its lock, by block
 
     def check_arch(self, arch: str | None) -> str:
         """`arch`, one of the recipe's architectures (None: the first); a RenderError saying how to add it."""
@@ -120,15 +122,16 @@ class Identity:
         return self.refs(arch)[0]
 
 
-def of(resolved: Resolved, digests: Mapping[str, str] | None = None) -> Identity:
-    """The identity of the images of `resolved` (`digests`: image_digests, where the caller has read them; else
-    read here, once)."""
+def of(resolved: Resolved) -> Identity:
+    """The identity of the images of `resolved`: its lock's digest and the user's code (image_digests), each read
+    here, once; a command calls it once and hands the result down."""
     digest = lock_digest(resolved)
     locked = resolved.content is not None  # a lock always records content; a fresh resolution never does
-    code = code_digest(image_digests(resolved) if digests is None else digests)
+    digests = image_digests(resolved)
+    code = code_digest(digests)
     if code is None:
         plain = (lock_tag(digest, locked=locked), readable_tag(resolved))
     else:
         both = hashlib.sha256(f"{digest}\n{code}".encode()).hexdigest()
         plain = (lock_tag(both, locked=locked), f"{readable_tag(resolved)}-code{code[:8]}")
-    return Identity(resolved.name, repository(resolved), digest, tuple(resolved.recipe.platform.arch), plain)
+    return Identity(resolved.name, repository(resolved), digest, tuple(resolved.recipe.platform.arch), plain, digests)

@@ -54,7 +54,7 @@ class Source:
         if self.kind == "index":
             return f"index: {self.name}"
         if self.kind == "table":
-            where = self.name if self.name.endswith(".yaml") else f"table compat.{self.name}"
+            where = self.name if self.name.endswith(".yaml") else f"table core.distro.{self.name}"
             return f"{where}, read {self.read_on or 'on a date not recorded'}"
         if self.kind == "follows":
             return f"follows {self.name}"

@@ -93,7 +93,7 @@ def target(resolved: Resolved, arch: str | None = None) -> tuple[str, str]:
     os_id = f"{r.os.family}{r.os.version}"
     distro = DISTRO.get(os_id)
     if distro is None:
-        raise ResolveError(f"{r.name}: no glibc known for {os_id} (compat.DISTRO has {', '.join(DISTRO)})")
+        raise ResolveError(f"{r.name}: no glibc known for {os_id} (core.distro.DISTRO has {', '.join(DISTRO)})")
     py = resolved.pins.get("python")
     if py is None or not py.version:
         raise ResolveError(f"{r.name}: its requirement sets need the python pin's version (components.python)")

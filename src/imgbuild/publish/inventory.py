@@ -21,8 +21,8 @@ from imgbuild.core import paths
 from imgbuild.core.errors import ImgbuildError, VerifyError
 from imgbuild.engine import ENGINE_ERRORS, connect, engine_error, inspect_image
 from imgbuild.engine.containers import Containers
-from imgbuild.image import identity
 from imgbuild.image import sbom as document
+from imgbuild.image.identity import Identity
 from imgbuild.image.manifest import Manifest
 from imgbuild.pin.resolver import Resolved
 
@@ -107,15 +107,17 @@ def collect(client: Any, image: str, *, repo_digests: tuple[str, ...] = ()) -> d
 
 def make(
     resolved: Resolved,
+    named: Identity,
     *,
     image: str | None = None,
     repo_digests: tuple[str, ...] = (),
     client: Any | None = None,
 ) -> Sbom:
     """The SBOM of the image built from `resolved`, a lock (the command's `lock.for_ref`: its hashes are the
-    document's), of its content-addressed ref or `image`, validated against CycloneDX's schema. Refused when the image
-    was built from another lock."""
-    ref = image or identity.of(resolved).ref()
+    document's), of its content-addressed ref or `image`, validated against CycloneDX's schema. `named`: the image's
+    identity as the command read it (identity.of, once): its ref and lock digest, never read again here. Refused when
+    the image was built from another lock."""
+    ref = image or named.ref()
     own = client is None
     docker_client = connect() if client is None else client
     try:
@@ -123,7 +125,7 @@ def make(
     finally:
         if own:
             docker_client.close()
-    digest = identity.lock_digest(resolved)
+    digest = named.lock_digest
     if inv.manifest.lock_digest != digest:
         raise VerifyError(
             f"{ref} was built from lock {inv.manifest.lock_digest[:12]}, not from {resolved.name}'s lock "
@@ -147,11 +149,11 @@ def write(sbom: Sbom, output: Path) -> Path:
     return output
 
 
-def after_push(resolved: Resolved, result: Any, output: Path, *, client: Any | None = None) -> Sbom:
-    """The SBOM of the image of `resolved` (the recipe's lock, as the push read it) just pushed (`result`:
-    publish.PublishResult), naming it by the manifest digests the registry gave each tag, written to `output` (for
-    CI to keep beside the push)."""
+def after_push(resolved: Resolved, named: Identity, result: Any, output: Path, *, client: Any | None = None) -> Sbom:
+    """The SBOM of the image of `resolved` (the recipe's lock, as the push read it; `named`: the identity the push
+    named the image by) just pushed (`result`: publish.PublishResult), naming it by the manifest digests the registry
+    gave each tag, written to `output` (for CI to keep beside the push)."""
     digests = tuple(dict.fromkeys(f"{ref.target.rsplit(':', 1)[0]}@{ref.digest}" for ref in result.refs))
-    made = make(resolved, repo_digests=digests, client=client)
+    made = make(resolved, named, repo_digests=digests, client=client)
     write(made, output)
     return made

@@ -42,6 +42,7 @@ from imgbuild.engine.containers import LABEL as LABEL_VERIFY
 from imgbuild.engine.containers import Containers
 from imgbuild.engine.runprofile import EFA_DEVICE_GLOB, RunSpec, for_engine, host_efa_devices, host_has_gpu, run_spec
 from imgbuild.image import identity, render
+from imgbuild.image.identity import Identity
 from imgbuild.image.manifest import MANIFEST_PATH, Manifest
 from imgbuild.pin import lock
 from imgbuild.pin.resolver import Resolved
@@ -97,10 +98,11 @@ class Target:
     note: str = ""  # why there is no lock to compare with, or where the expectations come from
 
 
-def expected_manifest(resolved: Resolved, arch: str | None = None) -> Manifest:
+def expected_manifest(resolved: Resolved, named: Identity, arch: str | None = None) -> Manifest:
     """The manifest the lock gives the image of `arch` (default: the recipe's first), what its
-    /etc/imgbuild/manifest.json must hold: no template is rendered."""
-    return render.manifest(resolved, arch)
+    /etc/imgbuild/manifest.json must hold: no template is rendered. `named`: the image's identity, as the caller
+    read it (identity.of, once)."""
+    return render.manifest(resolved, named, arch)
 
 
 def looks_like_image(ref: str) -> bool:
@@ -112,9 +114,9 @@ def target_for_recipe(ref: str, resolved: Resolved, arch: str | None = None) -> 
     would be no lock's): the image `imgbuild build RECIPE [--platform linux/ARCH]` tags (`Identity.ref`: `-ARCH`
     after the tag for an architecture other than the recipe's first), and its lock's manifest for that
     architecture."""
-    named = identity.of(resolved)
+    named = identity.of(resolved)  # read once: the image's reference and its manifest name the same lock
     arch = named.check_arch(arch)  # a RenderError naming the recipe's architectures
-    expected = expected_manifest(resolved, arch)
+    expected = expected_manifest(resolved, named, arch)
     return Target(ref, "recipe", named.ref(arch), resolved.name, resolved, expected)
 
 
@@ -138,7 +140,7 @@ def target_for_image(ref: str, labels: dict[str, str], arch: str | None = None) 
         note = f"recipe '{name}' is not built for {arch}: the image's manifest is the only expectation"
         return Target(ref, "image", ref, name, None, None, note)
     note = f"compared with the lock of shipped recipe '{name}'"
-    return Target(ref, "image", ref, name, resolved, expected_manifest(resolved, arch), note)
+    return Target(ref, "image", ref, name, resolved, expected_manifest(resolved, identity.of(resolved), arch), note)
 
 
 def names_recipe(ref: str) -> bool:

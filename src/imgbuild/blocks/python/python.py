@@ -8,7 +8,7 @@ Recipe options (`components.python`):
 
 With a venv, an image that installs requirement sets gets uv too (the set `python/uv`, hashed in the lock like the
 others): pip installs it in the builder stage, apart from the venv (UV_DIR, never copied to the runtime stage), and
-uv installs every other hashed set (imgbuild.image.render.pip_install), the runtime stage's through a bind mount of
+uv installs every other hashed set (imgbuild.image.dockerfile.pip_install), the runtime stage's through a bind mount of
 UV_DIR from the builder stage, so uv is in no layer of the image.
 """
 

@@ -23,7 +23,7 @@ from imgbuild.cli import app
 from imgbuild.cluster import live
 from imgbuild.engine.containers import Containers
 from imgbuild.engine.runprofile import for_engine, run_spec
-from imgbuild.verify import multinode, nodechecks
+from imgbuild.verify import multinode, nodesession
 
 
 class Running:
@@ -85,7 +85,7 @@ def test_the_cpu_image_passes_over_ssh(cpu_image: Any, running: Any) -> None:
     # The launch line is the image's (train's), run from the first host with a hostfile of the given hosts.
     workdir = overall.details["argv"][overall.details["argv"].index("--wdir") + 1]
     assert workdir.startswith("/tmp/imgbuild-cluster-")
-    assert overall.details["argv"] == nodechecks.mpirun_argv(
+    assert overall.details["argv"] == nodesession.mpirun_argv(
         r.manifest, hostfile=f"{workdir}/hostfile", ranks=2,
         program=[r.manifest.python, f"{workdir}/allreduce.py", f"{workdir}/env-names.json"], wdir=workdir,
     )  # fmt: skip

@@ -35,6 +35,7 @@ from imgbuild.build import builders
 from imgbuild.build.builders import Builder, BuildOutcome
 from imgbuild.build.builders.tags import TagSnapshot
 from imgbuild.core.errors import BaseImageMissing, BuildError, EngineError, UsageError
+from imgbuild.engine import client as engine_client
 from imgbuild.engine import connect, ensure_base_images
 from imgbuild.ui.progress import BuildProgress
 
@@ -913,7 +914,7 @@ def test_connect_names_default_socket(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse() -> None:
         raise docker.errors.DockerException("Error while fetching server API version: boom")
 
-    monkeypatch.setattr(engine.docker, "from_env", refuse)
+    monkeypatch.setattr(engine_client.docker, "from_env", refuse)
     with pytest.raises(EngineError) as info:
         connect()
     assert "/var/run/docker.sock" in str(info.value) and "DOCKER_HOST is unset" in str(info.value)

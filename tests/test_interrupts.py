@@ -19,10 +19,12 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import REPO
-from imgbuild import build, publish, verify
+from imgbuild.build import command as build_command
 from imgbuild.cli import app
 from imgbuild.core import interrupts
 from imgbuild.core.errors import Interrupted, Terminated
+from imgbuild.publish import command as publish_command
+from imgbuild.verify import command as verify_command
 
 runner = CliRunner()
 
@@ -49,9 +51,9 @@ def sigterm_self() -> None:
 
 
 COMMANDS = [
-    (build, "build", ["build", "cpu"]),
-    (publish, "publish", ["push", "cpu", "--registry", "127.0.0.1:5000"]),
-    (verify, "verify", ["verify", "cpu"]),
+    (build_command, "build", ["build", "cpu"]),
+    (publish_command, "publish", ["push", "cpu", "--registry", "127.0.0.1:5000"]),
+    (verify_command, "verify", ["verify", "cpu"]),
 ]
 
 
@@ -96,7 +98,7 @@ def test_sigterm_while_cleaning_up_waits_for_the_cleanup_then_stops(monkeypatch)
             done.append("removed")
         done.append("carried on")
 
-    monkeypatch.setattr(build, "build", work)
+    monkeypatch.setattr(build_command, "build", work)
     result = runner.invoke(app, ["build", "cpu"])
     assert done == ["removed"]
     assert result.exit_code == 143, result.output
@@ -107,7 +109,7 @@ def test_ctrl_c_still_exits_130(monkeypatch) -> None:
     def work(*a: Any, **k: Any) -> None:
         raise Interrupted("build cancelled; no containers left behind")
 
-    monkeypatch.setattr(build, "build", work)
+    monkeypatch.setattr(build_command, "build", work)
     result = runner.invoke(app, ["build", "cpu"])
     assert result.exit_code == 130, result.output
 

@@ -27,7 +27,7 @@ from imgbuild.image import identity, launch, render
 from imgbuild.image.manifest import Manifest
 from imgbuild.pin import lock
 from imgbuild.recipe import MpiRun
-from imgbuild.verify import multinode, nodechecks
+from imgbuild.verify import multinode, nodechecks, nodesession, nodeworkloads
 
 
 def manifest_of(name: str, **over: Any) -> Manifest:
@@ -43,7 +43,7 @@ def manifest_of(name: str, **over: Any) -> Manifest:
 
 def test_the_mpirun_line_comes_from_the_manifest() -> None:
     m = manifest_of("cpu")
-    argv = nodechecks.mpirun_argv(m, hostfile="/h", ranks=3, program=["/opt/venv/bin/python", "/s.py"], wdir="/w")
+    argv = nodesession.mpirun_argv(m, hostfile="/h", ranks=3, program=["/opt/venv/bin/python", "/s.py"], wdir="/w")
     assert argv == [
         "mpirun", "--allow-run-as-root",
         "--mca", "btl", "tcp,self", "--mca", "pml", "ob1",
@@ -116,7 +116,7 @@ def test_pingpong_table_parses() -> None:
         "64      10      =10      1.2k        0.07s      0.02    3446.50       0.00\n"
         "1m      10      =10      20m         0.08s    273.59    3832.70       0.00\n"
     )
-    rows = nodechecks._PINGPONG_ROW_RE.findall(out)
+    rows = nodeworkloads._PINGPONG_ROW_RE.findall(out)
     assert [(r[0], r[5], r[6]) for r in rows] == [("64", "0.02", "3446.50"), ("1m", "273.59", "3832.70")]
 
 
@@ -154,14 +154,14 @@ def test_nccl_tests_are_judged_by_the_cluster_report(log: str, expect_efa: bool,
 
     text = _log(log)
     rep = judge(parse(text), Expect(nodes=None), source=log)
-    res = nodechecks.nccl_tests_result("x", rep, Exec(0, text, 1.0), expect_efa=expect_efa, command="mpirun ...")
+    res = nodeworkloads.nccl_tests_result("x", rep, Exec(0, text, 1.0), expect_efa=expect_efa, command="mpirun ...")
     assert res.status == status, res.reason
     assert why in res.reason
     assert res.details["criteria"]["network"].split(":")[0] in ("PASS", "FAIL", "WARN")
     if not expect_efa:
         assert rep.verdict == "FAIL" and "network" in [c.name for c in rep.failed]  # judged away on purpose
     # a run that did not end well fails whatever the log says
-    broken = nodechecks.nccl_tests_result("x", rep, Exec(1, text, 1.0), expect_efa=expect_efa, command="")
+    broken = nodeworkloads.nccl_tests_result("x", rep, Exec(1, text, 1.0), expect_efa=expect_efa, command="")
     assert broken.status == "fail" and "all_reduce_perf exit 1" in broken.reason
 
 
@@ -216,9 +216,9 @@ def test_allreduce_environment_and_pingpong_pass(docker_client, image, nodes: in
     (overall,) = _by(results, f"multinode: mpirun allreduce ({nodes} nodes)")
     assert overall.status == "pass"
     manifest = read_manifest(docker_client, image)
-    wdir = nodechecks.WORKDIR
+    wdir = nodesession.WORKDIR
     program = [manifest.python, f"{wdir}/allreduce.py", f"{wdir}/env-names.json"]
-    assert overall.details["argv"] == nodechecks.mpirun_argv(
+    assert overall.details["argv"] == nodesession.mpirun_argv(
         manifest, hostfile=f"{wdir}/hostfile", ranks=nodes, program=program, wdir=wdir
     )
     assert "--mca btl tcp,self" in overall.details["command"] and "-x FI_PROVIDER" in overall.details["command"]
@@ -271,7 +271,9 @@ def test_train_runs_the_mpirun_line_verify_runs(docker_client, image) -> None:
     ran = ["mpirun", *json.loads(lines[0].split(" ", 1)[1])]
     manifest = read_manifest(docker_client, image)
     program = [manifest.python, "/opt/ml/code/job.py"]
-    assert ran == nodechecks.mpirun_argv(manifest, hostfile="/tmp/hosts", ranks=1, program=program, wdir="/opt/ml/code")
+    assert ran == nodesession.mpirun_argv(
+        manifest, hostfile="/tmp/hosts", ranks=1, program=program, wdir="/opt/ml/code"
+    )
 
 
 @pytest.mark.docker
@@ -350,7 +352,7 @@ class _Named:
 
 
 def test_the_mpi4py_gather_fails_when_a_node_is_silent_or_runs_another_mpi() -> None:
-    s = nodechecks.Session(nodes=_Named("node-1", "node-2"), manifest=manifest_of("cpu"), image_env={}, deadline=0.0)  # type: ignore[arg-type]
+    s = nodesession.Session(nodes=_Named("node-1", "node-2"), manifest=manifest_of("cpu"), image_env={}, deadline=0.0)  # type: ignore[arg-type]
     lib = "Open MPI v4.1.4, package: Debian OpenMPI, ident: 4.1.4, repo rev: v4.1.4, Mar 23, 2023"
 
     def judged(gathered: list[list[str]]) -> CheckResult:
@@ -371,29 +373,29 @@ def test_the_mpi4py_gather_fails_when_a_node_is_silent_or_runs_another_mpi() -> 
 def test_the_blocks_say_which_node_checks_they_feed() -> None:
     """Each check that depends on the image's blocks is fed by at least one (Block.node_checks), and no block
     declares a check nodechecks does not run; a block that provides another feeds that one's checks too."""
-    ids = (nodechecks.PINGPONG, nodechecks.DDP_MPIRUN, nodechecks.DDP_TORCHRUN, nodechecks.NCCL_TESTS,
-           nodechecks.GATHER)  # fmt: skip
+    ids = (nodesession.PINGPONG, nodesession.DDP_MPIRUN, nodesession.DDP_TORCHRUN, nodesession.NCCL_TESTS,
+           nodesession.GATHER)  # fmt: skip
     assert {c for b in blocks.REGISTRY for c in b.node_checks} == set(ids)
-    assert blocks.feeding(nodechecks.PINGPONG) == ("libfabric", "efa")  # efa's installer brings libfabric
+    assert blocks.feeding(nodesession.PINGPONG) == ("libfabric", "efa")  # efa's installer brings libfabric
     assert [blocks.feeding(c) for c in ids[1:]] == [("pytorch",), ("pytorch",), ("nccl_tests",), ("openmpi",)]
 
 
 def test_checks_skip_naming_the_blocks_an_image_lacks() -> None:
     manifest = manifest_of("cpu")
     lean = {k: v for k, v in manifest.components.items() if k not in {"libfabric", "efa", "pytorch", "nccl_tests"}}
-    s = nodechecks.Session(
+    s = nodesession.Session(
         nodes=_Named("node-1", "node-2"),  # type: ignore[arg-type]
         manifest=manifest.model_copy(update={"components": lean}),
         image_env={},
         deadline=0.0,
         gpus=True,
     )
-    pingpong = nodechecks._pingpong(s)
+    pingpong = nodeworkloads.pingpong(s)
     assert (pingpong.status, pingpong.reason) == ("skip", "the image has no libfabric (no libfabric or efa component)")
-    nccl = nodechecks._nccl_tests(s, sshd_down=[])
+    nccl = nodeworkloads.nccl_tests(s, sshd_down=[])
     assert (nccl.status, nccl.reason) == ("skip", "the image has no nccl_tests component")
-    assert s.fed(nodechecks.DDP_MPIRUN) == [] and s.ddp_program not in s.files()
-    assert [p.version for p in nodechecks.Session(**{**s.__dict__, "manifest": manifest}).fed(nodechecks.GATHER)] == [
+    assert s.fed(nodesession.DDP_MPIRUN) == [] and s.ddp_program not in s.files()
+    assert [p.version for p in nodesession.Session(**{**s.__dict__, "manifest": manifest}).fed(nodesession.GATHER)] == [
         manifest.components["openmpi"].version
     ]
 
@@ -402,9 +404,9 @@ def test_nodechecks_names_no_component() -> None:
     """nodechecks asks the registry (blocks.feeding) which checks an image's blocks feed: it looks no block up by
     name (a key of a `get`, `version`, `details`, `has` or `pin` call, a subscript, an `in` test). Check names
     ('sshd') and libfabric's provider name ('efa') are no lookups."""
-    source = Path(nodechecks.__file__).read_text()
     named = []
-    for node in ast.walk(ast.parse(source)):
+    modules = (nodechecks, nodesession, nodeworkloads)  # the checks, their session, the workloads
+    for node in (n for m in modules for n in ast.walk(ast.parse(Path(m.__file__).read_text()))):
         used: list[ast.expr] = []
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             if node.func.attr in {"get", "version", "details", "has", "pin"}:

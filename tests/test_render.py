@@ -581,10 +581,11 @@ def test_ca_bundle_absent_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
     """verify's ca-bundle-absent: nothing under /run/secrets but empty mount points (BuildKit leaves an empty
     /run/secrets behind), no folder of extra CA certificates, no variable of the image naming a secret."""
     from imgbuild import checks
+    from imgbuild.checks import always
 
     def result(env: dict[str, str], secrets: Path | None = None) -> Any:
         if secrets is not None:
-            monkeypatch.setattr(checks, "SECRETS_DIR", str(secrets))
+            monkeypatch.setattr(always, "SECRETS_DIR", str(secrets))
         ctx = checks.CheckContext(host=_Shell({"PATH": "/usr/bin:/bin", **env}), scope="container", components={})
         return checks.ca_bundle_absent(ctx)
 

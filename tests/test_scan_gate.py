@@ -27,6 +27,7 @@ from typer.testing import CliRunner
 
 from imgbuild import publish
 from imgbuild.core.errors import PushError, UsageError
+from imgbuild.publish import command as publish_command
 from imgbuild.publish import ecr, scan
 from imgbuild.publish.registry import RemoteManifest, parse_registry
 from test_publish import IMAGE_ID, FakeAPI, FakeRegistryAPI, Sleeps, cpu, flat, ok_stream
@@ -643,7 +644,7 @@ def cli_ecr(aws: boto3.Session, monkeypatch: pytest.MonkeyPatch) -> dict[str, An
         return EngineClient(engine)
 
     monkeypatch.setattr(ecr, "EcrRegistry", Registry)
-    monkeypatch.setattr(publish, "connect", connect)
+    monkeypatch.setattr(publish_command, "connect", connect)
     return state
 
 

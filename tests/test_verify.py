@@ -26,11 +26,13 @@ from typer.testing import CliRunner
 
 from imgbuild import checks, verify
 from imgbuild.blocks import Pin, aws_ofi_nccl, nccl, pytorch, runtime_order, sshd
+from imgbuild.checks import registry as check_registry
 from imgbuild.checks.results import CheckResult, Status
 from imgbuild.cli import verify as cli_verify
 from imgbuild.core.errors import Interrupted, VerifyError
 from imgbuild.image import identity
 from imgbuild.image.manifest import MANIFEST_PATH, Manifest, read_entry
+from imgbuild.verify import command as verify_command
 from imgbuild.verify import gpuchecks
 from trees import write_tree
 
@@ -295,7 +297,7 @@ def test_the_lock_gives_the_manifest_render_writes() -> None:
 
 def test_run_options_follow_the_runtime_profile(monkeypatch: pytest.MonkeyPatch) -> None:
     efa = ["/dev/infiniband/uverbs0", "/dev/infiniband/uverbs1", "/dev/infiniband/uverbs10", "/dev/infiniband/uverbs2"]
-    monkeypatch.setattr(verify, "host_efa_devices", lambda: sorted(efa, key=lambda d: int(d.rsplit("s", 1)[1])))
+    monkeypatch.setattr(verify_command, "host_efa_devices", lambda: sorted(efa, key=lambda d: int(d.rsplit("s", 1)[1])))
     manifest = manifest_with(platform={"accelerator": "nvidia", "gpu_arch": "sm_80"},
                              runtime={"efa_devices": True, "gpus": "all", "ipc": "host", "env": {"A": "1"},
                                       "runtime": "habana", "memlock_unlimited": True})  # fmt: skip
@@ -316,7 +318,9 @@ def test_run_options_follow_the_runtime_profile(monkeypatch: pytest.MonkeyPatch)
     # the CLI's `imgbuild run` gets the same profile from the same function, devices in the same order
     from imgbuild.engine import runprofile
 
-    cli = runprofile.run_spec(manifest.runtime, verify.host_efa_devices(), ["/dev/fuse", "/dev/infiniband/uverbs1"])
+    cli = runprofile.run_spec(
+        manifest.runtime, verify_command.host_efa_devices(), ["/dev/fuse", "/dev/infiniband/uverbs1"]
+    )
     assert cli.devices == opts.spec.devices
     assert cli.docker_args()[cli.docker_args().index("--gpus") :][:2] == ["--gpus", "all"]
     # A GPU host without NVIDIA's toolkit: Docker would refuse --gpus (the rule `imgbuild run` uses)
@@ -391,7 +395,7 @@ def test_cli_writes_junit_and_json_and_exits_on_failures(
         seen.update(kw, what=what)
         return canned_report(status)
 
-    monkeypatch.setattr(verify, "verify", fake_verify)
+    monkeypatch.setattr(verify_command, "verify", fake_verify)
     junit, js = tmp_path / "r.xml", tmp_path / "r.json"
     args = ["verify", "cpu", "--device", "/dev/fuse", "--expect-efa", "--junit", str(junit), "--json", str(js)]
     result = runner.invoke(cli_app(), args)
@@ -469,7 +473,7 @@ def test_containers_are_removed_on_errors_and_ctrl_c(
         assert _leftovers(docker_client, cpu_image.refs[0]), "the container should be running now"
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(checks, "run_checks", interrupted)
+    monkeypatch.setattr(check_registry, "run_checks", interrupted)
     with pytest.raises(Interrupted):
         verify.verify(cpu_image.refs[0])
     assert _leftovers(docker_client, cpu_image.refs[0]) == []
@@ -477,7 +481,7 @@ def test_containers_are_removed_on_errors_and_ctrl_c(
     def broken(*args: Any, **kw: Any) -> list[CheckResult]:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(checks, "run_checks", broken)
+    monkeypatch.setattr(check_registry, "run_checks", broken)
     with pytest.raises(RuntimeError):
         verify.verify("cpu")
     assert _leftovers(docker_client, cpu_image.refs[0]) == []

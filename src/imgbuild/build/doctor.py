@@ -53,7 +53,7 @@ class Check:
 
 
 def _default_client() -> Any:
-    from imgbuild import engine
+    from imgbuild.engine import client as engine
 
     return engine.new_client(timeout=15)
 
@@ -111,8 +111,8 @@ def _engine_checks(client_factory: Callable[[], Any]) -> tuple[Any | None, dict[
         version = client.version()
         info = client.info()
     except Exception as exc:  # docker-py raises DockerException, requests errors, or plain OSError
-        from imgbuild import engine
         from imgbuild.core.validate import redact
+        from imgbuild.engine import client as engine
 
         malformed = engine.malformed_host(exc)  # a DOCKER_HOST that is no address: named with the forms it takes
         if malformed is not None:

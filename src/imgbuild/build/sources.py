@@ -38,11 +38,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
-from imgbuild import engine
 from imgbuild.blocks import slug
 from imgbuild.core import files as userfiles
 from imgbuild.core import validate
 from imgbuild.core.errors import ContentError, UsageError
+from imgbuild.engine import client as engine
 from imgbuild.image import dockerfile, render
 from imgbuild.pin import wheels as wheels_mod
 from imgbuild.pin.content import Content, Requirement, sha256_file

@@ -1,6 +1,7 @@
 """The `imgbuild` command line. Every ImgbuildError becomes a short message and its own exit code; a traceback
 only with IMGBUILD_DEBUG=1.
 
+root.py: the typer app, its callback and `main` (the console entry point, `imgbuild = "imgbuild.cli:main"`).
 One module per group of commands (`recipes`, `build`, `verify`, `run`, `publish`), each with a `register(app)`
 that adds its commands; `imgbuild cluster` is `cluster`'s own sub-app.
 Start-up is kept short: a command imports what it needs when it runs (pydantic, docker, requests, boto3, testinfra
@@ -8,68 +9,6 @@ and rich are imported by the commands that use them), so `imgbuild --version` im
 weight. `benchmarks/startup_bench.py` measures it.
 """
 
-import os
-import signal
-import sys
-from typing import Annotated
-
-import typer
-
-from imgbuild import __version__
-from imgbuild.cli import build, publish, recipes, run, sbom, schema, verify
-from imgbuild.cli.cluster import app as cluster_app
-from imgbuild.cli.console import err
+from imgbuild.cli.root import app, main
 
 __all__ = ["app", "main"]
-
-app = typer.Typer(
-    help="Build, verify and publish container images for multi-node deep-learning training on AWS.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-)
-
-
-def _version_callback(value: bool) -> None:
-    if value:
-        typer.echo(f"imgbuild {__version__}")
-        raise typer.Exit()
-
-
-@app.callback()
-def _root(
-    version: Annotated[
-        bool, typer.Option("--version", callback=_version_callback, is_eager=True, help="Print the version.")
-    ] = False,
-) -> None:
-    """imgbuild: recipes -> pinned, proven Dockerfiles -> images -> verified -> published."""
-
-
-recipes.register(app)
-build.register(app)
-verify.register(app)
-run.register(app)
-publish.register(app)
-sbom.register(app)
-schema.register(app)
-app.add_typer(cluster_app, name="cluster")
-
-
-def main() -> None:
-    """Console entry point."""
-    # A process started in the background by a non-interactive shell inherits "ignore SIGINT"; Ctrl-C (or a
-    # CI runner's SIGINT) must still cancel builds cleanly, so take the default handler back.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        app()
-    except KeyboardInterrupt:
-        err().print("imgbuild: interrupted")
-        sys.exit(130)
-    except Exception as exc:  # an ImgbuildError never gets here: every command is @handled
-        if os.environ.get("IMGBUILD_DEBUG"):
-            raise
-        from imgbuild.core.validate import redact
-
-        err().print(f"imgbuild: unexpected error: {type(exc).__name__}: {redact(str(exc))}", markup=False)
-        err().print("hint: run again with IMGBUILD_DEBUG=1 for a traceback, and report it", markup=False)
-        sys.exit(1)

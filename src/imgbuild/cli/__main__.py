@@ -1,5 +1,5 @@
 """`python -m imgbuild.cli ...`: the same as `imgbuild ...` (where the console script is not on PATH)."""
 
-from imgbuild.cli import main
+from imgbuild.cli.root import main
 
 main()

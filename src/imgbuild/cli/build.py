@@ -22,11 +22,11 @@ def register(app: typer.Typer) -> None:
 
 def _build_args(values: list[str] | None) -> list[str] | None:
     """--build-arg KEY=VALUE: anything else is a usage error (exit 2) before the recipe is read."""
-    from imgbuild import build
+    from imgbuild.build.command import parse_build_args
     from imgbuild.core.errors import BuildError
 
     try:
-        build.parse_build_args(values or [])
+        parse_build_args(values or [])
     except BuildError as exc:
         raise typer.BadParameter(exc.message) from None
     return values
@@ -149,19 +149,19 @@ def build_(
 ) -> None:
     """Build a recipe's image with BuildKit on the Docker engine (DOCKER_HOST, a docker context, or the local
     socket); `imgbuild doctor` says which builder is used and why."""
-    from imgbuild import build
+    from imgbuild.build import command
     from imgbuild.ui.progress import BuildProgress
 
     loaded, res = resolved(ref)  # the recipe and its lock, read once (exit 4 without one) and handed down
     progress = BuildProgress.auto(err())
-    result = build.build(
+    result = command.build(
         loaded,
         res,
         extra_tags=tag or [],
         nocache=no_cache,
         pull=pull,
-        build_args=build.parse_build_args(build_arg or []),
-        ca_bundle=build.ca_bundle_from(ca_bundle),
+        build_args=command.parse_build_args(build_arg or []),
+        ca_bundle=command.ca_bundle_from(ca_bundle),
         progress=progress,
         builder_name=builder,
         cache_from=cache_from or [],
@@ -205,8 +205,8 @@ def base_bootstrap(
     ] = None,
 ) -> None:
     """Build a base image with debootstrap and import it into the engine under NAME (air-gapped sites)."""
-    from imgbuild import engine
     from imgbuild.core import platforms
+    from imgbuild.engine import client as engine
     from imgbuild.engine import rootfs
 
     spec = rootfs.spec_for(name, suite=suite, mirror=mirror, variant=variant, arch=platform or platforms.DEFAULT_ARCH)
@@ -308,8 +308,8 @@ def sources_fetch(
 ) -> None:
     """Download and check everything a build of RECIPE's lock needs (tarballs, wheels, the distribution's packages,
     the base images) into a folder that `imgbuild build RECIPE --sources DIR` builds from with no network."""
-    from imgbuild import engine
     from imgbuild.build import sources
+    from imgbuild.engine import client as engine
 
     _, res = resolved(ref)  # a recipe without a usable lock is exit 4 before the engine is asked for anything
     client = engine.connect()

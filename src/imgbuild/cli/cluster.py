@@ -250,20 +250,21 @@ def cluster_test_command(
 
 def _expected(recipe_ref: str | None, image: str | None) -> "Manifest | None":
     """The manifest the running image must have: the recipe's lock, or a local image's own; None: no expectation."""
-    from imgbuild import verify
     from imgbuild.cli.console import resolved
+    from imgbuild.verify.command import image_manifest
+    from imgbuild.verify.target import resolve_target, target_for_recipe
 
     if recipe_ref:
-        return verify.target_for_recipe(recipe_ref, resolved(recipe_ref)[1]).expected_manifest
+        return target_for_recipe(recipe_ref, resolved(recipe_ref)[1]).expected_manifest
     if image:
-        from imgbuild import engine
+        from imgbuild.engine import client as engine
         from imgbuild.engine.containers import Containers
 
         client = engine.connect()
         containers = Containers(client)
         try:
-            target = verify.resolve_target(image, client)
-            manifest = verify.image_manifest(containers, target)
+            target = resolve_target(image, client)
+            manifest = image_manifest(containers, target)
         finally:
             containers.remove_all()
             client.close()

@@ -13,7 +13,7 @@ from imgbuild.core.errors import ImgbuildError
 from imgbuild.core.interrupts import terminable
 
 if TYPE_CHECKING:
-    from imgbuild.publish import PublishResult
+    from imgbuild.publish.results import PublishResult
 
 
 def register(app: typer.Typer) -> None:
@@ -140,17 +140,19 @@ def push(
     With --scan-gate (ECR): exit 17 when the scan gate does not pass, after listing each finding (id, severity,
     package, version, uri) and the allowed ones.
     """
-    from imgbuild import publish
+    from imgbuild.publish import command, source
+    from imgbuild.publish.results import PublishResult
+    from imgbuild.publish.retry import Retry
     from imgbuild.ui.progress import push_progress_for
 
-    is_recipe = publish.is_recipe(what)
+    is_recipe = source.is_recipe(what)
     if sbom_path is not None and not is_recipe:
         raise typer.BadParameter(f"{what!r} is not a recipe: the SBOM needs its lock", param_hint="--sbom")
     # A recipe is read once, here (its lock: exit 4 when missing), and its images' names handed down.
     res, recipe, arches = None, None, None
     if is_recipe:
         loaded, res = resolved(what)
-        recipe = publish.recipe(loaded, res)
+        recipe = source.recipe(loaded, res)
         arches = recipe.identity.arches
     selected = platform or list(arches or ())
     if sbom_path is not None and arches is not None and (len(selected) > 1 or selected[0] != arches[0]):
@@ -167,19 +169,19 @@ def push(
     elif allow or allow_file:
         raise typer.BadParameter("--allow and --allow-file go with --scan-gate LEVEL", param_hint="--allow")
     try:
-        result = publish.publish(
+        result = command.publish(
             recipe or what,
             registry,
             ecr=ecr,
             immutable=immutable,
-            retry=publish.Retry(attempts=retries),
+            retry=Retry(attempts=retries),
             progress=push_progress_for(err()),
             gate=gate,
             arches=platform,
         )
     except ImgbuildError as exc:
         failed = getattr(exc, "result", None)  # scan.ScanGateFailed: what was pushed, and the gate's report
-        if isinstance(failed, publish.PublishResult):
+        if isinstance(failed, PublishResult):
             _print_result(failed, as_json)
         raise
     _print_result(result, as_json)

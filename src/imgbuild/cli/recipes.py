@@ -393,7 +393,7 @@ def _outdated_table(reports: "list[Report]") -> None:
 def _engine_or_none() -> object | None:
     """The Docker engine when one answers (base digests are asked through it), else None (they are recorded as
     unestablished, with that reason)."""
-    from imgbuild import engine
+    from imgbuild.engine import client as engine
 
     try:
         client = engine.new_client(timeout=10)

@@ -13,7 +13,7 @@ from imgbuild.core.interrupts import terminable
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from imgbuild.verify import VerifyReport
+    from imgbuild.verify.report import VerifyReport
 
 MAX_NODES = 64  # containers on one engine; a larger number would only fail later (or overflow a C integer)
 _STYLE = {"pass": "green", "fail": "bold red", "skip": "yellow"}
@@ -56,11 +56,12 @@ def verify_command(
     ] = None,
 ) -> None:
     """Verify an image (or a machine) against its recipe's lock: versions, NCCL, plugin, sshd, keys, GPUs."""
-    from imgbuild import verify
+    from imgbuild.verify import command
+    from imgbuild.verify.target import names_recipe, target_for_recipe
 
     # A recipe is read once, here (its lock: exit 4 when missing, before any engine is asked), and handed down.
-    target = verify.target_for_recipe(ref, resolved(ref)[1], platform) if verify.names_recipe(ref) else None
-    report = verify.verify(
+    target = target_for_recipe(ref, resolved(ref)[1], platform) if names_recipe(ref) else None
+    report = command.verify(
         target or ref, host=host, devices=device or [], expect_efa=expect_efa, nodes=nodes, arch=platform
     )
     finish(report, junit, json_path)
@@ -68,15 +69,15 @@ def verify_command(
 
 def finish(report: "VerifyReport", junit: Path | None, json_path: Path | None) -> None:
     """Show the report, write JUnit / JSON where asked, and end with exit 11 naming the failed checks."""
-    from imgbuild import verify
     from imgbuild.core.errors import OutputError
     from imgbuild.core.outputs import write_file
+    from imgbuild.verify.report import junit_xml, report_json
 
     render_table(report, out())
     problems: list[str] = []  # as `cluster report`: every file asked for is tried; a failed check (11) wins over 14
     for path, make, what in (
-        (junit, verify.junit_xml, "the JUnit report"),
-        (json_path, verify.report_json, "the JSON report"),
+        (junit, junit_xml, "the JUnit report"),
+        (json_path, report_json, "the JSON report"),
     ):
         if path is not None:
             try:

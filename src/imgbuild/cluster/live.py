@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from imgbuild.checks.results import CheckResult
     from imgbuild.engine.containers import Exec
     from imgbuild.image.manifest import Manifest
-    from imgbuild.verify import VerifyReport
+    from imgbuild.verify.report import VerifyReport
 
 CONNECT_TIMEOUT_S = 10
 CONNECT_WAIT_S = 30.0
@@ -54,7 +54,7 @@ class _Spawned:
 
 
 class SshNodes:
-    """The hosts of a live check, reached from this machine over ssh (a `nodechecks.Nodes` executor).
+    """The hosts of a live check, reached from this machine over ssh (a `nodesession.Nodes` executor).
 
     hosts: the names (or addresses) this machine and the first host reach the others by; they are the hostfile's
     names too. One master connection per host (OpenSSH's ControlMaster) carries every command of the run."""
@@ -185,7 +185,8 @@ def run_live(
     should be running (a recipe's lock, or a local image's), else the first host's is the reference.
     Returns a VerifyReport ("cluster: ..." results, then timings); a `VerifyError` when no host can be reached."""
     from imgbuild.checks.results import CheckResult
-    from imgbuild.verify import VerifyReport, nodechecks
+    from imgbuild.verify import nodechecks, nodesession
+    from imgbuild.verify.report import VerifyReport
 
     if not hosts:
         raise VerifyError("--hosts: expected one host or more, e.g. --hosts 10.0.0.1,10.0.0.2")
@@ -227,8 +228,8 @@ def run_live(
         slots = min(manifest.slots, gpus) if gpus else manifest.slots
         expect_efa = "efa" in manifest.components and probe["efa_devices"] > 0
         if timeout_s is None:
-            timeout_s = nodechecks.BASE_TIMEOUT_S + 2 * nodechecks.DDP_TIMEOUT_S + nodechecks.NCCL_TESTS_TIMEOUT_S
-        session = nodechecks.Session(
+            timeout_s = nodesession.BASE_TIMEOUT_S + 2 * nodesession.DDP_TIMEOUT_S + nodesession.NCCL_TESTS_TIMEOUT_S
+        session = nodesession.Session(
             nodes,
             manifest,
             probe["env"],
@@ -238,7 +239,7 @@ def run_live(
             gpus=gpus > 0,
             slots=slots,
             expect_efa=expect_efa,
-            master_port=master_port or nodechecks.MASTER_PORT,
+            master_port=master_port or nodesession.MASTER_PORT,
             timings=timings,
         )
         if "efa" in manifest.components and not expect_efa:

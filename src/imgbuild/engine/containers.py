@@ -30,7 +30,7 @@ import docker
 import docker.errors
 
 from imgbuild.core.errors import Interrupted
-from imgbuild.engine import ENGINE_ERRORS
+from imgbuild.engine.client import ENGINE_ERRORS
 from imgbuild.engine.runprofile import RunSpec, without_memlock
 
 LABEL = "io.imgbuild.verify"

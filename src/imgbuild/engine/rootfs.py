@@ -454,7 +454,7 @@ def _tar_rootfs(rootfs: Path, tar_path: Path) -> None:
 
 
 def _import(client: Any, spec: BaseSpec, tar_path: Path) -> str:
-    from imgbuild.engine import ENGINE_ERRORS, engine_error
+    from imgbuild.engine.client import ENGINE_ERRORS, engine_error
 
     if spec.arch != platforms.DEFAULT_ARCH:
         return _load(client, spec, tar_path)
@@ -486,7 +486,7 @@ def _load(client: Any, spec: BaseSpec, tar_path: Path) -> str:
     import io
     import json
 
-    from imgbuild.engine import ENGINE_ERRORS, engine_error
+    from imgbuild.engine.client import ENGINE_ERRORS, engine_error
 
     layer_hex = sha256_file(tar_path)
     config = json.dumps(image_config(spec, f"sha256:{layer_hex}"), sort_keys=True).encode()

@@ -329,8 +329,8 @@ def docker_run_args(
 
 def engine_runtimes() -> list[str] | None:
     """The container runtimes of the engine `docker` talks to (DOCKER_HOST), None when it cannot be asked."""
-    from imgbuild import engine
     from imgbuild.core.errors import EngineError
+    from imgbuild.engine import client as engine
 
     try:
         client = engine.connect()

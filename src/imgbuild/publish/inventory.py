@@ -19,7 +19,7 @@ from typing import Any
 from imgbuild import probes
 from imgbuild.core import paths
 from imgbuild.core.errors import ImgbuildError, VerifyError
-from imgbuild.engine import ENGINE_ERRORS, connect, engine_error, inspect_image
+from imgbuild.engine.client import ENGINE_ERRORS, connect, engine_error, inspect_image
 from imgbuild.engine.containers import Containers
 from imgbuild.image import sbom as document
 from imgbuild.image.identity import Identity

@@ -33,7 +33,7 @@ import docker
 import docker.errors
 
 from imgbuild.core.errors import EngineError, ImgbuildError, Interrupted, PushError
-from imgbuild.engine import ENGINE_ERRORS, engine_error, inspect_image, reason
+from imgbuild.engine.client import ENGINE_ERRORS, engine_error, inspect_image, reason
 from imgbuild.publish.registry import (
     LOGIN_HINT,
     Destination,

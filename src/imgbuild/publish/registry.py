@@ -26,7 +26,7 @@ import requests.exceptions
 
 from imgbuild.core import imageref
 from imgbuild.core.errors import PushError
-from imgbuild.engine import reason
+from imgbuild.engine.client import reason
 
 __all__ = [
     "CREDENTIALS_HINT",

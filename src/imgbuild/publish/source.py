@@ -17,7 +17,7 @@ import docker
 
 from imgbuild.core import imageref
 from imgbuild.core.errors import PushError
-from imgbuild.engine import inspect_image
+from imgbuild.engine.client import inspect_image
 from imgbuild.image.identity import Identity
 from imgbuild.publish.registry import strip_domain
 

@@ -8,12 +8,14 @@ from __future__ import annotations
 import shlex
 
 from imgbuild.blocks.cuda import driver
-from imgbuild.checks import CONTAINER, CheckContext, check, fail, passed, skip
+from imgbuild.checks.context import CONTAINER, CheckContext
+from imgbuild.checks.registry import check
 from imgbuild.checks.results import CheckResult
+from imgbuild.checks.verdicts import fail, passed, skip
 from imgbuild.image.manifest import Manifest
 from imgbuild.nccltests import command, verdict
 from imgbuild.nccltests.log import parse
-from imgbuild.verify.nodechecks import launched, mpirun_argv
+from imgbuild.verify.nodesession import launched, mpirun_argv
 
 LOADED_TIMEOUT_S = 300  # all_reduce_perf on every GPU of the host, sizes to 1 GiB
 

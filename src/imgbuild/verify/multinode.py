@@ -35,16 +35,8 @@ from imgbuild.core.errors import Interrupted, VerifyError
 from imgbuild.core.interrupts import sigint_deferred
 from imgbuild.engine.containers import LABEL, Containers, Exec
 from imgbuild.image.manifest import Manifest
-from imgbuild.verify.nodechecks import (
-    BASE_TIMEOUT_S,
-    DDP_TIMEOUT_S,
-    NCCL_TESTS_TIMEOUT_S,
-    SSHD_WAIT_S,
-    Nodes,
-    Session,
-    run_checks,
-    timings_result,
-)
+from imgbuild.verify.nodechecks import run_checks, timings_result
+from imgbuild.verify.nodesession import BASE_TIMEOUT_S, DDP_TIMEOUT_S, NCCL_TESTS_TIMEOUT_S, SSHD_WAIT_S, Nodes, Session
 
 if TYPE_CHECKING:
     import docker
@@ -236,8 +228,8 @@ def run_multinode(
     seconds spent in each phase. Containers, network and keys are removed before it returns, also on errors;
     Ctrl-C raises `Interrupted` after cleaning up.
     """
-    from imgbuild import engine
-    from imgbuild.engine import ENGINE_ERRORS
+    from imgbuild.engine import client as engine
+    from imgbuild.engine.client import ENGINE_ERRORS
     from imgbuild.engine.runprofile import for_engine, host_efa_devices, run_spec
 
     if nodes < 1:

@@ -24,7 +24,7 @@ from packaging.version import InvalidVersion, Version
 from imgbuild.blocks.cuda import driver_floors
 
 if TYPE_CHECKING:
-    from imgbuild.blocks import Pin
+    from imgbuild.checks.context import PinView
 
 # IMEX channels: the device nodes through which CUDA imports memory exported by a GPU of another node of the same
 # NVLink domain (GB200 NVL72 across trays; without a channel such calls fail with "insufficient permission"). A host
@@ -93,7 +93,7 @@ def unreadable(text: str) -> str | None:
     return f"the host's driver tools printed {shown!r}, which holds no driver version"
 
 
-def image_cuda(components: Mapping[str, Pin]) -> str | None:
+def image_cuda(components: Mapping[str, PinView]) -> str | None:
     """The CUDA an image's programs run with: its `cuda` pin (the base image's toolkit, or CUDA from wheels), else
     the CUDA its PyTorch wheel is built for (it brings its own runtime); None for an image without CUDA."""
     cuda = components.get("cuda")

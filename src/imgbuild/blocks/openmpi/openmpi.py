@@ -20,6 +20,7 @@ from imgbuild.blocks._core import Context, Contribution, Details, Pin, Resolutio
 from imgbuild.blocks.efa import from_efa
 from imgbuild.blocks.gaudi import check_base
 from imgbuild.checks import CheckContext, check, compare, fail, first_executable
+from imgbuild.checks.context import PinView
 from imgbuild.checks.results import CheckResult
 from imgbuild.core import platforms
 from imgbuild.core.distro import DISTRO
@@ -40,7 +41,7 @@ class OpenMPI(Strict):
     _pin = pin_validator("version")
 
 
-def owns_libmpi(pin: Pin, path: str) -> bool:
+def owns_libmpi(pin: PinView, path: str) -> bool:
     """Whether `path` (a real path) is this Open MPI's libmpi: the distribution's is in its multiarch library folder,
     the prefix's parent (the prefix holds only its plugins); another's is under its prefix (lib or lib64)."""
     prefix = (pin.details.prefix or "").rstrip("/") if pin.details is not None else ""

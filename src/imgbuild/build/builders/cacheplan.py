@@ -90,18 +90,17 @@ def push_inline_cache(client: docker.DockerClient, image_id: str, ref: str, *, p
     when the push fails."""
     import docker.utils
 
-    from imgbuild import publish
     from imgbuild.publish import ecr, registry
+    from imgbuild.publish.push import Publisher
+    from imgbuild.publish.source import Source
 
     repo, tag = docker.utils.parse_repository_tag(ref)
     host = repo.split("/")[0] if registry.strip_domain(repo) != repo else "docker.io"
     ecr_registry = ecr.EcrRegistry(host) if ecr.parse_host(host) else None
-    publisher = publish.Publisher(
-        client, registry.Destination(host), ecr=ecr_registry, immutable=False, progress=progress
-    )
+    publisher = Publisher(client, registry.Destination(host), ecr=ecr_registry, immutable=False, progress=progress)
     target = f"{repo}:{tag or 'latest'}"
     try:
-        pushed = publisher.push_ref(publish.Source(image_id, (target,)), target)
+        pushed = publisher.push_ref(Source(image_id, (target,)), target)
     finally:
         publisher.progress.close()
     return pushed.digest

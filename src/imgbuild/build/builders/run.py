@@ -26,7 +26,7 @@ from imgbuild.build.builders.stream import METADATA_RE, BuildObserver, Stream
 from imgbuild.build.builders.tags import TagSnapshot
 from imgbuild.core.errors import BaseImageMissing, BuildError, EngineError, Interrupted
 from imgbuild.core.interrupts import sigint_deferred
-from imgbuild.engine import BOOTSTRAP_HINT, create_log, inspect_image
+from imgbuild.engine.client import BOOTSTRAP_HINT, create_log, inspect_image
 
 if TYPE_CHECKING:
     import docker

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TextIO
 from imgbuild.core.text import clean
 
 if TYPE_CHECKING:
-    from imgbuild.publish import PushObserver
+    from imgbuild.publish.push import PushObserver
 
 __all__ = ["LOG_TAIL_LINES", "METADATA_RE", "BuildObserver", "Stream", "Vertex"]
 

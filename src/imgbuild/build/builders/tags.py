@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from imgbuild.core.errors import EngineError
-from imgbuild.engine import ENGINE_ERRORS, inspect_image
+from imgbuild.engine.client import ENGINE_ERRORS, inspect_image
 
 if TYPE_CHECKING:
     import docker

@@ -31,8 +31,21 @@ MARKER = re.compile(r"^<!-- generated: ([a-z-]+) -->$", re.MULTILINE)
 
 
 def _cell(text: str) -> str:
-    """One Markdown table cell: one line, pipes escaped."""
-    return " ".join(text.split()).replace("|", "\\|")
+    """One Markdown table cell: one line, pipes escaped, `<` shown (`_shown`)."""
+    return _shown(" ".join(text.split()).replace("|", "\\|"))
+
+
+_CODE = re.compile(r"^```.*?^```$|(`+).+?\1", re.MULTILINE | re.DOTALL)
+
+
+def _shown(markdown: str) -> str:
+    """`markdown` with each `<` outside code (spans and fenced blocks) escaped: help text's placeholders
+    (`<tag>-<arch>`, `unlocked-<hash>`) are text, not HTML tags a browser drops."""
+    out, last = [], 0
+    for code in _CODE.finditer(markdown):
+        out += [markdown[last : code.start()].replace("<", "&lt;"), code.group()]
+        last = code.end()
+    return "".join([*out, markdown[last:].replace("<", "&lt;")])
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -40,10 +53,11 @@ def _cell(text: str) -> str:
 
 
 def commands() -> str:
-    """typer's own Markdown for the CLI (what `typer imgbuild.cli utils docs` prints), one heading level down."""
+    """typer's own Markdown for the CLI (what `typer imgbuild.cli utils docs` prints), one heading level down: each
+    command's docstring and each option's and argument's `help=`, as written once in the CLI's code."""
     command = typer.main.get_command(app)
     text = get_docs_for_click(obj=command, ctx=typer.Context(command), name="imgbuild", indent=1)
-    return text.strip() + "\n"
+    return _shown(text.strip()) + "\n"
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import click
 import pytest
 import typer
 from typer.testing import CliRunner
@@ -105,6 +106,48 @@ def test_every_command_is_in_the_site(site: Path) -> None:
     missing = [name for name in names if name not in text]
     assert not missing, f"commands missing from the site's commands page: {missing}"
     assert "--scan-gate" in text and "--cache-from" in text  # options too, not only the names
+
+
+def _words(text: str) -> str:
+    """Text as a built page shows it: Markdown's backticks gone, whitespace one space."""
+    return " ".join(text.replace("`", "").split())
+
+
+def _params(command: click.Command, path: str) -> list[tuple[str, click.Parameter]]:
+    """Every parameter of `command` and of its visible subcommands, each with its command's path."""
+    found = [(path, param) for param in command.params]
+    for name, sub in (getattr(command, "commands", None) or {}).items():
+        if not sub.hidden:
+            found += _params(sub, f"{path} {name}")
+    return found
+
+
+def test_every_option_help_is_on_the_commands_page(site: Path) -> None:
+    """Each option's and argument's help is written once, where typer declares it, and the site shows that text:
+    compared with the click objects typer makes, not with text copied here."""
+    text = _words(page(site, "commands"))
+    params = [(path, p) for path, p in _params(typer.main.get_command(app), "imgbuild") if not getattr(p, "hidden", 0)]
+    assert len({path for path, _ in params}) >= 15 and len(params) >= 80
+    assert any(path.startswith("imgbuild cluster ") for path, _ in params)  # subcommands' options too
+    no_help = [f"{path} {param.name}" for path, param in params if not getattr(param, "help", None)]
+    assert not no_help, f"options and arguments without help: {no_help}"
+    missing = [f"{path} {p.name}: {p.help!r}" for path, p in params if _words(getattr(p, "help", "")) not in text]
+    assert not missing, f"help not on the site's commands page: {missing}"
+
+
+def test_every_recipe_key_help_is_on_the_recipe_keys_page(site: Path) -> None:
+    """Each key's description in the schema (its field's docstring) is the text of its row on the site."""
+    text = _words(page(site, "recipe-keys"))
+    schema = recipe_schema()
+    described = [
+        (f"{where}.{key}", prop["description"])
+        for where, node in [("(top)", schema), *schema["$defs"].items()]
+        for key, prop in node.get("properties", {}).items()
+        if prop.get("description")
+    ]
+    assert len(described) >= 100
+    missing = [key for key, description in described if _words(description) not in text]
+    assert not missing, f"recipe keys whose help is not on the site's recipe-keys page: {missing}"
 
 
 def test_every_exit_code_is_in_the_site(site: Path) -> None:

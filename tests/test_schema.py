@@ -52,6 +52,39 @@ def test_stdout_is_the_file(validator: jsonschema.Draft202012Validator, tmp_path
     assert "pytorch" in validator.schema["$defs"]["Components"]["properties"]
 
 
+def test_every_key_has_a_description(validator: jsonschema.Draft202012Validator) -> None:
+    """Every key a recipe may hold, the blocks' options included, says what it is for: its field's docstring (or,
+    for a section, its model's), carried by the schema `imgbuild schema` prints."""
+    schema = validator.schema
+    objects = [("(top)", schema), *((name, d) for name, d in schema["$defs"].items() if "properties" in d)]
+    keys = [(f"{where}.{key}", prop) for where, node in objects for key, prop in node["properties"].items()]
+    assert len(keys) >= 100
+    assert {"SageMaker", "Sshd", "Efa", "App", "AppCode", "Runtime"} <= {where for where, _ in objects}
+    bare = [key for key, prop in keys if not str(prop.get("description", "")).strip()]
+    assert not bare, f"recipe keys without a description (a docstring under the field): {bare}"
+
+
+def test_a_description_is_the_docstring_under_its_field() -> None:
+    """The schema's text is the field's own docstring: written once, beside the field."""
+    from imgbuild.blocks.sagemaker import SageMaker
+    from imgbuild.core.fields import Strict
+
+    class Sample(Strict):
+        """A sample section."""
+
+        documented: int = 1
+        """What it is for."""
+        bare: int = 2
+        inner: SageMaker | None = None
+
+    props = Sample.model_json_schema()["properties"]
+    assert props["documented"]["description"] == "What it is for."
+    assert "description" not in props["bare"]
+    assert props["inner"]["description"] == SageMaker.__doc__  # a section without a docstring: its model's
+    launcher = SageMaker.model_json_schema()["properties"]["launcher"]["description"]
+    assert launcher.startswith("mpirun: the leader runs the program")
+
+
 @pytest.mark.parametrize("path", RECIPE_FILES, ids=lambda p: p.name)
 def test_shipped_recipes_are_valid(validator: jsonschema.Draft202012Validator, path: Path) -> None:
     assert errors(validator, yaml.safe_load(path.read_text())) == []

@@ -128,7 +128,73 @@ InstanceType = Annotated[
 ]
 
 
-class Strict(BaseModel):
-    """Every schema object: unknown keys are errors, objects are immutable."""
+def _attribute_docstrings(cls: type[BaseModel]) -> dict[str, str]:
+    """The docstring written under each field of `cls` and of its bases (`name: T = ...` then a string), by name."""
+    import ast
+    import inspect
+    import itertools
 
-    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+    found: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not issubclass(klass, BaseModel) or klass is BaseModel:
+            continue
+        body = _module_tree(klass.__module__).body
+        for part in klass.__qualname__.replace(".<locals>", "").split("."):  # a class in a class or function too
+            body = next((n.body for n in body if isinstance(n, ast.ClassDef | ast.FunctionDef) and n.name == part), [])
+        for field, doc in itertools.pairwise(body):
+            if (
+                isinstance(field, ast.AnnAssign)
+                and isinstance(field.target, ast.Name)
+                and isinstance(doc, ast.Expr)
+                and isinstance(doc.value, ast.Constant)
+                and isinstance(doc.value.value, str)
+            ):
+                found[field.target.id] = inspect.cleandoc(doc.value.value)
+    return found
+
+
+_TREES: dict[str, Any] = {}
+
+
+def _module_tree(name: str) -> Any:
+    """Module `name`'s parsed source (an empty module where it has none), parsed once."""
+    import ast
+    import inspect
+    import sys
+
+    if name not in _TREES:
+        try:
+            _TREES[name] = ast.parse(inspect.getsource(sys.modules[name]))
+        except (KeyError, OSError, TypeError):
+            _TREES[name] = ast.Module(body=[], type_ignores=[])
+    return _TREES[name]
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The model `annotation` names (`Model`, `Model | None`), if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next((m for a in getattr(annotation, "__args__", ()) if (m := _model_in(a)) is not None), None)
+
+
+def field_descriptions(schema: dict[str, Any], cls: type[BaseModel]) -> None:
+    """Each key's description in a model's JSON Schema (`imgbuild schema`, the docs' recipe keys): the docstring
+    written under its field, or for a section (a field whose type is a model) without one, that model's docstring.
+    Read from the source when a schema is made, not at import as pydantic's `use_attribute_docstrings` does (that
+    reads every model's source when its class is made: tens of milliseconds of every command's start-up)."""
+    import inspect
+
+    docs = _attribute_docstrings(cls)
+    for name, prop in schema.get("properties", {}).items():
+        field = cls.model_fields.get(name)
+        section = _model_in(field.annotation) if field is not None else None
+        text = docs.get(name) or (section.__doc__ if section is not None else None)
+        if text and not prop.get("description"):
+            prop["description"] = inspect.cleandoc(text)
+
+
+class Strict(BaseModel):
+    """Every schema object: unknown keys are errors, objects are immutable. Each field's help is the docstring
+    under it (`field_descriptions`: the JSON Schema's descriptions)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True, json_schema_extra=field_descriptions)

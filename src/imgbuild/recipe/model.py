@@ -64,18 +64,26 @@ class Base(Strict):
     """
 
     image: Annotated[str, AfterValidator(_image_name)]
+    """The base image's name (debian, nvidia/cuda, host:5000/team/image), without its tag or digest."""
     tag: ImageTag
+    """The base image's tag (bookworm-slim, 12.8.1-cudnn-devel-ubuntu22.04); `latest` only with `latest_only`."""
     builder_tag: ImageTag | None = None
+    """Another tag of the same image for the builder stage (nvidia/cuda: compile on `-devel`, ship `-runtime`)."""
     digest: Digest | None = None
+    """Pins the base: `FROM image@digest`."""
     latest_only: bool = False
+    """The publisher offers no tag but `latest`: such a base is accepted with a warning (pin it with `digest`)."""
 
 
 class OS(Strict):
     """The base image's distribution and the extra packages the recipe wants from it."""
 
     family: Literal["debian", "ubuntu"]
+    """The base image's distribution."""
     version: Annotated[str, AfterValidator(matching(r"\d+(\.\d+)?", "a release number such as 12 or 22.04"))]
+    """Its release (12, 22.04)."""
     packages: tuple[DebPackage, ...] = ()
+    """Extra Debian packages for the image (`name` or `name=VERSION`)."""
 
 
 Arch = Literal["amd64", "arm64"]
@@ -100,16 +108,22 @@ class Platform(Strict):
     """The hardware the image is for."""
 
     accelerator: Literal["none", "nvidia", "gaudi"]
-    # The CPU architectures the image is built for (Docker's names): one, or a list for a multi-architecture image
-    # (the first is the default `imgbuild build` makes; `--platform` picks another). AWS's Graviton and Grace
-    # instances (p6e-gb200) are arm64.
+    """The devices the image drives: none (CPU), nvidia (then `cuda:` and `gpu_arch`) or gaudi."""
     arch: Annotated[
         tuple[Literal["amd64", "arm64"], ...],
         BeforeValidator(_arch_list, json_schema_input_type=Arch | list[Arch]),  # `imgbuild schema`: one or a list
     ] = ("amd64",)
+    """The CPU architectures the image is built for (Docker's names): one, or a list for a multi-architecture image (the
+    first is the default `imgbuild build` makes; `--platform` picks another). AWS's Graviton and Grace instances
+    (p6e-gb200) are arm64."""
     gpu_arch: Literal["sm_70", "sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_103"] | None = None
+    """nvidia: the GPU architecture the compiled parts are built for: sm_70 (V100) ... sm_90 (H100), sm_100 (B200),
+    sm_103 (B300: CUDA >= 12.9)."""
     instance_types: tuple[InstanceType, ...] = ()
+    """The EC2 instance types the image is for: their EFA devices (`imgbuild run --print`), environment (multi-node
+    NVLink) and published NCCL figures (the nccl-tests verdict)."""
     devices_per_node: int = Field(1, ge=1, le=64)
+    """Accelerators per host: the MPI slots per host of a multi-node run."""
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -144,19 +158,28 @@ class Runtime(Strict):
     """How containers of the image are started (`imgbuild run`, `imgbuild verify`)."""
 
     runtime: Literal["habana", "nvidia"] | None = None
+    """The container runtime (`--runtime`)."""
     gpus: Literal["all"] | None = None
+    """`--gpus all`, where the host has a GPU and NVIDIA's container toolkit."""
     env: dict[EnvName, Text] = {}
+    """Variables set in the container (`-e`)."""
     cap_add: tuple[Capability, ...] = ()
+    """Linux capabilities added (`--cap-add`)."""
     network: Literal["host"] | None = None
+    """`--net=host`: the host's network (multi-node traffic, EFA)."""
     ipc: Literal["host"] | None = None
+    """`--ipc=host`: the host's shared memory (no `shm_size` then)."""
     efa_devices: bool = False
-    # Device nodes passed only where the host has them (`imgbuild run`, verify); blocks add theirs (gdrcopy:
-    # /dev/gdrdrv) to the image manifest's copy of this section.
+    """Pass each EFA device the host has (/dev/infiniband/uverbsN)."""
     host_devices: tuple[Annotated[str, AfterValidator(matching(r"/dev/[A-Za-z0-9._/-]+", "a /dev path"))], ...] = ()
+    """Device nodes passed only where the host has them (`imgbuild run`, verify); blocks add theirs (gdrcopy:
+    /dev/gdrdrv) to the image manifest's copy of this section."""
     shm_size: (
         Annotated[str, AfterValidator(matching(r"\d+[bkmg]?", "a size such as 1g, 512m or 1073741824"))] | None
     ) = None
+    """The size of /dev/shm (`--shm-size`; 1g when not set), unless `ipc: host`."""
     memlock_unlimited: bool = True
+    """`--ulimit memlock=-1:-1`: EFA and NCCL pin memory."""
 
 
 class MpiRun(Strict):
@@ -164,10 +187,17 @@ class MpiRun(Strict):
     argument per line)."""
 
     launcher: Command = "mpirun"
+    """The mpirun command: a name on PATH or its absolute path."""
     mca: dict[McaName, Text] = {}
+    """MCA parameters: `--mca KEY VALUE` each, sorted by key."""
     exclude_interfaces: tuple[Interface, ...] = ("lo", "docker0")
+    """Interfaces Open MPI's TCP transport and out-of-band channel leave out (`btl_tcp_if_exclude`,
+    `oob_tcp_if_exclude`, unless `mca` sets them)."""
     nccl_socket_ifname: NcclInterfaces | None = None
+    """The default of NCCL_SOCKET_IFNAME in the launcher's environment (a value the job sets wins): interface prefixes,
+    `^` to exclude, `=` for an exact name."""
     extra_args: tuple[Text, ...] = ()
+    """Arguments right after the launcher (`--allow-run-as-root`)."""
 
 
 HoldName = Annotated[
@@ -182,22 +212,28 @@ class Recipe(Strict):
     name: Annotated[
         str, AfterValidator(matching(r"[a-z0-9_][a-z0-9._-]*", "a name of lowercase letters, digits and . _ -"))
     ]
+    """The recipe's name (default: the file's name without .yaml); never inherited."""
     description: Text = ""
+    """One line about the image (`imgbuild list`)."""
     abstract: bool = False
+    """Only a parent for other recipes: nothing is built, run or verified from it; never inherited."""
     platform: Platform
     base: Base
     os: OS
     cuda: Cuda | None = None
     components: Components = Components()
     env: dict[EnvName, Text] = {}
+    """Variables the image sets (Dockerfile `ENV`; `FI_*`, `NCCL_*`, `HCCL_*` ...), after the blocks' own."""
     runtime: Runtime = Runtime()
     mpirun: MpiRun = MpiRun()
     labels: dict[LabelKey, Text] = {}
-    license: Text | None = None  # an SPDX expression: the image's org.opencontainers.image.licenses label
-    app: App | None = None  # the user's layer: requirements, source builds, code, train's default program
-    # Components kept behind their newest release on purpose, each with the reason (`imgbuild outdated` shows them
-    # as held, not behind; `lock --upgrade` leaves them unless named): a row of `imgbuild outdated` -> why.
+    """Image labels (Dockerfile `LABEL`), besides imgbuild's own."""
+    license: Text | None = None
+    """An SPDX expression: the image's org.opencontainers.image.licenses label."""
+    app: App | None = None
     hold: dict[HoldName, HoldReason] = {}
+    """Components kept behind their newest release on purpose, each with the reason (`imgbuild outdated` shows them as
+    held, not behind; `lock --upgrade` leaves them unless named): a row of `imgbuild outdated` -> why."""
 
     @model_validator(mode="after")
     def _cuda_matches_platform(self) -> Recipe:

@@ -2,29 +2,6 @@
 pinned by hash at `imgbuild lock`; packages built from source against the image's stack (its one NCCL, its MPI, its
 torch); OS packages; their code; and the program `train` runs by default.
 
-Recipe section `app:` (top level, not under components):
-    requirements        a list of requirements (`transformers==4.46.3`, `einops`) or the name of a requirements file
-                        beside the recipe (one per line, # comments): `imgbuild lock` resolves them with uv for the
-                        image's Python and platform into exact versions with hashes, with every distribution the stack
-                        pins (torch, numpy, the NCCL wheel, boto3...) and every one it brings otherwise (Debian's
-                        mpi4py) as constraints: a requirement that would change one is refused, naming both versions
-    from_source         names among the requirements built from their sdists in a build stage (pip wheel
-                        --no-build-isolation): they compile against the image's torch, NCCL and MPI, never a wheel
-                        built elsewhere (Horovod's way; see docs/recipes.md, "Built against the image's stack")
-    build_requirements  what those builds import (setuptools>=70.1 when left out and something is built), hashed too;
-                        installed in the build stage only
-    build_packages      Debian packages the build stage needs besides build-essential, python3-dev and the MPI headers
-    build_env           variables for the builds (HOROVOD_GPU_OPERATIONS: NCCL...), after the stack's own (NCCL_HOME,
-                        NCCL_INCLUDE_DIR, NCCL_LIB_DIR, MPICC, MPICXX, CUDA_HOME, TORCH_CUDA_ARCH_LIST)
-    packages            Debian packages for the image, installed in the user's layer
-    code                {dir: a folder beside the recipe (inside its folder), path: /opt/ml/code, ignore: [patterns],
-                        install: false}: copied to `path`; `ignore` takes .gitignore patterns (with __pycache__/, *.pyc,
-                        .git/ always left out); `install: true` builds the folder (a pyproject.toml project) into a
-                        wheel against the image and installs it
-    program             what `train` runs when the job names no program (SageMaker's sagemaker_program): a file in the
-                        code folder
-    imports             modules `imgbuild verify` imports besides those of the requirements
-
 The user's layer comes after the stack's (its own stages, `final` in app.j2): a change to the code or the requirements
 rebuilds only it. Its pin holds what the recipe decided (names, paths); the versions and hashes are the lock's content
 (requirement sets `app`, `app/build`, `app/source`).
@@ -124,9 +101,13 @@ class AppCode(Strict):
     """The user's code folder: copied into the image at `path`."""
 
     dir: RelPath
+    """The code folder, relative to the recipe (and inside its folder)."""
     path: AbsPath = CODE_DIR
+    """Where it is copied in the image (SageMaker's /opt/ml/code)."""
     ignore: tuple[Text, ...] = ()
+    """What is left out, as .gitignore patterns (`.git/`, `__pycache__/` and `*.pyc` always are)."""
     install: bool = False
+    """Build the folder (a pyproject.toml project) into a wheel against the image and install it."""
     # The folder of the recipe that names `dir` (set by the loader, imgbuild.recipe): `dir` is relative to it.
     _root: Path | None = PrivateAttr(None)
 
@@ -141,17 +122,32 @@ class App(Strict):
     """The user's layer: requirements, source builds, OS packages, code, the default program."""
 
     requirements: tuple[PipRequirement, ...] = ()
+    """Python requirements (`transformers==4.46.3`, `einops`), or the name of a requirements file beside the recipe (one
+    per line, # comments): `imgbuild lock` resolves them with uv for the image's Python and platform into exact
+    versions with hashes, with every distribution the stack pins (torch, numpy, the NCCL wheel, boto3...) and every
+    one it brings otherwise (Debian's mpi4py) as constraints: a requirement that would change one is refused, naming
+    both versions."""
     # `requirements: FILE` as the loader read it: FILE's name (relative to the recipe that names it); its lines are
     # `requirements` (part of the recipe's digest: an edited file makes the lock stale).
     requirements_file: RelPath | None = None
     from_source: tuple[DistName, ...] = ()
+    """Names among the requirements built from their sdists in a build stage (pip wheel --no-build-isolation): they
+    compile against the image's torch, NCCL and MPI, never a wheel built elsewhere (Horovod's way)."""
     build_requirements: tuple[PipRequirement, ...] = ()
+    """What those builds import (setuptools>=70.1 when left out and something is built), hashed too; installed in the
+    build stage only."""
     build_packages: tuple[DebPackage, ...] = ()
+    """Debian packages the build stage needs besides build-essential, python3-dev and the MPI headers."""
     build_env: dict[EnvName, Text] = {}
+    """Variables for the builds (HOROVOD_GPU_OPERATIONS: NCCL...), after the stack's own (NCCL_HOME, NCCL_INCLUDE_DIR,
+    NCCL_LIB_DIR, MPICC, MPICXX, CUDA_HOME, TORCH_CUDA_ARCH_LIST)."""
     packages: tuple[DebPackage, ...] = ()
+    """Debian packages for the image, installed in the user's layer."""
     code: AppCode | None = None
     program: RelPath | None = None
+    """What `train` runs when the job names no program (SageMaker's sagemaker_program): a file in the code folder."""
     imports: tuple[ModuleName, ...] = ()
+    """Modules `imgbuild verify` imports besides those of the requirements."""
 
 
 class AppDetails(Details):

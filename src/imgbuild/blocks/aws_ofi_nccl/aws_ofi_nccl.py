@@ -1,12 +1,5 @@
 """aws_ofi_nccl: the NCCL net plugin for libfabric / EFA (without it NCCL falls back to sockets).
 
-Recipe options (`components.aws_ofi_nccl`):
-    source    efa: the one the EFA installer bundles (/opt/amazon/ofi-nccl) | release: built from its release
-    version   efa: checked against the bundle (the installer tarball's, where `imgbuild lock` read it, else
-              blocks/efa/releases.yaml's row); release: required
-    prefix    /opt/aws-ofi-nccl (release)
-    archive   release (default): the release tarball (`make dist`'s, with configure) | tag: GitHub's archive of the
-              release's tag (no configure: autogen.sh runs first; what ../shared/data/sources and Spack hold)
 Its pin rule checks the plugin release against the NCCL it was tested with (its releases.yaml). A release
 build needs libfabric: the EFA installer's (components.efa) or components.libfabric's (Debian's, with the efa
 provider), whichever the image has; the plugin's tested libfabric is checked against it
@@ -171,9 +164,15 @@ class AwsOfiNccl(Strict):
     """aws-ofi-nccl, the NCCL net plugin for libfabric/EFA: bundled with the EFA installer, or a release."""
 
     source: Literal["efa", "release"]
+    """efa: the one the EFA installer bundles (/opt/amazon/ofi-nccl) | release: built from its release."""
     version: str | None = None
+    """efa: checked against the bundle (the installer tarball's, where `imgbuild lock` read it, else
+    blocks/efa/releases.yaml's row); release: required."""
     prefix: AbsPath = "/opt/aws-ofi-nccl"
-    archive: Literal["release", "tag"] | None = None  # source: release only; None: the release tarball
+    """Where a release build installs."""
+    archive: Literal["release", "tag"] | None = None
+    """release (default): the release tarball (`make dist`'s, with configure) | tag: GitHub's archive of the release's
+    tag (no configure: autogen.sh runs first). source: release only."""
     _pin = pin_validator("version")
 
 

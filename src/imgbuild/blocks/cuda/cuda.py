@@ -1,13 +1,6 @@
 """cuda: the target's CUDA toolkit, where the compiled parts (NCCL from source, nccl-tests, the plugin, GDRCopy) find
 nvcc, the headers and cudart. The recipe's top-level `cuda:` section (every nvidia platform has one).
 
-Recipe options (`cuda:`):
-    version   base: the base image's CUDA (nvidia/cuda's tag); wheel: the cuda-toolkit wheels' release, which must
-              be the one PyTorch's wheel pins (torch 2.13.0: cuda-toolkit 13.0.3)
-    source    base (default): the base image brings the toolkit (nvidia/cuda: -devel compiles, -runtime ships);
-              wheel: the cuda-toolkit wheels (nvcc, cccl, cudart) in the builder only, laid out as `home` the way
-              nvcc.profile and the makefiles expect; the runtime libraries are PyTorch's own CUDA wheels
-    home      CUDA_HOME in the builder (/usr/local/cuda)
 Its pin rule checks the version against the GPU architecture (releases.yaml's `arches`: the oldest CUDA that builds
 for it; its `known_bad`: CUDA 13 has no sm_70). releases.yaml also holds each CUDA major's oldest driver, which
 `driver` (the host's driver against an image's CUDA) reads.
@@ -41,8 +34,14 @@ class Cuda(Strict):
     """The target's CUDA toolkit: the base image's (nvidia/cuda), or the cuda-toolkit wheels PyTorch pins."""
 
     version: str
+    """base: the base image's CUDA (nvidia/cuda's tag); wheel: the cuda-toolkit wheels' release, which must be the one
+    PyTorch's wheel pins (torch 2.13.0: cuda-toolkit 13.0.3)."""
     source: Literal["base", "wheel"] = "base"
+    """base: the base image brings the toolkit (nvidia/cuda: -devel compiles, -runtime ships); wheel: the cuda-toolkit
+    wheels (nvcc, cccl, cudart) in the builder only, laid out as `home` the way nvcc.profile and the makefiles
+    expect; the runtime libraries are PyTorch's own CUDA wheels."""
     home: AbsPath = "/usr/local/cuda"
+    """CUDA_HOME in the builder."""
     _pin = pin_validator("version")
 
 

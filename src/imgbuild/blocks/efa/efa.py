@@ -1,14 +1,4 @@
-"""efa: the AWS EFA installer (libfabric with the efa provider, Open MPI, and since about 1.39 aws-ofi-nccl).
-
-Recipe options (`components.efa`):
-    version   the installer release, e.g. 1.43.2 (its releases.yaml says which OS releases it supports and what
-              it bundles)
-    source    installer (default): downloaded in the builder, checked, run in the runtime stage;
-              base: the base image already has it (Gaudi's images)
-    sha256    check the tarball by this digest instead of AWS's GPG signature
-    mpi       openmpi4 (default) | openmpi5: which Open MPI the installer puts in /opt/amazon
-    minimal   --minimal: libfabric only, no Open MPI
-"""
+"""efa: the AWS EFA installer (libfabric with the efa provider, Open MPI, and since about 1.39 aws-ofi-nccl)."""
 
 from __future__ import annotations
 
@@ -76,17 +66,19 @@ def efa_release(version: str) -> EfaRow | None:
 
 
 class Efa(Strict):
-    """AWS EFA installer: libfabric with the efa provider, Open MPI, and (since about 1.39) aws-ofi-nccl.
-
-    source: `installer` downloads and runs it (checked by sha256 when given, else by its GPG signature
-    against AWS's key fingerprint); `base` records the one the base image already has.
-    """
+    """AWS EFA installer: libfabric with the efa provider, Open MPI, and (since about 1.39) aws-ofi-nccl."""
 
     version: str
+    """The installer release, e.g. 1.43.2 (its releases.yaml says which OS releases it supports and what it bundles)."""
     source: Literal["installer", "base"] = "installer"
+    """installer: downloaded in the builder, checked (by `sha256` when given, else by its GPG signature against AWS's
+    key fingerprint), run in the runtime stage | base: the base image already has it (Gaudi's images)."""
     sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
+    """Check the tarball by this digest instead of AWS's GPG signature."""
     mpi: Literal["openmpi4", "openmpi5"] = "openmpi4"
+    """Which Open MPI the installer puts in /opt/amazon."""
     minimal: bool = False
+    """`--minimal`: libfabric only, no Open MPI."""
     _pin = pin_validator("version")
 
 

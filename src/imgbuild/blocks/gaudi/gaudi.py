@@ -1,9 +1,4 @@
-"""gaudi: the Intel Gaudi software release (SynapseAI) that Habana's PyTorch base image carries.
-
-Recipe options (`components.gaudi`):
-    version   the release, e.g. 1.15.1: releases.yaml says which PyTorch, OS, EFA, libfabric and Open MPI its
-              image has, and the pin rule holds the recipe to them (base.image must be that release's image)
-"""
+"""gaudi: the Intel Gaudi software release (SynapseAI) that Habana's PyTorch base image carries."""
 
 from __future__ import annotations
 
@@ -44,6 +39,8 @@ class Gaudi(Strict):
     """Intel Gaudi software release (SynapseAI) that the base image carries."""
 
     version: str
+    """The release, e.g. 1.15.1: releases.yaml says which PyTorch, OS, EFA, libfabric and Open MPI its image has, and
+    the pin rule holds the recipe to them (base.image must be that release's image)."""
     _pin = pin_validator("version")
 
 

@@ -2,10 +2,6 @@
 
 Step 4 of AWS's EFA + NCCL guide: NCCL and aws-ofi-nccl use it for low-latency copies to and from GPU memory
 (aws-ofi-nccl 1.21's GPU-initiated path needs >= 2.5; that rule is the plugin's).
-
-Recipe options (`components.gdrcopy`):
-    version   the release tag without its `v` (e.g. 2.5.1)
-    prefix    /opt/gdrcopy: lib/libgdrapi.so* (on LD_LIBRARY_PATH), include/gdrapi.h
 """
 
 from __future__ import annotations
@@ -24,7 +20,9 @@ class GdrCopy(Strict):
     """GDRCopy's user-space library, built against the base image's CUDA."""
 
     version: str
+    """The release tag without its `v` (e.g. 2.5.1)."""
     prefix: AbsPath = "/opt/gdrcopy"
+    """Where it installs: `lib/libgdrapi.so*` (on LD_LIBRARY_PATH), `include/gdrapi.h`."""
     _pin = pin_validator("version")
 
 

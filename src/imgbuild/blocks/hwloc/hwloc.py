@@ -4,10 +4,6 @@ Open MPI and the NCCL net plugin use it, where the image has it, to map processe
 topology: this block offers `--with-hwloc` to their configure when they build from source (Open MPI from its
 source release, aws-ofi-nccl from its release), and neither names it. The package is in the compiler's default
 paths, so the offer names no directory (`with_prefix`: a `--with-hwloc=/usr` breaks g++).
-
-Recipe options (`components.hwloc`):
-    source    distro (default): the distribution's package
-    version   checked against what the distribution ships (core.distro.DISTRO)
 """
 
 from __future__ import annotations
@@ -32,7 +28,9 @@ class Hwloc(Strict):
     """hwloc from the distribution: the library at run time, its headers in the builder."""
 
     source: Literal["distro"] = "distro"
+    """distro: the distribution's package."""
     version: str | None = None
+    """Checked against what the distribution ships."""
     _pin = pin_validator("version")
 
 

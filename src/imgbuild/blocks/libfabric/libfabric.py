@@ -1,10 +1,4 @@
-"""libfabric: from the EFA installer (efa provider), the distribution (tcp, shm), or the base image.
-
-Recipe options (`components.libfabric`):
-    source    efa | distro | base
-    version   checked against what that source has (required for base)
-    prefix    where it lives (efa: /opt/amazon/efa; distro: /usr; base: the base image's prefix)
-"""
+"""libfabric: from the EFA installer (efa provider), the distribution (tcp, shm), or the base image."""
 
 from __future__ import annotations
 
@@ -31,8 +25,11 @@ class Libfabric(Strict):
     """libfabric: from the EFA installer, the distribution (tcp/shm providers), or the base image."""
 
     source: Literal["efa", "distro", "base"]
+    """efa: the EFA installer's (efa provider) | distro: the distribution's (tcp, shm) | base: the base image's."""
     version: str | None = None
+    """Checked against what that source has (required for base)."""
     prefix: AbsPath | None = None
+    """Where it lives (efa: /opt/amazon/efa; distro: /usr; base: the base image's prefix)."""
     _pin = pin_validator("version")
 
 

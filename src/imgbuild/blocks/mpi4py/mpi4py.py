@@ -1,11 +1,4 @@
-"""mpi4py: MPI for Python, from the distribution's package or pip (compiled against the image's Open MPI).
-
-Recipe options (`components.mpi4py`):
-    source    distro (default): python3-mpi4py | pip: `pip install --no-binary mpi4py mpi4py==VERSION` into the
-              venv, built with the image's mpicc (never a prebuilt wheel made for another MPI), from the sdist the
-              lock hashes, with --no-build-isolation against its build requirements (setuptools, Cython), hashed too
-    version   checked against the distribution's (distro); required for pip
-"""
+"""mpi4py: MPI for Python, from the distribution's package or pip (compiled against the image's Open MPI)."""
 
 from __future__ import annotations
 
@@ -25,7 +18,11 @@ class MPI4Py(Strict):
     """mpi4py: the distribution's package, or pip (built against the image's MPI)."""
 
     source: Literal["distro", "pip"] = "distro"
+    """distro: python3-mpi4py | pip: `pip install --no-binary mpi4py mpi4py==VERSION` into the venv, built with the
+    image's mpicc (never a prebuilt wheel made for another MPI), from the sdist the lock hashes, with
+    --no-build-isolation against its build requirements (setuptools, Cython), hashed too."""
     version: str | None = None
+    """Checked against the distribution's (distro); required for pip."""
     _pin = pin_validator("version")
 
 

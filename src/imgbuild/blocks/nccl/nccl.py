@@ -1,12 +1,4 @@
-"""nccl: NCCL, built from source for the target GPU, or the nvidia-nccl wheel (the one PyTorch loads).
-
-Recipe options (`components.nccl`):
-    source    build: compiled from NVIDIA's release for platform.gpu_arch only, into `prefix`;
-              wheel: the nvidia-nccl-cuXX wheel pip-installed into the venv
-    version   with PyTorch in the recipe leave it out: it is the one PyTorch pins (a different one is an error)
-    package   the wheel's name (wheel; default PyTorch's, else nvidia-nccl-cu<CUDA major>)
-    prefix    /opt/nccl (build)
-"""
+"""nccl: NCCL, built from source for the target GPU, or the nvidia-nccl wheel (the one PyTorch loads)."""
 
 from __future__ import annotations
 
@@ -28,15 +20,17 @@ from imgbuild.core.fields import AbsPath, Strict, pin_validator
 
 
 class NCCL(Strict):
-    """NCCL: built from source with the target GPU's gencode, or the nvidia-nccl wheel.
-
-    With PyTorch in the recipe the version may be left out: it is the one PyTorch pins.
-    """
+    """NCCL: built from source with the target GPU's gencode, or the nvidia-nccl wheel."""
 
     source: Literal["build", "wheel"]
+    """build: compiled from NVIDIA's release for platform.gpu_arch only, into `prefix` | wheel: the nvidia-nccl-cuXX
+    wheel pip-installed into the venv."""
     version: str | None = None
+    """With PyTorch in the recipe leave it out: it is the one PyTorch pins (a different one is an error)."""
     package: str | None = Field(None, pattern=r"^nvidia-nccl-cu\d+$")
+    """The wheel's name (wheel; default PyTorch's, else `nvidia-nccl-cu<CUDA major>`)."""
     prefix: AbsPath = "/opt/nccl"
+    """Where a build installs."""
     _pin = pin_validator("version")
 
 

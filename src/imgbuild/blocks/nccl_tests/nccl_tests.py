@@ -1,9 +1,4 @@
-"""nccl_tests: NVIDIA's nccl-tests (all_reduce_perf, ...) built with MPI=1 against the image's NCCL and Open MPI.
-
-Recipe options (`components.nccl_tests`):
-    version   the release (e.g. 2.16.4)
-    prefix    /opt/nccl-tests: where the *_perf binaries go (on PATH)
-"""
+"""nccl_tests: NVIDIA's nccl-tests (all_reduce_perf, ...) built with MPI=1 against the image's NCCL and Open MPI."""
 
 from __future__ import annotations
 
@@ -27,7 +22,9 @@ class NcclTests(Strict):
     """nccl-tests built with MPI=1 against the recipe's NCCL and MPI."""
 
     version: str
+    """The release (e.g. 2.16.4)."""
     prefix: AbsPath = PREFIX
+    """Where the `*_perf` binaries go (on PATH)."""
     _pin = pin_validator("version")
 
 

@@ -1,9 +1,5 @@
 """openmpi: Open MPI from the EFA installer, the distribution, the base image, or built from a source release.
 
-Recipe options (`components.openmpi`):
-    source    efa | distro | base | source
-    version   checked against what that source has (required for base and source)
-    prefix    where it lives (efa: /opt/amazon/openmpi or openmpi5; source: /opt/openmpi; base: the base's)
 mpirun starts its remote daemons over ssh, so every mode brings the ssh client.
 """
 
@@ -36,8 +32,12 @@ class OpenMPI(Strict):
     """Open MPI: from the EFA installer, the distribution, the base image, or built from a source release."""
 
     source: Literal["efa", "distro", "base", "source"]
+    """efa: the EFA installer's | distro: the distribution's | base: the base image's | source: built from a source
+    release."""
     version: str | None = None
+    """Checked against what that source has (required for base and source)."""
     prefix: AbsPath | None = None
+    """Where it lives (efa: /opt/amazon/openmpi or openmpi5; source: /opt/openmpi; base: the base's)."""
     _pin = pin_validator("version")
 
 

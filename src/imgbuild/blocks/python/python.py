@@ -1,11 +1,5 @@
 """python: the image's Python and the virtual environment pip packages go into.
 
-Recipe options (`components.python`):
-    source    distro (default): the distribution's python3 | base: the base image's
-    venv      /opt/venv (default): a venv with --system-site-packages (it sees the distribution's mpi4py);
-              null for none
-    version   checked against what that source has (required for base)
-
 With a venv, an image that installs requirement sets gets uv too (the set `python/uv`, hashed in the lock like the
 others): pip installs it in the builder stage, apart from the venv (UV_DIR, never copied to the runtime stage), and
 uv installs every other hashed set (imgbuild.image.dockerfile.pip_install), the runtime stage's through a bind mount of
@@ -30,8 +24,12 @@ class Python(Strict):
     """Python and the virtual environment pip packages go into (`--system-site-packages`)."""
 
     source: Literal["distro", "base"] = "distro"
+    """distro: the distribution's python3 | base: the base image's."""
     venv: AbsPath | None = "/opt/venv"
+    """A venv with --system-site-packages (it sees the distribution's mpi4py) that pip packages go into; null for
+    none."""
     version: str | None = None
+    """Checked against what that source has (required for base)."""
     _pin = pin_validator("version")
 
 

@@ -1,11 +1,5 @@
 """pytorch: PyTorch from the package index (the default Linux wheels: they carry CUDA and NCCL) or the base image.
 
-Recipe options (`components.pytorch`):
-    source    pip (default): pip-installs it into the venv in the runtime stage, in two layers: the CUDA and NCCL
-              wheels the release pins, then `torch==VERSION` (and numpy) | base: the base image has it (Gaudi)
-    numpy     2.2.6 (default): the numpy installed beside it; null for none
-    version   the release; its wheel's pins (CUDA, nvidia-nccl-cuXX, every CUDA wheel) come from the shipped table,
-              else from the wheel's METADATA on the index (range requests: see pypi.py)
 The NCCL block takes PyTorch's NCCL pin, so the NCCL of the image is the one PyTorch was built with. The lock keeps
 the CUDA wheels (details.cuda_wheels, space-separated requirements), so the first layer's RUN is the same text for
 every release that pins the same wheels (2.9.0 and 2.9.1, say): a torch patch bump re-sends only the torch layer.
@@ -131,8 +125,13 @@ class PyTorch(Strict):
     """PyTorch: pip from the configured index (the default wheels), or already in the base image."""
 
     source: Literal["pip", "base"] = "pip"
+    """pip: pip-installs it into the venv in the runtime stage, in two layers: the CUDA and NCCL wheels the release
+    pins, then `torch==VERSION` (and numpy) | base: the base image has it (Gaudi)."""
     version: str
-    numpy: str | None = "2.2.6"  # installed beside torch (pip); without it torch warns "Failed to initialize NumPy"
+    """The release; its wheel's pins (CUDA, nvidia-nccl-cuXX, every CUDA wheel) come from the shipped table, else from
+    the wheel's METADATA on the index."""
+    numpy: str | None = "2.2.6"
+    """The numpy installed beside torch (without it torch warns "Failed to initialize NumPy"); null for none."""
     _pin = pin_validator("version", "numpy")
 
 

@@ -1,12 +1,5 @@
 """sagemaker: the SageMaker training contract (bring your own container): the /opt/ml tree and `train` on PATH.
 
-Recipe options (`components.sagemaker`):
-    launcher   mpirun (default): the leader runs the program under the recipe's mpirun line across the hosts |
-               torchrun: every host runs torchrun (node rank = position in `hosts`)
-    ssh_port   22 (default): the port the SageMaker training toolkit checks peers on (sshd listens there too)
-    boto3      1.44.5 (default): the boto3 release pip-installs into the venv (runtime stage, requirement set
-               `sagemaker`), which fetch-code needs to download `sagemaker_submit_directory` from S3; null for none.
-               An image whose python block has no venv (gaudi) gets none whatever this says (the pin records None)
 `train` (sagemaker/files/train), the code fetcher it runs on every host (sagemaker/files/fetch-code: script mode's
 source_dir from S3, a local path or the `code` channel, then requirements.txt) and its entrypoint hook
 (sagemaker/files/40-sagemaker.sh) are static scripts; what differs between images is data `config` writes into
@@ -53,8 +46,14 @@ class SageMaker(Strict):
     """SageMaker training contract: the /opt/ml tree and a `train` executable on PATH."""
 
     launcher: Literal["mpirun", "torchrun"] = "mpirun"
+    """mpirun: the leader runs the program under the recipe's mpirun line across the hosts | torchrun: every host runs
+    torchrun (node rank = position in `hosts`)."""
     ssh_port: Port = 22
+    """The port the SageMaker training toolkit checks peers on (sshd listens there too)."""
     boto3: str | None = BOTO3
+    """The boto3 release pip installs into the venv (requirement set `sagemaker`), which fetch-code needs to download
+    `sagemaker_submit_directory` from S3; null for none. An image whose python block has no venv (gaudi) gets none
+    whatever this says."""
     _pin = pin_validator("boto3")
 
 

@@ -1,8 +1,5 @@
 """sshd: the OpenSSH server mpirun reaches other containers through; hardened, and NO keys in the image.
 
-Recipe options (`components.sshd`):
-    ports               [3022] (default): where sshd listens (not 22: the host's own sshd has it under --net=host)
-    permit_root_login   prohibit-password (default) | no
 Host keys are generated and the run's authorized key installed by its entrypoint hook (sshd/files/50-sshd.sh) when
 the container starts.
 """
@@ -36,7 +33,9 @@ class Sshd(Strict):
     """
 
     ports: tuple[Port, ...] = (DEFAULT_PORT,)
+    """Where sshd listens (not 22: the host's own sshd has it under --net=host)."""
     permit_root_login: Literal["prohibit-password", "no"] = "prohibit-password"
+    """Whether root may log in with a key (prohibit-password) or not at all (no)."""
 
     @field_validator("ports")
     @classmethod

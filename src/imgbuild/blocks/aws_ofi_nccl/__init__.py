@@ -4,6 +4,7 @@ Dockerfile fragments), releases.yaml (its release rows)."""
 from imgbuild.blocks.aws_ofi_nccl.aws_ofi_nccl import (
     BLOCK,
     CONFIG_HEADER,
+    AwsOfiNccl,
     PluginDetails,
     aws_ofi_nccl_api,
     aws_ofi_nccl_plugin,
@@ -14,6 +15,7 @@ from imgbuild.blocks.aws_ofi_nccl.aws_ofi_nccl import (
 __all__ = [
     "BLOCK",
     "CONFIG_HEADER",
+    "AwsOfiNccl",
     "PluginDetails",
     "aws_ofi_nccl_api",
     "aws_ofi_nccl_plugin",

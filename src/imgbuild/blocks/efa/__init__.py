@@ -3,6 +3,7 @@ fragments), releases.yaml (its release rows)."""
 
 from imgbuild.blocks.efa.efa import (
     BLOCK,
+    Efa,
     EfaFile,
     bundled,
     bundled_in,
@@ -13,6 +14,7 @@ from imgbuild.blocks.efa.efa import (
 
 __all__ = [
     "BLOCK",
+    "Efa",
     "EfaFile",
     "bundled",
     "bundled_in",

@@ -3,10 +3,12 @@ fragments), releases.yaml (its release rows)."""
 
 from imgbuild.blocks.gaudi.gaudi import (
     BLOCK,
+    Gaudi,
     check_base,
 )
 
 __all__ = [
     "BLOCK",
+    "Gaudi",
     "check_base",
 ]

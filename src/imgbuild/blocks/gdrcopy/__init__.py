@@ -4,11 +4,13 @@ fragments), releases.yaml (its release rows)."""
 from imgbuild.blocks.gdrcopy.gdrcopy import (
     BLOCK,
     GDRDRV,
+    GdrCopy,
     gdrcopy_device,
 )
 
 __all__ = [
     "BLOCK",
     "GDRDRV",
+    "GdrCopy",
     "gdrcopy_device",
 ]

@@ -3,10 +3,12 @@ fragments)."""
 
 from imgbuild.blocks.hwloc.hwloc import (
     BLOCK,
+    Hwloc,
     hwloc_library,
 )
 
 __all__ = [
     "BLOCK",
+    "Hwloc",
     "hwloc_library",
 ]

@@ -3,12 +3,14 @@ fragments)."""
 
 from imgbuild.blocks.libfabric.libfabric import (
     BLOCK,
+    Libfabric,
     libfabric_providers,
     libfabric_release,
 )
 
 __all__ = [
     "BLOCK",
+    "Libfabric",
     "libfabric_providers",
     "libfabric_release",
 ]

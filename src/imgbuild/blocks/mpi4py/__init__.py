@@ -3,8 +3,10 @@ fragments)."""
 
 from imgbuild.blocks.mpi4py.mpi4py import (
     BLOCK,
+    MPI4Py,
 )
 
 __all__ = [
     "BLOCK",
+    "MPI4Py",
 ]

@@ -3,6 +3,7 @@ fragments), releases.yaml (its release rows)."""
 
 from imgbuild.blocks.nccl.nccl import (
     BLOCK,
+    NCCL,
     code_to_version,
     nccl_code,
     nccl_header_version,
@@ -13,6 +14,7 @@ from imgbuild.blocks.nccl.nccl import (
 
 __all__ = [
     "BLOCK",
+    "NCCL",
     "code_to_version",
     "nccl_code",
     "nccl_header_version",

@@ -3,10 +3,12 @@ fragments), releases.yaml (its release rows)."""
 
 from imgbuild.blocks.openmpi.openmpi import (
     BLOCK,
+    OpenMPI,
     owns_libmpi,
 )
 
 __all__ = [
     "BLOCK",
+    "OpenMPI",
     "owns_libmpi",
 ]

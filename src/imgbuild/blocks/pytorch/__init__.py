@@ -3,6 +3,7 @@ fragments), releases.yaml (its release rows)."""
 
 from imgbuild.blocks.pytorch.pytorch import (
     BLOCK,
+    PyTorch,
     PyTorchDetails,
     TorchWheel,
     gpu_nccl_allreduce,
@@ -14,6 +15,7 @@ from imgbuild.blocks.pytorch.pytorch import (
 
 __all__ = [
     "BLOCK",
+    "PyTorch",
     "PyTorchDetails",
     "TorchWheel",
     "gpu_nccl_allreduce",

@@ -7,6 +7,7 @@ from imgbuild.blocks.sagemaker.sagemaker import (
     FAILURE,
     JOB_DONE,
     TREE,
+    SageMaker,
 )
 
 __all__ = [
@@ -15,4 +16,5 @@ __all__ = [
     "FAILURE",
     "JOB_DONE",
     "TREE",
+    "SageMaker",
 ]

@@ -6,6 +6,7 @@ from imgbuild.blocks.sshd.sshd import (
     DEFAULT_PORT,
     SSH_KEY_DIR,
     SSHD_LOG,
+    Sshd,
     listening_ports,
     sshd_config,
 )
@@ -15,6 +16,7 @@ __all__ = [
     "DEFAULT_PORT",
     "SSHD_LOG",
     "SSH_KEY_DIR",
+    "Sshd",
     "listening_ports",
     "sshd_config",
 ]

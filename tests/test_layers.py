@@ -1,6 +1,7 @@
 """The package tree is the pipeline: imports run one way (the layer contract in pyproject.toml, checked by
-import-linter's own command) and no module imports itself through others (no import circle). Imports under
-`if TYPE_CHECKING:` are left out: they are for the type checker, never run."""
+import-linter's own command, type-only imports included) and no module imports itself through others (no import
+circle; imports under `if TYPE_CHECKING:` are left out of that one: they never run). Every package's `__init__` is a
+face (its docstring, imports and `__all__`), and a module over 600 lines says in its docstring why it is one job."""
 
 from __future__ import annotations
 
@@ -135,3 +136,46 @@ def test_the_floors_import_only_downward() -> None:
     ran = subprocess.run([exe, "--no-cache"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert "1 kept, 0 broken" in ran.stdout
+
+
+SRC = REPO / "src" / "imgbuild"
+LONG = 600
+
+
+def _face_breaks(path: Path) -> list[str]:
+    """What in `path` is more than a face: anything but a docstring, imports, `__all__` (and the root's
+    `__version__`)."""
+    allowed = {"__all__", "__version__"}
+    out = []
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            continue
+        if isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) and t.id in allowed for t in node.targets):
+            continue
+        out.append(f"{type(node).__name__} at line {node.lineno}")
+    return out
+
+
+def test_every_package_init_is_a_face() -> None:
+    broken = {str(p.relative_to(SRC)): found for p in sorted(SRC.rglob("__init__.py")) if (found := _face_breaks(p))}
+    assert broken == {}, "an __init__.py holds more than imports and __all__: move it to a module named for its job"
+
+
+def test_a_face_is_found_out(tmp_path: Path) -> None:
+    face = tmp_path / "__init__.py"
+    face.write_text('"""A face."""\n\nfrom a import b\n\n__all__ = ["b"]\n')
+    assert _face_breaks(face) == []
+    face.write_text('"""Not one."""\n\nfrom a import b\n\n\ndef c() -> None:\n    b()\n')
+    assert _face_breaks(face) == ["FunctionDef at line 6"]
+
+
+def test_a_long_module_says_why_it_is_one_job() -> None:
+    long = {
+        str(p.relative_to(SRC)): n
+        for p in sorted(SRC.rglob("*.py"))
+        if (n := len(p.read_text().splitlines())) > LONG
+        and "one job" not in (ast.get_docstring(ast.parse(p.read_text())) or "").lower()
+    }
+    assert long == {}, f"modules over {LONG} lines whose docstring does not say why they are one job"

@@ -9,7 +9,6 @@ rebuilds only it. Its pin holds what the recipe decided (names, paths); the vers
 
 from __future__ import annotations
 
-import os
 import posixpath
 import re
 import shlex
@@ -18,30 +17,22 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, PrivateAttr
+from pydantic import AfterValidator
 
 from imgbuild import probes
 from imgbuild.blocks._block import Block, PythonSets, UserCode
 from imgbuild.blocks._core import Context, Contribution, Details, Pin, Resolution
+from imgbuild.blocks.app.code import ALWAYS_IGNORED, AppCode, RelPath, code_digest, code_files, ignored
 from imgbuild.blocks.python import require_venv
 from imgbuild.checks import CheckContext, check, fail, passed, skip
 from imgbuild.checks.results import CheckResult
 from imgbuild.core import files
-from imgbuild.core.errors import RenderError
-from imgbuild.core.fields import AbsPath, DebPackage, EnvName, Strict, Text, matching, one_line
+from imgbuild.core.fields import DebPackage, EnvName, Strict, Text, matching, one_line
 from imgbuild.core.versions import same_version
-from imgbuild.probes import codetree
 
-CODE_DIR = "/opt/ml/code"  # SageMaker's: where source_dir code lands and train looks for the program
 CODE_CONTEXT = "imgbuild/app/code"  # the code folder's files in the build context
 WHEELS_DIR = "/tmp/imgbuild-app-wheels"  # the build stage's wheels, bind-mounted into the image's install
-ALWAYS_IGNORED = (".git/", "__pycache__/", "*.pyc", ".ipynb_checkpoints/")
 DEFAULT_BUILD_REQUIREMENTS = ("setuptools>=70.1",)
-# The code folder travels in the build context, held in memory: data belongs in an input channel.
-MAX_CODE_BYTES = 256 << 20
-MAX_CODE_FILES = 20000
-# The entries a walk of the code folder looks at, ignored ones included: a folder of a whole home is refused soon.
-MAX_CODE_ENTRIES = 10 * MAX_CODE_FILES
 MAX_PYPROJECT_BYTES = 1 << 20
 
 
@@ -72,14 +63,6 @@ ModuleName = Annotated[
     str, AfterValidator(matching(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", "a module name (pkg.mod)"))
 ]
 # A path inside the recipe's folder or the code folder: plain characters, relative.
-RelPath = Annotated[
-    str,
-    AfterValidator(
-        matching(
-            r"[A-Za-z0-9._+-][A-Za-z0-9._/+-]*", "a relative path of letters, digits and . _ / + - (code, train.py)"
-        )
-    ),
-]
 
 
 def parse_requirements(text: str, where: str) -> list[str]:
@@ -95,27 +78,6 @@ def parse_requirements(text: str, where: str) -> list[str]:
         except ValueError as exc:
             raise ValueError(f"{where}:{number}: {exc}") from None
     return out
-
-
-class AppCode(Strict):
-    """The user's code folder: copied into the image at `path`."""
-
-    dir: RelPath
-    """The code folder, relative to the recipe (and inside its folder)."""
-    path: AbsPath = CODE_DIR
-    """Where it is copied in the image (SageMaker's /opt/ml/code)."""
-    ignore: tuple[Text, ...] = ()
-    """What is left out, as .gitignore patterns (`.git/`, `__pycache__/` and `*.pyc` always are)."""
-    install: bool = False
-    """Build the folder (a pyproject.toml project) into a wheel against the image and install it."""
-    # The folder of the recipe that names `dir` (set by the loader, imgbuild.recipe): `dir` is relative to it.
-    _root: Path | None = PrivateAttr(None)
-
-    @property
-    def folder(self) -> Path:
-        if self._root is None:
-            raise RenderError(f"app.code.dir {self.dir!r}: the recipe's folder is not known (loaded without a file?)")
-        return self._root / self.dir
 
 
 class App(Strict):
@@ -276,99 +238,6 @@ def _cuda_include(ctx: Context) -> str | None:
     return f"{ctx.cuda_home}/include" if ctx.cuda_home else None
 
 
-def ignored(code: AppCode) -> Any:
-    """The code folder's ignore rules (pathspec's GitIgnoreSpec): app.code.ignore after ALWAYS_IGNORED."""
-    import pathspec
-
-    return pathspec.GitIgnoreSpec.from_lines([*ALWAYS_IGNORED, *code.ignore])
-
-
-def code_files(app: App) -> list[tuple[str, bytes, int]]:
-    """The code folder's files after the ignore rules, in path order: (path relative to the folder, content, mode
-    0o755 for a file its owner may execute, else 0o644). A RenderError names the folder for what cannot go into an
-    image: a link out of the folder, to a folder or in a loop, a FIFO or a device, a name that is not one printable
-    line, more than MAX_CODE_FILES files or MAX_CODE_BYTES bytes (refused before reading past them). An ignored
-    folder is not walked; links to folders are never followed."""
-    assert app.code is not None
-    folder = app.code.folder
-    where = f"app.code.dir {app.code.dir!r} ({folder})"
-    if not folder.is_dir():
-        raise RenderError(f"{where}: not a folder")
-    spec = ignored(app.code)
-    too_much = RenderError(
-        f"{where}: more than {MAX_CODE_FILES} files or {MAX_CODE_BYTES >> 20} MiB after the ignore rules",
-        hint="leave data out of the code folder (app.code.ignore), and give the job data as an input channel",
-    )
-    out: list[tuple[str, bytes, int]] = []
-    total = seen = 0
-
-    def refuse(rel: str, why: str) -> RenderError:
-        return RenderError(f"{where}: {rel} {why}")
-
-    def walk_error(exc: OSError) -> None:
-        raise refuse(shown(Path(exc.filename or folder).relative_to(folder).as_posix()), f"cannot be read: {exc}")
-
-    def shown(rel: str) -> str:
-        return rel if rel.isprintable() else repr(rel)
-
-    for parent, dirs, names in os.walk(folder, onerror=walk_error):
-        base = Path(parent)
-        descend = []
-        for name in sorted([*dirs, *names]):
-            path = base / name
-            rel = path.relative_to(folder).as_posix()
-            seen += 1
-            if seen > MAX_CODE_ENTRIES:
-                raise too_much
-            link = path.is_symlink()
-            if name in dirs and not link:
-                if not spec.match_file(rel + "/"):
-                    if not rel.isprintable():
-                        raise refuse(shown(rel), "is not one printable line: a folder name must be")
-                    descend.append(name)
-                continue
-            if spec.match_file(rel):
-                continue
-            if not rel.isprintable():
-                raise refuse(shown(rel), "is not one printable line: a file name must be")
-            if link:
-                try:
-                    target = files.inside(folder, path)
-                except files.Outside as exc:
-                    raise refuse(
-                        rel, f"is a link to {exc.target}: only links to files inside the folder are copied"
-                    ) from None
-                except files.Refused as exc:
-                    raise refuse(rel, f"is a link that cannot be followed: {exc}") from None
-                if target.is_dir():
-                    raise refuse(rel, f"is a link to the folder {target}: only links to files inside it are copied")
-            try:
-                st = files.regular(path)
-                if len(out) >= MAX_CODE_FILES or total + st.st_size > MAX_CODE_BYTES:
-                    raise too_much
-                data = files.read_bounded(path, MAX_CODE_BYTES - total)
-            except files.Refused as exc:
-                raise refuse(rel, f"is not copied: {exc}") from None
-            total += len(data)
-            out.append((rel, data, 0o755 if st.st_mode & 0o100 else 0o644))
-        dirs[:] = descend
-    if not out:
-        raise RenderError(f"{where}: no file left after the ignore rules")
-    return sorted(out)
-
-
-def code_digest(app: App) -> str | None:
-    """The digest of the code the image carries (probes.codetree: what verify computes of the folder in the image);
-    None without code."""
-    if app.code is None:
-        return None
-    import hashlib
-
-    return codetree.digest(
-        (rel, mode == 0o755, hashlib.sha256(data).hexdigest()) for rel, data, mode in code_files(app)
-    )
-
-
 # The requirement sets of the user's layer that reach the image (app/build stays in its build stage).
 IMAGE_SETS = ("app", "app/source")
 
@@ -461,10 +330,11 @@ class AppBlock(Block, PythonSets, UserCode):
         app = _app(ctx)
         if app.code is None:
             return []
-        return [(f"{CODE_CONTEXT}/{rel}", data, mode) for rel, data, mode in code_files(app)]
+        return [(f"{CODE_CONTEXT}/{rel}", data, mode) for rel, data, mode in code_files(app.code)]
 
     def image_digest(self, pin: Pin, resolved: Any) -> str | None:
-        return code_digest(resolved.recipe.app)
+        app = resolved.recipe.app
+        return code_digest(app.code if app is not None else None)
 
     def manifest_entry(self, pin: Pin, resolved: Any, image_digest: str | None) -> dict[str, Any]:
         """The manifest's `app` (imgbuild.image.manifest.AppEntry): the versions the lock gives the user layer's

@@ -108,7 +108,7 @@ class Contribution:
     # package made, so no image carries keys).
     post_install: list[str] = field(default_factory=list)
     # Distribution packages a dependency names that the image must not carry, each with why: both stages install an
-    # empty stand-in first (render.stub_packages_run), so apt never fetches the real one.
+    # empty stand-in first (dockerfile.stub_packages_run), so apt never fetches the real one.
     stub_packages: dict[str, str] = field(default_factory=dict)
 
 

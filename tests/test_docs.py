@@ -223,3 +223,57 @@ def test_a_generated_part_that_does_not_exist_fails_the_build(tmp_path: Path) ->
     built = mkdocs_build(config, tmp_path / "site")
     assert built.returncode != 0
     assert "index.md: no generated part named 'comands'" in built.stdout + built.stderr
+
+
+def _drawing() -> dict[str, str]:
+    """docs/architecture.md's drawing of the tree: each package's entry (`  name/` and its lines), by name."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    block = text.split("```\nsrc/imgbuild/", 1)[1].split("```", 1)[0]
+    entries: dict[str, str] = {}
+    name = None
+    for line in block.splitlines()[1:]:
+        m = re.match(r"  ([a-z_]+)/ ", line)
+        if m:
+            name = m.group(1)
+            entries[name] = ""
+        elif not line.startswith("  ") or not line.strip():
+            name = None
+        if name is not None:
+            entries[name] += line + "\n"
+    return entries
+
+
+def test_the_architecture_drawing_names_every_package_and_module() -> None:
+    """A newcomer finds each stage by its file name: every package of src/imgbuild has its entry in the drawing, and
+    the entry names each of its modules and sub-packages (a block's own folder is drawn once, as blocks/<name>/;
+    probes are programs, drawn by what they do)."""
+    src = REPO / "src" / "imgbuild"
+    drawn = _drawing()
+    packages = sorted(p.name for p in src.iterdir() if (p / "__init__.py").exists())
+    assert sorted(drawn) == packages
+    missing = []
+    for package in packages:
+        if package == "probes":
+            continue
+        for path in sorted((src / package).iterdir()):
+            if path.name.startswith("__") or path.suffix not in (".py", "") or path.name == "__pycache__":
+                continue
+            if path.is_dir() and not (path / "__init__.py").exists():
+                continue  # a folder of data (cluster/templates)
+            if package == "blocks" and path.is_dir():
+                continue  # each block's folder: blocks/<name>/
+            shown = path.name if path.suffix == ".py" else f"{path.name}/"
+            if shown not in drawn[package]:
+                missing.append(f"{package}/{shown}")
+    assert missing == [], "docs/architecture.md's drawing does not name these"
+
+
+def test_the_architecture_drawing_names_no_module_that_is_gone() -> None:
+    src = REPO / "src" / "imgbuild"
+    stale = [
+        f"{package}/{name}"
+        for package, entry in _drawing().items()
+        for name in re.findall(r"\b([a-z_]+\.py)\b", entry)
+        if not any((src / package).rglob(name))
+    ]
+    assert stale == []

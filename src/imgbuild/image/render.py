@@ -462,6 +462,7 @@ def _files(
         *requirement_files(ctx),
     ]
     variables = {"r": r, "ctx": ctx, "pins": pins, "manifest": manifest}
+    launch = for_manifest(manifest)  # the launch lines a block's data files may hold, made once
     for block in REGISTRY:
         if block.name not in pins:
             continue
@@ -472,7 +473,7 @@ def _files(
                 else:
                     content = (BLOCK_DIR / source).read_bytes()
                 files.append(ContextFile(path, content, mode))
-            for path, text in block.data(pins[block.name], manifest, for_manifest(manifest)).items():
+            for path, text in block.data(pins[block.name], manifest, launch).items():
                 files.append(ContextFile(path, text.encode()))
         if isinstance(block, UserCode):
             files += [ContextFile(path, data, mode) for path, data, mode in block.context(pins[block.name], ctx)]
